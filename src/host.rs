@@ -1,0 +1,227 @@
+//! Host calls, behind one small trait so the decisions can be unit-tested
+//! natively against an in-memory fake.
+//!
+//! Reads use Kubewarden's own capabilities with the SDK's exact payloads;
+//! writes use this project's `config-snapshot`/`v1` capability (SPEC §6).
+
+use std::collections::BTreeSet;
+
+use kubewarden_policy_sdk::host_capabilities::kubernetes::{
+    GetResourceRequest, ListResourcesByNamespaceRequest,
+};
+use serde_json::{json, Value};
+
+/// One waPC host call. Errors cross waPC as text only, so that is all a
+/// host can give us.
+pub trait Host {
+    fn call(
+        &self,
+        binding: &str,
+        namespace: &str,
+        operation: &str,
+        payload: &[u8],
+    ) -> Result<Vec<u8>, String>;
+}
+
+pub const WRITE_BINDING: &str = "config-snapshot";
+pub const WRITE_NAMESPACE: &str = "v1";
+
+/// Why a write failed, as far as the policy must distinguish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteError {
+    /// The host does not offer the write capability (stock Kubewarden).
+    Unsupported(String),
+    /// The capability exists but this write failed (forbidden, conflict, …).
+    Failed(String),
+}
+
+impl WriteError {
+    fn classify(text: String) -> WriteError {
+        let lower = text.to_ascii_lowercase();
+        let unknown = lower.contains("unknown")
+            && (lower.contains("binding")
+                || lower.contains("operation")
+                || lower.contains("namespace"));
+        if unknown || lower.contains("not implemented") || lower.contains("unsupported") {
+            WriteError::Unsupported(text)
+        } else {
+            WriteError::Failed(text)
+        }
+    }
+
+    pub fn message(&self) -> &str {
+        match self {
+            WriteError::Unsupported(m) | WriteError::Failed(m) => m,
+        }
+    }
+}
+
+/// Kubewarden answers a missing object with an error, not null. Its text
+/// carries the API server's NotFound; that is how we tell it from an outage.
+fn is_not_found(text: &str) -> bool {
+    let lower = text.to_ascii_lowercase();
+    lower.contains("notfound") || lower.contains("not found") || lower.contains("404")
+}
+
+/// Typed access to the host, borrowing the trait object.
+pub struct Cluster<'h> {
+    host: &'h dyn Host,
+}
+
+impl<'h> Cluster<'h> {
+    pub fn new(host: &'h dyn Host) -> Self {
+        Cluster { host }
+    }
+
+    /// Reads one object fresh from the API server (`disable_cache`): a
+    /// snapshot must capture the content being admitted now, not 5 s ago.
+    pub fn get(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Value>, String> {
+        let req = GetResourceRequest {
+            api_version: api_version.to_string(),
+            kind: kind.to_string(),
+            name: name.to_string(),
+            namespace: Some(namespace.to_string()),
+            disable_cache: true,
+            field_masks: None,
+        };
+        let payload = serde_json::to_vec(&req).map_err(|e| e.to_string())?;
+        match self
+            .host
+            .call("kubewarden", "kubernetes", "get_resource", &payload)
+        {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| format!("get_resource answered invalid JSON: {e}")),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Lists objects of a kind in a namespace, pruned to `masks`.
+    pub fn list(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: &str,
+        label_selector: Option<String>,
+        masks: &[&str],
+    ) -> Result<Vec<Value>, String> {
+        let req = ListResourcesByNamespaceRequest {
+            api_version: api_version.to_string(),
+            kind: kind.to_string(),
+            namespace: namespace.to_string(),
+            label_selector,
+            field_selector: None,
+            field_masks: (!masks.is_empty())
+                .then(|| masks.iter().map(|m| m.to_string()).collect::<BTreeSet<_>>()),
+        };
+        let payload = serde_json::to_vec(&req).map_err(|e| e.to_string())?;
+        let bytes = self.host.call(
+            "kubewarden",
+            "kubernetes",
+            "list_resources_by_namespace",
+            &payload,
+        )?;
+        let mut list: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| format!("list answered invalid JSON: {e}"))?;
+        match list.get_mut("items").map(Value::take) {
+            Some(Value::Array(items)) => Ok(items),
+            Some(Value::Null) | None => Ok(Vec::new()),
+            Some(_) => Err("list answered items that are not an array".to_string()),
+        }
+    }
+
+    fn write(&self, operation: &str, payload: &Value) -> Result<Value, WriteError> {
+        let bytes = serde_json::to_vec(payload).map_err(|e| WriteError::Failed(e.to_string()))?;
+        let answer = self
+            .host
+            .call(WRITE_BINDING, WRITE_NAMESPACE, operation, &bytes)
+            .map_err(WriteError::classify)?;
+        serde_json::from_slice(&answer)
+            .map_err(|e| WriteError::Failed(format!("{operation} answered invalid JSON: {e}")))
+    }
+
+    /// Creates a snapshot; `Ok(true)` if new, `Ok(false)` if it already existed.
+    pub fn create_snapshot(&self, object: &Value) -> Result<bool, WriteError> {
+        let answer = self.write("create_snapshot", &json!({ "object": object }))?;
+        Ok(answer
+            .get("created")
+            .and_then(Value::as_bool)
+            .unwrap_or(false))
+    }
+
+    pub fn adopt(&self, owner: Value, snapshots: Vec<Value>) -> Result<(), WriteError> {
+        self.write("adopt", &json!({ "owner": owner, "snapshots": snapshots }))
+            .map(drop)
+    }
+
+    pub fn delete_snapshot(&self, kind: &str, name: &str, uid: &str) -> Result<(), WriteError> {
+        self.write(
+            "delete_snapshot",
+            &json!({ "kind": kind, "name": name, "uid": uid }),
+        )
+        .map(drop)
+    }
+
+    pub fn patch_workload(&self, request: Value) -> Result<(), WriteError> {
+        self.write("patch_workload", &request).map(drop)
+    }
+
+    /// The current time in unix seconds. Our host answers `now` so replay can
+    /// drive the clock; elsewhere the WASI clock is the truth.
+    pub fn now(&self) -> i64 {
+        if let Ok(bytes) = self.host.call(WRITE_BINDING, WRITE_NAMESPACE, "now", b"{}") {
+            if let Some(t) = serde_json::from_slice::<Value>(&bytes)
+                .ok()
+                .and_then(|v| v.get("unix").and_then(Value::as_i64))
+            {
+                return t;
+            }
+        }
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_missing_capability() {
+        for text in [
+            "unknown binding: config-snapshot",
+            "Unknown operation create_snapshot",
+            "not implemented",
+        ] {
+            assert!(
+                matches!(
+                    WriteError::classify(text.into()),
+                    WriteError::Unsupported(_)
+                ),
+                "{text}"
+            );
+        }
+        for text in ["forbidden: quota exceeded", "conflict", "timeout"] {
+            assert!(
+                matches!(WriteError::classify(text.into()), WriteError::Failed(_)),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn not_found_is_recognised() {
+        assert!(is_not_found(r#"configmaps "app" not found"#));
+        assert!(is_not_found("NotFound (404)"));
+        assert!(!is_not_found("connection refused"));
+    }
+}

@@ -1,0 +1,35 @@
+//! The annotation and label names that form the policy's public interface.
+//!
+//! They live in one place because the host, the docs and the tests all key off
+//! the exact strings; a typo here is a silent behaviour change.
+
+pub const PREFIX: &str = "config-snapshot.io/";
+
+// Workload annotations (user input).
+pub const SNAPSHOT: &str = "config-snapshot.io/snapshot";
+pub const WATCH: &str = "config-snapshot.io/watch";
+pub const EXCLUDE: &str = "config-snapshot.io/exclude";
+pub const RENEW_DURATION: &str = "config-snapshot.io/renew-duration";
+
+// Pod template annotations (policy output).
+pub const SNAPSHOTS: &str = "config-snapshot.io/snapshots";
+pub const RENEWED_AT: &str = "config-snapshot.io/renewed-at";
+pub const CHECKSUM_PREFIX: &str = "config-snapshot.io/checksum-";
+
+// Snapshot metadata.
+pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+pub const MANAGED_BY_VALUE: &str = "config-snapshot";
+pub const SOURCE_LABEL: &str = "config-snapshot.io/source";
+pub const SOURCE_NAME: &str = "config-snapshot.io/source-name";
+pub const CONTENT_HASH: &str = "config-snapshot.io/content-hash";
+pub const SOURCE_RESOURCE_VERSION: &str = "config-snapshot.io/source-resource-version";
+
+/// Added by the Deployment controller to ReplicaSet templates; never part of
+/// what the user wrote, so it is ignored when comparing templates.
+pub const POD_TEMPLATE_HASH: &str = "pod-template-hash";
+
+/// Whether a pod template annotation is one the policy writes (and so must be
+/// dropped before comparing templates).
+pub fn is_policy_template_annotation(key: &str) -> bool {
+    key == SNAPSHOTS || key == RENEWED_AT || key.starts_with(CHECKSUM_PREFIX)
+}

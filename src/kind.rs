@@ -1,0 +1,65 @@
+//! The two kinds of configuration source.
+
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SourceKind {
+    ConfigMap,
+    Secret,
+}
+
+impl SourceKind {
+    /// The lowercase form used in annotations and in the mapping (`configmap/app`).
+    pub fn tag(self) -> &'static str {
+        match self {
+            SourceKind::ConfigMap => "configmap",
+            SourceKind::Secret => "secret",
+        }
+    }
+
+    /// The Kubernetes kind, as used by host calls.
+    pub fn kind(self) -> &'static str {
+        match self {
+            SourceKind::ConfigMap => "ConfigMap",
+            SourceKind::Secret => "Secret",
+        }
+    }
+
+    pub fn from_tag(tag: &str) -> Option<Self> {
+        match tag {
+            "configmap" => Some(SourceKind::ConfigMap),
+            "secret" => Some(SourceKind::Secret),
+            _ => None,
+        }
+    }
+
+    pub fn from_kind(kind: &str) -> Option<Self> {
+        match kind {
+            "ConfigMap" => Some(SourceKind::ConfigMap),
+            "Secret" => Some(SourceKind::Secret),
+            _ => None,
+        }
+    }
+}
+
+/// A source identified by kind and name: the key of the mapping annotation.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SourceId {
+    pub kind: SourceKind,
+    pub name: String,
+}
+
+impl SourceId {
+    pub fn new(kind: SourceKind, name: impl Into<String>) -> Self {
+        SourceId {
+            kind,
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for SourceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.kind.tag(), self.name)
+    }
+}

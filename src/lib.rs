@@ -1,0 +1,139 @@
+//! config-snapshot: a Kubewarden policy that snapshots the ConfigMaps and
+//! Secrets a workload uses into immutable, content-addressed copies and
+//! points the pod template at them, so config rolls forward and back with
+//! the workload's revisions.
+//!
+//! The decisions live in plain modules that compile and test natively; the
+//! waPC glue at the bottom is the only wasm-specific code.
+
+pub mod content;
+pub mod duration;
+pub mod host;
+pub mod keys;
+pub mod kind;
+pub mod optin;
+pub mod references;
+pub mod request;
+pub mod revision;
+pub mod selection;
+pub mod settings;
+pub mod sweep;
+pub mod template;
+pub mod watch;
+pub mod workload;
+
+#[cfg(test)]
+pub mod fake;
+
+use host::{Cluster, Host};
+use kind::SourceKind;
+use request::{Outcome, Payload, SAY};
+use settings::Settings;
+use workload::{Context, WorkloadKind};
+
+/// Evaluates one validate payload (`{"request": …, "settings": …}`) and
+/// returns the Kubewarden response. Never panics on bad input: every parse
+/// failure becomes a rejection with a message.
+pub fn validate(payload: &[u8], host: &dyn Host) -> Vec<u8> {
+    let outcome = evaluate(payload, host);
+    serde_json::to_vec(&outcome.to_response()).unwrap_or_else(|_| {
+        br#"{"accepted":false,"message":"config-snapshot: could not encode the response"}"#.to_vec()
+    })
+}
+
+pub fn evaluate(payload: &[u8], host: &dyn Host) -> Outcome {
+    let payload: Payload = match serde_json::from_slice(payload) {
+        Ok(p) => p,
+        Err(e) => return Outcome::reject(format!("{SAY}invalid admission request: {e}"), 400),
+    };
+    let settings = match payload.settings {
+        Some(raw) => match Settings::from_json(raw.get().as_bytes()) {
+            Ok(s) => s,
+            Err(e) => return Outcome::reject(format!("{SAY}{e}"), 400),
+        },
+        None => Settings::default(),
+    };
+    let req = &payload.request;
+    let Some(object) = req.object else {
+        return Outcome::accept();
+    };
+    let ctx = Context {
+        cluster: Cluster::new(host),
+        settings: &settings,
+        namespace: &req.namespace,
+        dry_run: req.dry_run,
+    };
+    let op = req.operation.as_str();
+    if op != "CREATE" && op != "UPDATE" {
+        return Outcome::accept();
+    }
+    match (req.kind.group.as_str(), req.kind.kind.as_str()) {
+        ("apps", kind) => {
+            if let Some(w) = WorkloadKind::from_kind(kind) {
+                workload::admit(&ctx, w, op, object, req.old_object)
+            } else if (kind == "ReplicaSet" || kind == "ControllerRevision") && op == "CREATE" {
+                revision::admit(&ctx, kind, object)
+            } else {
+                Outcome::accept()
+            }
+        }
+        ("", kind) => match SourceKind::from_kind(kind) {
+            Some(k) => watch::admit(&ctx, k, op, object, req.old_object),
+            None => Outcome::accept(),
+        },
+        _ => Outcome::accept(),
+    }
+}
+
+/// `validate_settings`: the answer Kubewarden expects.
+pub fn validate_settings(payload: &[u8]) -> Vec<u8> {
+    let response = match Settings::from_json(payload) {
+        Ok(_) => kubewarden_policy_sdk::settings::SettingsValidationResponse {
+            valid: true,
+            message: None,
+        },
+        Err(e) => kubewarden_policy_sdk::settings::SettingsValidationResponse {
+            valid: false,
+            message: Some(e),
+        },
+    };
+    serde_json::to_vec(&response).unwrap_or_default()
+}
+
+#[cfg(target_arch = "wasm32")]
+mod guest {
+    use wapc_guest::{register_function, CallResult};
+
+    /// The waPC host, as the policy sees it when running in wasm.
+    struct WapcHost;
+
+    impl crate::host::Host for WapcHost {
+        fn call(
+            &self,
+            binding: &str,
+            namespace: &str,
+            operation: &str,
+            payload: &[u8],
+        ) -> Result<Vec<u8>, String> {
+            wapc_guest::host_call(binding, namespace, operation, payload).map_err(|e| e.to_string())
+        }
+    }
+
+    #[no_mangle]
+    pub extern "C" fn wapc_init() {
+        register_function("validate", validate);
+        register_function("validate_settings", validate_settings);
+        register_function(
+            "protocol_version",
+            kubewarden_policy_sdk::protocol_version_guest,
+        );
+    }
+
+    fn validate(payload: &[u8]) -> CallResult {
+        Ok(crate::validate(payload, &WapcHost))
+    }
+
+    fn validate_settings(payload: &[u8]) -> CallResult {
+        Ok(crate::validate_settings(payload))
+    }
+}

@@ -1,0 +1,157 @@
+//! Which sources a workload opts in to: its annotations combined with the
+//! settings' defaults and exclusions (SPEC §4).
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::duration::parse_go_duration;
+use crate::keys;
+use crate::kind::SourceId;
+use crate::selection::SourceList;
+use crate::settings::Settings;
+
+#[derive(Debug, Clone, Default)]
+pub struct OptIn {
+    pub snapshot: SourceList,
+    pub watch: SourceList,
+    pub exclude: SourceList,
+    /// `renew-duration` in seconds.
+    pub renew_secs: Option<u64>,
+}
+
+/// The shortest renew-duration accepted. Anything shorter would roll a
+/// workload on nearly every admission.
+pub const MIN_RENEW_SECS: u64 = 60;
+
+impl OptIn {
+    /// Reads a workload's annotations. Errors name the annotation and the bad
+    /// token, as the user must find it.
+    pub fn from_annotations(
+        annotations: Option<&serde_json::Map<String, Value>>,
+        settings: &Settings,
+    ) -> Result<OptIn, String> {
+        let get = |key: &str| annotations.and_then(|a| a.get(key)).and_then(Value::as_str);
+        let list = |key: &str, wildcard: bool| -> Result<SourceList, String> {
+            match get(key) {
+                Some(v) => SourceList::parse(key, v, wildcard),
+                None => Ok(SourceList::default()),
+            }
+        };
+        let mut snapshot = list(keys::SNAPSHOT, true)?;
+        let mut watch = list(keys::WATCH, true)?;
+        let exclude = list(keys::EXCLUDE, false)?;
+        if settings.snapshot_by_default && snapshot.is_empty() {
+            snapshot = SourceList::all();
+        }
+        if settings.watch_by_default && watch.is_empty() {
+            watch = SourceList::all();
+        }
+        let renew_secs = match get(keys::RENEW_DURATION) {
+            None => None,
+            Some(v) => {
+                let secs = parse_go_duration(v)
+                    .map_err(|e| format!("{}: bad token {v:?}: {e}", keys::RENEW_DURATION))?;
+                if secs < MIN_RENEW_SECS {
+                    return Err(format!(
+                        "{}: bad token {v:?}: must be at least {MIN_RENEW_SECS}s",
+                        keys::RENEW_DURATION
+                    ));
+                }
+                Some(secs)
+            }
+        };
+        Ok(OptIn {
+            snapshot,
+            watch,
+            exclude,
+            renew_secs,
+        })
+    }
+
+    /// Cheap check for the pass-through path, from borrowed annotations.
+    pub fn any_opt_in(annotations: Option<&BTreeMap<String, String>>, settings: &Settings) -> bool {
+        settings.snapshot_by_default
+            || settings.watch_by_default
+            || annotations.is_some_and(|a| {
+                a.contains_key(keys::SNAPSHOT)
+                    || a.contains_key(keys::WATCH)
+                    || a.contains_key(keys::RENEW_DURATION)
+            })
+    }
+
+    fn excluded(&self, id: &SourceId, settings: &Settings) -> bool {
+        settings.is_excluded(id) || self.exclude.matches(id)
+    }
+
+    /// Watch implies snapshot (the KEP: watch only with snapshot).
+    pub fn snapshots(&self, id: &SourceId, settings: &Settings) -> bool {
+        !self.excluded(id, settings) && (self.snapshot.matches(id) || self.watch.matches(id))
+    }
+
+    pub fn watches(&self, id: &SourceId, settings: &Settings) -> bool {
+        !self.excluded(id, settings) && self.watch.matches(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kind::SourceKind;
+    use serde_json::json;
+
+    fn opt(ann: Value, settings: &Settings) -> Result<OptIn, String> {
+        OptIn::from_annotations(ann.as_object(), settings)
+    }
+    fn cm(n: &str) -> SourceId {
+        SourceId::new(SourceKind::ConfigMap, n)
+    }
+
+    #[test]
+    fn watch_implies_snapshot_and_exclude_wins() {
+        let s = Settings::default();
+        let o = opt(
+            json!({keys::WATCH: "app", keys::EXCLUDE: "configmap/skip", keys::SNAPSHOT: "*"}),
+            &s,
+        )
+        .unwrap();
+        assert!(o.snapshots(&cm("app"), &s) && o.watches(&cm("app"), &s));
+        assert!(o.snapshots(&cm("other"), &s) && !o.watches(&cm("other"), &s));
+        assert!(!o.snapshots(&cm("skip"), &s));
+        assert!(
+            !o.snapshots(&cm("kube-root-ca.crt"), &s),
+            "settings exclusion applies"
+        );
+    }
+
+    #[test]
+    fn defaults_from_settings() {
+        let s = Settings::from_json(br#"{"watchByDefault":true}"#).unwrap();
+        let o = opt(json!({}), &s).unwrap();
+        assert!(o.watches(&cm("x"), &s) && o.snapshots(&cm("x"), &s));
+        let plain = Settings::default();
+        assert!(!opt(json!({}), &plain).unwrap().snapshots(&cm("x"), &plain));
+    }
+
+    #[test]
+    fn bad_values_name_annotation_and_token() {
+        let s = Settings::default();
+        let e = opt(json!({keys::RENEW_DURATION: "3 days"}), &s).unwrap_err();
+        assert!(
+            e.contains(keys::RENEW_DURATION) && e.contains("3 days"),
+            "{e}"
+        );
+        let e = opt(json!({keys::RENEW_DURATION: "5s"}), &s).unwrap_err();
+        assert!(e.contains("5s"), "{e}");
+        let e = opt(json!({keys::EXCLUDE: "*"}), &s).unwrap_err();
+        assert!(e.contains(keys::EXCLUDE), "{e}");
+        let e = opt(json!({keys::WATCH: "configmap/"}), &s).unwrap_err();
+        assert!(e.contains(keys::WATCH) && e.contains("configmap/"), "{e}");
+        assert_eq!(
+            opt(json!({keys::RENEW_DURATION: "1h30m"}), &s)
+                .unwrap()
+                .renew_secs,
+            Some(5400)
+        );
+    }
+}

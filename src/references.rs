@@ -1,0 +1,338 @@
+//! Finds every place a pod template names a ConfigMap or Secret (SPEC §3).
+//!
+//! Works on the raw JSON so that a rewrite touches only the name field and
+//! leaves every other byte of the object as the API server sent it.
+
+use std::collections::BTreeSet;
+
+use serde_json::Value;
+
+use crate::kind::{SourceId, SourceKind};
+
+/// One reference: where it is and what it selects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reference {
+    pub kind: SourceKind,
+    /// The name as written in the template (a source or a snapshot).
+    pub name: String,
+    /// JSON pointer to the name field, relative to the pod template.
+    pub pointer: String,
+    pub optional: bool,
+    /// The keys this reference reads, or `None` for the whole source.
+    pub keys: Option<BTreeSet<String>>,
+}
+
+const CONTAINER_LISTS: [&str; 3] = ["containers", "initContainers", "ephemeralContainers"];
+
+/// Collects the references of a pod template (`{metadata, spec}`).
+pub fn collect(template: &Value) -> Vec<Reference> {
+    let mut out = Vec::new();
+    let Some(spec) = template.get("spec") else {
+        return out;
+    };
+    if let Some(volumes) = spec.get("volumes").and_then(Value::as_array) {
+        for (i, volume) in volumes.iter().enumerate() {
+            let base = format!("/spec/volumes/{i}");
+            if let Some(cm) = volume.get("configMap") {
+                push_volume_source(
+                    &mut out,
+                    SourceKind::ConfigMap,
+                    cm,
+                    "name",
+                    &format!("{base}/configMap"),
+                );
+            }
+            if let Some(secret) = volume.get("secret") {
+                push_volume_source(
+                    &mut out,
+                    SourceKind::Secret,
+                    secret,
+                    "secretName",
+                    &format!("{base}/secret"),
+                );
+            }
+            let sources = volume
+                .get("projected")
+                .and_then(|p| p.get("sources"))
+                .and_then(Value::as_array);
+            for (j, source) in sources.into_iter().flatten().enumerate() {
+                let sbase = format!("{base}/projected/sources/{j}");
+                if let Some(cm) = source.get("configMap") {
+                    push_volume_source(
+                        &mut out,
+                        SourceKind::ConfigMap,
+                        cm,
+                        "name",
+                        &format!("{sbase}/configMap"),
+                    );
+                }
+                if let Some(secret) = source.get("secret") {
+                    push_volume_source(
+                        &mut out,
+                        SourceKind::Secret,
+                        secret,
+                        "name",
+                        &format!("{sbase}/secret"),
+                    );
+                }
+            }
+        }
+    }
+    for list in CONTAINER_LISTS {
+        let Some(containers) = spec.get(list).and_then(Value::as_array) else {
+            continue;
+        };
+        for (c, container) in containers.iter().enumerate() {
+            let cbase = format!("/spec/{list}/{c}");
+            if let Some(env) = container.get("env").and_then(Value::as_array) {
+                for (e, var) in env.iter().enumerate() {
+                    let Some(value_from) = var.get("valueFrom") else {
+                        continue;
+                    };
+                    for (field, kind) in [
+                        ("configMapKeyRef", SourceKind::ConfigMap),
+                        ("secretKeyRef", SourceKind::Secret),
+                    ] {
+                        if let Some(sel) = value_from.get(field) {
+                            let key = sel.get("key").and_then(Value::as_str).map(str::to_string);
+                            push(
+                                &mut out,
+                                kind,
+                                sel,
+                                "name",
+                                format!("{cbase}/env/{e}/valueFrom/{field}"),
+                                Some(key.into_iter().collect()),
+                            );
+                        }
+                    }
+                }
+            }
+            if let Some(env_from) = container.get("envFrom").and_then(Value::as_array) {
+                for (e, source) in env_from.iter().enumerate() {
+                    for (field, kind) in [
+                        ("configMapRef", SourceKind::ConfigMap),
+                        ("secretRef", SourceKind::Secret),
+                    ] {
+                        if let Some(sel) = source.get(field) {
+                            push(
+                                &mut out,
+                                kind,
+                                sel,
+                                "name",
+                                format!("{cbase}/envFrom/{e}/{field}"),
+                                None,
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn push_volume_source(
+    out: &mut Vec<Reference>,
+    kind: SourceKind,
+    source: &Value,
+    name_field: &str,
+    base: &str,
+) {
+    // A volume with `items` projects only those keys; without, all of them.
+    let keys = source
+        .get("items")
+        .and_then(Value::as_array)
+        .and_then(|items| {
+            let keys: BTreeSet<String> = items
+                .iter()
+                .filter_map(|item| item.get("key").and_then(Value::as_str))
+                .map(str::to_string)
+                .collect();
+            (!keys.is_empty()).then_some(keys)
+        });
+    push(out, kind, source, name_field, base.to_string(), keys);
+}
+
+fn push(
+    out: &mut Vec<Reference>,
+    kind: SourceKind,
+    selector: &Value,
+    name_field: &str,
+    base: String,
+    keys: Option<BTreeSet<String>>,
+) {
+    let Some(name) = selector.get(name_field).and_then(Value::as_str) else {
+        return;
+    };
+    if name.is_empty() {
+        return;
+    }
+    out.push(Reference {
+        kind,
+        name: name.to_string(),
+        pointer: format!("{base}/{name_field}"),
+        optional: selector
+            .get("optional")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        keys,
+    });
+}
+
+/// All references of one source in a template, after normalisation.
+#[derive(Debug, Clone)]
+pub struct SourceRefs {
+    pub id: SourceId,
+    pub refs: Vec<Reference>,
+}
+
+impl SourceRefs {
+    /// The keys a snapshot must hold: the union of every reference's keys, or
+    /// `None` (the whole source) as soon as one reference reads everything.
+    pub fn key_subset(&self) -> Option<BTreeSet<String>> {
+        let mut union = BTreeSet::new();
+        for r in &self.refs {
+            union.extend(r.keys.as_ref()?.iter().cloned());
+        }
+        Some(union)
+    }
+
+    /// A missing source is harmless only if every reference tolerates it.
+    pub fn all_optional(&self) -> bool {
+        self.refs.iter().all(|r| r.optional)
+    }
+}
+
+/// Sets the string at `pointer` (relative to `template`). Returns false if the
+/// pointer no longer resolves, which would mean the template changed under us.
+pub fn set_name(template: &mut Value, pointer: &str, name: &str) -> bool {
+    match template.pointer_mut(pointer) {
+        Some(slot) => {
+            *slot = Value::String(name.to_string());
+            true
+        }
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A template with one reference of every kind the SPEC lists.
+    pub fn every_kind() -> Value {
+        json!({
+            "metadata": {"labels": {"app": "web"}},
+            "spec": {
+                "volumes": [
+                    {"name": "v1", "configMap": {"name": "cm-vol"}},
+                    {"name": "v2", "secret": {"secretName": "sec-vol", "items": [{"key": "tls.crt", "path": "c"}]}},
+                    {"name": "v3", "projected": {"sources": [
+                        {"configMap": {"name": "cm-proj", "items": [{"key": "a", "path": "a"}]}},
+                        {"secret": {"name": "sec-proj", "optional": true}},
+                        {"downwardAPI": {"items": []}}
+                    ]}},
+                    {"name": "v4", "emptyDir": {}}
+                ],
+                "initContainers": [{"name": "init", "envFrom": [{"configMapRef": {"name": "cm-init"}}]}],
+                "containers": [{"name": "app",
+                    "env": [
+                        {"name": "A", "valueFrom": {"configMapKeyRef": {"name": "cm-env", "key": "k1"}}},
+                        {"name": "B", "valueFrom": {"secretKeyRef": {"name": "sec-env", "key": "k2", "optional": true}}},
+                        {"name": "C", "value": "plain"},
+                        {"name": "D", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+                    ],
+                    "envFrom": [{"secretRef": {"name": "sec-envfrom"}}, {"prefix": "X_"}]}],
+                "ephemeralContainers": [{"name": "debug", "envFrom": [{"configMapRef": {"name": "cm-eph"}}]}]
+            }
+        })
+    }
+
+    #[test]
+    fn finds_every_reference_kind() {
+        let t = every_kind();
+        let refs = collect(&t);
+        let found: Vec<(SourceKind, &str, bool)> = refs
+            .iter()
+            .map(|r| (r.kind, r.name.as_str(), r.optional))
+            .collect();
+        use SourceKind::*;
+        assert_eq!(
+            found,
+            vec![
+                (ConfigMap, "cm-vol", false),
+                (Secret, "sec-vol", false),
+                (ConfigMap, "cm-proj", false),
+                (Secret, "sec-proj", true),
+                (ConfigMap, "cm-env", false),
+                (Secret, "sec-env", true),
+                (Secret, "sec-envfrom", false),
+                (ConfigMap, "cm-init", false),
+                (ConfigMap, "cm-eph", false),
+            ]
+        );
+        for r in &refs {
+            assert_eq!(
+                t.pointer(&r.pointer).and_then(Value::as_str),
+                Some(r.name.as_str()),
+                "{}",
+                r.pointer
+            );
+        }
+    }
+
+    #[test]
+    fn keys_come_from_items_and_key_refs() {
+        let refs = collect(&every_kind());
+        let keys = |name: &str| refs.iter().find(|r| r.name == name).unwrap().keys.clone();
+        assert_eq!(keys("cm-vol"), None);
+        assert_eq!(keys("sec-vol"), Some(["tls.crt".to_string()].into()));
+        assert_eq!(keys("cm-proj"), Some(["a".to_string()].into()));
+        assert_eq!(keys("cm-env"), Some(["k1".to_string()].into()));
+        assert_eq!(keys("sec-envfrom"), None);
+    }
+
+    #[test]
+    fn subset_is_whole_as_soon_as_one_ref_reads_everything() {
+        let r = |keys: Option<&[&str]>| Reference {
+            kind: SourceKind::ConfigMap,
+            name: "x".into(),
+            pointer: String::new(),
+            optional: false,
+            keys: keys.map(|k| k.iter().map(|s| s.to_string()).collect()),
+        };
+        let id = SourceId::new(SourceKind::ConfigMap, "x");
+        let both = SourceRefs {
+            id: id.clone(),
+            refs: vec![r(Some(&["a"])), r(Some(&["b"]))],
+        };
+        assert_eq!(
+            both.key_subset(),
+            Some(["a".to_string(), "b".to_string()].into())
+        );
+        let whole = SourceRefs {
+            id,
+            refs: vec![r(Some(&["a"])), r(None)],
+        };
+        assert_eq!(whole.key_subset(), None);
+    }
+
+    #[test]
+    fn set_name_rewrites_only_the_name() {
+        let mut t = every_kind();
+        let before = t.clone();
+        assert!(set_name(
+            &mut t,
+            "/spec/volumes/0/configMap/name",
+            "cm-vol-0123456789"
+        ));
+        assert_eq!(
+            t["spec"]["volumes"][0]["configMap"]["name"],
+            "cm-vol-0123456789"
+        );
+        t["spec"]["volumes"][0]["configMap"]["name"] = json!("cm-vol");
+        assert_eq!(t, before);
+        assert!(!set_name(&mut t, "/spec/volumes/9/configMap/name", "x"));
+    }
+}

@@ -1,0 +1,153 @@
+//! The source lists in workload annotations and settings:
+//! `*`, or a comma list of `configmap/NAME`, `secret/NAME` or bare `NAME`.
+
+use crate::kind::{SourceId, SourceKind};
+
+/// One entry of a source list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pattern {
+    /// `*`: every source.
+    All,
+    /// `configmap/NAME` or `secret/NAME`.
+    Exact(SourceId),
+    /// Bare `NAME`: a ConfigMap or a Secret of that name.
+    Named(String),
+}
+
+impl Pattern {
+    pub fn matches(&self, id: &SourceId) -> bool {
+        match self {
+            Pattern::All => true,
+            Pattern::Exact(exact) => exact == id,
+            Pattern::Named(name) => *name == id.name,
+        }
+    }
+}
+
+/// A parsed source list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SourceList(pub Vec<Pattern>);
+
+impl SourceList {
+    pub fn all() -> Self {
+        SourceList(vec![Pattern::All])
+    }
+
+    pub fn matches(&self, id: &SourceId) -> bool {
+        self.0.iter().any(|p| p.matches(id))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Parses a list. `what` names the annotation or setting in errors, and the
+    /// error quotes the offending token, so users can find it in a long list.
+    pub fn parse(what: &str, value: &str, allow_wildcard: bool) -> Result<Self, String> {
+        let mut patterns = Vec::new();
+        for raw in value.split(',') {
+            let token = raw.trim();
+            if token.is_empty() {
+                continue;
+            }
+            patterns.push(parse_token(what, token, allow_wildcard)?);
+        }
+        if patterns.is_empty() && !value.trim().is_empty() {
+            return Err(format!("{what}: empty source list {value:?}"));
+        }
+        Ok(SourceList(patterns))
+    }
+}
+
+fn parse_token(what: &str, token: &str, allow_wildcard: bool) -> Result<Pattern, String> {
+    if token == "*" {
+        return if allow_wildcard {
+            Ok(Pattern::All)
+        } else {
+            Err(format!("{what}: \"*\" is not allowed here"))
+        };
+    }
+    let (kind, name) = match token.split_once('/') {
+        Some((tag, name)) => {
+            let kind = SourceKind::from_tag(tag).ok_or_else(|| {
+                format!("{what}: bad token {token:?}: kind must be \"configmap\" or \"secret\"")
+            })?;
+            (Some(kind), name)
+        }
+        None => (None, token),
+    };
+    if !is_dns_subdomain(name) {
+        return Err(format!(
+            "{what}: bad token {token:?}: {name:?} is not a valid object name"
+        ));
+    }
+    Ok(match kind {
+        Some(kind) => Pattern::Exact(SourceId::new(kind, name)),
+        None => Pattern::Named(name.to_string()),
+    })
+}
+
+/// RFC 1123 subdomain, the rule for ConfigMap and Secret names.
+pub fn is_dns_subdomain(name: &str) -> bool {
+    if name.is_empty() || name.len() > 253 {
+        return false;
+    }
+    name.split('.').all(|label| {
+        let b = label.as_bytes();
+        !b.is_empty()
+            && b.iter()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+            && b[0] != b'-'
+            && b[b.len() - 1] != b'-'
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cm(name: &str) -> SourceId {
+        SourceId::new(SourceKind::ConfigMap, name)
+    }
+    fn secret(name: &str) -> SourceId {
+        SourceId::new(SourceKind::Secret, name)
+    }
+
+    #[test]
+    fn parses_every_form() {
+        let list = SourceList::parse("a", "configmap/app, secret/tls ,db", true).unwrap();
+        assert!(list.matches(&cm("app")));
+        assert!(!list.matches(&secret("app")));
+        assert!(list.matches(&secret("tls")));
+        assert!(list.matches(&cm("db")) && list.matches(&secret("db")));
+        assert!(!list.matches(&cm("other")));
+        assert!(SourceList::parse("a", "*", true)
+            .unwrap()
+            .matches(&secret("x")));
+    }
+
+    #[test]
+    fn errors_name_the_annotation_and_the_token() {
+        let err =
+            SourceList::parse("config-snapshot.io/snapshot", "app,volume/x", true).unwrap_err();
+        assert!(err.contains("config-snapshot.io/snapshot"), "{err}");
+        assert!(err.contains("volume/x"), "{err}");
+        let err = SourceList::parse("config-snapshot.io/watch", "Bad_Name", true).unwrap_err();
+        assert!(err.contains("Bad_Name"), "{err}");
+        let err = SourceList::parse("config-snapshot.io/exclude", "*", false).unwrap_err();
+        assert!(
+            err.contains("config-snapshot.io/exclude") && err.contains('*'),
+            "{err}"
+        );
+        assert!(SourceList::parse("x", " , ", true).is_err());
+        assert!(SourceList::parse("x", &"a".repeat(254), true).is_err());
+    }
+
+    #[test]
+    fn dns_subdomain_rules() {
+        assert!(is_dns_subdomain("a.b-c.d1"));
+        assert!(!is_dns_subdomain("-a"));
+        assert!(!is_dns_subdomain("a..b"));
+        assert!(!is_dns_subdomain("A"));
+    }
+}

@@ -1,0 +1,173 @@
+//! Policy settings (SPEC §4), validated by `validate_settings`.
+
+use serde::Deserialize;
+
+use crate::duration::parse_go_duration;
+use crate::kind::SourceId;
+use crate::selection::SourceList;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum OnMissingSource {
+    Warn,
+    Reject,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum OnSnapshotFailure {
+    Reject,
+    Warn,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum WithoutSnapshotCapability {
+    Checksum,
+    Warn,
+    Reject,
+}
+
+/// Settings as the user writes them. Unknown keys are refused: a misspelt
+/// `watchByDefalut` silently doing nothing is worse than an error.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct RawSettings {
+    pub snapshot_by_default: bool,
+    pub watch_by_default: bool,
+    pub excluded_sources: Vec<String>,
+    pub on_missing_source: OnMissingSource,
+    pub on_snapshot_failure: OnSnapshotFailure,
+    pub without_snapshot_capability: WithoutSnapshotCapability,
+    pub orphan_grace_period: String,
+}
+
+impl Default for RawSettings {
+    fn default() -> Self {
+        RawSettings {
+            snapshot_by_default: false,
+            watch_by_default: false,
+            excluded_sources: vec!["configmap/kube-root-ca.crt".to_string()],
+            on_missing_source: OnMissingSource::Warn,
+            on_snapshot_failure: OnSnapshotFailure::Reject,
+            without_snapshot_capability: WithoutSnapshotCapability::Checksum,
+            orphan_grace_period: "10m".to_string(),
+        }
+    }
+}
+
+/// Validated settings, with the lists and durations parsed once.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub snapshot_by_default: bool,
+    pub watch_by_default: bool,
+    pub excluded_sources: SourceList,
+    pub on_missing_source: OnMissingSource,
+    pub on_snapshot_failure: OnSnapshotFailure,
+    pub without_snapshot_capability: WithoutSnapshotCapability,
+    pub orphan_grace_period_secs: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings::try_from(RawSettings::default()).expect("defaults are valid")
+    }
+}
+
+impl TryFrom<RawSettings> for Settings {
+    type Error = String;
+
+    fn try_from(raw: RawSettings) -> Result<Self, String> {
+        let excluded =
+            SourceList::parse("excludedSources", &raw.excluded_sources.join(","), false)?;
+        let grace = parse_go_duration(&raw.orphan_grace_period)
+            .map_err(|e| format!("orphanGracePeriod: {e}"))?;
+        Ok(Settings {
+            snapshot_by_default: raw.snapshot_by_default,
+            watch_by_default: raw.watch_by_default,
+            excluded_sources: excluded,
+            on_missing_source: raw.on_missing_source,
+            on_snapshot_failure: raw.on_snapshot_failure,
+            without_snapshot_capability: raw.without_snapshot_capability,
+            orphan_grace_period_secs: grace,
+        })
+    }
+}
+
+impl Settings {
+    /// Parses settings JSON; `null` or an empty payload means the defaults.
+    pub fn from_json(payload: &[u8]) -> Result<Self, String> {
+        let trimmed = payload.trim_ascii();
+        if trimmed.is_empty() || trimmed == b"null" {
+            return Ok(Settings::default());
+        }
+        let raw: RawSettings =
+            serde_json::from_slice(trimmed).map_err(|e| format!("invalid settings: {e}"))?;
+        Settings::try_from(raw)
+    }
+
+    pub fn is_excluded(&self, id: &SourceId) -> bool {
+        self.excluded_sources.matches(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kind::SourceKind;
+
+    #[test]
+    fn defaults_match_the_spec() {
+        let s = Settings::from_json(b"{}").unwrap();
+        assert!(!s.snapshot_by_default && !s.watch_by_default);
+        assert!(s.is_excluded(&SourceId::new(SourceKind::ConfigMap, "kube-root-ca.crt")));
+        assert!(!s.is_excluded(&SourceId::new(SourceKind::Secret, "kube-root-ca.crt")));
+        assert_eq!(s.on_missing_source, OnMissingSource::Warn);
+        assert_eq!(s.on_snapshot_failure, OnSnapshotFailure::Reject);
+        assert_eq!(
+            s.without_snapshot_capability,
+            WithoutSnapshotCapability::Checksum
+        );
+        assert_eq!(s.orphan_grace_period_secs, 600);
+        assert_eq!(
+            Settings::from_json(b"null")
+                .unwrap()
+                .orphan_grace_period_secs,
+            600
+        );
+    }
+
+    #[test]
+    fn every_setting_is_read() {
+        let s = Settings::from_json(
+            br#"{"snapshotByDefault":true,"watchByDefault":true,"excludedSources":["secret/x","y"],
+                "onMissingSource":"reject","onSnapshotFailure":"warn",
+                "withoutSnapshotCapability":"reject","orphanGracePeriod":"1h"}"#,
+        )
+        .unwrap();
+        assert!(s.snapshot_by_default && s.watch_by_default);
+        assert!(s.is_excluded(&SourceId::new(SourceKind::Secret, "x")));
+        assert!(s.is_excluded(&SourceId::new(SourceKind::ConfigMap, "y")));
+        assert!(!s.is_excluded(&SourceId::new(SourceKind::ConfigMap, "kube-root-ca.crt")));
+        assert_eq!(s.on_missing_source, OnMissingSource::Reject);
+        assert_eq!(s.on_snapshot_failure, OnSnapshotFailure::Warn);
+        assert_eq!(
+            s.without_snapshot_capability,
+            WithoutSnapshotCapability::Reject
+        );
+        assert_eq!(s.orphan_grace_period_secs, 3600);
+    }
+
+    #[test]
+    fn bad_settings_are_refused_with_a_clear_message() {
+        let err = Settings::from_json(br#"{"watchByDefalut":true}"#).unwrap_err();
+        assert!(err.contains("watchByDefalut"), "{err}");
+        let err = Settings::from_json(br#"{"onMissingSource":"ignore"}"#).unwrap_err();
+        assert!(err.contains("ignore"), "{err}");
+        let err = Settings::from_json(br#"{"orphanGracePeriod":"ten minutes"}"#).unwrap_err();
+        assert!(err.contains("orphanGracePeriod"), "{err}");
+        let err = Settings::from_json(br#"{"excludedSources":["*"]}"#).unwrap_err();
+        assert!(err.contains("excludedSources"), "{err}");
+        assert!(Settings::from_json(b"[1,2]").is_err());
+    }
+}

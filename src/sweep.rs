@@ -1,0 +1,136 @@
+//! The orphan sweep (SPEC §5.5): a safety net for snapshots that never got
+//! an owner, e.g. created for a request that was then rejected.
+
+use std::collections::HashSet;
+
+use serde_json::Value;
+
+use crate::content::source_label;
+use crate::duration::parse_rfc3339;
+use crate::keys;
+use crate::kind::{SourceId, SourceKind};
+use crate::references;
+use crate::workload::Context;
+
+/// Objects whose pod templates may hold a snapshot name, with where the
+/// template sits and the field masks that fetch only the reference fields.
+const HOLDERS: [(&str, &str, &str); 6] = [
+    ("apps/v1", "Deployment", "/spec/template"),
+    ("apps/v1", "StatefulSet", "/spec/template"),
+    ("apps/v1", "DaemonSet", "/spec/template"),
+    ("apps/v1", "ReplicaSet", "/spec/template"),
+    ("apps/v1", "ControllerRevision", "/data/spec/template"),
+    ("v1", "Pod", ""),
+];
+
+/// Field masks covering every reference field of a pod spec under `prefix`.
+pub fn reference_masks(prefix: &str) -> Vec<String> {
+    let mut masks = vec![format!("{prefix}spec.volumes")];
+    for list in ["containers", "initContainers", "ephemeralContainers"] {
+        masks.push(format!("{prefix}spec.{list}.env"));
+        masks.push(format!("{prefix}spec.{list}.envFrom"));
+    }
+    masks
+}
+
+/// Deletes the unowned, unreferenced snapshots of `source` older than the
+/// grace period, except `keep`. Best effort: a failure leaves the orphan
+/// for the next sweep, never fails the admission.
+pub fn sweep(ctx: &Context, source: &SourceId, keep: &str) {
+    let selector = format!(
+        "{}={},{}={}",
+        keys::MANAGED_BY,
+        keys::MANAGED_BY_VALUE,
+        keys::SOURCE_LABEL,
+        source_label(&source.name)
+    );
+    let masks = [
+        "metadata.name",
+        "metadata.uid",
+        "metadata.labels",
+        "metadata.annotations",
+        "metadata.ownerReferences",
+        "metadata.creationTimestamp",
+    ];
+    let Ok(snapshots) = ctx.cluster.list(
+        "v1",
+        source.kind.kind(),
+        ctx.namespace,
+        Some(selector),
+        &masks,
+    ) else {
+        return;
+    };
+    let mut now: Option<i64> = None;
+    let candidates: Vec<&Value> = snapshots
+        .iter()
+        .filter(|s| {
+            let meta = &s["metadata"];
+            meta["name"].as_str() != Some(keep)
+                && meta["labels"][keys::MANAGED_BY].as_str() == Some(keys::MANAGED_BY_VALUE)
+                && meta["annotations"][keys::SOURCE_NAME].as_str() == Some(source.name.as_str())
+                && meta["ownerReferences"]
+                    .as_array()
+                    .is_none_or(|o| o.is_empty())
+                && meta["creationTimestamp"]
+                    .as_str()
+                    .and_then(parse_rfc3339)
+                    .is_some_and(|created| {
+                        let now = *now.get_or_insert_with(|| ctx.cluster.now());
+                        now - created >= ctx.settings.orphan_grace_period_secs as i64
+                    })
+        })
+        .collect();
+    if candidates.is_empty() {
+        return;
+    }
+    let Some(referenced) = referenced_names(ctx, source.kind) else {
+        return;
+    };
+    for snap in candidates {
+        let (Some(name), Some(uid)) = (
+            snap["metadata"]["name"].as_str(),
+            snap["metadata"]["uid"].as_str(),
+        ) else {
+            continue;
+        };
+        if !referenced.contains(name) {
+            let _ = ctx.cluster.delete_snapshot(source.kind.kind(), name, uid);
+        }
+    }
+}
+
+/// Every name of `kind` that a workload, revision or Pod in the namespace
+/// references. `None` if any list failed: then nothing may be deleted.
+fn referenced_names(ctx: &Context, kind: SourceKind) -> Option<HashSet<String>> {
+    let mut names = HashSet::new();
+    for (api_version, holder, path) in HOLDERS {
+        let prefix = match path {
+            "" => "",
+            "/spec/template" => "spec.template.",
+            _ => "data.spec.template.",
+        };
+        let masks = reference_masks(prefix);
+        let masks: Vec<&str> = masks.iter().map(String::as_str).collect();
+        let items = ctx
+            .cluster
+            .list(api_version, holder, ctx.namespace, None, &masks)
+            .ok()?;
+        for item in &items {
+            let template = if path.is_empty() {
+                Some(item)
+            } else {
+                item.pointer(path)
+            };
+            if let Some(t) = template {
+                names.extend(
+                    references::collect(t)
+                        .into_iter()
+                        .filter(|r| r.kind == kind)
+                        .map(|r| r.name),
+                );
+            }
+        }
+    }
+    Some(names)
+}

@@ -1,0 +1,205 @@
+//! The pod template as the policy sees it: the mapping annotation that says
+//! which names are snapshots, and the normalised form used to compare
+//! templates across edits and revisions (SPEC §5.1 step 2).
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde_json::Value;
+
+use crate::keys;
+use crate::kind::{SourceId, SourceKind};
+use crate::references::{self, Reference, SourceRefs};
+
+/// `config-snapshot.io/snapshots`: source (`configmap/app`) → snapshot name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Mapping(pub BTreeMap<SourceId, String>);
+
+impl Mapping {
+    /// Reads the mapping of a template. A malformed annotation reads as empty:
+    /// every name is then taken at face value, which is safe (it only means a
+    /// fresh snapshot), whereas trusting garbage could point at the wrong copy.
+    pub fn of(template: &Value) -> Mapping {
+        let Some(text) = template_annotation(template, keys::SNAPSHOTS) else {
+            return Mapping::default();
+        };
+        let Ok(raw) = serde_json::from_str::<BTreeMap<String, String>>(text) else {
+            return Mapping::default();
+        };
+        Mapping(
+            raw.into_iter()
+                .filter_map(|(k, v)| {
+                    let (tag, name) = k.split_once('/')?;
+                    Some((SourceId::new(SourceKind::from_tag(tag)?, name), v))
+                })
+                .collect(),
+        )
+    }
+
+    /// Compact JSON, keys sorted: the same mapping always gives the same bytes.
+    pub fn to_annotation(&self) -> String {
+        let raw: BTreeMap<String, &String> =
+            self.0.iter().map(|(k, v)| (k.to_string(), v)).collect();
+        serde_json::to_string(&raw).expect("string map")
+    }
+
+    /// The source a name stands for: itself, unless the mapping says it is a
+    /// snapshot of another source.
+    pub fn source_of(&self, kind: SourceKind, name: &str) -> String {
+        self.0
+            .iter()
+            .find(|(id, snap)| id.kind == kind && snap.as_str() == name)
+            .map(|(id, _)| id.name.clone())
+            .unwrap_or_else(|| name.to_string())
+    }
+}
+
+pub fn template_annotation<'a>(template: &'a Value, key: &str) -> Option<&'a str> {
+    template
+        .get("metadata")?
+        .get("annotations")?
+        .get(key)?
+        .as_str()
+}
+
+/// The references of a template grouped by the source they stand for.
+pub fn group_by_source(refs: &[Reference], mapping: &Mapping) -> Vec<SourceRefs> {
+    let mut groups: Vec<SourceRefs> = Vec::new();
+    let mut index: HashMap<SourceId, usize> = HashMap::new();
+    for r in refs {
+        let id = SourceId::new(r.kind, mapping.source_of(r.kind, &r.name));
+        let slot = *index.entry(id.clone()).or_insert_with(|| {
+            groups.push(SourceRefs {
+                id,
+                refs: Vec::new(),
+            });
+            groups.len() - 1
+        });
+        groups[slot].refs.push(r.clone());
+    }
+    groups
+}
+
+/// The template with every snapshot name replaced by its source name, the
+/// policy's own annotations dropped, and the controller's additions removed
+/// (`pod-template-hash`, the `$patch` marker of ControllerRevision data), so
+/// that two templates a user would call equal compare equal.
+pub fn normalise(template: &Value) -> Value {
+    let mut out = template.clone();
+    let mapping = Mapping::of(template);
+    if !mapping.0.is_empty() {
+        for r in references::collect(template) {
+            let source = mapping.source_of(r.kind, &r.name);
+            if source != r.name {
+                references::set_name(&mut out, &r.pointer, &source);
+            }
+        }
+    }
+    if let Some(obj) = out.as_object_mut() {
+        obj.remove("$patch");
+    }
+    if let Some(meta) = out.get_mut("metadata").and_then(Value::as_object_mut) {
+        if let Some(ann) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
+            ann.retain(|k, _| !keys::is_policy_template_annotation(k));
+            if ann.is_empty() {
+                meta.remove("annotations");
+            }
+        }
+        if let Some(labels) = meta.get_mut("labels").and_then(Value::as_object_mut) {
+            labels.remove(keys::POD_TEMPLATE_HASH);
+            if labels.is_empty() {
+                meta.remove("labels");
+            }
+        }
+        if meta.is_empty() {
+            out.as_object_mut().map(|o| o.remove("metadata"));
+        }
+    }
+    out
+}
+
+/// Mutable access to the template's annotations, creating the map if needed.
+pub fn annotations_mut(template: &mut Value) -> Option<&mut serde_json::Map<String, Value>> {
+    let obj = template.as_object_mut()?;
+    let meta = obj
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(Default::default()));
+    let meta = meta.as_object_mut()?;
+    let ann = meta
+        .entry("annotations")
+        .or_insert_with(|| Value::Object(Default::default()));
+    ann.as_object_mut()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn template(cm_name: &str, annotations: Value) -> Value {
+        json!({
+            "metadata": {"labels": {"app": "web"}, "annotations": annotations},
+            "spec": {"containers": [{"name": "c", "image": "nginx:1",
+                "envFrom": [{"configMapRef": {"name": cm_name}}]}]}
+        })
+    }
+
+    #[test]
+    fn mapping_round_trips_and_is_sorted() {
+        let mut m = Mapping::default();
+        m.0.insert(
+            SourceId::new(SourceKind::Secret, "tls"),
+            "tls-9f86d08188".into(),
+        );
+        m.0.insert(
+            SourceId::new(SourceKind::ConfigMap, "app"),
+            "app-2c26b46b68".into(),
+        );
+        let text = m.to_annotation();
+        assert_eq!(
+            text,
+            r#"{"configmap/app":"app-2c26b46b68","secret/tls":"tls-9f86d08188"}"#
+        );
+        let t = template("app-2c26b46b68", json!({ keys::SNAPSHOTS: text }));
+        assert_eq!(Mapping::of(&t), m);
+        assert_eq!(m.source_of(SourceKind::ConfigMap, "app-2c26b46b68"), "app");
+        assert_eq!(
+            m.source_of(SourceKind::Secret, "app-2c26b46b68"),
+            "app-2c26b46b68"
+        );
+    }
+
+    #[test]
+    fn malformed_mapping_reads_as_empty() {
+        for bad in ["not json", "[1]", r#"{"volume/x":"y"}"#] {
+            let t = template("x", json!({ keys::SNAPSHOTS: bad }));
+            assert!(Mapping::of(&t).0.is_empty(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn normalise_restores_source_names_and_drops_policy_marks() {
+        let snap = template(
+            "app-2c26b46b68",
+            json!({
+                keys::SNAPSHOTS: r#"{"configmap/app":"app-2c26b46b68"}"#,
+                keys::RENEWED_AT: "2026-01-01T00:00:00Z",
+                "config-snapshot.io/checksum-configmap-app": "abc",
+            }),
+        );
+        let mut with_hash = snap.clone();
+        with_hash["metadata"]["labels"]["pod-template-hash"] = json!("5d8f");
+        with_hash["$patch"] = json!("replace");
+        let plain = template("app", json!({}));
+        assert_eq!(normalise(&snap), normalise(&plain));
+        assert_eq!(normalise(&with_hash), normalise(&plain));
+        assert_eq!(
+            normalise(&plain)["spec"]["containers"][0]["envFrom"][0]["configMapRef"]["name"],
+            "app"
+        );
+        // A user annotation is part of the template.
+        let user = template("app", json!({"team": "a"}));
+        assert_ne!(normalise(&user), normalise(&plain));
+        // Normalising is stable.
+        assert_eq!(normalise(&normalise(&snap)), normalise(&snap));
+    }
+}

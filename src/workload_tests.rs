@@ -1,0 +1,615 @@
+//! Unit tests for workload admission, against the in-memory fake host.
+
+use serde_json::{json, Value};
+
+use crate::fake::FakeHost;
+use crate::keys;
+use crate::request::Outcome;
+
+pub fn cm(name: &str, data: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap",
+           "metadata": {"name": name, "namespace": "default", "resourceVersion": "7"}, "data": data})
+}
+
+pub fn secret(name: &str, data: Value, type_: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Secret", "type": type_,
+           "metadata": {"name": name, "namespace": "default", "resourceVersion": "9"}, "data": data})
+}
+
+pub fn deployment(annotations: Value, pod_spec: Value) -> Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "default", "uid": "dep-uid", "annotations": annotations},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}}, "spec": pod_spec}
+        }
+    })
+}
+
+pub fn payload(
+    kind: &str,
+    op: &str,
+    object: &Value,
+    old: Option<&Value>,
+    dry_run: bool,
+    settings: Value,
+) -> Vec<u8> {
+    let group = if kind == "ConfigMap" || kind == "Secret" {
+        ""
+    } else {
+        "apps"
+    };
+    serde_json::to_vec(&json!({
+        "settings": settings,
+        "request": {
+            "uid": "req-1", "kind": {"group": group, "version": "v1", "kind": kind},
+            "operation": op, "namespace": "default", "name": object["metadata"]["name"],
+            "dryRun": dry_run, "object": object, "oldObject": old,
+        }
+    }))
+    .unwrap()
+}
+
+pub fn run(host: &FakeHost, payload: &[u8]) -> Outcome {
+    crate::evaluate(payload, host)
+}
+
+fn create(host: &FakeHost, object: &Value) -> Outcome {
+    run(
+        host,
+        &payload("Deployment", "CREATE", object, None, false, json!({})),
+    )
+}
+
+fn update(host: &FakeHost, old: &Value, new: &Value) -> Outcome {
+    run(
+        host,
+        &payload("Deployment", "UPDATE", new, Some(old), false, json!({})),
+    )
+}
+
+fn snapshot_all() -> Value {
+    json!({ keys::SNAPSHOT: "*" })
+}
+
+/// The acceptance example: a ConfigMap volume, a Secret envFrom and a
+/// projected ConfigMap with items.
+fn three_refs() -> Value {
+    json!({
+        "containers": [{"name": "app", "image": "nginx:1", "envFrom": [{"secretRef": {"name": "creds"}}],
+                        "volumeMounts": [{"name": "cfg", "mountPath": "/etc/app"}]}],
+        "volumes": [
+            {"name": "cfg", "configMap": {"name": "app"}},
+            {"name": "proj", "projected": {"sources": [{"configMap": {"name": "extra", "items": [{"key": "a", "path": "a"}]}}]}}
+        ]
+    })
+}
+
+fn three_host() -> FakeHost {
+    FakeHost::with(vec![
+        cm("app", json!({"mode": "blue"})),
+        secret("creds", json!({"password": "aHVudGVyMg=="}), "Opaque"),
+        cm("extra", json!({"a": "1", "b": "2"})),
+    ])
+}
+
+fn names(obj: &Value) -> (String, String, String) {
+    let t = &obj["spec"]["template"]["spec"];
+    (
+        t["volumes"][0]["configMap"]["name"]
+            .as_str()
+            .unwrap()
+            .to_string(),
+        t["containers"][0]["envFrom"][0]["secretRef"]["name"]
+            .as_str()
+            .unwrap()
+            .to_string(),
+        t["volumes"][1]["projected"]["sources"][0]["configMap"]["name"]
+            .as_str()
+            .unwrap()
+            .to_string(),
+    )
+}
+
+#[test]
+fn snapshots_and_rewrites_every_opted_in_reference() {
+    let host = three_host();
+    let out = create(&host, &deployment(snapshot_all(), three_refs()));
+    assert!(out.accepted, "{out:?}");
+    let mutated = out.mutated.expect("mutated");
+    let (app, creds, extra) = names(&mutated);
+    assert!(app.starts_with("app-") && app.len() == 14, "{app}");
+    assert!(creds.starts_with("creds-"), "{creds}");
+    assert!(extra.starts_with("extra-"), "{extra}");
+    for (kind, name) in [
+        ("ConfigMap", &app),
+        ("Secret", &creds),
+        ("ConfigMap", &extra),
+    ] {
+        let snap = host
+            .find(kind, name)
+            .unwrap_or_else(|| panic!("{name} not created"));
+        assert_eq!(snap["immutable"], true);
+        assert_eq!(
+            snap["metadata"]["labels"][keys::MANAGED_BY],
+            "config-snapshot"
+        );
+    }
+    // The projected source selects key "a" only.
+    assert_eq!(
+        host.find("ConfigMap", &extra).unwrap()["data"],
+        json!({"a": "1"})
+    );
+    assert_eq!(host.find("Secret", &creds).unwrap()["type"], "Opaque");
+    let mapping: Value = serde_json::from_str(
+        mutated["spec"]["template"]["metadata"]["annotations"][keys::SNAPSHOTS]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        mapping,
+        json!({"configmap/app": app, "configmap/extra": extra, "secret/creds": creds})
+    );
+}
+
+#[test]
+fn opt_in_is_per_source_and_exclusions_apply() {
+    let host = three_host();
+    let ann = json!({ keys::SNAPSHOT: "configmap/app,creds,extra", keys::EXCLUDE: "extra" });
+    let mutated = create(&host, &deployment(ann, three_refs()))
+        .mutated
+        .unwrap();
+    let (app, creds, extra) = names(&mutated);
+    assert_ne!(app, "app");
+    assert_ne!(creds, "creds");
+    assert_eq!(extra, "extra");
+    let none = create(&host, &deployment(json!({}), three_refs()));
+    assert_eq!(none, Outcome::accept());
+}
+
+#[test]
+fn unknown_fields_survive_and_a_second_evaluation_changes_nothing() {
+    let host = three_host();
+    let mut object = deployment(snapshot_all(), three_refs());
+    object["spec"]["template"]["spec"]["containers"][0]["futureField"] = json!({"x": [1, 2]});
+    object["spec"]["someAlphaField"] = json!("kept");
+    object["status"] = json!({"observedGeneration": 3});
+    let first = create(&host, &object).mutated.unwrap();
+    assert_eq!(
+        first["spec"]["template"]["spec"]["containers"][0]["futureField"],
+        json!({"x": [1, 2]})
+    );
+    assert_eq!(first["spec"]["someAlphaField"], "kept");
+    assert_eq!(first["status"], object["status"]);
+    // Only names and our annotation changed.
+    let mut back = crate::template::normalise(&first["spec"]["template"]);
+    back["metadata"]["labels"] = json!({"app": "web"});
+    assert_eq!(
+        back,
+        crate::template::normalise(&object["spec"]["template"])
+    );
+    // Reinvocation: the same input gives the same output, i.e. no further change.
+    let again = create(&host, &first);
+    assert!(again.accepted && again.mutated.is_none(), "{again:?}");
+}
+
+#[test]
+fn update_tells_no_op_roll_forward_and_rollback_apart() {
+    let host = three_host();
+    let v1 = create(&host, &deployment(snapshot_all(), three_refs()))
+        .mutated
+        .unwrap();
+    let (app_v1, ..) = names(&v1);
+    // The Deployment controller's ReplicaSet for revision 1.
+    let mut rs1 = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "metadata": {"name": "web-1", "namespace": "default", "labels": {"app": "web"},
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": "dep-uid"}]},
+        "spec": {"template": v1["spec"]["template"].clone()}});
+    rs1["spec"]["template"]["metadata"]["labels"]["pod-template-hash"] = json!("abc");
+    host.objects.borrow_mut().push(rs1);
+
+    // The ConfigMap changes; no watch.
+    host.objects
+        .borrow_mut()
+        .retain(|o| o["metadata"]["name"] != "app");
+    host.objects
+        .borrow_mut()
+        .push(cm("app", json!({"mode": "green"})));
+
+    // A scale is a no-op: the snapshot is kept.
+    let mut scaled = v1.clone();
+    scaled["spec"]["replicas"] = json!(5);
+    let out = update(&host, &v1, &scaled);
+    assert!(
+        out.mutated.is_none(),
+        "scale must not change the template: {out:?}"
+    );
+
+    // A new image is a roll-forward: fresh snapshot of the edited ConfigMap.
+    let mut v2_in = v1.clone();
+    v2_in["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:2");
+    let v2 = update(&host, &v1, &v2_in).mutated.unwrap();
+    let (app_v2, ..) = names(&v2);
+    assert_ne!(app_v2, app_v1);
+    assert_eq!(
+        host.find("ConfigMap", &app_v2).unwrap()["data"],
+        json!({"mode": "green"})
+    );
+
+    // rollout undo puts back revision 1's template: keep its snapshot.
+    let undo_in = {
+        let mut d = v2.clone();
+        d["spec"]["template"] = v1["spec"]["template"].clone();
+        d
+    };
+    let out = update(&host, &v2, &undo_in);
+    assert!(
+        out.mutated.is_none(),
+        "a rollback keeps the old snapshot: {out:?}"
+    );
+    let listed = host.ops("list_resources_by_namespace");
+    let last = listed.last().unwrap();
+    assert_eq!(last["kind"], "ReplicaSet");
+    assert_eq!(last["label_selector"], "app=web");
+    assert!(last["field_masks"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("spec.template")));
+
+    // The same template edited by hand back to image 1 but not equal to any
+    // revision (a new env var) is a roll-forward.
+    let mut edited = undo_in.clone();
+    edited["spec"]["template"]["spec"]["containers"][0]["env"] =
+        json!([{"name": "X", "value": "1"}]);
+    let out = update(&host, &v2, &edited).mutated.unwrap();
+    assert_eq!(names(&out).0, app_v2);
+}
+
+#[test]
+fn rollback_needs_a_revision_of_this_workload() {
+    let host = three_host();
+    let v1 = create(&host, &deployment(snapshot_all(), three_refs()))
+        .mutated
+        .unwrap();
+    // A ReplicaSet with the same template but owned by someone else.
+    host.objects.borrow_mut().push(json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "metadata": {"name": "other", "namespace": "default", "labels": {"app": "web"},
+                     "ownerReferences": [{"kind": "Deployment", "name": "other", "uid": "other-uid"}]},
+        "spec": {"template": v1["spec"]["template"].clone()}}));
+    host.objects
+        .borrow_mut()
+        .retain(|o| o["metadata"]["name"] != "app");
+    host.objects
+        .borrow_mut()
+        .push(cm("app", json!({"mode": "green"})));
+    let mut v2 = v1.clone();
+    v2["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:2");
+    let v2 = update(&host, &v1, &v2).mutated.unwrap();
+    let mut back = v2.clone();
+    back["spec"]["template"] = v1["spec"]["template"].clone();
+    let out = update(&host, &v2, &back);
+    let rewritten = out
+        .mutated
+        .expect("not a rollback of this workload: fresh snapshot");
+    assert_ne!(names(&rewritten).0, names(&v1).0);
+}
+
+#[test]
+fn server_side_reapply_with_source_names_keeps_the_live_snapshot() {
+    let host = three_host();
+    let plain = deployment(snapshot_all(), three_refs());
+    let live = create(&host, &plain).mutated.unwrap();
+    host.objects
+        .borrow_mut()
+        .retain(|o| o["metadata"]["name"] != "app");
+    host.objects
+        .borrow_mut()
+        .push(cm("app", json!({"mode": "green"})));
+    let out = update(&host, &live, &plain).mutated.unwrap();
+    assert_eq!(names(&out), names(&live));
+}
+
+#[test]
+fn optional_and_missing_sources() {
+    let spec = json!({"containers": [{"name": "c", "envFrom": [
+        {"configMapRef": {"name": "maybe", "optional": true}},
+        {"configMapRef": {"name": "later"}}]}]});
+    let host = FakeHost::with(vec![]);
+    let out = create(&host, &deployment(snapshot_all(), spec.clone()));
+    assert!(out.accepted);
+    assert_eq!(out.warnings.len(), 1, "{:?}", out.warnings);
+    assert!(
+        out.warnings[0].contains("configmap/later") && out.warnings[0].contains("does not exist")
+    );
+    assert!(out.mutated.is_none());
+    assert_eq!(host.count("ConfigMap"), 0);
+
+    let strict = run(
+        &host,
+        &payload(
+            "Deployment",
+            "CREATE",
+            &deployment(snapshot_all(), spec),
+            None,
+            false,
+            json!({"onMissingSource": "reject"}),
+        ),
+    );
+    assert!(!strict.accepted);
+    assert!(strict.message.unwrap().contains("configmap/later"));
+}
+
+#[test]
+fn service_account_token_secrets_are_skipped_with_a_warning() {
+    let host = FakeHost::with(vec![secret(
+        "sa-token",
+        json!({"token": "dG9r"}),
+        "kubernetes.io/service-account-token",
+    )]);
+    let spec = json!({"containers": [{"name": "c"}], "volumes": [{"name": "t", "secret": {"secretName": "sa-token"}}]});
+    let out = create(&host, &deployment(snapshot_all(), spec));
+    assert!(out.accepted && out.mutated.is_none());
+    assert!(out.warnings[0].contains("service-account token"));
+    assert_eq!(host.count("Secret"), 1);
+}
+
+#[test]
+fn dry_run_returns_the_same_mutation_without_writes() {
+    let wet_host = three_host();
+    let wet = create(&wet_host, &deployment(snapshot_all(), three_refs()))
+        .mutated
+        .unwrap();
+    let host = three_host();
+    let dry = run(
+        &host,
+        &payload(
+            "Deployment",
+            "CREATE",
+            &deployment(snapshot_all(), three_refs()),
+            None,
+            true,
+            json!({}),
+        ),
+    );
+    assert_eq!(dry.mutated.unwrap(), wet);
+    assert!(host.ops("create_snapshot").is_empty());
+    assert_eq!(host.count("ConfigMap"), 2);
+}
+
+#[test]
+fn a_failed_write_rejects_without_rewriting_anything() {
+    let host = three_host();
+    host.fail("create_snapshot", "configmaps is forbidden: exceeded quota");
+    let out = create(&host, &deployment(snapshot_all(), three_refs()));
+    assert!(!out.accepted && out.mutated.is_none());
+    assert!(out.message.unwrap().contains("exceeded quota"));
+}
+
+#[test]
+fn a_failed_write_with_warn_leaves_that_reference() {
+    let host = three_host();
+    host.fail("create_snapshot", "conflict");
+    let out = run(
+        &host,
+        &payload(
+            "Deployment",
+            "CREATE",
+            &deployment(snapshot_all(), three_refs()),
+            None,
+            false,
+            json!({"onSnapshotFailure": "warn"}),
+        ),
+    );
+    assert!(out.accepted);
+    assert_eq!(out.warnings.len(), 3);
+    // Nothing was created, so nothing may be referenced.
+    assert!(out.mutated.is_none());
+}
+
+#[test]
+fn without_the_capability_checksum_mode_stamps_hashes_with_one_warning() {
+    let mut host = three_host();
+    host.stock = true;
+    let out = create(&host, &deployment(snapshot_all(), three_refs()));
+    assert!(out.accepted);
+    assert_eq!(out.warnings.len(), 1, "{:?}", out.warnings);
+    assert!(out.warnings[0].contains("rollout undo will not restore"));
+    let mutated = out.mutated.unwrap();
+    assert_eq!(
+        names(&mutated),
+        ("app".into(), "creds".into(), "extra".into())
+    );
+    let ann = &mutated["spec"]["template"]["metadata"]["annotations"];
+    let expected = crate::content::Content::from_object(
+        crate::kind::SourceKind::ConfigMap,
+        &cm("app", json!({"mode": "blue"})),
+    )
+    .unwrap()
+    .hash();
+    assert_eq!(ann["config-snapshot.io/checksum-configmap-app"], expected);
+    assert!(ann["config-snapshot.io/checksum-secret-creds"].is_string());
+    assert!(ann[keys::SNAPSHOTS].is_null());
+    // The reads bypass Kubewarden's cache.
+    assert!(host
+        .ops("get_resource")
+        .iter()
+        .all(|r| r["disable_cache"] == true));
+
+    for (mode, accepted) in [("warn", true), ("reject", false)] {
+        let out = run(
+            &host,
+            &payload(
+                "Deployment",
+                "CREATE",
+                &deployment(snapshot_all(), three_refs()),
+                None,
+                false,
+                json!({"withoutSnapshotCapability": mode}),
+            ),
+        );
+        assert_eq!(out.accepted, accepted, "{mode}");
+        assert!(out.mutated.is_none());
+    }
+}
+
+#[test]
+fn checksum_keys_are_shortened_past_63() {
+    use crate::kind::{SourceId, SourceKind};
+    let short = crate::workload::checksum_key(&SourceId::new(SourceKind::Secret, "tls"));
+    assert_eq!(short, "config-snapshot.io/checksum-secret-tls");
+    let long = crate::workload::checksum_key(&SourceId::new(SourceKind::ConfigMap, "a".repeat(80)));
+    let name_part = long.strip_prefix("config-snapshot.io/").unwrap();
+    assert!(name_part.len() <= 63, "{}", name_part.len());
+    let other = crate::workload::checksum_key(&SourceId::new(
+        SourceKind::ConfigMap,
+        format!("{}b", "a".repeat(79)),
+    ));
+    assert_ne!(long, other);
+}
+
+#[test]
+fn bad_annotations_are_rejected_naming_annotation_and_token() {
+    let host = three_host();
+    let out = create(
+        &host,
+        &deployment(
+            json!({ keys::SNAPSHOT: "configmap/app,pvc/data" }),
+            three_refs(),
+        ),
+    );
+    assert!(!out.accepted);
+    let msg = out.message.unwrap();
+    assert!(
+        msg.contains(keys::SNAPSHOT) && msg.contains("pvc/data"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn key_subsets_ignore_edits_to_other_keys() {
+    let spec = json!({"containers": [{"name": "c", "env": [
+        {"name": "M", "valueFrom": {"configMapKeyRef": {"name": "app", "key": "mode"}}}]}]});
+    let host = FakeHost::with(vec![cm("app", json!({"mode": "blue", "unused": "1"}))]);
+    let first = create(&host, &deployment(snapshot_all(), spec.clone()))
+        .mutated
+        .unwrap();
+    host.objects
+        .borrow_mut()
+        .retain(|o| o["metadata"]["name"] != "app");
+    host.objects
+        .borrow_mut()
+        .push(cm("app", json!({"mode": "blue", "unused": "2"})));
+    let second = create(&host, &deployment(snapshot_all(), spec))
+        .mutated
+        .unwrap();
+    assert_eq!(first["spec"]["template"], second["spec"]["template"]);
+}
+
+#[test]
+fn renew_duration_forces_a_fresh_snapshot_once_due() {
+    let mut host = three_host();
+    let ann = json!({ keys::SNAPSHOT: "*", keys::RENEW_DURATION: "1h" });
+    let v1 = create(&host, &deployment(ann, three_refs()))
+        .mutated
+        .unwrap();
+    let stamped = v1["spec"]["template"]["metadata"]["annotations"][keys::RENEWED_AT]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(crate::duration::parse_rfc3339(&stamped), Some(host.now));
+    host.objects
+        .borrow_mut()
+        .retain(|o| o["metadata"]["name"] != "app");
+    host.objects
+        .borrow_mut()
+        .push(cm("app", json!({"mode": "green"})));
+    // Not yet due: a no-op update keeps everything.
+    host.now += 1800;
+    assert!(update(&host, &v1, &v1).mutated.is_none());
+    // Due: fresh snapshot and a new renewed-at.
+    host.now += 1800;
+    let v2 = update(&host, &v1, &v1).mutated.unwrap();
+    assert_ne!(names(&v2).0, names(&v1).0);
+    assert_ne!(
+        v2["spec"]["template"]["metadata"]["annotations"][keys::RENEWED_AT],
+        json!(stamped)
+    );
+}
+
+#[test]
+fn secret_data_never_appears_in_messages_or_warnings() {
+    const CANARY: &str = "Q0FOQVJZLXMzY3IzdA=="; // base64 of CANARY-s3cr3t
+    let host = FakeHost::with(vec![secret("creds", json!({"password": CANARY}), "Opaque")]);
+    let spec = json!({"containers": [{"name": "c", "envFrom": [{"secretRef": {"name": "creds"}}, {"configMapRef": {"name": "gone"}}]}]});
+    host.fail("create_snapshot", "conflict");
+    for settings in [json!({}), json!({"onSnapshotFailure": "warn"})] {
+        let out = run(
+            &host,
+            &payload(
+                "Deployment",
+                "CREATE",
+                &deployment(snapshot_all(), spec.clone()),
+                None,
+                false,
+                settings,
+            ),
+        );
+        let text = format!("{:?} {:?}", out.message, out.warnings);
+        assert!(
+            !text.contains(CANARY) && !text.contains("CANARY-s3cr3t"),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn malformed_requests_are_refused_not_panicked_on() {
+    let host = FakeHost::default();
+    for bad in [&b"not json"[..], b"{}", b"{\"request\": 5}", b"\xff\xfe"] {
+        let out = crate::evaluate(bad, &host);
+        assert!(!out.accepted, "{:?}", String::from_utf8_lossy(bad));
+        assert!(out.message.unwrap().starts_with("config-snapshot: "));
+    }
+    let weird = json!({"request": {"kind": {"group": "apps", "kind": "Deployment"}, "operation": "CREATE",
+                                   "object": {"metadata": {"annotations": {keys::SNAPSHOT: "*"}}, "spec": "nope"}}});
+    let out = crate::evaluate(&serde_json::to_vec(&weird).unwrap(), &host);
+    assert!(!out.accepted, "{out:?}");
+}
+
+#[test]
+fn revisions_adopt_the_snapshots_they_use() {
+    let host = three_host();
+    let v1 = create(&host, &deployment(snapshot_all(), three_refs()))
+        .mutated
+        .unwrap();
+    let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "metadata": {"name": "web-abc", "namespace": "default"}, "spec": {"template": v1["spec"]["template"].clone()}});
+    let out = run(
+        &host,
+        &payload("ReplicaSet", "CREATE", &rs, None, false, json!({})),
+    );
+    assert!(out.accepted && out.mutated.is_none());
+    let adopt = host.ops("adopt");
+    assert_eq!(adopt.len(), 1);
+    assert_eq!(
+        adopt[0]["owner"],
+        json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-abc"})
+    );
+    assert_eq!(adopt[0]["snapshots"].as_array().unwrap().len(), 3);
+    let cr = json!({"apiVersion": "apps/v1", "kind": "ControllerRevision",
+        "metadata": {"name": "db-1", "namespace": "default"}, "data": {"spec": {"template": v1["spec"]["template"].clone()}}});
+    run(
+        &host,
+        &payload("ControllerRevision", "CREATE", &cr, None, false, json!({})),
+    );
+    assert_eq!(host.ops("adopt")[1]["owner"]["kind"], "ControllerRevision");
+    // Dry run: no adopt.
+    run(
+        &host,
+        &payload("ReplicaSet", "CREATE", &rs, None, true, json!({})),
+    );
+    assert_eq!(host.ops("adopt").len(), 2);
+}
