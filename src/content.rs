@@ -179,10 +179,7 @@ mod tests {
     fn cm(data: &[(&str, &str)]) -> Content {
         Content {
             binary_data: BTreeMap::new(),
-            data: data
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
+            data: data.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             kind: SourceKind::ConfigMap,
             type_: String::new(),
         }
@@ -253,19 +250,10 @@ mod tests {
 
     #[test]
     fn hash_ignores_key_order_and_kind_matters() {
-        let a = Content::from_object(
-            SourceKind::ConfigMap,
-            &json!({"data": {"x": "1", "y": "2"}}),
-        )
-        .unwrap();
-        let b = Content::from_object(
-            SourceKind::ConfigMap,
-            &json!({"data": {"y": "2", "x": "1"}}),
-        )
-        .unwrap();
+        let a = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"x": "1", "y": "2"}})).unwrap();
+        let b = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"y": "2", "x": "1"}})).unwrap();
         assert_eq!(a.hash(), b.hash());
-        let s = Content::from_object(SourceKind::Secret, &json!({"data": {"x": "1", "y": "2"}}))
-            .unwrap();
+        let s = Content::from_object(SourceKind::Secret, &json!({"data": {"x": "1", "y": "2"}})).unwrap();
         assert_ne!(a.hash(), s.hash());
         assert_eq!(s.type_, "Opaque");
     }
@@ -325,21 +313,10 @@ mod tests {
         assert_eq!(obj["immutable"], true);
         assert_eq!(obj["type"], "kubernetes.io/tls");
         assert_eq!(obj["metadata"]["labels"].as_object().unwrap().len(), 2);
-        let label = obj["metadata"]["labels"][keys::SOURCE_LABEL]
-            .as_str()
-            .unwrap();
+        let label = obj["metadata"]["labels"][keys::SOURCE_LABEL].as_str().unwrap();
         assert!(label.len() <= 63);
-        assert_eq!(
-            obj["metadata"]["annotations"][keys::CONTENT_HASH],
-            content.hash()
-        );
-        assert_eq!(
-            obj["metadata"]["annotations"][keys::SOURCE_RESOURCE_VERSION],
-            "42"
-        );
-        assert_eq!(
-            Content::from_object(SourceKind::Secret, &obj).unwrap(),
-            content
-        );
+        assert_eq!(obj["metadata"]["annotations"][keys::CONTENT_HASH], content.hash());
+        assert_eq!(obj["metadata"]["annotations"][keys::SOURCE_RESOURCE_VERSION], "42");
+        assert_eq!(Content::from_object(SourceKind::Secret, &obj).unwrap(), content);
     }
 }

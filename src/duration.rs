@@ -43,11 +43,7 @@ pub fn parse_go_duration(input: &str) -> Result<u64, String> {
             "m" => 60_000_000_000,
             "h" => 3_600_000_000_000,
             "" => return Err(format!("invalid duration {input:?}: missing unit")),
-            other => {
-                return Err(format!(
-                    "invalid duration {input:?}: unknown unit {other:?}"
-                ))
-            }
+            other => return Err(format!("invalid duration {input:?}: unknown unit {other:?}")),
         };
         let (whole, frac) = number.split_once('.').unwrap_or((number, ""));
         let whole: u128 = if whole.is_empty() {
@@ -86,9 +82,7 @@ pub fn format_rfc3339(unix: i64) -> String {
 
 /// Parses an RFC 3339 timestamp into unix seconds.
 pub fn parse_rfc3339(text: &str) -> Option<i64> {
-    chrono::DateTime::parse_from_rfc3339(text)
-        .ok()
-        .map(|t| t.timestamp())
+    chrono::DateTime::parse_from_rfc3339(text).ok().map(|t| t.timestamp())
 }
 
 #[cfg(test)]
@@ -108,21 +102,10 @@ mod tests {
 
     #[test]
     fn bad_durations_are_refused_with_the_reason() {
-        for bad in [
-            "",
-            "10",
-            "1d",
-            "-5m",
-            "h",
-            "1..5h",
-            "99999999999999999999h",
-            "5 m",
-        ] {
+        for bad in ["", "10", "1d", "-5m", "h", "1..5h", "99999999999999999999h", "5 m"] {
             assert!(parse_go_duration(bad).is_err(), "{bad:?} accepted");
         }
-        assert!(parse_go_duration("1d")
-            .unwrap_err()
-            .contains("unknown unit"));
+        assert!(parse_go_duration("1d").unwrap_err().contains("unknown unit"));
     }
 
     #[test]

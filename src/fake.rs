@@ -30,9 +30,7 @@ impl FakeHost {
     }
 
     pub fn fail(&self, operation: &str, error: &str) {
-        self.failures
-            .borrow_mut()
-            .insert(operation.into(), error.into());
+        self.failures.borrow_mut().insert(operation.into(), error.into());
     }
 
     pub fn find(&self, kind: &str, name: &str) -> Option<Value> {
@@ -44,11 +42,7 @@ impl FakeHost {
     }
 
     pub fn count(&self, kind: &str) -> usize {
-        self.objects
-            .borrow()
-            .iter()
-            .filter(|o| o["kind"] == kind)
-            .count()
+        self.objects.borrow().iter().filter(|o| o["kind"] == kind).count()
     }
 
     pub fn ops(&self, operation: &str) -> Vec<Value> {
@@ -71,17 +65,9 @@ impl FakeHost {
 }
 
 impl Host for FakeHost {
-    fn call(
-        &self,
-        binding: &str,
-        _ns: &str,
-        operation: &str,
-        payload: &[u8],
-    ) -> Result<Vec<u8>, String> {
+    fn call(&self, binding: &str, _ns: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, String> {
         let req: Value = serde_json::from_slice(payload).map_err(|e| e.to_string())?;
-        self.calls
-            .borrow_mut()
-            .push((operation.to_string(), req.clone()));
+        self.calls.borrow_mut().push((operation.to_string(), req.clone()));
         if let Some(e) = self.failures.borrow().get(operation) {
             return Err(e.clone());
         }
@@ -121,10 +107,7 @@ impl Host for FakeHost {
             "create_snapshot" => {
                 let mut object = req["object"].clone();
                 let name = object["metadata"]["name"].clone();
-                if let Some(existing) = self.find(
-                    object["kind"].as_str().unwrap_or(""),
-                    name.as_str().unwrap_or(""),
-                ) {
+                if let Some(existing) = self.find(object["kind"].as_str().unwrap_or(""), name.as_str().unwrap_or("")) {
                     if existing["data"] != object["data"] {
                         return Err(format!("snapshot {name} exists with different content"));
                     }
@@ -132,16 +115,13 @@ impl Host for FakeHost {
                 } else {
                     *self.next_uid.borrow_mut() += 1;
                     object["metadata"]["uid"] = json!(format!("uid-{}", self.next_uid.borrow()));
-                    object["metadata"]["creationTimestamp"] =
-                        json!(crate::duration::format_rfc3339(self.now));
+                    object["metadata"]["creationTimestamp"] = json!(crate::duration::format_rfc3339(self.now));
                     self.objects.borrow_mut().push(object);
                     json!({"created": true})
                 }
             }
             "delete_snapshot" => {
-                self.objects
-                    .borrow_mut()
-                    .retain(|o| o["metadata"]["uid"] != req["uid"]);
+                self.objects.borrow_mut().retain(|o| o["metadata"]["uid"] != req["uid"]);
                 json!({})
             }
             "adopt" => json!({"queued": true}),

@@ -6,21 +6,13 @@
 
 use std::collections::BTreeSet;
 
-use kubewarden_policy_sdk::host_capabilities::kubernetes::{
-    GetResourceRequest, ListResourcesByNamespaceRequest,
-};
+use kubewarden_policy_sdk::host_capabilities::kubernetes::{GetResourceRequest, ListResourcesByNamespaceRequest};
 use serde_json::{json, Value};
 
 /// One waPC host call. Errors cross waPC as text only, so that is all a
 /// host can give us.
 pub trait Host {
-    fn call(
-        &self,
-        binding: &str,
-        namespace: &str,
-        operation: &str,
-        payload: &[u8],
-    ) -> Result<Vec<u8>, String>;
+    fn call(&self, binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, String>;
 }
 
 pub const WRITE_BINDING: &str = "config-snapshot";
@@ -39,9 +31,7 @@ impl WriteError {
     fn classify(text: String) -> WriteError {
         let lower = text.to_ascii_lowercase();
         let unknown = lower.contains("unknown")
-            && (lower.contains("binding")
-                || lower.contains("operation")
-                || lower.contains("namespace"));
+            && (lower.contains("binding") || lower.contains("operation") || lower.contains("namespace"));
         if unknown || lower.contains("not implemented") || lower.contains("unsupported") {
             WriteError::Unsupported(text)
         } else {
@@ -75,13 +65,7 @@ impl<'h> Cluster<'h> {
 
     /// Reads one object fresh from the API server (`disable_cache`): a
     /// snapshot must capture the content being admitted now, not 5 s ago.
-    pub fn get(
-        &self,
-        api_version: &str,
-        kind: &str,
-        namespace: &str,
-        name: &str,
-    ) -> Result<Option<Value>, String> {
+    pub fn get(&self, api_version: &str, kind: &str, namespace: &str, name: &str) -> Result<Option<Value>, String> {
         let req = GetResourceRequest {
             api_version: api_version.to_string(),
             kind: kind.to_string(),
@@ -91,10 +75,7 @@ impl<'h> Cluster<'h> {
             field_masks: None,
         };
         let payload = serde_json::to_vec(&req).map_err(|e| e.to_string())?;
-        match self
-            .host
-            .call("kubewarden", "kubernetes", "get_resource", &payload)
-        {
+        match self.host.call("kubewarden", "kubernetes", "get_resource", &payload) {
             Ok(bytes) => serde_json::from_slice(&bytes)
                 .map(Some)
                 .map_err(|e| format!("get_resource answered invalid JSON: {e}")),
@@ -118,18 +99,13 @@ impl<'h> Cluster<'h> {
             namespace: namespace.to_string(),
             label_selector,
             field_selector: None,
-            field_masks: (!masks.is_empty())
-                .then(|| masks.iter().map(|m| m.to_string()).collect::<BTreeSet<_>>()),
+            field_masks: (!masks.is_empty()).then(|| masks.iter().map(|m| m.to_string()).collect::<BTreeSet<_>>()),
         };
         let payload = serde_json::to_vec(&req).map_err(|e| e.to_string())?;
-        let bytes = self.host.call(
-            "kubewarden",
-            "kubernetes",
-            "list_resources_by_namespace",
-            &payload,
-        )?;
-        let mut list: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| format!("list answered invalid JSON: {e}"))?;
+        let bytes = self
+            .host
+            .call("kubewarden", "kubernetes", "list_resources_by_namespace", &payload)?;
+        let mut list: Value = serde_json::from_slice(&bytes).map_err(|e| format!("list answered invalid JSON: {e}"))?;
         match list.get_mut("items").map(Value::take) {
             Some(Value::Array(items)) => Ok(items),
             Some(Value::Null) | None => Ok(Vec::new()),
@@ -150,10 +126,7 @@ impl<'h> Cluster<'h> {
     /// Creates a snapshot; `Ok(true)` if new, `Ok(false)` if it already existed.
     pub fn create_snapshot(&self, object: &Value) -> Result<bool, WriteError> {
         let answer = self.write("create_snapshot", &json!({ "object": object }))?;
-        Ok(answer
-            .get("created")
-            .and_then(Value::as_bool)
-            .unwrap_or(false))
+        Ok(answer.get("created").and_then(Value::as_bool).unwrap_or(false))
     }
 
     pub fn adopt(&self, owner: Value, snapshots: Vec<Value>) -> Result<(), WriteError> {
@@ -162,11 +135,8 @@ impl<'h> Cluster<'h> {
     }
 
     pub fn delete_snapshot(&self, kind: &str, name: &str, uid: &str) -> Result<(), WriteError> {
-        self.write(
-            "delete_snapshot",
-            &json!({ "kind": kind, "name": name, "uid": uid }),
-        )
-        .map(drop)
+        self.write("delete_snapshot", &json!({ "kind": kind, "name": name, "uid": uid }))
+            .map(drop)
     }
 
     pub fn patch_workload(&self, request: Value) -> Result<(), WriteError> {
@@ -203,10 +173,7 @@ mod tests {
             "not implemented",
         ] {
             assert!(
-                matches!(
-                    WriteError::classify(text.into()),
-                    WriteError::Unsupported(_)
-                ),
+                matches!(WriteError::classify(text.into()), WriteError::Unsupported(_)),
                 "{text}"
             );
         }

@@ -108,13 +108,7 @@ mod guest {
     struct WapcHost;
 
     impl crate::host::Host for WapcHost {
-        fn call(
-            &self,
-            binding: &str,
-            namespace: &str,
-            operation: &str,
-            payload: &[u8],
-        ) -> Result<Vec<u8>, String> {
+        fn call(&self, binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, String> {
             wapc_guest::host_call(binding, namespace, operation, payload).map_err(|e| e.to_string())
         }
     }
@@ -123,10 +117,7 @@ mod guest {
     pub extern "C" fn wapc_init() {
         register_function("validate", validate);
         register_function("validate_settings", validate_settings);
-        register_function(
-            "protocol_version",
-            kubewarden_policy_sdk::protocol_version_guest,
-        );
+        register_function("protocol_version", kubewarden_policy_sdk::protocol_version_guest);
     }
 
     fn validate(payload: &[u8]) -> CallResult {

@@ -50,8 +50,8 @@ impl OptIn {
         let renew_secs = match get(keys::RENEW_DURATION) {
             None => None,
             Some(v) => {
-                let secs = parse_go_duration(v)
-                    .map_err(|e| format!("{}: bad token {v:?}: {e}", keys::RENEW_DURATION))?;
+                let secs =
+                    parse_go_duration(v).map_err(|e| format!("{}: bad token {v:?}: {e}", keys::RENEW_DURATION))?;
                 if secs < MIN_RENEW_SECS {
                     return Err(format!(
                         "{}: bad token {v:?}: must be at least {MIN_RENEW_SECS}s",
@@ -74,9 +74,7 @@ impl OptIn {
         settings.snapshot_by_default
             || settings.watch_by_default
             || annotations.is_some_and(|a| {
-                a.contains_key(keys::SNAPSHOT)
-                    || a.contains_key(keys::WATCH)
-                    || a.contains_key(keys::RENEW_DURATION)
+                a.contains_key(keys::SNAPSHOT) || a.contains_key(keys::WATCH) || a.contains_key(keys::RENEW_DURATION)
             })
     }
 
@@ -118,10 +116,7 @@ mod tests {
         assert!(o.snapshots(&cm("app"), &s) && o.watches(&cm("app"), &s));
         assert!(o.snapshots(&cm("other"), &s) && !o.watches(&cm("other"), &s));
         assert!(!o.snapshots(&cm("skip"), &s));
-        assert!(
-            !o.snapshots(&cm("kube-root-ca.crt"), &s),
-            "settings exclusion applies"
-        );
+        assert!(!o.snapshots(&cm("kube-root-ca.crt"), &s), "settings exclusion applies");
     }
 
     #[test]
@@ -137,10 +132,7 @@ mod tests {
     fn bad_values_name_annotation_and_token() {
         let s = Settings::default();
         let e = opt(json!({keys::RENEW_DURATION: "3 days"}), &s).unwrap_err();
-        assert!(
-            e.contains(keys::RENEW_DURATION) && e.contains("3 days"),
-            "{e}"
-        );
+        assert!(e.contains(keys::RENEW_DURATION) && e.contains("3 days"), "{e}");
         let e = opt(json!({keys::RENEW_DURATION: "5s"}), &s).unwrap_err();
         assert!(e.contains("5s"), "{e}");
         let e = opt(json!({keys::EXCLUDE: "*"}), &s).unwrap_err();
@@ -148,9 +140,7 @@ mod tests {
         let e = opt(json!({keys::WATCH: "configmap/"}), &s).unwrap_err();
         assert!(e.contains(keys::WATCH) && e.contains("configmap/"), "{e}");
         assert_eq!(
-            opt(json!({keys::RENEW_DURATION: "1h30m"}), &s)
-                .unwrap()
-                .renew_secs,
+            opt(json!({keys::RENEW_DURATION: "1h30m"}), &s).unwrap().renew_secs,
             Some(5400)
         );
     }

@@ -67,13 +67,7 @@ pub fn collect(template: &Value) -> Vec<Reference> {
                     );
                 }
                 if let Some(secret) = source.get("secret") {
-                    push_volume_source(
-                        &mut out,
-                        SourceKind::Secret,
-                        secret,
-                        "name",
-                        &format!("{sbase}/secret"),
-                    );
+                    push_volume_source(&mut out, SourceKind::Secret, secret, "name", &format!("{sbase}/secret"));
                 }
             }
         }
@@ -131,25 +125,16 @@ pub fn collect(template: &Value) -> Vec<Reference> {
     out
 }
 
-fn push_volume_source(
-    out: &mut Vec<Reference>,
-    kind: SourceKind,
-    source: &Value,
-    name_field: &str,
-    base: &str,
-) {
+fn push_volume_source(out: &mut Vec<Reference>, kind: SourceKind, source: &Value, name_field: &str, base: &str) {
     // A volume with `items` projects only those keys; without, all of them.
-    let keys = source
-        .get("items")
-        .and_then(Value::as_array)
-        .and_then(|items| {
-            let keys: BTreeSet<String> = items
-                .iter()
-                .filter_map(|item| item.get("key").and_then(Value::as_str))
-                .map(str::to_string)
-                .collect();
-            (!keys.is_empty()).then_some(keys)
-        });
+    let keys = source.get("items").and_then(Value::as_array).and_then(|items| {
+        let keys: BTreeSet<String> = items
+            .iter()
+            .filter_map(|item| item.get("key").and_then(Value::as_str))
+            .map(str::to_string)
+            .collect();
+        (!keys.is_empty()).then_some(keys)
+    });
     push(out, kind, source, name_field, base.to_string(), keys);
 }
 
@@ -171,10 +156,7 @@ fn push(
         kind,
         name: name.to_string(),
         pointer: format!("{base}/{name_field}"),
-        optional: selector
-            .get("optional")
-            .and_then(Value::as_bool)
-            .unwrap_or(false),
+        optional: selector.get("optional").and_then(Value::as_bool).unwrap_or(false),
         keys,
     });
 }
@@ -253,10 +235,7 @@ mod tests {
     fn finds_every_reference_kind() {
         let t = every_kind();
         let refs = collect(&t);
-        let found: Vec<(SourceKind, &str, bool)> = refs
-            .iter()
-            .map(|r| (r.kind, r.name.as_str(), r.optional))
-            .collect();
+        let found: Vec<(SourceKind, &str, bool)> = refs.iter().map(|r| (r.kind, r.name.as_str(), r.optional)).collect();
         use SourceKind::*;
         assert_eq!(
             found,
@@ -307,10 +286,7 @@ mod tests {
             id: id.clone(),
             refs: vec![r(Some(&["a"])), r(Some(&["b"]))],
         };
-        assert_eq!(
-            both.key_subset(),
-            Some(["a".to_string(), "b".to_string()].into())
-        );
+        assert_eq!(both.key_subset(), Some(["a".to_string(), "b".to_string()].into()));
         let whole = SourceRefs {
             id,
             refs: vec![r(Some(&["a"])), r(None)],
@@ -322,15 +298,8 @@ mod tests {
     fn set_name_rewrites_only_the_name() {
         let mut t = every_kind();
         let before = t.clone();
-        assert!(set_name(
-            &mut t,
-            "/spec/volumes/0/configMap/name",
-            "cm-vol-0123456789"
-        ));
-        assert_eq!(
-            t["spec"]["volumes"][0]["configMap"]["name"],
-            "cm-vol-0123456789"
-        );
+        assert!(set_name(&mut t, "/spec/volumes/0/configMap/name", "cm-vol-0123456789"));
+        assert_eq!(t["spec"]["volumes"][0]["configMap"]["name"], "cm-vol-0123456789");
         t["spec"]["volumes"][0]["configMap"]["name"] = json!("cm-vol");
         assert_eq!(t, before);
         assert!(!set_name(&mut t, "/spec/volumes/9/configMap/name", "x"));

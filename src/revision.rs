@@ -49,10 +49,7 @@ pub fn used_snapshots(template: &Value) -> Vec<Value> {
     let mapping = Mapping::of(template);
     let mut out: Vec<Value> = Vec::new();
     for r in references::collect(template) {
-        let is_snapshot = mapping
-            .0
-            .iter()
-            .any(|(id, snap)| id.kind == r.kind && *snap == r.name);
+        let is_snapshot = mapping.0.iter().any(|(id, snap)| id.kind == r.kind && *snap == r.name);
         let entry = json!({"kind": r.kind.kind(), "name": r.name});
         if is_snapshot && !out.contains(&entry) {
             out.push(entry);

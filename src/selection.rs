@@ -69,9 +69,8 @@ fn parse_token(what: &str, token: &str, allow_wildcard: bool) -> Result<Pattern,
     }
     let (kind, name) = match token.split_once('/') {
         Some((tag, name)) => {
-            let kind = SourceKind::from_tag(tag).ok_or_else(|| {
-                format!("{what}: bad token {token:?}: kind must be \"configmap\" or \"secret\"")
-            })?;
+            let kind = SourceKind::from_tag(tag)
+                .ok_or_else(|| format!("{what}: bad token {token:?}: kind must be \"configmap\" or \"secret\""))?;
             (Some(kind), name)
         }
         None => (None, token),
@@ -121,24 +120,18 @@ mod tests {
         assert!(list.matches(&secret("tls")));
         assert!(list.matches(&cm("db")) && list.matches(&secret("db")));
         assert!(!list.matches(&cm("other")));
-        assert!(SourceList::parse("a", "*", true)
-            .unwrap()
-            .matches(&secret("x")));
+        assert!(SourceList::parse("a", "*", true).unwrap().matches(&secret("x")));
     }
 
     #[test]
     fn errors_name_the_annotation_and_the_token() {
-        let err =
-            SourceList::parse("config-snapshot.io/snapshot", "app,volume/x", true).unwrap_err();
+        let err = SourceList::parse("config-snapshot.io/snapshot", "app,volume/x", true).unwrap_err();
         assert!(err.contains("config-snapshot.io/snapshot"), "{err}");
         assert!(err.contains("volume/x"), "{err}");
         let err = SourceList::parse("config-snapshot.io/watch", "Bad_Name", true).unwrap_err();
         assert!(err.contains("Bad_Name"), "{err}");
         let err = SourceList::parse("config-snapshot.io/exclude", "*", false).unwrap_err();
-        assert!(
-            err.contains("config-snapshot.io/exclude") && err.contains('*'),
-            "{err}"
-        );
+        assert!(err.contains("config-snapshot.io/exclude") && err.contains('*'), "{err}");
         assert!(SourceList::parse("x", " , ", true).is_err());
         assert!(SourceList::parse("x", &"a".repeat(254), true).is_err());
     }

@@ -78,10 +78,8 @@ impl TryFrom<RawSettings> for Settings {
     type Error = String;
 
     fn try_from(raw: RawSettings) -> Result<Self, String> {
-        let excluded =
-            SourceList::parse("excludedSources", &raw.excluded_sources.join(","), false)?;
-        let grace = parse_go_duration(&raw.orphan_grace_period)
-            .map_err(|e| format!("orphanGracePeriod: {e}"))?;
+        let excluded = SourceList::parse("excludedSources", &raw.excluded_sources.join(","), false)?;
+        let grace = parse_go_duration(&raw.orphan_grace_period).map_err(|e| format!("orphanGracePeriod: {e}"))?;
         Ok(Settings {
             snapshot_by_default: raw.snapshot_by_default,
             watch_by_default: raw.watch_by_default,
@@ -101,8 +99,7 @@ impl Settings {
         if trimmed.is_empty() || trimmed == b"null" {
             return Ok(Settings::default());
         }
-        let raw: RawSettings =
-            serde_json::from_slice(trimmed).map_err(|e| format!("invalid settings: {e}"))?;
+        let raw: RawSettings = serde_json::from_slice(trimmed).map_err(|e| format!("invalid settings: {e}"))?;
         Settings::try_from(raw)
     }
 
@@ -124,17 +121,9 @@ mod tests {
         assert!(!s.is_excluded(&SourceId::new(SourceKind::Secret, "kube-root-ca.crt")));
         assert_eq!(s.on_missing_source, OnMissingSource::Warn);
         assert_eq!(s.on_snapshot_failure, OnSnapshotFailure::Reject);
-        assert_eq!(
-            s.without_snapshot_capability,
-            WithoutSnapshotCapability::Checksum
-        );
+        assert_eq!(s.without_snapshot_capability, WithoutSnapshotCapability::Checksum);
         assert_eq!(s.orphan_grace_period_secs, 600);
-        assert_eq!(
-            Settings::from_json(b"null")
-                .unwrap()
-                .orphan_grace_period_secs,
-            600
-        );
+        assert_eq!(Settings::from_json(b"null").unwrap().orphan_grace_period_secs, 600);
     }
 
     #[test]
@@ -151,10 +140,7 @@ mod tests {
         assert!(!s.is_excluded(&SourceId::new(SourceKind::ConfigMap, "kube-root-ca.crt")));
         assert_eq!(s.on_missing_source, OnMissingSource::Reject);
         assert_eq!(s.on_snapshot_failure, OnSnapshotFailure::Warn);
-        assert_eq!(
-            s.without_snapshot_capability,
-            WithoutSnapshotCapability::Reject
-        );
+        assert_eq!(s.without_snapshot_capability, WithoutSnapshotCapability::Reject);
         assert_eq!(s.orphan_grace_period_secs, 3600);
     }
 

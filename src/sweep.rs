@@ -52,13 +52,10 @@ pub fn sweep(ctx: &Context, source: &SourceId, keep: &str) {
         "metadata.ownerReferences",
         "metadata.creationTimestamp",
     ];
-    let Ok(snapshots) = ctx.cluster.list(
-        "v1",
-        source.kind.kind(),
-        ctx.namespace,
-        Some(selector),
-        &masks,
-    ) else {
+    let Ok(snapshots) = ctx
+        .cluster
+        .list("v1", source.kind.kind(), ctx.namespace, Some(selector), &masks)
+    else {
         return;
     };
     let mut now: Option<i64> = None;
@@ -69,9 +66,7 @@ pub fn sweep(ctx: &Context, source: &SourceId, keep: &str) {
             meta["name"].as_str() != Some(keep)
                 && meta["labels"][keys::MANAGED_BY].as_str() == Some(keys::MANAGED_BY_VALUE)
                 && meta["annotations"][keys::SOURCE_NAME].as_str() == Some(source.name.as_str())
-                && meta["ownerReferences"]
-                    .as_array()
-                    .is_none_or(|o| o.is_empty())
+                && meta["ownerReferences"].as_array().is_none_or(|o| o.is_empty())
                 && meta["creationTimestamp"]
                     .as_str()
                     .and_then(parse_rfc3339)
@@ -88,10 +83,7 @@ pub fn sweep(ctx: &Context, source: &SourceId, keep: &str) {
         return;
     };
     for snap in candidates {
-        let (Some(name), Some(uid)) = (
-            snap["metadata"]["name"].as_str(),
-            snap["metadata"]["uid"].as_str(),
-        ) else {
+        let (Some(name), Some(uid)) = (snap["metadata"]["name"].as_str(), snap["metadata"]["uid"].as_str()) else {
             continue;
         };
         if !referenced.contains(name) {

@@ -37,8 +37,7 @@ impl Mapping {
 
     /// Compact JSON, keys sorted: the same mapping always gives the same bytes.
     pub fn to_annotation(&self) -> String {
-        let raw: BTreeMap<String, &String> =
-            self.0.iter().map(|(k, v)| (k.to_string(), v)).collect();
+        let raw: BTreeMap<String, &String> = self.0.iter().map(|(k, v)| (k.to_string(), v)).collect();
         serde_json::to_string(&raw).expect("string map")
     }
 
@@ -54,11 +53,7 @@ impl Mapping {
 }
 
 pub fn template_annotation<'a>(template: &'a Value, key: &str) -> Option<&'a str> {
-    template
-        .get("metadata")?
-        .get("annotations")?
-        .get(key)?
-        .as_str()
+    template.get("metadata")?.get("annotations")?.get(key)?.as_str()
 }
 
 /// The references of a template grouped by the source they stand for.
@@ -68,10 +63,7 @@ pub fn group_by_source(refs: &[Reference], mapping: &Mapping) -> Vec<SourceRefs>
     for r in refs {
         let id = SourceId::new(r.kind, mapping.source_of(r.kind, &r.name));
         let slot = *index.entry(id.clone()).or_insert_with(|| {
-            groups.push(SourceRefs {
-                id,
-                refs: Vec::new(),
-            });
+            groups.push(SourceRefs { id, refs: Vec::new() });
             groups.len() - 1
         });
         groups[slot].refs.push(r.clone());
@@ -146,14 +138,8 @@ mod tests {
     #[test]
     fn mapping_round_trips_and_is_sorted() {
         let mut m = Mapping::default();
-        m.0.insert(
-            SourceId::new(SourceKind::Secret, "tls"),
-            "tls-9f86d08188".into(),
-        );
-        m.0.insert(
-            SourceId::new(SourceKind::ConfigMap, "app"),
-            "app-2c26b46b68".into(),
-        );
+        m.0.insert(SourceId::new(SourceKind::Secret, "tls"), "tls-9f86d08188".into());
+        m.0.insert(SourceId::new(SourceKind::ConfigMap, "app"), "app-2c26b46b68".into());
         let text = m.to_annotation();
         assert_eq!(
             text,
@@ -162,10 +148,7 @@ mod tests {
         let t = template("app-2c26b46b68", json!({ keys::SNAPSHOTS: text }));
         assert_eq!(Mapping::of(&t), m);
         assert_eq!(m.source_of(SourceKind::ConfigMap, "app-2c26b46b68"), "app");
-        assert_eq!(
-            m.source_of(SourceKind::Secret, "app-2c26b46b68"),
-            "app-2c26b46b68"
-        );
+        assert_eq!(m.source_of(SourceKind::Secret, "app-2c26b46b68"), "app-2c26b46b68");
     }
 
     #[test]

@@ -52,13 +52,7 @@ impl SourceView {
     }
 }
 
-pub fn admit(
-    ctx: &Context,
-    kind: SourceKind,
-    operation: &str,
-    raw: &RawValue,
-    old_raw: Option<&RawValue>,
-) -> Outcome {
+pub fn admit(ctx: &Context, kind: SourceKind, operation: &str, raw: &RawValue, old_raw: Option<&RawValue>) -> Outcome {
     let Ok(new) = serde_json::from_str::<SourceView>(raw.get()) else {
         // Not ours to judge: the API server validates sources.
         return Outcome::accept();
@@ -103,10 +97,7 @@ fn roll_out(ctx: &Context, id: &SourceId, content: &Content, source_rv: &str) ->
     let masks = watcher_masks();
     let masks: Vec<&str> = masks.iter().map(String::as_str).collect();
     for kind in WorkloadKind::ALL {
-        let workloads = match ctx
-            .cluster
-            .list("apps/v1", kind.kind(), ctx.namespace, None, &masks)
-        {
+        let workloads = match ctx.cluster.list("apps/v1", kind.kind(), ctx.namespace, None, &masks) {
             Ok(w) => w,
             Err(e) => {
                 warnings.push(format!(
@@ -147,12 +138,8 @@ fn roll_out_one(
     kind: WorkloadKind,
     workload: &Value,
 ) -> Result<(), String> {
-    let Ok(optin) = OptIn::from_annotations(
-        workload
-            .pointer("/metadata/annotations")
-            .and_then(Value::as_object),
-        ctx.settings,
-    ) else {
+    let annotations = workload.pointer("/metadata/annotations").and_then(Value::as_object);
+    let Ok(optin) = OptIn::from_annotations(annotations, ctx.settings) else {
         return Ok(());
     };
     if !optin.watches(id, ctx.settings) {
@@ -161,7 +148,7 @@ fn roll_out_one(
     let Some(template) = workload.pointer("/spec/template") else {
         return Ok(());
     };
-    let mut mapping = Mapping::of(template);
+    let mapping = Mapping::of(template);
     let refs = references::collect(template);
     let Some(group) = template::group_by_source(&refs, &mapping)
         .into_iter()
@@ -175,13 +162,13 @@ fn roll_out_one(
         // An edit outside this workload's keys: nothing to roll.
         return Ok(());
     }
+    if ctx.dry_run {
+        return Ok(());
+    }
     let workload_name = workload
         .pointer("/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    if ctx.dry_run {
-        return Ok(());
-    }
     let fail = |what: &str, e: &str| {
         format!(
             "{SAY}could not roll out {} {workload_name} to {name}: {what}: {e}",
@@ -192,28 +179,19 @@ fn roll_out_one(
         .cluster
         .create_snapshot(&snapshot)
         .map_err(|e| fail("create_snapshot", e.message()))?;
-
-    let mut patch: Vec<Value> = group
-        .refs
-        .iter()
-        .map(|r| json!({"op": "replace", "path": format!("/spec/template{}", r.pointer), "value": name}))
-        .collect();
-    mapping.0.insert(id.clone(), name.clone());
-    let annotation = mapping.to_annotation();
-    if template
-        .pointer("/metadata/annotations")
-        .is_some_and(Value::is_object)
-    {
-        patch.push(json!({"op": "add", "path": format!("/spec/template/metadata/annotations/{}", escape(keys::SNAPSHOTS)), "value": annotation}));
-    } else {
-        patch.push(json!({"op": "add", "path": "/spec/template/metadata/annotations", "value": {keys::SNAPSHOTS: annotation}}));
-    }
+    let Some(patch) = retarget_ops(template, id, &name) else {
+        return Ok(());
+    };
     let request = json!({
         "apiVersion": "apps/v1",
         "kind": kind.kind(),
         "name": workload_name,
         "resourceVersion": workload.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or_default(),
         "patch": patch,
+        // Lets the host hold the patch until this very content is persisted,
+        // and drop it once the source has moved on (a newer patch supersedes it).
+        "source": {"kind": id.kind.kind(), "name": id.name, "contentHash": content.hash()},
+        "snapshot": name,
     });
     ctx.cluster
         .patch_workload(request)
@@ -222,6 +200,35 @@ fn roll_out_one(
         crate::sweep::sweep(ctx, id, &name);
     }
     Ok(())
+}
+
+/// The JSON Patch that points every reference of `id` in a workload's pod
+/// `template` at `snapshot` and records it in the mapping. `None` if the
+/// template does not reference the source. Shared with the host, which
+/// recomputes it on the fresh object after a conflict.
+pub fn retarget_ops(template: &Value, id: &SourceId, snapshot: &str) -> Option<Vec<Value>> {
+    let mut mapping = Mapping::of(template);
+    let refs = references::collect(template);
+    let group = template::group_by_source(&refs, &mapping)
+        .into_iter()
+        .find(|g| g.id == *id)?;
+    let mut patch: Vec<Value> = group
+        .refs
+        .iter()
+        .map(|r| json!({"op": "replace", "path": format!("/spec/template{}", r.pointer), "value": snapshot}))
+        .collect();
+    mapping.0.insert(id.clone(), snapshot.to_string());
+    let annotation = mapping.to_annotation();
+    let op = if template.pointer("/metadata/annotations").is_some_and(Value::is_object) {
+        let path = format!("/spec/template/metadata/annotations/{}", escape(keys::SNAPSHOTS));
+        json!({"op": "add", "path": path, "value": annotation})
+    } else if template.get("metadata").is_some_and(Value::is_object) {
+        json!({"op": "add", "path": "/spec/template/metadata/annotations", "value": {keys::SNAPSHOTS: annotation}})
+    } else {
+        json!({"op": "add", "path": "/spec/template/metadata", "value": {"annotations": {keys::SNAPSHOTS: annotation}}})
+    };
+    patch.push(op);
+    Some(patch)
 }
 
 /// JSON Pointer escaping (RFC 6901).

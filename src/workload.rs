@@ -125,9 +125,7 @@ pub fn admit(
         Err(e) => return Outcome::reject(format!("{SAY}invalid {}: {e}", kind.kind()), 400),
     };
     let optin = match OptIn::from_annotations(
-        object
-            .pointer("/metadata/annotations")
-            .and_then(Value::as_object),
+        object.pointer("/metadata/annotations").and_then(Value::as_object),
         ctx.settings,
     ) {
         Ok(o) => o,
@@ -172,11 +170,7 @@ pub fn admit(
                 Err(e) => match ctx.settings.on_snapshot_failure {
                     OnSnapshotFailure::Reject => {
                         return Outcome::reject(
-                            format!(
-                                "{SAY}could not create snapshot {} of {id}: {}",
-                                w.name,
-                                e.message()
-                            ),
+                            format!("{SAY}could not create snapshot {} of {id}: {}", w.name, e.message()),
                             500,
                         );
                     }
@@ -278,8 +272,7 @@ impl<'a> Planner<'a> {
                 let keep = match self.old_template {
                     None => true,
                     Some(_) if same_as_old => true,
-                    Some(_) => *is_rollback
-                        .get_or_insert_with(|| self.matches_revision(&normalised, &mut warnings)),
+                    Some(_) => *is_rollback.get_or_insert_with(|| self.matches_revision(&normalised, &mut warnings)),
                 };
                 keep.then(|| snap.clone())
             } else if same_as_old {
@@ -322,8 +315,7 @@ impl<'a> Planner<'a> {
         let Some(every) = self.optin.renew_secs else {
             return (false, None);
         };
-        let last =
-            template::template_annotation(self.template, keys::RENEWED_AT).and_then(parse_rfc3339);
+        let last = template::template_annotation(self.template, keys::RENEWED_AT).and_then(parse_rfc3339);
         let now = self.ctx.cluster.now();
         match last {
             Some(t) if now.saturating_sub(t) < every as i64 => (false, Some(t)),
@@ -340,22 +332,13 @@ impl<'a> Planner<'a> {
         warnings: &mut Vec<String>,
     ) -> Result<Option<(String, Value)>, Outcome> {
         let id = &group.id;
-        let source = match self
-            .ctx
-            .cluster
-            .get("v1", id.kind.kind(), self.ctx.namespace, &id.name)
-        {
+        let source = match self.ctx.cluster.get("v1", id.kind.kind(), self.ctx.namespace, &id.name) {
             Ok(s) => s,
             Err(e) => {
                 return match self.ctx.settings.on_snapshot_failure {
-                    OnSnapshotFailure::Reject => Err(Outcome::reject(
-                        format!("{SAY}could not read {id}: {e}"),
-                        500,
-                    )),
+                    OnSnapshotFailure::Reject => Err(Outcome::reject(format!("{SAY}could not read {id}: {e}"), 500)),
                     OnSnapshotFailure::Warn => {
-                        warnings.push(format!(
-                            "{SAY}could not read {id}, left its references unchanged: {e}"
-                        ));
+                        warnings.push(format!("{SAY}could not read {id}, left its references unchanged: {e}"));
                         Ok(None)
                     }
                 };
@@ -382,33 +365,19 @@ impl<'a> Planner<'a> {
                 )),
             };
         };
-        if id.kind == SourceKind::Secret
-            && source.get("type").and_then(Value::as_str) == Some(SA_TOKEN)
-        {
-            warnings.push(format!(
-                "{SAY}{id} is a service-account token and is never snapshotted"
-            ));
+        if id.kind == SourceKind::Secret && source.get("type").and_then(Value::as_str) == Some(SA_TOKEN) {
+            warnings.push(format!("{SAY}{id} is a service-account token and is never snapshotted"));
             return Ok(None);
         }
         let content = match Content::from_object(id.kind, &source) {
             Ok(c) => c.subset(group.key_subset().as_ref()),
-            Err(e) => {
-                return Err(Outcome::reject(
-                    format!("{SAY}{id} has malformed content: {e}"),
-                    400,
-                ))
-            }
+            Err(e) => return Err(Outcome::reject(format!("{SAY}{id} has malformed content: {e}"), 400)),
         };
         let rv = source
             .pointer("/metadata/resourceVersion")
             .and_then(Value::as_str)
             .unwrap_or("");
-        Ok(Some(content::snapshot_object(
-            id,
-            self.ctx.namespace,
-            rv,
-            &content,
-        )))
+        Ok(Some(content::snapshot_object(id, self.ctx.namespace, rv, &content)))
     }
 
     /// A rollback puts back the template of an existing revision of this
@@ -429,24 +398,22 @@ impl<'a> Planner<'a> {
                 "/data/spec/template",
             ),
         };
-        let revisions = match self.ctx.cluster.list(
-            "apps/v1",
-            kind,
-            self.ctx.namespace,
-            selector,
-            masks,
-        ) {
+        let revisions = match self
+            .ctx
+            .cluster
+            .list("apps/v1", kind, self.ctx.namespace, selector, masks)
+        {
             Ok(items) => items,
             Err(e) => {
-                warnings.push(format!("{SAY}could not list {kind}s to detect a rollback, treated as a new rollout: {e}"));
+                warnings.push(format!(
+                    "{SAY}could not list {kind}s to detect a rollback, treated as a new rollout: {e}"
+                ));
                 return false;
             }
         };
         revisions.iter().any(|rev| {
             owned_by(rev, uid, self.kind.kind())
-                && rev
-                    .pointer(path)
-                    .is_some_and(|t| template::normalise(t) == *normalised)
+                && rev.pointer(path).is_some_and(|t| template::normalise(t) == *normalised)
         })
     }
 }
@@ -460,10 +427,7 @@ fn current_snapshot(group: &SourceRefs) -> Option<String> {
 }
 
 fn owned_by(object: &Value, uid: Option<&str>, kind: &str) -> bool {
-    let Some(owners) = object
-        .pointer("/metadata/ownerReferences")
-        .and_then(Value::as_array)
-    else {
+    let Some(owners) = object.pointer("/metadata/ownerReferences").and_then(Value::as_array) else {
         return false;
     };
     owners.iter().any(|o| {
@@ -483,13 +447,7 @@ fn label_selector(match_labels: Option<&Value>) -> Option<String> {
 }
 
 /// Rewrites names and the policy's annotations in place.
-fn apply(
-    template: &mut Value,
-    groups: &[SourceRefs],
-    targets: &[Target],
-    optin: &OptIn,
-    renewed_at: Option<i64>,
-) {
+fn apply(template: &mut Value, groups: &[SourceRefs], targets: &[Target], optin: &OptIn, renewed_at: Option<i64>) {
     let mut mapping = Mapping::default();
     for (group, target) in groups.iter().zip(targets) {
         let name = match target {
@@ -526,21 +484,13 @@ fn set_marks(template: &mut Value, marks: Vec<(&str, String)>) {
             ann.insert(k.to_string(), Value::String(v));
         }
         if ann.is_empty() && !has_annotations {
-            template["metadata"]
-                .as_object_mut()
-                .map(|m| m.remove("annotations"));
+            template["metadata"].as_object_mut().map(|m| m.remove("annotations"));
         }
     }
 }
 
 /// The host has no write capability (stock Kubewarden): SPEC §5.7.
-fn degrade(
-    ctx: &Context,
-    object: &mut Value,
-    groups: &[SourceRefs],
-    optin: &OptIn,
-    why: &str,
-) -> Outcome {
+fn degrade(ctx: &Context, object: &mut Value, groups: &[SourceRefs], optin: &OptIn, why: &str) -> Outcome {
     match ctx.settings.without_snapshot_capability {
         WithoutSnapshotCapability::Reject => Outcome::reject(
             format!("{SAY}this host cannot create snapshots ({why}) and withoutSnapshotCapability is reject"),

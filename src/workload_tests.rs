@@ -28,14 +28,7 @@ pub fn deployment(annotations: Value, pod_spec: Value) -> Value {
     })
 }
 
-pub fn payload(
-    kind: &str,
-    op: &str,
-    object: &Value,
-    old: Option<&Value>,
-    dry_run: bool,
-    settings: Value,
-) -> Vec<u8> {
+pub fn payload(kind: &str, op: &str, object: &Value, old: Option<&Value>, dry_run: bool, settings: Value) -> Vec<u8> {
     let group = if kind == "ConfigMap" || kind == "Secret" {
         ""
     } else {
@@ -57,17 +50,11 @@ pub fn run(host: &FakeHost, payload: &[u8]) -> Outcome {
 }
 
 fn create(host: &FakeHost, object: &Value) -> Outcome {
-    run(
-        host,
-        &payload("Deployment", "CREATE", object, None, false, json!({})),
-    )
+    run(host, &payload("Deployment", "CREATE", object, None, false, json!({})))
 }
 
 fn update(host: &FakeHost, old: &Value, new: &Value) -> Outcome {
-    run(
-        host,
-        &payload("Deployment", "UPDATE", new, Some(old), false, json!({})),
-    )
+    run(host, &payload("Deployment", "UPDATE", new, Some(old), false, json!({})))
 }
 
 fn snapshot_all() -> Value {
@@ -98,10 +85,7 @@ fn three_host() -> FakeHost {
 fn names(obj: &Value) -> (String, String, String) {
     let t = &obj["spec"]["template"]["spec"];
     (
-        t["volumes"][0]["configMap"]["name"]
-            .as_str()
-            .unwrap()
-            .to_string(),
+        t["volumes"][0]["configMap"]["name"].as_str().unwrap().to_string(),
         t["containers"][0]["envFrom"][0]["secretRef"]["name"]
             .as_str()
             .unwrap()
@@ -123,25 +107,13 @@ fn snapshots_and_rewrites_every_opted_in_reference() {
     assert!(app.starts_with("app-") && app.len() == 14, "{app}");
     assert!(creds.starts_with("creds-"), "{creds}");
     assert!(extra.starts_with("extra-"), "{extra}");
-    for (kind, name) in [
-        ("ConfigMap", &app),
-        ("Secret", &creds),
-        ("ConfigMap", &extra),
-    ] {
-        let snap = host
-            .find(kind, name)
-            .unwrap_or_else(|| panic!("{name} not created"));
+    for (kind, name) in [("ConfigMap", &app), ("Secret", &creds), ("ConfigMap", &extra)] {
+        let snap = host.find(kind, name).unwrap_or_else(|| panic!("{name} not created"));
         assert_eq!(snap["immutable"], true);
-        assert_eq!(
-            snap["metadata"]["labels"][keys::MANAGED_BY],
-            "config-snapshot"
-        );
+        assert_eq!(snap["metadata"]["labels"][keys::MANAGED_BY], "config-snapshot");
     }
     // The projected source selects key "a" only.
-    assert_eq!(
-        host.find("ConfigMap", &extra).unwrap()["data"],
-        json!({"a": "1"})
-    );
+    assert_eq!(host.find("ConfigMap", &extra).unwrap()["data"], json!({"a": "1"}));
     assert_eq!(host.find("Secret", &creds).unwrap()["type"], "Opaque");
     let mapping: Value = serde_json::from_str(
         mutated["spec"]["template"]["metadata"]["annotations"][keys::SNAPSHOTS]
@@ -159,9 +131,7 @@ fn snapshots_and_rewrites_every_opted_in_reference() {
 fn opt_in_is_per_source_and_exclusions_apply() {
     let host = three_host();
     let ann = json!({ keys::SNAPSHOT: "configmap/app,creds,extra", keys::EXCLUDE: "extra" });
-    let mutated = create(&host, &deployment(ann, three_refs()))
-        .mutated
-        .unwrap();
+    let mutated = create(&host, &deployment(ann, three_refs())).mutated.unwrap();
     let (app, creds, extra) = names(&mutated);
     assert_ne!(app, "app");
     assert_ne!(creds, "creds");
@@ -187,10 +157,7 @@ fn unknown_fields_survive_and_a_second_evaluation_changes_nothing() {
     // Only names and our annotation changed.
     let mut back = crate::template::normalise(&first["spec"]["template"]);
     back["metadata"]["labels"] = json!({"app": "web"});
-    assert_eq!(
-        back,
-        crate::template::normalise(&object["spec"]["template"])
-    );
+    assert_eq!(back, crate::template::normalise(&object["spec"]["template"]));
     // Reinvocation: the same input gives the same output, i.e. no further change.
     let again = create(&host, &first);
     assert!(again.accepted && again.mutated.is_none(), "{again:?}");
@@ -212,21 +179,14 @@ fn update_tells_no_op_roll_forward_and_rollback_apart() {
     host.objects.borrow_mut().push(rs1);
 
     // The ConfigMap changes; no watch.
-    host.objects
-        .borrow_mut()
-        .retain(|o| o["metadata"]["name"] != "app");
-    host.objects
-        .borrow_mut()
-        .push(cm("app", json!({"mode": "green"})));
+    host.objects.borrow_mut().retain(|o| o["metadata"]["name"] != "app");
+    host.objects.borrow_mut().push(cm("app", json!({"mode": "green"})));
 
     // A scale is a no-op: the snapshot is kept.
     let mut scaled = v1.clone();
     scaled["spec"]["replicas"] = json!(5);
     let out = update(&host, &v1, &scaled);
-    assert!(
-        out.mutated.is_none(),
-        "scale must not change the template: {out:?}"
-    );
+    assert!(out.mutated.is_none(), "scale must not change the template: {out:?}");
 
     // A new image is a roll-forward: fresh snapshot of the edited ConfigMap.
     let mut v2_in = v1.clone();
@@ -246,10 +206,7 @@ fn update_tells_no_op_roll_forward_and_rollback_apart() {
         d
     };
     let out = update(&host, &v2, &undo_in);
-    assert!(
-        out.mutated.is_none(),
-        "a rollback keeps the old snapshot: {out:?}"
-    );
+    assert!(out.mutated.is_none(), "a rollback keeps the old snapshot: {out:?}");
     let listed = host.ops("list_resources_by_namespace");
     let last = listed.last().unwrap();
     assert_eq!(last["kind"], "ReplicaSet");
@@ -262,8 +219,7 @@ fn update_tells_no_op_roll_forward_and_rollback_apart() {
     // The same template edited by hand back to image 1 but not equal to any
     // revision (a new env var) is a roll-forward.
     let mut edited = undo_in.clone();
-    edited["spec"]["template"]["spec"]["containers"][0]["env"] =
-        json!([{"name": "X", "value": "1"}]);
+    edited["spec"]["template"]["spec"]["containers"][0]["env"] = json!([{"name": "X", "value": "1"}]);
     let out = update(&host, &v2, &edited).mutated.unwrap();
     assert_eq!(names(&out).0, app_v2);
 }
@@ -275,25 +231,21 @@ fn rollback_needs_a_revision_of_this_workload() {
         .mutated
         .unwrap();
     // A ReplicaSet with the same template but owned by someone else.
-    host.objects.borrow_mut().push(json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+    host.objects
+        .borrow_mut()
+        .push(json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
         "metadata": {"name": "other", "namespace": "default", "labels": {"app": "web"},
                      "ownerReferences": [{"kind": "Deployment", "name": "other", "uid": "other-uid"}]},
         "spec": {"template": v1["spec"]["template"].clone()}}));
-    host.objects
-        .borrow_mut()
-        .retain(|o| o["metadata"]["name"] != "app");
-    host.objects
-        .borrow_mut()
-        .push(cm("app", json!({"mode": "green"})));
+    host.objects.borrow_mut().retain(|o| o["metadata"]["name"] != "app");
+    host.objects.borrow_mut().push(cm("app", json!({"mode": "green"})));
     let mut v2 = v1.clone();
     v2["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:2");
     let v2 = update(&host, &v1, &v2).mutated.unwrap();
     let mut back = v2.clone();
     back["spec"]["template"] = v1["spec"]["template"].clone();
     let out = update(&host, &v2, &back);
-    let rewritten = out
-        .mutated
-        .expect("not a rollback of this workload: fresh snapshot");
+    let rewritten = out.mutated.expect("not a rollback of this workload: fresh snapshot");
     assert_ne!(names(&rewritten).0, names(&v1).0);
 }
 
@@ -302,12 +254,8 @@ fn server_side_reapply_with_source_names_keeps_the_live_snapshot() {
     let host = three_host();
     let plain = deployment(snapshot_all(), three_refs());
     let live = create(&host, &plain).mutated.unwrap();
-    host.objects
-        .borrow_mut()
-        .retain(|o| o["metadata"]["name"] != "app");
-    host.objects
-        .borrow_mut()
-        .push(cm("app", json!({"mode": "green"})));
+    host.objects.borrow_mut().retain(|o| o["metadata"]["name"] != "app");
+    host.objects.borrow_mut().push(cm("app", json!({"mode": "green"})));
     let out = update(&host, &live, &plain).mutated.unwrap();
     assert_eq!(names(&out), names(&live));
 }
@@ -321,9 +269,7 @@ fn optional_and_missing_sources() {
     let out = create(&host, &deployment(snapshot_all(), spec.clone()));
     assert!(out.accepted);
     assert_eq!(out.warnings.len(), 1, "{:?}", out.warnings);
-    assert!(
-        out.warnings[0].contains("configmap/later") && out.warnings[0].contains("does not exist")
-    );
+    assert!(out.warnings[0].contains("configmap/later") && out.warnings[0].contains("does not exist"));
     assert!(out.mutated.is_none());
     assert_eq!(host.count("ConfigMap"), 0);
 
@@ -418,25 +364,17 @@ fn without_the_capability_checksum_mode_stamps_hashes_with_one_warning() {
     assert_eq!(out.warnings.len(), 1, "{:?}", out.warnings);
     assert!(out.warnings[0].contains("rollout undo will not restore"));
     let mutated = out.mutated.unwrap();
-    assert_eq!(
-        names(&mutated),
-        ("app".into(), "creds".into(), "extra".into())
-    );
+    assert_eq!(names(&mutated), ("app".into(), "creds".into(), "extra".into()));
     let ann = &mutated["spec"]["template"]["metadata"]["annotations"];
-    let expected = crate::content::Content::from_object(
-        crate::kind::SourceKind::ConfigMap,
-        &cm("app", json!({"mode": "blue"})),
-    )
-    .unwrap()
-    .hash();
+    let expected =
+        crate::content::Content::from_object(crate::kind::SourceKind::ConfigMap, &cm("app", json!({"mode": "blue"})))
+            .unwrap()
+            .hash();
     assert_eq!(ann["config-snapshot.io/checksum-configmap-app"], expected);
     assert!(ann["config-snapshot.io/checksum-secret-creds"].is_string());
     assert!(ann[keys::SNAPSHOTS].is_null());
     // The reads bypass Kubewarden's cache.
-    assert!(host
-        .ops("get_resource")
-        .iter()
-        .all(|r| r["disable_cache"] == true));
+    assert!(host.ops("get_resource").iter().all(|r| r["disable_cache"] == true));
 
     for (mode, accepted) in [("warn", true), ("reject", false)] {
         let out = run(
@@ -463,10 +401,7 @@ fn checksum_keys_are_shortened_past_63() {
     let long = crate::workload::checksum_key(&SourceId::new(SourceKind::ConfigMap, "a".repeat(80)));
     let name_part = long.strip_prefix("config-snapshot.io/").unwrap();
     assert!(name_part.len() <= 63, "{}", name_part.len());
-    let other = crate::workload::checksum_key(&SourceId::new(
-        SourceKind::ConfigMap,
-        format!("{}b", "a".repeat(79)),
-    ));
+    let other = crate::workload::checksum_key(&SourceId::new(SourceKind::ConfigMap, format!("{}b", "a".repeat(79))));
     assert_ne!(long, other);
 }
 
@@ -475,17 +410,11 @@ fn bad_annotations_are_rejected_naming_annotation_and_token() {
     let host = three_host();
     let out = create(
         &host,
-        &deployment(
-            json!({ keys::SNAPSHOT: "configmap/app,pvc/data" }),
-            three_refs(),
-        ),
+        &deployment(json!({ keys::SNAPSHOT: "configmap/app,pvc/data" }), three_refs()),
     );
     assert!(!out.accepted);
     let msg = out.message.unwrap();
-    assert!(
-        msg.contains(keys::SNAPSHOT) && msg.contains("pvc/data"),
-        "{msg}"
-    );
+    assert!(msg.contains(keys::SNAPSHOT) && msg.contains("pvc/data"), "{msg}");
 }
 
 #[test]
@@ -496,15 +425,11 @@ fn key_subsets_ignore_edits_to_other_keys() {
     let first = create(&host, &deployment(snapshot_all(), spec.clone()))
         .mutated
         .unwrap();
-    host.objects
-        .borrow_mut()
-        .retain(|o| o["metadata"]["name"] != "app");
+    host.objects.borrow_mut().retain(|o| o["metadata"]["name"] != "app");
     host.objects
         .borrow_mut()
         .push(cm("app", json!({"mode": "blue", "unused": "2"})));
-    let second = create(&host, &deployment(snapshot_all(), spec))
-        .mutated
-        .unwrap();
+    let second = create(&host, &deployment(snapshot_all(), spec)).mutated.unwrap();
     assert_eq!(first["spec"]["template"], second["spec"]["template"]);
 }
 
@@ -512,20 +437,14 @@ fn key_subsets_ignore_edits_to_other_keys() {
 fn renew_duration_forces_a_fresh_snapshot_once_due() {
     let mut host = three_host();
     let ann = json!({ keys::SNAPSHOT: "*", keys::RENEW_DURATION: "1h" });
-    let v1 = create(&host, &deployment(ann, three_refs()))
-        .mutated
-        .unwrap();
+    let v1 = create(&host, &deployment(ann, three_refs())).mutated.unwrap();
     let stamped = v1["spec"]["template"]["metadata"]["annotations"][keys::RENEWED_AT]
         .as_str()
         .unwrap()
         .to_string();
     assert_eq!(crate::duration::parse_rfc3339(&stamped), Some(host.now));
-    host.objects
-        .borrow_mut()
-        .retain(|o| o["metadata"]["name"] != "app");
-    host.objects
-        .borrow_mut()
-        .push(cm("app", json!({"mode": "green"})));
+    host.objects.borrow_mut().retain(|o| o["metadata"]["name"] != "app");
+    host.objects.borrow_mut().push(cm("app", json!({"mode": "green"})));
     // Not yet due: a no-op update keeps everything.
     host.now += 1800;
     assert!(update(&host, &v1, &v1).mutated.is_none());
@@ -558,10 +477,7 @@ fn secret_data_never_appears_in_messages_or_warnings() {
             ),
         );
         let text = format!("{:?} {:?}", out.message, out.warnings);
-        assert!(
-            !text.contains(CANARY) && !text.contains("CANARY-s3cr3t"),
-            "{text}"
-        );
+        assert!(!text.contains(CANARY) && !text.contains("CANARY-s3cr3t"), "{text}");
     }
 }
 
@@ -587,10 +503,7 @@ fn revisions_adopt_the_snapshots_they_use() {
         .unwrap();
     let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
         "metadata": {"name": "web-abc", "namespace": "default"}, "spec": {"template": v1["spec"]["template"].clone()}});
-    let out = run(
-        &host,
-        &payload("ReplicaSet", "CREATE", &rs, None, false, json!({})),
-    );
+    let out = run(&host, &payload("ReplicaSet", "CREATE", &rs, None, false, json!({})));
     assert!(out.accepted && out.mutated.is_none());
     let adopt = host.ops("adopt");
     assert_eq!(adopt.len(), 1);
@@ -607,9 +520,6 @@ fn revisions_adopt_the_snapshots_they_use() {
     );
     assert_eq!(host.ops("adopt")[1]["owner"]["kind"], "ControllerRevision");
     // Dry run: no adopt.
-    run(
-        &host,
-        &payload("ReplicaSet", "CREATE", &rs, None, true, json!({})),
-    );
+    run(&host, &payload("ReplicaSet", "CREATE", &rs, None, true, json!({})));
     assert_eq!(host.ops("adopt").len(), 2);
 }

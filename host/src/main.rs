@@ -1,1 +1,130 @@
-fn main() {}
+//! `config-snapshot`: the host for the config-snapshot policy.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{anyhow, Context as _, Result};
+use clap::{Parser, Subcommand};
+use serde_json::Value;
+
+use config_snapshot::engine::Engine;
+use config_snapshot::memory::Simulator;
+use config_snapshot::{replay, review};
+
+#[derive(Parser)]
+#[command(name = "config-snapshot", version, about = "Roll ConfigMaps and Secrets forward and back with the workloads that use them")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Replay scenarios over an in-memory cluster and print a timeline.
+    Replay {
+        /// Scenario files (YAML).
+        #[arg(required = true)]
+        scenarios: Vec<PathBuf>,
+        /// The policy wasm; defaults to the project's freshly built one.
+        #[arg(long)]
+        policy: Option<PathBuf>,
+        /// Print machine-readable results instead of the timeline.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Evaluate AdmissionReview files and print AdmissionReview responses.
+    Review {
+        /// AdmissionReview v1 files, or bare AdmissionRequest files.
+        #[arg(required = true)]
+        reviews: Vec<PathBuf>,
+        #[arg(long)]
+        policy: Option<PathBuf>,
+        /// The cluster the policy reads: a multi-document YAML stream.
+        #[arg(long)]
+        objects: Option<PathBuf>,
+        /// Policy settings as JSON.
+        #[arg(long, default_value = "{}")]
+        settings_json: String,
+    },
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("config-snapshot: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Command::Replay { scenarios, policy, json } => {
+            let engine = Arc::new(Engine::load(&policy_path(policy)?)?);
+            let mut results = Vec::new();
+            for path in &scenarios {
+                let result = replay::run(engine.clone(), path)?;
+                if !json {
+                    replay::print_timeline(&result);
+                }
+                results.push(result);
+            }
+            let failed: Vec<String> = results
+                .iter()
+                .filter_map(|r| r.failure().map(|f| format!("{}: {f}", r.file)))
+                .collect();
+            if json {
+                println!("{}", serde_json::to_string_pretty(&serde_json::json!({"results": results, "passed": failed.is_empty()}))?);
+            } else {
+                println!("{} passed, {} failed", results.len() - failed.len(), failed.len());
+            }
+            for f in &failed {
+                eprintln!("FAILED {f}");
+            }
+            Ok(if failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+        Command::Review { reviews, policy, objects, settings_json } => {
+            let settings: Value = serde_json::from_str(&settings_json).context("--settings-json is not JSON")?;
+            let engine = Arc::new(Engine::load(&policy_path(policy)?)?);
+            if let Err(message) = engine.validate_settings(&settings)? {
+                return Err(anyhow!("invalid settings: {message}"));
+            }
+            let mut sim = Simulator::new(engine, settings, now());
+            if let Some(path) = objects {
+                for object in review::read_objects(&path)? {
+                    sim.load(object)?;
+                }
+            }
+            for path in &reviews {
+                let request = review::read_request(path)?;
+                let (admission, mutated) = sim.review(&request)?;
+                let response = review::response(&request, &admission.response, mutated.as_ref())?;
+                println!("{}", serde_json::to_string(&response)?);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}
+
+/// `--policy`, else `$CONFIG_SNAPSHOT_POLICY`, else the workspace's build.
+fn policy_path(explicit: Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(p) = explicit.or_else(|| std::env::var_os("CONFIG_SNAPSHOT_POLICY").map(PathBuf::from)) {
+        return Ok(p);
+    }
+    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let candidates = [
+        PathBuf::from("policy.wasm"),
+        workspace.join("policy.wasm"),
+        workspace.join("target/wasm32-wasip1/release/config_snapshot_policy.wasm"),
+    ];
+    candidates
+        .into_iter()
+        .find(|p| p.exists())
+        .ok_or_else(|| anyhow!("no policy wasm found: run `make policy.wasm` or pass --policy"))
+}

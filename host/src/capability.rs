@@ -1,0 +1,331 @@
+//! The host side of the policy's calls: Kubewarden's reads with the SDK's
+//! exact payloads, and the `config-snapshot`/`v1` write capability with the
+//! invariants of SPEC §6 enforced here, whatever the guest asks.
+//!
+//! It sits on a [`Backend`] (the in-memory cluster for replay, the API
+//! server for serve), so every backend gets the same checks.
+
+use std::sync::Arc;
+
+use config_snapshot_policy::content::Content;
+use config_snapshot_policy::keys;
+use config_snapshot_policy::kind::SourceKind;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::engine::CallHandler;
+use crate::masks;
+
+/// A deferred write: run after the admission, once its preconditions hold.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    Adopt { namespace: String, owner_kind: String, owner_name: String, snapshots: Vec<(String, String)> },
+    Patch { namespace: String, request: Value },
+}
+
+/// What the capability needs from a cluster.
+pub trait Backend: Send + Sync {
+    fn get(&self, kind: &str, namespace: &str, name: &str) -> Result<Option<Value>, String>;
+    fn list(&self, kind: &str, namespace: &str, selector: &Selector) -> Result<Vec<Value>, String>;
+    /// Creates an object that is known not to exist.
+    fn create(&self, object: Value) -> Result<(), String>;
+    fn delete(&self, kind: &str, namespace: &str, name: &str, uid: &str) -> Result<(), String>;
+    /// Queues a deferred effect for the admission with `admission_uid`.
+    fn defer(&self, admission_uid: &str, effect: Effect);
+    fn now(&self) -> i64;
+    /// An injected failure for `operation`, if any (replay's `fault:` step).
+    fn fault(&self, _operation: &str) -> Option<String> {
+        None
+    }
+    /// Records what a host call did, for the replay timeline and logs.
+    fn note(&self, _event: String) {}
+}
+
+/// The admission request a set of host calls belongs to.
+#[derive(Debug, Clone)]
+pub struct Scope {
+    pub uid: String,
+    pub namespace: String,
+    pub dry_run: bool,
+}
+
+pub struct Capability {
+    pub backend: Arc<dyn Backend>,
+    pub scope: Scope,
+}
+
+impl CallHandler for Capability {
+    fn call(&self, binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, String> {
+        if let Some(error) = self.backend.fault(operation) {
+            return Err(error);
+        }
+        let answer = match (binding, namespace) {
+            ("kubewarden", "kubernetes") => self.read(operation, payload)?,
+            ("config-snapshot", "v1") => self.write(operation, payload)?,
+            _ => return Err(format!("unknown binding {binding}/{namespace}")),
+        };
+        serde_json::to_vec(&answer).map_err(|e| e.to_string())
+    }
+}
+
+#[derive(Deserialize)]
+struct GetRequest {
+    api_version: String,
+    kind: String,
+    name: String,
+    namespace: Option<String>,
+    #[serde(default)]
+    field_masks: Option<Vec<String>>,
+}
+
+#[derive(Deserialize)]
+struct ListRequest {
+    api_version: String,
+    kind: String,
+    namespace: String,
+    label_selector: Option<String>,
+    #[serde(default)]
+    field_masks: Option<Vec<String>>,
+}
+
+fn parse<'a, T: Deserialize<'a>>(operation: &str, payload: &'a [u8]) -> Result<T, String> {
+    serde_json::from_slice(payload).map_err(|e| format!("invalid {operation} request: {e}"))
+}
+
+/// The API server's plural, for error texts that match kube's.
+pub fn plural(kind: &str) -> String {
+    format!("{}s", kind.to_ascii_lowercase())
+}
+
+pub fn api_version_of(kind: &str) -> &'static str {
+    match kind {
+        "ConfigMap" | "Secret" | "Pod" => "v1",
+        _ => "apps/v1",
+    }
+}
+
+impl Capability {
+    fn read(&self, operation: &str, payload: &[u8]) -> Result<Value, String> {
+        match operation {
+            "get_resource" => {
+                let req: GetRequest = parse(operation, payload)?;
+                check_api_version(&req.api_version, &req.kind)?;
+                let ns = req.namespace.unwrap_or_default();
+                let object = self
+                    .backend
+                    .get(&req.kind, &ns, &req.name)?
+                    .ok_or_else(|| format!("{} {:?} not found (NotFound)", plural(&req.kind), req.name))?;
+                Ok(masks::prune(&object, &req.field_masks.unwrap_or_default()))
+            }
+            "list_resources_by_namespace" => {
+                let req: ListRequest = parse(operation, payload)?;
+                check_api_version(&req.api_version, &req.kind)?;
+                let selector = Selector::parse(req.label_selector.as_deref().unwrap_or(""))?;
+                let masks = req.field_masks.unwrap_or_default();
+                let items: Vec<Value> = self
+                    .backend
+                    .list(&req.kind, &req.namespace, &selector)?
+                    .iter()
+                    .map(|o| masks::prune(o, &masks))
+                    .collect();
+                Ok(json!({"apiVersion": req.api_version, "kind": format!("{}List", req.kind), "metadata": {}, "items": items}))
+            }
+            // The replay and serve hosts act with their own RBAC; the policy
+            // never needs to ask, but a call must not fail.
+            "can_i" => Ok(json!({"allowed": true, "reason": "config-snapshot host"})),
+            other => Err(format!("unknown operation kubewarden/kubernetes/{other}")),
+        }
+    }
+
+    fn write(&self, operation: &str, payload: &[u8]) -> Result<Value, String> {
+        if operation == "now" {
+            return Ok(json!({"unix": self.backend.now()}));
+        }
+        if !matches!(operation, "create_snapshot" | "adopt" | "delete_snapshot" | "patch_workload") {
+            return Err(format!("unknown operation config-snapshot/v1/{operation}"));
+        }
+        if self.scope.dry_run {
+            return Err(format!("refused {operation}: no writes during a dry-run request"));
+        }
+        let request: Value = parse(operation, payload)?;
+        match operation {
+            "create_snapshot" => self.create_snapshot(request),
+            "adopt" => self.adopt(request),
+            "delete_snapshot" => self.delete_snapshot(request),
+            _ => self.patch_workload(request),
+        }
+    }
+
+    fn create_snapshot(&self, request: Value) -> Result<Value, String> {
+        let mut object = request.get("object").cloned().ok_or("create_snapshot needs an object")?;
+        let kind = object["kind"].as_str().and_then(SourceKind::from_kind).ok_or("refused: a snapshot is a ConfigMap or a Secret")?;
+        let name = object["metadata"]["name"].as_str().ok_or("refused: a snapshot needs a name")?.to_string();
+        match object["metadata"]["namespace"].as_str() {
+            None => object["metadata"]["namespace"] = json!(self.scope.namespace),
+            Some(ns) if ns == self.scope.namespace => {}
+            Some(ns) => {
+                return Err(format!("refused: snapshot {name} is in namespace {ns}, the request is in {}", self.scope.namespace))
+            }
+        }
+        require_managed(&object, &name)?;
+        if object["immutable"] != true {
+            return Err(format!("refused: snapshot {name} must be immutable"));
+        }
+        let content = Content::from_object(kind, &object).map_err(|e| format!("refused: snapshot {name}: {e}"))?;
+        let hash = content.hash();
+        if !name.ends_with(&format!("-{}", &hash[..10])) || object["metadata"]["annotations"][keys::CONTENT_HASH] != hash.as_str() {
+            return Err(format!("refused: snapshot {name} does not match its content hash"));
+        }
+        let ns = self.scope.namespace.clone();
+        if let Some(existing) = self.backend.get(kind.kind(), &ns, &name)? {
+            let same = Content::from_object(kind, &existing).map(|c| c == content).unwrap_or(false);
+            if same && existing["metadata"]["labels"][keys::MANAGED_BY] == keys::MANAGED_BY_VALUE {
+                return Ok(json!({"created": false}));
+            }
+            return Err(format!("refused: a different {} named {name} already exists", kind.kind()));
+        }
+        self.backend.create(object)?;
+        self.backend.note(format!("snapshot {}/{name} created", kind.kind()));
+        Ok(json!({"created": true}))
+    }
+
+    fn adopt(&self, request: Value) -> Result<Value, String> {
+        let owner_kind = request["owner"]["kind"].as_str().unwrap_or_default().to_string();
+        if owner_kind != "ReplicaSet" && owner_kind != "ControllerRevision" {
+            return Err(format!("refused: adopt owner must be a ReplicaSet or ControllerRevision, not {owner_kind:?}"));
+        }
+        let owner_name = request["owner"]["name"].as_str().ok_or("refused: adopt needs owner.name")?.to_string();
+        let mut snapshots = Vec::new();
+        for s in request["snapshots"].as_array().ok_or("refused: adopt needs snapshots")? {
+            let (Some(kind), Some(name)) = (s["kind"].as_str(), s["name"].as_str()) else {
+                return Err("refused: each snapshot needs kind and name".into());
+            };
+            if SourceKind::from_kind(kind).is_none() {
+                return Err(format!("refused: cannot adopt a {kind}"));
+            }
+            snapshots.push((kind.to_string(), name.to_string()));
+        }
+        self.backend.defer(
+            &self.scope.uid,
+            Effect::Adopt { namespace: self.scope.namespace.clone(), owner_kind, owner_name, snapshots },
+        );
+        Ok(json!({"queued": true}))
+    }
+
+    fn delete_snapshot(&self, request: Value) -> Result<Value, String> {
+        let (Some(kind), Some(name), Some(uid)) = (request["kind"].as_str(), request["name"].as_str(), request["uid"].as_str()) else {
+            return Err("refused: delete_snapshot needs kind, name and uid".into());
+        };
+        if SourceKind::from_kind(kind).is_none() {
+            return Err(format!("refused: cannot delete a {kind}"));
+        }
+        let ns = &self.scope.namespace;
+        let existing = self.backend.get(kind, ns, name)?.ok_or_else(|| format!("{} {name:?} not found (NotFound)", plural(kind)))?;
+        require_managed(&existing, name)?;
+        if existing["metadata"]["uid"] != uid {
+            return Err(format!("conflict: {kind} {name} has another uid"));
+        }
+        self.backend.delete(kind, ns, name, uid)?;
+        self.backend.note(format!("snapshot {kind}/{name} swept"));
+        Ok(json!({"deleted": true}))
+    }
+
+    fn patch_workload(&self, request: Value) -> Result<Value, String> {
+        let kind = request["kind"].as_str().unwrap_or_default();
+        if !matches!(kind, "Deployment" | "StatefulSet" | "DaemonSet") || request["apiVersion"] != "apps/v1" {
+            return Err(format!("refused: patch_workload applies to apps/v1 workloads, not {kind:?}"));
+        }
+        let ops = request["patch"].as_array().ok_or("refused: patch_workload needs a patch")?;
+        for op in ops {
+            for field in ["path", "from"] {
+                if let Some(path) = op.get(field).and_then(Value::as_str) {
+                    if !path.starts_with("/spec/template/") {
+                        return Err(format!("refused: patch_workload may touch only /spec/template/..., not {path}"));
+                    }
+                }
+            }
+        }
+        json_patch::Patch::deserialize(&request["patch"]).map_err(|e| format!("refused: invalid JSON Patch: {e}"))?;
+        self.backend.defer(&self.scope.uid, Effect::Patch { namespace: self.scope.namespace.clone(), request });
+        Ok(json!({"queued": true}))
+    }
+}
+
+fn check_api_version(api_version: &str, kind: &str) -> Result<(), String> {
+    let expected = api_version_of(kind);
+    if api_version == expected {
+        Ok(())
+    } else {
+        Err(format!("the server could not find the requested resource: {api_version} {kind}"))
+    }
+}
+
+fn require_managed(object: &Value, name: &str) -> Result<(), String> {
+    if object["metadata"]["labels"][keys::MANAGED_BY] == keys::MANAGED_BY_VALUE {
+        Ok(())
+    } else {
+        Err(format!("refused: {name} lacks the label {}={}", keys::MANAGED_BY, keys::MANAGED_BY_VALUE))
+    }
+}
+
+/// An equality-based label selector (`a=b,c!=d,e,!f`), the forms
+/// `kubectl -l` users write most; set-based forms are refused, not ignored.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Selector(Vec<(String, Requirement)>);
+
+#[derive(Debug, Clone, PartialEq)]
+enum Requirement {
+    Equals(String),
+    NotEquals(String),
+    Exists,
+    NotExists,
+}
+
+impl Selector {
+    pub fn parse(text: &str) -> Result<Selector, String> {
+        let mut out = Vec::new();
+        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            if part.contains(" in ") || part.contains(" notin ") || part.contains('(') {
+                return Err(format!("unsupported label selector {part:?}: only equality-based selectors"));
+            }
+            let req = if let Some((k, v)) = part.split_once("!=") {
+                (k.trim().to_string(), Requirement::NotEquals(v.trim().to_string()))
+            } else if let Some((k, v)) = part.split_once("==").or_else(|| part.split_once('=')) {
+                (k.trim().to_string(), Requirement::Equals(v.trim().to_string()))
+            } else if let Some(k) = part.strip_prefix('!') {
+                (k.trim().to_string(), Requirement::NotExists)
+            } else {
+                (part.to_string(), Requirement::Exists)
+            };
+            out.push(req);
+        }
+        Ok(Selector(out))
+    }
+
+    pub fn matches(&self, object: &Value) -> bool {
+        let labels = &object["metadata"]["labels"];
+        self.0.iter().all(|(k, req)| {
+            let v = labels.get(k).and_then(Value::as_str);
+            match req {
+                Requirement::Equals(want) => v == Some(want.as_str()),
+                Requirement::NotEquals(want) => v != Some(want.as_str()),
+                Requirement::Exists => v.is_some(),
+                Requirement::NotExists => v.is_none(),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selectors() {
+        let obj = json!({"metadata": {"labels": {"app": "web", "tier": "fe"}}});
+        for (sel, want) in [("app=web", true), ("app==web,tier", true), ("app!=web", false), ("!tier", false), ("", true), ("x", false)] {
+            assert_eq!(Selector::parse(sel).unwrap().matches(&obj), want, "{sel}");
+        }
+        assert!(Selector::parse("app in (a,b)").is_err());
+    }
+}

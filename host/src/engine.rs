@@ -1,0 +1,146 @@
+//! Evaluates the policy wasm the way Kubewarden's policy-server does: one
+//! module compiled once, and a fresh instance for every request, so a
+//! trapped or timed-out evaluation cannot leak state (or locks) into the
+//! next. An epoch ticker stops a runaway policy.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context as _, Result};
+use serde_json::Value;
+use wapc::WapcHost;
+use wasmtime_provider::wasmtime;
+use wasmtime_provider::{EpochDeadlines, WasmtimeEngineProviderBuilder, WasmtimeEngineProviderPre};
+
+/// Answers the guest's host calls for one request.
+pub trait CallHandler: Send + Sync {
+    fn call(&self, binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, String>;
+}
+
+/// Length of one epoch tick.
+const TICK: Duration = Duration::from_millis(10);
+
+pub struct Engine {
+    pre: WasmtimeEngineProviderPre,
+    deadlines: EpochDeadlines,
+}
+
+impl Engine {
+    /// Deadline for one `validate` call. The API server's webhook timeout is
+    /// 10 s by default; we answer well inside it.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+
+    pub fn load(path: &Path) -> Result<Engine> {
+        let bytes = std::fs::read(path).with_context(|| format!("reading policy {}", path.display()))?;
+        Engine::from_bytes(&bytes, Self::DEFAULT_TIMEOUT)
+    }
+
+    pub fn from_bytes(bytes: &[u8], timeout: Duration) -> Result<Engine> {
+        let engine = new_wasmtime_engine()?;
+        let module = wasmtime::Module::new(&engine, bytes).map_err(|e| anyhow!("compiling the policy: {e}"))?;
+        Engine::from_module(engine, module, timeout)
+    }
+
+    /// Loads a module precompiled by [`Engine::precompile`] (trusted input:
+    /// our own cache, never user-supplied bytes).
+    pub fn from_precompiled(bytes: &[u8], timeout: Duration) -> Result<Engine> {
+        let engine = new_wasmtime_engine()?;
+        // SAFETY: the bytes come from `Module::serialize` with the same
+        // wasmtime version and config, which wasmtime checks on load.
+        let module = unsafe { wasmtime::Module::deserialize(&engine, bytes) }
+            .map_err(|e| anyhow!("loading the precompiled policy: {e}"))?;
+        Engine::from_module(engine, module, timeout)
+    }
+
+    pub fn precompile(bytes: &[u8]) -> Result<Vec<u8>> {
+        let engine = new_wasmtime_engine()?;
+        let module = wasmtime::Module::new(&engine, bytes).map_err(|e| anyhow!("compiling the policy: {e}"))?;
+        module.serialize().map_err(|e| anyhow!("serialising the module: {e}"))
+    }
+
+    fn from_module(engine: wasmtime::Engine, module: wasmtime::Module, timeout: Duration) -> Result<Engine> {
+        start_ticker(&engine);
+        let ticks = (timeout.as_millis() / TICK.as_millis()).max(1) as u64;
+        let deadlines = EpochDeadlines { wapc_init: ticks, wapc_func: ticks };
+        let pre = WasmtimeEngineProviderBuilder::new()
+            .engine(engine)
+            .module(module)
+            .enable_epoch_interruptions(deadlines)
+            .build_pre()
+            .map_err(|e| anyhow!("preparing the policy: {e}"))?;
+        Ok(Engine { pre, deadlines })
+    }
+
+    /// Calls one guest function on a fresh instance.
+    pub fn call(&self, function: &str, payload: &[u8], handler: Arc<dyn CallHandler>) -> Result<Vec<u8>> {
+        let provider = self
+            .pre
+            .rehydrate(Some(self.deadlines))
+            .map_err(|e| anyhow!("instantiating the policy: {e}"))?;
+        let callback = move |_id: u64, binding: &str, ns: &str, op: &str, payload: &[u8]| {
+            handler
+                .call(binding, ns, op, payload)
+                .map_err(|e| -> Box<dyn std::error::Error + Send + Sync> { e.into() })
+        };
+        let host = WapcHost::new(Box::new(provider), Some(Box::new(callback)))
+            .map_err(|e| anyhow!("initialising the policy: {}", explain(&e.to_string())))?;
+        host.call(function, payload)
+            .map_err(|e| anyhow!("policy {function} failed: {}", explain(&e.to_string())))
+    }
+
+    /// `validate` with a Kubewarden payload; returns the ValidationResponse.
+    pub fn validate(&self, request: &Value, settings: &Value, handler: Arc<dyn CallHandler>) -> Result<Value> {
+        let payload = serde_json::to_vec(&serde_json::json!({"request": request, "settings": settings}))?;
+        let answer = self.call("validate", &payload, handler)?;
+        serde_json::from_slice(&answer).context("the policy answered invalid JSON")
+    }
+
+    /// `validate_settings`: `Ok(())` or the policy's message.
+    pub fn validate_settings(&self, settings: &Value) -> Result<Result<(), String>> {
+        let answer = self.call("validate_settings", &serde_json::to_vec(settings)?, Arc::new(NoCalls))?;
+        let v: Value = serde_json::from_slice(&answer)?;
+        if v["valid"] == true {
+            Ok(Ok(()))
+        } else {
+            Ok(Err(v["message"].as_str().unwrap_or("invalid settings").to_string()))
+        }
+    }
+}
+
+fn explain(error: &str) -> String {
+    if error.contains("interrupt") || error.contains("epoch") {
+        format!("{error} (the policy ran past its deadline and was stopped)")
+    } else {
+        error.to_string()
+    }
+}
+
+struct NoCalls;
+impl CallHandler for NoCalls {
+    fn call(&self, binding: &str, _: &str, operation: &str, _: &[u8]) -> Result<Vec<u8>, String> {
+        Err(format!("no host calls while validating settings ({binding}/{operation})"))
+    }
+}
+
+fn new_wasmtime_engine() -> Result<wasmtime::Engine> {
+    let mut config = wasmtime::Config::new();
+    config.epoch_interruption(true);
+    wasmtime::Engine::new(&config).map_err(|e| anyhow!("creating the wasm engine: {e}"))
+}
+
+/// One ticker thread per engine; it ends when the engine is dropped.
+fn start_ticker(engine: &wasmtime::Engine) {
+    let weak = engine.weak();
+    thread::Builder::new()
+        .name("epoch-ticker".into())
+        .spawn(move || loop {
+            thread::sleep(TICK);
+            match weak.upgrade() {
+                Some(engine) => engine.increment_epoch(),
+                None => break,
+            }
+        })
+        .expect("spawning the epoch ticker");
+}

@@ -1,0 +1,13 @@
+//! The host for the config-snapshot policy: it evaluates the policy wasm
+//! and implements the `config-snapshot`/`v1` write capability over an
+//! in-memory cluster (`replay`, `review`).
+
+pub mod capability;
+pub mod engine;
+pub mod masks;
+pub mod memory;
+pub mod replay;
+pub mod review;
+pub mod rules;
+pub mod scenario;
+pub mod store;

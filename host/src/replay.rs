@@ -1,0 +1,349 @@
+//! `config-snapshot replay`: runs scenarios over the in-memory cluster and
+//! reports a timeline and the result of every expectation.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{anyhow, Context as _, Result};
+use base64::Engine as _;
+use config_snapshot_policy::content::Content;
+use config_snapshot_policy::duration::{parse_go_duration, parse_rfc3339};
+use config_snapshot_policy::kind::{SourceId, SourceKind};
+use config_snapshot_policy::{references, template};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::capability::Selector;
+use crate::engine::Engine;
+use crate::memory::{Admission, Fault, Simulator};
+use crate::review;
+use crate::scenario::{Check, EffectiveConfig, Expect, Scenario, Step};
+
+#[derive(Debug, Serialize)]
+pub struct ScenarioResult {
+    pub scenario: String,
+    pub file: String,
+    pub passed: bool,
+    pub steps: Vec<StepResult>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct StepResult {
+    pub index: usize,
+    pub step: String,
+    pub events: Vec<String>,
+    pub checks: Vec<CheckResult>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct CheckResult {
+    pub check: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+impl ScenarioResult {
+    /// The first failure, as "step N (what): why".
+    pub fn failure(&self) -> Option<String> {
+        self.steps.iter().find_map(|s| {
+            if let Some(e) = &s.error {
+                return Some(format!("step {} ({}): {e}", s.index, s.step));
+            }
+            s.checks.iter().find(|c| !c.ok).map(|c| format!("step {} ({}): check {}: {}", s.index, s.step, c.check, c.detail))
+        })
+    }
+}
+
+pub fn load(path: &Path) -> Result<Scenario> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    // Through serde_json's data model: steps are single-key maps, which
+    // serde_yaml would want written as YAML tags.
+    let doc: Value = serde_yaml::from_str(&text).with_context(|| format!("parsing scenario {}", path.display()))?;
+    serde_json::from_value(doc).with_context(|| format!("reading scenario {}", path.display()))
+}
+
+pub fn run(engine: Arc<Engine>, path: &Path) -> Result<ScenarioResult> {
+    let scenario = load(path)?;
+    let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let now = match &scenario.now {
+        Some(t) => parse_rfc3339(t).ok_or_else(|| anyhow!("now: {t:?} is not RFC 3339"))?,
+        None => parse_rfc3339("2026-01-01T00:00:00Z").expect("valid"),
+    };
+    let mut sim = Simulator::new(engine, scenario.settings.clone(), now);
+    if let Some(interval) = &scenario.watch_min_interval {
+        sim.watch_min_interval = parse_go_duration(interval).map_err(|e| anyhow!("watchMinInterval: {e}"))? as i64;
+    }
+    let mut result = ScenarioResult {
+        scenario: scenario.name.clone().unwrap_or_else(|| path.display().to_string()),
+        file: path.display().to_string(),
+        passed: true,
+        steps: Vec::new(),
+    };
+    let mut setup = StepResult { index: 0, step: "load objects".into(), events: Vec::new(), checks: Vec::new(), error: None };
+    for object in &scenario.objects {
+        if let Err(e) = sim.load(object.clone()) {
+            setup.error = Some(e.to_string());
+            break;
+        }
+    }
+    setup.events = sim.take_events();
+    let failed_setup = setup.error.is_some();
+    result.steps.push(setup);
+    if failed_setup {
+        result.passed = false;
+        return Ok(result);
+    }
+
+    let mut last: Option<Admission> = None;
+    for (i, step) in scenario.steps.iter().enumerate() {
+        let mut out = StepResult { index: i + 1, step: describe(step), events: Vec::new(), checks: Vec::new(), error: None };
+        match run_step(&mut sim, step, &base, &mut last, &mut out.checks) {
+            Ok(()) => {}
+            Err(e) => out.error = Some(format!("{e:#}")),
+        }
+        out.events = sim.take_events();
+        if out.error.is_some() || out.checks.iter().any(|c| !c.ok) {
+            result.passed = false;
+        }
+        result.steps.push(out);
+    }
+    Ok(result)
+}
+
+fn run_step(sim: &mut Simulator, step: &Step, base: &Path, last: &mut Option<Admission>, checks: &mut Vec<CheckResult>) -> Result<()> {
+    match step {
+        Step::Apply(object) => *last = Some(sim.apply(object.clone(), false, "kubectl")?),
+        Step::DryRunApply(object) => *last = Some(sim.apply(object.clone(), true, "kubectl")?),
+        Step::Edit(e) => *last = Some(sim.edit(&e.kind, &e.namespace, &e.name, &e.set, "kubectl")?),
+        Step::Delete(r) => {
+            sim.delete(&r.kind, &r.namespace, &r.name)?;
+            *last = None;
+        }
+        Step::RolloutUndo(u) => *last = Some(sim.rollout_undo(&u.kind, &u.namespace, &u.name, u.to_revision)?),
+        Step::RolloutRestart(r) => *last = Some(sim.rollout_restart(&r.kind, &r.namespace, &r.name)?),
+        Step::AdvanceTime(d) => {
+            let secs = parse_go_duration(d).map_err(|e| anyhow!("advanceTime: {e}"))?;
+            sim.note(format!("clock advanced by {d}"));
+            sim.advance(secs as i64)?;
+        }
+        Step::Review(file) => {
+            let path: PathBuf = base.join(file);
+            let request = review::read_request(&path)?;
+            let (admission, mutated) = sim.review(&request)?;
+            let response = review::response(&request, &admission.response, mutated.as_ref())?;
+            sim.note(format!(
+                "review {}: allowed={} patch={}",
+                file,
+                admission.allowed,
+                response["response"]["patch"].as_str().map(|_| "yes").unwrap_or("none")
+            ));
+            *last = Some(admission);
+        }
+        Step::Fault(f) => {
+            sim.note(format!("fault injected: {} answers {:?} {}", f.operation, f.error, f.times.map_or("from now on".into(), |n| format!("{n} time(s)"))));
+            sim.add_fault(Fault { operation: f.operation.clone(), error: f.error.clone(), remaining: f.times });
+        }
+        Step::Expect(e) => expect(last.as_ref(), e, checks),
+        Step::Assert(list) => {
+            for check in list {
+                checks.push(assert(sim, check));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn describe(step: &Step) -> String {
+    let obj = |o: &Value| format!("{}/{}", o["kind"].as_str().unwrap_or("?"), o["metadata"]["name"].as_str().unwrap_or("?"));
+    match step {
+        Step::Apply(o) => format!("apply {}", obj(o)),
+        Step::DryRunApply(o) => format!("apply --dry-run=server {}", obj(o)),
+        Step::Edit(e) => format!("edit {}/{}", e.kind, e.name),
+        Step::Delete(r) => format!("delete {}/{}", r.kind, r.name),
+        Step::RolloutUndo(u) => match u.to_revision {
+            Some(n) => format!("rollout undo {}/{} --to-revision={n}", u.kind, u.name),
+            None => format!("rollout undo {}/{}", u.kind, u.name),
+        },
+        Step::RolloutRestart(r) => format!("rollout restart {}/{}", r.kind, r.name),
+        Step::AdvanceTime(d) => format!("advance time {d}"),
+        Step::Review(f) => format!("review {f}"),
+        Step::Fault(f) => format!("fault {}", f.operation),
+        Step::Expect(_) => "expect".into(),
+        Step::Assert(_) => "assert".into(),
+    }
+}
+
+fn expect(last: Option<&Admission>, e: &Expect, checks: &mut Vec<CheckResult>) {
+    let Some(a) = last else {
+        checks.push(CheckResult { check: "expect".into(), ok: false, detail: "the previous step made no admission request".into() });
+        return;
+    };
+    if let Some(allowed) = e.allowed {
+        checks.push(CheckResult {
+            check: format!("allowed == {allowed}"),
+            ok: a.allowed == allowed,
+            detail: format!("allowed was {} (message: {})", a.allowed, a.message.as_deref().unwrap_or("none")),
+        });
+    }
+    if let Some(warnings) = &e.warnings {
+        if warnings.is_empty() {
+            checks.push(CheckResult { check: "no warnings".into(), ok: a.warnings.is_empty(), detail: format!("warnings: {:?}", a.warnings) });
+        }
+        for w in warnings {
+            checks.push(CheckResult {
+                check: format!("warning contains {w:?}"),
+                ok: a.warnings.iter().any(|x| x.contains(w.as_str())),
+                detail: format!("warnings: {:?}", a.warnings),
+            });
+        }
+    }
+    if let Some(m) = &e.message_contains {
+        checks.push(CheckResult {
+            check: format!("message contains {m:?}"),
+            ok: a.message.as_deref().is_some_and(|x| x.contains(m.as_str())),
+            detail: format!("message: {:?}", a.message),
+        });
+    }
+}
+
+fn assert(sim: &Simulator, check: &Check) -> CheckResult {
+    match check {
+        Check::EffectiveConfig(ec) => {
+            let name = format!("effectiveConfig {}/{} {}", ec.kind, ec.name, ec.source);
+            let secret = ec.source.starts_with("secret/");
+            match effective_config(sim, ec) {
+                Ok((object, data)) => {
+                    let want: BTreeMap<String, String> = serde_json::from_value(ec.data.clone()).unwrap_or_default();
+                    let ok = data == want;
+                    let detail = if ok {
+                        format!("reads {object}")
+                    } else if secret {
+                        // Never print Secret values, even in a failing test.
+                        format!("reads {object} with keys {:?}, which differ from the expected keys {:?} or values", data.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>())
+                    } else {
+                        format!("reads {object} = {}, expected {}", json!(data), json!(want))
+                    };
+                    CheckResult { check: name, ok, detail }
+                }
+                Err(e) => CheckResult { check: name, ok: false, detail: e },
+            }
+        }
+        Check::Exists(r) | Check::Absent(r) => {
+            let want = matches!(check, Check::Exists(_));
+            let found = sim.get(&r.kind, &r.namespace, &r.name).is_some();
+            CheckResult {
+                check: format!("{} {}/{}", if want { "exists" } else { "absent" }, r.kind, r.name),
+                ok: found == want,
+                detail: if found { "it exists".into() } else { "it does not exist".into() },
+            }
+        }
+        Check::Count(c) => {
+            let check = format!("count {} {} == {}", c.kind, c.selector.as_deref().unwrap_or(""), c.equals);
+            match Selector::parse(c.selector.as_deref().unwrap_or("")) {
+                Ok(sel) => {
+                    let found: Vec<String> = sim
+                        .objects()
+                        .iter()
+                        .filter(|o| o["kind"] == c.kind.as_str() && o["metadata"]["namespace"] == c.namespace.as_str() && sel.matches(o))
+                        .map(|o| o["metadata"]["name"].as_str().unwrap_or_default().to_string())
+                        .collect();
+                    CheckResult { ok: found.len() == c.equals, detail: format!("found {}: {found:?}", found.len()), check }
+                }
+                Err(e) => CheckResult { check, ok: false, detail: e },
+            }
+        }
+        Check::JsonPath(j) => {
+            let check = format!("jsonPath {}/{} {} == {}", j.kind, j.name, j.path, j.equals);
+            let Some(object) = sim.get(&j.kind, &j.namespace, &j.name) else {
+                return CheckResult { check, ok: false, detail: "the object does not exist".into() };
+            };
+            let path = if j.path.starts_with('$') { j.path.clone() } else if j.path.starts_with('.') || j.path.starts_with('[') { format!("${}", j.path) } else { format!("$.{}", j.path) };
+            match serde_json_path::JsonPath::parse(&path) {
+                Ok(p) => {
+                    let found: Vec<&Value> = p.query(&object).all();
+                    let got = match found.as_slice() {
+                        [one] => (*one).clone(),
+                        [] => Value::Null,
+                        many => json!(many),
+                    };
+                    let secret_data = j.kind == "Secret" && (path.contains("data") || path.contains('*') || path.contains(".."));
+                    let detail = if got == j.equals || !secret_data { format!("got {got}") } else { "got a different value (Secret data is not printed)".into() };
+                    CheckResult { ok: got == j.equals, detail, check }
+                }
+                Err(e) => CheckResult { check, ok: false, detail: format!("bad JSONPath: {e}") },
+            }
+        }
+    }
+}
+
+/// The data the pods of the workload's current revision read from a source:
+/// follows the revision's reference, through a snapshot if it names one.
+fn effective_config(sim: &Simulator, ec: &EffectiveConfig) -> Result<(String, BTreeMap<String, String>), String> {
+    let (tag, source_name) = ec.source.split_once('/').ok_or("source must be configmap/NAME or secret/NAME")?;
+    let kind = SourceKind::from_tag(tag).ok_or("source must be configmap/NAME or secret/NAME")?;
+    let id = SourceId::new(kind, source_name);
+    let template = sim
+        .current_revision_template(&ec.kind, &ec.namespace, &ec.name)
+        .ok_or_else(|| format!("{}/{} has no current revision", ec.kind, ec.name))?;
+    let mapping = template::Mapping::of(&template);
+    let refs = references::collect(&template);
+    let group = template::group_by_source(&refs, &mapping)
+        .into_iter()
+        .find(|g| g.id == id)
+        .ok_or_else(|| format!("the current revision does not reference {id}"))?;
+    let mut names: Vec<&str> = group.refs.iter().map(|r| r.name.as_str()).collect();
+    names.dedup();
+    if names.len() != 1 {
+        return Err(format!("the references to {id} disagree: {names:?}"));
+    }
+    let object_name = names[0];
+    let Some(object) = sim.get(kind.kind(), &ec.namespace, object_name) else {
+        return if group.all_optional() {
+            Ok((format!("{} (optional, missing)", object_name), BTreeMap::new()))
+        } else {
+            Err(format!("the current revision references {}/{object_name}, which does not exist", kind.kind()))
+        };
+    };
+    let content = Content::from_object(kind, &object)?.subset(group.key_subset().as_ref());
+    let mut data = BTreeMap::new();
+    for (k, v) in content.data.iter().chain(content.binary_data.iter()) {
+        let value = if kind == SourceKind::Secret || content.binary_data.contains_key(k) {
+            base64::engine::general_purpose::STANDARD
+                .decode(v)
+                .ok()
+                .and_then(|b| String::from_utf8(b).ok())
+                .unwrap_or_else(|| v.clone())
+        } else {
+            v.clone()
+        };
+        data.insert(k.clone(), value);
+    }
+    Ok((format!("{}/{object_name}", kind.kind()), data))
+}
+
+/// Prints a readable timeline of one scenario.
+pub fn print_timeline(result: &ScenarioResult) {
+    println!("== {} ({})", result.scenario, result.file);
+    for step in &result.steps {
+        if step.index == 0 && step.events.is_empty() && step.error.is_none() {
+            continue;
+        }
+        println!("[{:02}] {}", step.index, step.step);
+        for e in &step.events {
+            println!("       {e}");
+        }
+        for c in &step.checks {
+            println!("       {} {} ({})", if c.ok { "ok  " } else { "FAIL" }, c.check, c.detail);
+        }
+        if let Some(e) = &step.error {
+            println!("       ERROR {e}");
+        }
+    }
+    match result.failure() {
+        None => println!("PASS {}\n", result.scenario),
+        Some(f) => println!("FAIL {}: {f}\n", result.scenario),
+    }
+}

@@ -1,0 +1,143 @@
+//! The replay scenario format (SPEC §7).
+
+use serde::Deserialize;
+use serde_json::Value;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub settings: Value,
+    #[serde(default)]
+    pub objects: Vec<Value>,
+    /// RFC 3339 start time of the scenario clock.
+    #[serde(default)]
+    pub now: Option<String>,
+    /// Storm guard for watch rollouts (Go duration); the host default is 30s.
+    #[serde(default, rename = "watchMinInterval")]
+    pub watch_min_interval: Option<String>,
+    pub steps: Vec<Step>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub enum Step {
+    Apply(Value),
+    /// `apply` with `dryRun: All`.
+    DryRunApply(Value),
+    Edit(Edit),
+    Delete(Ref),
+    RolloutUndo(Undo),
+    RolloutRestart(Ref),
+    AdvanceTime(String),
+    Review(String),
+    Fault(FaultSpec),
+    Expect(Expect),
+    Assert(Vec<Check>),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ref {
+    pub kind: String,
+    pub name: String,
+    #[serde(default = "default_ns")]
+    pub namespace: String,
+}
+
+fn default_ns() -> String {
+    "default".into()
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Edit {
+    pub kind: String,
+    pub name: String,
+    #[serde(default = "default_ns")]
+    pub namespace: String,
+    pub set: Value,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Undo {
+    pub kind: String,
+    pub name: String,
+    #[serde(default = "default_ns")]
+    pub namespace: String,
+    #[serde(default)]
+    pub to_revision: Option<i64>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultSpec {
+    pub operation: String,
+    pub error: String,
+    /// How many calls fail; absent means every call from now on.
+    #[serde(default)]
+    pub times: Option<u32>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Expect {
+    #[serde(default)]
+    pub allowed: Option<bool>,
+    /// Each entry must be a substring of some warning; `[]` means none.
+    #[serde(default)]
+    pub warnings: Option<Vec<String>>,
+    #[serde(default)]
+    pub message_contains: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub enum Check {
+    EffectiveConfig(EffectiveConfig),
+    Exists(Ref),
+    Absent(Ref),
+    Count(Count),
+    JsonPath(JsonPathCheck),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EffectiveConfig {
+    pub kind: String,
+    pub name: String,
+    #[serde(default = "default_ns")]
+    pub namespace: String,
+    /// `configmap/NAME` or `secret/NAME`.
+    pub source: String,
+    /// The expected key → value map; Secret values are given decoded.
+    pub data: Value,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Count {
+    pub kind: String,
+    #[serde(default)]
+    pub selector: Option<String>,
+    #[serde(default = "default_ns")]
+    pub namespace: String,
+    pub equals: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JsonPathCheck {
+    pub kind: String,
+    pub name: String,
+    #[serde(default = "default_ns")]
+    pub namespace: String,
+    /// RFC 9535 JSONPath; a leading `$` is optional (`.spec.replicas`).
+    pub path: String,
+    pub equals: Value,
+}
