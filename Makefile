@@ -1,0 +1,49 @@
+# config-snapshot — every target installs what it needs first (`setup`).
+# The toolchain is pinned in rust-toolchain.toml; wasmtime 49 needs rustc 1.96.
+
+TOOLCHAIN := 1.96.0
+WASM_TARGET := wasm32-wasip1
+POLICY_BUILD := target/$(WASM_TARGET)/release/config_snapshot_policy.wasm
+HOST := cargo run --quiet -p config-snapshot --
+SCENARIOS := $(sort $(wildcard e2e-tests/*.yaml))
+
+.PHONY: setup demo test unit-tests e2e-tests fmt fmt-check lint host clean policy.wasm
+
+## setup: install the pinned toolchain, its wasm target, rustfmt and clippy (idempotent)
+setup:
+	@rustup toolchain list | grep -q "^$(TOOLCHAIN)" && rustup target list --installed --toolchain $(TOOLCHAIN) | grep -q $(WASM_TARGET) \
+	  || rustup toolchain install $(TOOLCHAIN) --profile minimal --component rustfmt,clippy --target $(WASM_TARGET)
+
+## policy.wasm: the policy, release-built for wasm32-wasip1
+policy.wasm: setup
+	cargo build --release --target $(WASM_TARGET) -p config-snapshot-policy
+	cp $(POLICY_BUILD) policy.wasm
+
+## demo: replay KEP user story 1 on the in-memory cluster and print the timeline
+demo: policy.wasm
+	$(HOST) replay e2e-tests/kep-story-configmap.yaml e2e-tests/kep-story-watch.yaml
+
+## test: everything CI runs — format, lint, unit tests, e2e scenarios
+test: fmt-check lint unit-tests e2e-tests
+
+unit-tests: policy.wasm
+	cargo test --workspace
+
+## e2e-tests: every scenario in e2e-tests/
+e2e-tests: policy.wasm
+	$(HOST) replay $(SCENARIOS)
+
+fmt: setup
+	cargo fmt --all
+
+fmt-check: setup
+	cargo fmt --all -- --check
+
+## lint: clippy with warnings denied, natively and for the wasm target
+lint: setup
+	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy --target $(WASM_TARGET) -p config-snapshot-policy -- -D warnings
+
+clean:
+	cargo clean
+	rm -f policy.wasm annotated-policy.wasm
