@@ -19,8 +19,16 @@ use crate::masks;
 /// A deferred write: run after the admission, once its preconditions hold.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Effect {
-    Adopt { namespace: String, owner_kind: String, owner_name: String, snapshots: Vec<(String, String)> },
-    Patch { namespace: String, request: Value },
+    Adopt {
+        namespace: String,
+        owner_kind: String,
+        owner_name: String,
+        snapshots: Vec<(String, String)>,
+    },
+    Patch {
+        namespace: String,
+        request: Value,
+    },
 }
 
 /// What the capability needs from a cluster.
@@ -128,7 +136,9 @@ impl Capability {
                     .iter()
                     .map(|o| masks::prune(o, &masks))
                     .collect();
-                Ok(json!({"apiVersion": req.api_version, "kind": format!("{}List", req.kind), "metadata": {}, "items": items}))
+                Ok(
+                    json!({"apiVersion": req.api_version, "kind": format!("{}List", req.kind), "metadata": {}, "items": items}),
+                )
             }
             // The replay and serve hosts act with their own RBAC; the policy
             // never needs to ask, but a call must not fail.
@@ -141,7 +151,10 @@ impl Capability {
         if operation == "now" {
             return Ok(json!({"unix": self.backend.now()}));
         }
-        if !matches!(operation, "create_snapshot" | "adopt" | "delete_snapshot" | "patch_workload") {
+        if !matches!(
+            operation,
+            "create_snapshot" | "adopt" | "delete_snapshot" | "patch_workload"
+        ) {
             return Err(format!("unknown operation config-snapshot/v1/{operation}"));
         }
         if self.scope.dry_run {
@@ -157,14 +170,26 @@ impl Capability {
     }
 
     fn create_snapshot(&self, request: Value) -> Result<Value, String> {
-        let mut object = request.get("object").cloned().ok_or("create_snapshot needs an object")?;
-        let kind = object["kind"].as_str().and_then(SourceKind::from_kind).ok_or("refused: a snapshot is a ConfigMap or a Secret")?;
-        let name = object["metadata"]["name"].as_str().ok_or("refused: a snapshot needs a name")?.to_string();
+        let mut object = request
+            .get("object")
+            .cloned()
+            .ok_or("create_snapshot needs an object")?;
+        let kind = object["kind"]
+            .as_str()
+            .and_then(SourceKind::from_kind)
+            .ok_or("refused: a snapshot is a ConfigMap or a Secret")?;
+        let name = object["metadata"]["name"]
+            .as_str()
+            .ok_or("refused: a snapshot needs a name")?
+            .to_string();
         match object["metadata"]["namespace"].as_str() {
             None => object["metadata"]["namespace"] = json!(self.scope.namespace),
             Some(ns) if ns == self.scope.namespace => {}
             Some(ns) => {
-                return Err(format!("refused: snapshot {name} is in namespace {ns}, the request is in {}", self.scope.namespace))
+                return Err(format!(
+                    "refused: snapshot {name} is in namespace {ns}, the request is in {}",
+                    self.scope.namespace
+                ))
             }
         }
         require_managed(&object, &name)?;
@@ -173,16 +198,23 @@ impl Capability {
         }
         let content = Content::from_object(kind, &object).map_err(|e| format!("refused: snapshot {name}: {e}"))?;
         let hash = content.hash();
-        if !name.ends_with(&format!("-{}", &hash[..10])) || object["metadata"]["annotations"][keys::CONTENT_HASH] != hash.as_str() {
+        if !name.ends_with(&format!("-{}", &hash[..10]))
+            || object["metadata"]["annotations"][keys::CONTENT_HASH] != hash.as_str()
+        {
             return Err(format!("refused: snapshot {name} does not match its content hash"));
         }
         let ns = self.scope.namespace.clone();
         if let Some(existing) = self.backend.get(kind.kind(), &ns, &name)? {
-            let same = Content::from_object(kind, &existing).map(|c| c == content).unwrap_or(false);
+            let same = Content::from_object(kind, &existing)
+                .map(|c| c == content)
+                .unwrap_or(false);
             if same && existing["metadata"]["labels"][keys::MANAGED_BY] == keys::MANAGED_BY_VALUE {
                 return Ok(json!({"created": false}));
             }
-            return Err(format!("refused: a different {} named {name} already exists", kind.kind()));
+            return Err(format!(
+                "refused: a different {} named {name} already exists",
+                kind.kind()
+            ));
         }
         self.backend.create(object)?;
         self.backend.note(format!("snapshot {}/{name} created", kind.kind()));
@@ -192,11 +224,19 @@ impl Capability {
     fn adopt(&self, request: Value) -> Result<Value, String> {
         let owner_kind = request["owner"]["kind"].as_str().unwrap_or_default().to_string();
         if owner_kind != "ReplicaSet" && owner_kind != "ControllerRevision" {
-            return Err(format!("refused: adopt owner must be a ReplicaSet or ControllerRevision, not {owner_kind:?}"));
+            return Err(format!(
+                "refused: adopt owner must be a ReplicaSet or ControllerRevision, not {owner_kind:?}"
+            ));
         }
-        let owner_name = request["owner"]["name"].as_str().ok_or("refused: adopt needs owner.name")?.to_string();
+        let owner_name = request["owner"]["name"]
+            .as_str()
+            .ok_or("refused: adopt needs owner.name")?
+            .to_string();
         let mut snapshots = Vec::new();
-        for s in request["snapshots"].as_array().ok_or("refused: adopt needs snapshots")? {
+        for s in request["snapshots"]
+            .as_array()
+            .ok_or("refused: adopt needs snapshots")?
+        {
             let (Some(kind), Some(name)) = (s["kind"].as_str(), s["name"].as_str()) else {
                 return Err("refused: each snapshot needs kind and name".into());
             };
@@ -207,20 +247,32 @@ impl Capability {
         }
         self.backend.defer(
             &self.scope.uid,
-            Effect::Adopt { namespace: self.scope.namespace.clone(), owner_kind, owner_name, snapshots },
+            Effect::Adopt {
+                namespace: self.scope.namespace.clone(),
+                owner_kind,
+                owner_name,
+                snapshots,
+            },
         );
         Ok(json!({"queued": true}))
     }
 
     fn delete_snapshot(&self, request: Value) -> Result<Value, String> {
-        let (Some(kind), Some(name), Some(uid)) = (request["kind"].as_str(), request["name"].as_str(), request["uid"].as_str()) else {
+        let (Some(kind), Some(name), Some(uid)) = (
+            request["kind"].as_str(),
+            request["name"].as_str(),
+            request["uid"].as_str(),
+        ) else {
             return Err("refused: delete_snapshot needs kind, name and uid".into());
         };
         if SourceKind::from_kind(kind).is_none() {
             return Err(format!("refused: cannot delete a {kind}"));
         }
         let ns = &self.scope.namespace;
-        let existing = self.backend.get(kind, ns, name)?.ok_or_else(|| format!("{} {name:?} not found (NotFound)", plural(kind)))?;
+        let existing = self
+            .backend
+            .get(kind, ns, name)?
+            .ok_or_else(|| format!("{} {name:?} not found (NotFound)", plural(kind)))?;
         require_managed(&existing, name)?;
         if existing["metadata"]["uid"] != uid {
             return Err(format!("conflict: {kind} {name} has another uid"));
@@ -233,20 +285,32 @@ impl Capability {
     fn patch_workload(&self, request: Value) -> Result<Value, String> {
         let kind = request["kind"].as_str().unwrap_or_default();
         if !matches!(kind, "Deployment" | "StatefulSet" | "DaemonSet") || request["apiVersion"] != "apps/v1" {
-            return Err(format!("refused: patch_workload applies to apps/v1 workloads, not {kind:?}"));
+            return Err(format!(
+                "refused: patch_workload applies to apps/v1 workloads, not {kind:?}"
+            ));
         }
-        let ops = request["patch"].as_array().ok_or("refused: patch_workload needs a patch")?;
+        let ops = request["patch"]
+            .as_array()
+            .ok_or("refused: patch_workload needs a patch")?;
         for op in ops {
             for field in ["path", "from"] {
                 if let Some(path) = op.get(field).and_then(Value::as_str) {
                     if !path.starts_with("/spec/template/") {
-                        return Err(format!("refused: patch_workload may touch only /spec/template/..., not {path}"));
+                        return Err(format!(
+                            "refused: patch_workload may touch only /spec/template/..., not {path}"
+                        ));
                     }
                 }
             }
         }
         json_patch::Patch::deserialize(&request["patch"]).map_err(|e| format!("refused: invalid JSON Patch: {e}"))?;
-        self.backend.defer(&self.scope.uid, Effect::Patch { namespace: self.scope.namespace.clone(), request });
+        self.backend.defer(
+            &self.scope.uid,
+            Effect::Patch {
+                namespace: self.scope.namespace.clone(),
+                request,
+            },
+        );
         Ok(json!({"queued": true}))
     }
 }
@@ -256,7 +320,9 @@ fn check_api_version(api_version: &str, kind: &str) -> Result<(), String> {
     if api_version == expected {
         Ok(())
     } else {
-        Err(format!("the server could not find the requested resource: {api_version} {kind}"))
+        Err(format!(
+            "the server could not find the requested resource: {api_version} {kind}"
+        ))
     }
 }
 
@@ -264,7 +330,11 @@ fn require_managed(object: &Value, name: &str) -> Result<(), String> {
     if object["metadata"]["labels"][keys::MANAGED_BY] == keys::MANAGED_BY_VALUE {
         Ok(())
     } else {
-        Err(format!("refused: {name} lacks the label {}={}", keys::MANAGED_BY, keys::MANAGED_BY_VALUE))
+        Err(format!(
+            "refused: {name} lacks the label {}={}",
+            keys::MANAGED_BY,
+            keys::MANAGED_BY_VALUE
+        ))
     }
 }
 
@@ -286,7 +356,9 @@ impl Selector {
         let mut out = Vec::new();
         for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             if part.contains(" in ") || part.contains(" notin ") || part.contains('(') {
-                return Err(format!("unsupported label selector {part:?}: only equality-based selectors"));
+                return Err(format!(
+                    "unsupported label selector {part:?}: only equality-based selectors"
+                ));
             }
             let req = if let Some((k, v)) = part.split_once("!=") {
                 (k.trim().to_string(), Requirement::NotEquals(v.trim().to_string()))
@@ -323,9 +395,252 @@ mod tests {
     #[test]
     fn selectors() {
         let obj = json!({"metadata": {"labels": {"app": "web", "tier": "fe"}}});
-        for (sel, want) in [("app=web", true), ("app==web,tier", true), ("app!=web", false), ("!tier", false), ("", true), ("x", false)] {
+        for (sel, want) in [
+            ("app=web", true),
+            ("app==web,tier", true),
+            ("app!=web", false),
+            ("!tier", false),
+            ("", true),
+            ("x", false),
+        ] {
             assert_eq!(Selector::parse(sel).unwrap().matches(&obj), want, "{sel}");
         }
         assert!(Selector::parse("app in (a,b)").is_err());
+    }
+}
+
+/// Host invariants, tested at the capability with a hostile caller's
+/// payloads: every refused call must leave the backend untouched.
+#[cfg(test)]
+mod invariant_tests {
+    use super::*;
+    use config_snapshot_policy::content::snapshot_object;
+    use config_snapshot_policy::kind::SourceId;
+    use std::sync::Mutex;
+
+    #[derive(Default)]
+    struct Recorder {
+        objects: Mutex<Vec<Value>>,
+        writes: Mutex<Vec<String>>,
+        deferred: Mutex<Vec<Effect>>,
+    }
+
+    impl Backend for Recorder {
+        fn get(&self, kind: &str, ns: &str, name: &str) -> Result<Option<Value>, String> {
+            Ok(self
+                .objects
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|o| o["kind"] == kind && o["metadata"]["namespace"] == ns && o["metadata"]["name"] == name)
+                .cloned())
+        }
+        fn list(&self, kind: &str, _: &str, selector: &Selector) -> Result<Vec<Value>, String> {
+            Ok(self
+                .objects
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|o| o["kind"] == kind && selector.matches(o))
+                .cloned()
+                .collect())
+        }
+        fn create(&self, object: Value) -> Result<(), String> {
+            self.writes
+                .lock()
+                .unwrap()
+                .push(format!("create {}", object["metadata"]["name"]));
+            self.objects.lock().unwrap().push(object);
+            Ok(())
+        }
+        fn delete(&self, _: &str, _: &str, name: &str, _: &str) -> Result<(), String> {
+            self.writes.lock().unwrap().push(format!("delete {name}"));
+            Ok(())
+        }
+        fn defer(&self, _: &str, effect: Effect) {
+            self.deferred.lock().unwrap().push(effect);
+        }
+        fn now(&self) -> i64 {
+            0
+        }
+    }
+
+    fn capability(dry_run: bool) -> (Arc<Recorder>, Capability) {
+        let backend = Arc::new(Recorder::default());
+        backend
+            .objects
+            .lock()
+            .unwrap()
+            .push(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "plain", "namespace": "team-a", "uid": "u1"}, "data": {"a": "1"}}));
+        let cap = Capability {
+            backend: backend.clone(),
+            scope: Scope {
+                uid: "r".into(),
+                namespace: "team-a".into(),
+                dry_run,
+            },
+        };
+        (backend, cap)
+    }
+
+    fn good_snapshot(ns: &str) -> Value {
+        let content = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"k": "v"}})).unwrap();
+        snapshot_object(&SourceId::new(SourceKind::ConfigMap, "app"), ns, "1", &content).1
+    }
+
+    fn write(cap: &Capability, op: &str, body: Value) -> Result<Vec<u8>, String> {
+        cap.call("config-snapshot", "v1", op, &serde_json::to_vec(&body).unwrap())
+    }
+
+    fn assert_refused(result: Result<Vec<u8>, String>, backend: &Recorder, why: &str) {
+        let err = result.expect_err(why);
+        assert!(err.contains("refused") || err.contains("conflict"), "{why}: {err}");
+        assert!(backend.writes.lock().unwrap().is_empty(), "{why}: a write happened");
+        assert!(
+            backend.deferred.lock().unwrap().is_empty(),
+            "{why}: an effect was queued"
+        );
+    }
+
+    #[test]
+    fn a_good_snapshot_is_created_once() {
+        let (backend, cap) = capability(false);
+        let answer = write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap();
+        assert_eq!(
+            serde_json::from_slice::<Value>(&answer).unwrap(),
+            json!({"created": true})
+        );
+        let again = write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap();
+        assert_eq!(
+            serde_json::from_slice::<Value>(&again).unwrap(),
+            json!({"created": false})
+        );
+        assert_eq!(backend.writes.lock().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn refuses_another_namespace() {
+        let (backend, cap) = capability(false);
+        assert_refused(
+            write(&cap, "create_snapshot", json!({"object": good_snapshot("kube-system")})),
+            &backend,
+            "other namespace",
+        );
+    }
+
+    #[test]
+    fn refuses_a_snapshot_without_the_managed_by_label() {
+        let (backend, cap) = capability(false);
+        let mut obj = good_snapshot("team-a");
+        obj["metadata"]["labels"]
+            .as_object_mut()
+            .unwrap()
+            .remove(keys::MANAGED_BY);
+        assert_refused(
+            write(&cap, "create_snapshot", json!({"object": obj})),
+            &backend,
+            "unlabelled",
+        );
+    }
+
+    #[test]
+    fn refuses_a_name_that_does_not_match_the_content() {
+        let (backend, cap) = capability(false);
+        let mut obj = good_snapshot("team-a");
+        obj["data"]["k"] = json!("tampered");
+        assert_refused(
+            write(&cap, "create_snapshot", json!({"object": obj})),
+            &backend,
+            "hash mismatch",
+        );
+        let mut mutable = good_snapshot("team-a");
+        mutable["immutable"] = json!(false);
+        assert_refused(
+            write(&cap, "create_snapshot", json!({"object": mutable})),
+            &backend,
+            "mutable",
+        );
+    }
+
+    #[test]
+    fn refuses_to_overwrite_a_different_object() {
+        let (backend, cap) = capability(false);
+        let obj = good_snapshot("team-a");
+        let mut squatter = obj.clone();
+        squatter["metadata"]["labels"] = json!({});
+        backend.objects.lock().unwrap().push(squatter);
+        assert_refused(
+            write(&cap, "create_snapshot", json!({"object": obj})),
+            &backend,
+            "squatter",
+        );
+    }
+
+    #[test]
+    fn refuses_to_delete_an_unlabelled_object() {
+        let (backend, cap) = capability(false);
+        assert_refused(
+            write(
+                &cap,
+                "delete_snapshot",
+                json!({"kind": "ConfigMap", "name": "plain", "uid": "u1"}),
+            ),
+            &backend,
+            "unlabelled delete",
+        );
+    }
+
+    #[test]
+    fn refuses_a_patch_outside_the_pod_template() {
+        let (backend, cap) = capability(false);
+        for path in ["/spec/replicas", "/metadata/labels/x", "/spec/template"] {
+            let body = json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "resourceVersion": "1",
+                              "patch": [{"op": "replace", "path": path, "value": 0}]});
+            assert_refused(write(&cap, "patch_workload", body), &backend, path);
+        }
+        let moved = json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "resourceVersion": "1",
+                           "patch": [{"op": "move", "from": "/spec/selector", "path": "/spec/template/x"}]});
+        assert_refused(write(&cap, "patch_workload", moved), &backend, "move from outside");
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "name": "p", "patch": []});
+        assert_refused(write(&cap, "patch_workload", pod), &backend, "not a workload");
+    }
+
+    #[test]
+    fn refuses_every_write_during_a_dry_run() {
+        let (backend, cap) = capability(true);
+        assert_refused(
+            write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})),
+            &backend,
+            "dry create",
+        );
+        assert_refused(
+            write(
+                &cap,
+                "adopt",
+                json!({"owner": {"kind": "ReplicaSet", "name": "x"}, "snapshots": []}),
+            ),
+            &backend,
+            "dry adopt",
+        );
+        let patch = json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "patch": []});
+        assert_refused(write(&cap, "patch_workload", patch), &backend, "dry patch");
+    }
+
+    #[test]
+    fn missing_objects_read_as_not_found_errors() {
+        let (_, cap) = capability(false);
+        let req = json!({"api_version": "v1", "kind": "ConfigMap", "name": "nope", "namespace": "team-a", "disable_cache": true});
+        let err = cap
+            .call(
+                "kubewarden",
+                "kubernetes",
+                "get_resource",
+                &serde_json::to_vec(&req).unwrap(),
+            )
+            .unwrap_err();
+        assert!(err.contains("not found"), "{err}");
+        let err = cap.call("nope", "v1", "x", b"{}").unwrap_err();
+        assert!(err.contains("unknown binding"), "{err}");
     }
 }

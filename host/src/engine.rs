@@ -63,7 +63,10 @@ impl Engine {
     fn from_module(engine: wasmtime::Engine, module: wasmtime::Module, timeout: Duration) -> Result<Engine> {
         start_ticker(&engine);
         let ticks = (timeout.as_millis() / TICK.as_millis()).max(1) as u64;
-        let deadlines = EpochDeadlines { wapc_init: ticks, wapc_func: ticks };
+        let deadlines = EpochDeadlines {
+            wapc_init: ticks,
+            wapc_func: ticks,
+        };
         let pre = WasmtimeEngineProviderBuilder::new()
             .engine(engine)
             .module(module)
@@ -120,7 +123,9 @@ fn explain(error: &str) -> String {
 struct NoCalls;
 impl CallHandler for NoCalls {
     fn call(&self, binding: &str, _: &str, operation: &str, _: &[u8]) -> Result<Vec<u8>, String> {
-        Err(format!("no host calls while validating settings ({binding}/{operation})"))
+        Err(format!(
+            "no host calls while validating settings ({binding}/{operation})"
+        ))
     }
 }
 

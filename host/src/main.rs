@@ -13,7 +13,11 @@ use config_snapshot::memory::Simulator;
 use config_snapshot::{replay, review};
 
 #[derive(Parser)]
-#[command(name = "config-snapshot", version, about = "Roll ConfigMaps and Secrets forward and back with the workloads that use them")]
+#[command(
+    name = "config-snapshot",
+    version,
+    about = "Roll ConfigMaps and Secrets forward and back with the workloads that use them"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -61,7 +65,11 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
-        Command::Replay { scenarios, policy, json } => {
+        Command::Replay {
+            scenarios,
+            policy,
+            json,
+        } => {
             let engine = Arc::new(Engine::load(&policy_path(policy)?)?);
             let mut results = Vec::new();
             for path in &scenarios {
@@ -76,16 +84,30 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 .filter_map(|r| r.failure().map(|f| format!("{}: {f}", r.file)))
                 .collect();
             if json {
-                println!("{}", serde_json::to_string_pretty(&serde_json::json!({"results": results, "passed": failed.is_empty()}))?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(
+                        &serde_json::json!({"results": results, "passed": failed.is_empty()})
+                    )?
+                );
             } else {
                 println!("{} passed, {} failed", results.len() - failed.len(), failed.len());
             }
             for f in &failed {
                 eprintln!("FAILED {f}");
             }
-            Ok(if failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+            Ok(if failed.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
-        Command::Review { reviews, policy, objects, settings_json } => {
+        Command::Review {
+            reviews,
+            policy,
+            objects,
+            settings_json,
+        } => {
             let settings: Value = serde_json::from_str(&settings_json).context("--settings-json is not JSON")?;
             let engine = Arc::new(Engine::load(&policy_path(policy)?)?);
             if let Err(message) = engine.validate_settings(&settings)? {
@@ -109,7 +131,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
 }
 
 fn now() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
 }
 
 /// `--policy`, else `$CONFIG_SNAPSHOT_POLICY`, else the workspace's build.

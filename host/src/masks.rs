@@ -31,7 +31,9 @@ fn keep(value: &Value, paths: &[&[&str]]) -> Option<Value> {
             }
             Some(Value::Object(out))
         }
-        Value::Array(items) => Some(Value::Array(items.iter().map(|i| keep(i, paths).unwrap_or(Value::Null)).collect())),
+        Value::Array(items) => Some(Value::Array(
+            items.iter().map(|i| keep(i, paths).unwrap_or(Value::Null)).collect(),
+        )),
         _ => None,
     }
 }
@@ -46,7 +48,10 @@ mod tests {
         let obj = json!({"metadata": {"name": "a", "uid": "u"}, "spec": {"containers": [
             {"name": "c1", "image": "i1", "env": [1]}, {"name": "c2", "image": "i2"}]}, "data": {"secret": "x"}});
         let pruned = prune(&obj, &["metadata.name".into(), "spec.containers.image".into()]);
-        assert_eq!(pruned, json!({"metadata": {"name": "a"}, "spec": {"containers": [{"image": "i1"}, {"image": "i2"}]}}));
+        assert_eq!(
+            pruned,
+            json!({"metadata": {"name": "a"}, "spec": {"containers": [{"image": "i1"}, {"image": "i2"}]}})
+        );
         assert_eq!(prune(&obj, &[]), obj);
         // Array indexes survive, so JSON pointers computed on the pruned
         // object are valid on the full one.

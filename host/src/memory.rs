@@ -71,7 +71,12 @@ impl Backend for Shared {
     }
 
     fn defer(&self, admission_uid: &str, effect: Effect) {
-        self.pending.lock().unwrap().push(Pending { admission: admission_uid.to_string(), released: false, effect, attempts: 0 });
+        self.pending.lock().unwrap().push(Pending {
+            admission: admission_uid.to_string(),
+            released: false,
+            effect,
+            attempts: 0,
+        });
     }
 
     fn now(&self) -> i64 {
@@ -80,7 +85,9 @@ impl Backend for Shared {
 
     fn fault(&self, operation: &str) -> Option<String> {
         let mut faults = self.faults.lock().unwrap();
-        let fault = faults.iter_mut().find(|f| f.operation == operation && f.remaining != Some(0))?;
+        let fault = faults
+            .iter_mut()
+            .find(|f| f.operation == operation && f.remaining != Some(0))?;
         if let Some(n) = fault.remaining.as_mut() {
             *n -= 1;
         }
@@ -182,7 +189,9 @@ impl Simulator {
 
     /// `kubectl patch --type merge`.
     pub fn edit(&mut self, kind: &str, namespace: &str, name: &str, merge: &Value, actor: &str) -> Result<Admission> {
-        let mut object = self.get(kind, namespace, name).ok_or_else(|| anyhow!("{kind}/{name} does not exist"))?;
+        let mut object = self
+            .get(kind, namespace, name)
+            .ok_or_else(|| anyhow!("{kind}/{name} does not exist"))?;
         let old = object.clone();
         json_patch::merge(&mut object, merge);
         let object = prepare(object, Some(&old))?;
@@ -190,7 +199,14 @@ impl Simulator {
     }
 
     pub fn delete(&mut self, kind: &str, namespace: &str, name: &str) -> Result<()> {
-        if self.shared.store.lock().unwrap().remove(kind, namespace, name).is_none() {
+        if self
+            .shared
+            .store
+            .lock()
+            .unwrap()
+            .remove(kind, namespace, name)
+            .is_none()
+        {
             bail!("{kind}/{name} does not exist");
         }
         self.note(format!("{kind}/{name} deleted"));
@@ -204,7 +220,14 @@ impl Simulator {
     }
 
     /// Builds the AdmissionRequest the API server would send.
-    pub fn admission_request(&mut self, operation: &str, object: &Value, old: Option<&Value>, dry_run: bool, actor: &str) -> Value {
+    pub fn admission_request(
+        &mut self,
+        operation: &str,
+        object: &Value,
+        old: Option<&Value>,
+        dry_run: bool,
+        actor: &str,
+    ) -> Value {
         let kind = object["kind"].as_str().unwrap_or_default();
         let api_version = object["apiVersion"].as_str().unwrap_or("v1");
         let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
@@ -231,7 +254,10 @@ impl Simulator {
             namespace: request["namespace"].as_str().unwrap_or("default").to_string(),
             dry_run: request["dryRun"].as_bool().unwrap_or(false),
         };
-        let handler = Arc::new(Capability { backend: self.shared.clone(), scope });
+        let handler = Arc::new(Capability {
+            backend: self.shared.clone(),
+            scope,
+        });
         let response = self.engine.validate(request, &self.settings, handler)?;
         let allowed = response["accepted"].as_bool().unwrap_or(false);
         let mutated = response.get("mutated_object").filter(|v| !v.is_null()).cloned();
@@ -250,13 +276,26 @@ impl Simulator {
     fn write(&mut self, object: Value, old: Option<Value>, dry_run: bool, actor: &str) -> Result<Admission> {
         let (kind, _, name) = key_of(&object);
         let operation = if old.is_some() { "UPDATE" } else { "CREATE" };
-        if old.as_ref().is_some_and(|o| o["immutable"] == true && content_fields(o) != content_fields(&object)) {
-            let message = format!("{kind} {name:?} is invalid: data: Forbidden: field is immutable when `immutable` is set");
-            self.note(format!("{operation} {kind}/{name} refused by the API server: field is immutable"));
-            return Ok(Admission { allowed: false, message: Some(message), ..Default::default() });
+        if old
+            .as_ref()
+            .is_some_and(|o| o["immutable"] == true && content_fields(o) != content_fields(&object))
+        {
+            let message =
+                format!("{kind} {name:?} is invalid: data: Forbidden: field is immutable when `immutable` is set");
+            self.note(format!(
+                "{operation} {kind}/{name} refused by the API server: field is immutable"
+            ));
+            return Ok(Admission {
+                allowed: false,
+                message: Some(message),
+                ..Default::default()
+            });
         }
         let api_version = object["apiVersion"].as_str().unwrap_or("v1").to_string();
-        let mut admission = Admission { allowed: true, ..Default::default() };
+        let mut admission = Admission {
+            allowed: true,
+            ..Default::default()
+        };
         let mut object = object;
         let mut uid = None;
         if self.rules.matches(&api_version, &plural(&kind), operation) {
@@ -276,7 +315,10 @@ impl Simulator {
                 return Ok(admission);
             }
             if let Some(m) = mutated {
-                self.note(format!("{operation} {kind}/{name} admitted and mutated: {}", describe_rewrite(&object, &m)));
+                self.note(format!(
+                    "{operation} {kind}/{name} admitted and mutated: {}",
+                    describe_rewrite(&object, &m)
+                ));
                 object = m;
             } else {
                 self.note(format!("{operation} {kind}/{name} admitted"));
@@ -291,7 +333,14 @@ impl Simulator {
         }
         let stored = self.shared.store.lock().unwrap().persist(object);
         if let Some(uid) = uid {
-            for p in self.shared.pending.lock().unwrap().iter_mut().filter(|p| p.admission == uid) {
+            for p in self
+                .shared
+                .pending
+                .lock()
+                .unwrap()
+                .iter_mut()
+                .filter(|p| p.admission == uid)
+            {
                 p.released = true;
             }
         }
@@ -321,7 +370,11 @@ impl Simulator {
         let store = self.shared.store.lock().unwrap();
         store
             .list(kind, ns)
-            .filter(|o| o["metadata"]["ownerReferences"].as_array().is_some_and(|refs| refs.iter().any(|r| r["uid"] == *uid)))
+            .filter(|o| {
+                o["metadata"]["ownerReferences"]
+                    .as_array()
+                    .is_some_and(|refs| refs.iter().any(|r| r["uid"] == *uid))
+            })
             .cloned()
             .collect()
     }
@@ -329,16 +382,25 @@ impl Simulator {
     /// The Deployment controller: one ReplicaSet per distinct template, the
     /// newest scaled up, old ones scaled to 0 and pruned past the limit.
     fn reconcile_deployment(&mut self, deployment: &Value) -> Result<()> {
-        let ns = deployment["metadata"]["namespace"].as_str().unwrap_or("default").to_string();
+        let ns = deployment["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_string();
         let name = deployment["metadata"]["name"].as_str().unwrap_or_default().to_string();
         let template = deployment["spec"]["template"].clone();
         let replicas = deployment["spec"]["replicas"].as_i64().unwrap_or(1);
         let sets = self.owned("ReplicaSet", deployment);
         let revision = |rs: &Value| -> i64 {
-            rs["metadata"]["annotations"][REVISION_ANNOTATION].as_str().and_then(|r| r.parse().ok()).unwrap_or(0)
+            rs["metadata"]["annotations"][REVISION_ANNOTATION]
+                .as_str()
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(0)
         };
         let max_revision = sets.iter().map(revision).max().unwrap_or(0);
-        let current = sets.iter().find(|rs| without_hash_label(&rs["spec"]["template"]) == template).cloned();
+        let current = sets
+            .iter()
+            .find(|rs| without_hash_label(&rs["spec"]["template"]) == template)
+            .cloned();
         let current_name = match current {
             Some(rs) => {
                 let rs_name = rs["metadata"]["name"].as_str().unwrap_or_default().to_string();
@@ -346,7 +408,10 @@ impl Simulator {
                     let mut rs = rs.clone();
                     if revision(&rs) != max_revision {
                         rs["metadata"]["annotations"][REVISION_ANNOTATION] = json!((max_revision + 1).to_string());
-                        self.note(format!("ReplicaSet/{rs_name} is current again (revision {})", max_revision + 1));
+                        self.note(format!(
+                            "ReplicaSet/{rs_name} is current again (revision {})",
+                            max_revision + 1
+                        ));
                     }
                     rs["spec"]["replicas"] = json!(replicas);
                     self.shared.store.lock().unwrap().persist(rs);
@@ -370,7 +435,12 @@ impl Simulator {
                     },
                     "spec": {"replicas": replicas, "selector": selector, "template": rs_template},
                 });
-                let a = self.write(rs, None, false, "system:serviceaccount:kube-system:deployment-controller")?;
+                let a = self.write(
+                    rs,
+                    None,
+                    false,
+                    "system:serviceaccount:kube-system:deployment-controller",
+                )?;
                 if !a.allowed {
                     bail!("ReplicaSet {rs_name} was refused: {}", a.message.unwrap_or_default());
                 }
@@ -406,11 +476,18 @@ impl Simulator {
 
     /// The StatefulSet and DaemonSet controllers' ControllerRevisions.
     fn reconcile_revisions(&mut self, workload: &Value) -> Result<()> {
-        let ns = workload["metadata"]["namespace"].as_str().unwrap_or("default").to_string();
+        let ns = workload["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_string();
         let name = workload["metadata"]["name"].as_str().unwrap_or_default().to_string();
         let template = workload["spec"]["template"].clone();
         let revisions = self.owned("ControllerRevision", workload);
-        let max_revision = revisions.iter().filter_map(|r| r["revision"].as_i64()).max().unwrap_or(0);
+        let max_revision = revisions
+            .iter()
+            .filter_map(|r| r["revision"].as_i64())
+            .max()
+            .unwrap_or(0);
         let current = revisions.iter().find(|r| revision_template(r) == template).cloned();
         let current_name = match current {
             Some(mut cr) => {
@@ -418,7 +495,10 @@ impl Simulator {
                 if cr["revision"].as_i64() != Some(max_revision) {
                     cr["revision"] = json!(max_revision + 1);
                     self.shared.store.lock().unwrap().persist(cr);
-                    self.note(format!("ControllerRevision/{cr_name} is current again (revision {})", max_revision + 1));
+                    self.note(format!(
+                        "ControllerRevision/{cr_name} is current again (revision {})",
+                        max_revision + 1
+                    ));
                 }
                 cr_name
             }
@@ -438,12 +518,21 @@ impl Simulator {
                     "data": {"spec": {"template": data_template}},
                     "revision": max_revision + 1,
                 });
-                let controller = format!("system:serviceaccount:kube-system:{}-controller", workload["kind"].as_str().unwrap_or("").to_lowercase());
+                let controller = format!(
+                    "system:serviceaccount:kube-system:{}-controller",
+                    workload["kind"].as_str().unwrap_or("").to_lowercase()
+                );
                 let a = self.write(cr, None, false, &controller)?;
                 if !a.allowed {
-                    bail!("ControllerRevision {cr_name} was refused: {}", a.message.unwrap_or_default());
+                    bail!(
+                        "ControllerRevision {cr_name} was refused: {}",
+                        a.message.unwrap_or_default()
+                    );
                 }
-                self.note(format!("ControllerRevision/{cr_name} created (revision {})", max_revision + 1));
+                self.note(format!(
+                    "ControllerRevision/{cr_name} created (revision {})",
+                    max_revision + 1
+                ));
                 cr_name
             }
         };
@@ -457,8 +546,14 @@ impl Simulator {
         let excess = old.len().saturating_sub(limit);
         for cr in old.iter().take(excess) {
             let cr_name = cr["metadata"]["name"].as_str().unwrap_or_default();
-            self.shared.store.lock().unwrap().remove("ControllerRevision", &ns, cr_name);
-            self.note(format!("ControllerRevision/{cr_name} pruned (revisionHistoryLimit {limit})"));
+            self.shared
+                .store
+                .lock()
+                .unwrap()
+                .remove("ControllerRevision", &ns, cr_name);
+            self.note(format!(
+                "ControllerRevision/{cr_name} pruned (revisionHistoryLimit {limit})"
+            ));
         }
         if excess > 0 {
             self.collect_garbage();
@@ -475,7 +570,10 @@ impl Simulator {
                 .all()
                 .filter(|o| {
                     o["metadata"]["ownerReferences"].as_array().is_some_and(|refs| {
-                        !refs.is_empty() && refs.iter().all(|r| !store.contains_uid(r["uid"].as_str().unwrap_or_default()))
+                        !refs.is_empty()
+                            && refs
+                                .iter()
+                                .all(|r| !store.contains_uid(r["uid"].as_str().unwrap_or_default()))
                     })
                 })
                 .map(key_of)
@@ -531,7 +629,12 @@ impl Simulator {
 
     fn run_effect(&mut self, effect: &Effect) -> Result<Progress> {
         match effect {
-            Effect::Adopt { namespace, owner_kind, owner_name, snapshots } => {
+            Effect::Adopt {
+                namespace,
+                owner_kind,
+                owner_name,
+                snapshots,
+            } => {
                 let Some(owner) = self.get(owner_kind, namespace, owner_name) else {
                     return Ok(Progress::Wait);
                 };
@@ -543,7 +646,10 @@ impl Simulator {
                     if snap["metadata"]["labels"][keys::MANAGED_BY] != keys::MANAGED_BY_VALUE {
                         continue;
                     }
-                    let refs = snap["metadata"]["ownerReferences"].as_array().cloned().unwrap_or_default();
+                    let refs = snap["metadata"]["ownerReferences"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default();
                     if refs.iter().any(|r| r["uid"] == owner["metadata"]["uid"]) {
                         continue;
                     }
@@ -579,7 +685,9 @@ impl Simulator {
             .and_then(|s| Content::from_object(source_kind, s).ok())
             .is_some_and(|c| c.hash() == request["source"]["contentHash"].as_str().unwrap_or_default());
         if !landed {
-            self.note(format!("patch of {kind}/{name} to {snapshot} superseded: {source_name} changed again"));
+            self.note(format!(
+                "patch of {kind}/{name} to {snapshot} superseded: {source_name} changed again"
+            ));
             return Ok(Progress::Done);
         }
         let key = (kind.clone(), namespace.to_string(), name.clone());
@@ -617,16 +725,32 @@ impl Simulator {
         }
         self.note(format!("watch: rolling out {kind}/{name} to {snapshot}"));
         self.last_watch_rollout.insert(key, now);
-        let a = self.write(patched, Some(workload), false, "system:serviceaccount:config-snapshot:config-snapshot")?;
+        let a = self.write(
+            patched,
+            Some(workload),
+            false,
+            "system:serviceaccount:config-snapshot:config-snapshot",
+        )?;
         if !a.allowed {
-            self.note(format!("watch rollout of {kind}/{name} refused: {}", a.message.unwrap_or_default()));
+            self.note(format!(
+                "watch rollout of {kind}/{name} refused: {}",
+                a.message.unwrap_or_default()
+            ));
         }
         Ok(Progress::Done)
     }
 
     /// `kubectl rollout undo [--to-revision]`: put back a revision's template.
-    pub fn rollout_undo(&mut self, kind: &str, namespace: &str, name: &str, to_revision: Option<i64>) -> Result<Admission> {
-        let workload = self.get(kind, namespace, name).ok_or_else(|| anyhow!("{kind}/{name} does not exist"))?;
+    pub fn rollout_undo(
+        &mut self,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+        to_revision: Option<i64>,
+    ) -> Result<Admission> {
+        let workload = self
+            .get(kind, namespace, name)
+            .ok_or_else(|| anyhow!("{kind}/{name} does not exist"))?;
         let mut revisions: Vec<(i64, Value)> = self.revisions(&workload);
         revisions.sort_by_key(|(r, _)| *r);
         let target = match to_revision {
@@ -650,10 +774,15 @@ impl Simulator {
 
     /// `kubectl rollout restart`.
     pub fn rollout_restart(&mut self, kind: &str, namespace: &str, name: &str) -> Result<Admission> {
-        let workload = self.get(kind, namespace, name).ok_or_else(|| anyhow!("{kind}/{name} does not exist"))?;
+        let workload = self
+            .get(kind, namespace, name)
+            .ok_or_else(|| anyhow!("{kind}/{name} does not exist"))?;
         let mut updated = workload.clone();
         let stamp = config_snapshot_policy::duration::format_rfc3339(self.now());
-        json_patch::merge(&mut updated, &json!({"spec": {"template": {"metadata": {"annotations": {RESTARTED_AT: stamp}}}}}));
+        json_patch::merge(
+            &mut updated,
+            &json!({"spec": {"template": {"metadata": {"annotations": {RESTARTED_AT: stamp}}}}}),
+        );
         self.write(updated, Some(workload), false, "kubectl")
     }
 
@@ -663,7 +792,10 @@ impl Simulator {
             self.owned("ReplicaSet", workload)
                 .iter()
                 .map(|rs| {
-                    let r = rs["metadata"]["annotations"][REVISION_ANNOTATION].as_str().and_then(|r| r.parse().ok()).unwrap_or(0);
+                    let r = rs["metadata"]["annotations"][REVISION_ANNOTATION]
+                        .as_str()
+                        .and_then(|r| r.parse().ok())
+                        .unwrap_or(0);
                     (r, without_hash_label(&rs["spec"]["template"]))
                 })
                 .collect()
@@ -678,7 +810,10 @@ impl Simulator {
     /// The pod template of the workload's current revision: what its pods run.
     pub fn current_revision_template(&self, kind: &str, namespace: &str, name: &str) -> Option<Value> {
         let workload = self.get(kind, namespace, name)?;
-        self.revisions(&workload).into_iter().max_by_key(|(r, _)| *r).map(|(_, t)| t)
+        self.revisions(&workload)
+            .into_iter()
+            .max_by_key(|(r, _)| *r)
+            .map(|(_, t)| t)
     }
 
     /// Moves the clock; then runs what time unblocks: storm-guarded patches,
@@ -702,9 +837,18 @@ impl Simulator {
         };
         for w in due {
             let before = w["spec"]["template"].clone();
-            let a = self.write(w.clone(), Some(w.clone()), false, "system:serviceaccount:config-snapshot:resync")?;
+            let a = self.write(
+                w.clone(),
+                Some(w.clone()),
+                false,
+                "system:serviceaccount:config-snapshot:resync",
+            )?;
             let (kind, ns, name) = key_of(&w);
-            if a.allowed && self.get(&kind, &ns, &name).is_some_and(|now| now["spec"]["template"] != before) {
+            if a.allowed
+                && self
+                    .get(&kind, &ns, &name)
+                    .is_some_and(|now| now["spec"]["template"] != before)
+            {
                 self.note(format!("renew: {kind}/{name} renewed its snapshots"));
             }
         }
@@ -722,8 +866,14 @@ enum Progress {
 
 fn describe_effect(effect: &Effect) -> String {
     match effect {
-        Effect::Adopt { owner_kind, owner_name, .. } => format!("adoption by {owner_kind}/{owner_name}"),
-        Effect::Patch { request, .. } => format!("patch of {}/{}", request["kind"].as_str().unwrap_or(""), request["name"].as_str().unwrap_or("")),
+        Effect::Adopt {
+            owner_kind, owner_name, ..
+        } => format!("adoption by {owner_kind}/{owner_name}"),
+        Effect::Patch { request, .. } => format!(
+            "patch of {}/{}",
+            request["kind"].as_str().unwrap_or(""),
+            request["name"].as_str().unwrap_or("")
+        ),
     }
 }
 
@@ -747,7 +897,9 @@ fn describe_rewrite(before: &Value, after: &Value) -> String {
         parts.push(unique.join(", "));
     }
     let checksums = template::template_annotation(a, keys::SNAPSHOTS).is_none()
-        && a.pointer("/metadata/annotations").and_then(Value::as_object).is_some_and(|m| m.keys().any(|k| k.starts_with(keys::CHECKSUM_PREFIX)));
+        && a.pointer("/metadata/annotations")
+            .and_then(Value::as_object)
+            .is_some_and(|m| m.keys().any(|k| k.starts_with(keys::CHECKSUM_PREFIX)));
     if checksums {
         parts.push("config checksums stamped".into());
     }
@@ -768,7 +920,9 @@ fn prepare(mut object: Value, old: Option<&Value>) -> Result<Value> {
         object["apiVersion"] = json!(api_version_of(object["kind"].as_str().unwrap_or_default()));
     }
     if object["metadata"]["namespace"].as_str().is_none() {
-        object["metadata"]["namespace"] = json!(old.and_then(|o| o["metadata"]["namespace"].as_str()).unwrap_or("default"));
+        object["metadata"]["namespace"] = json!(old
+            .and_then(|o| o["metadata"]["namespace"].as_str())
+            .unwrap_or("default"));
     }
     if object["kind"] == "Secret" {
         if let Some(Value::Object(string_data)) = object.as_object_mut().and_then(|o| o.remove("stringData")) {
@@ -788,7 +942,10 @@ fn prepare(mut object: Value, old: Option<&Value>) -> Result<Value> {
 }
 
 fn content_fields(object: &Value) -> (Value, Value) {
-    (object.get("data").cloned().unwrap_or(Value::Null), object.get("binaryData").cloned().unwrap_or(Value::Null))
+    (
+        object.get("data").cloned().unwrap_or(Value::Null),
+        object.get("binaryData").cloned().unwrap_or(Value::Null),
+    )
 }
 
 fn owner_ref(owner: &Value, controller: bool) -> Value {

@@ -52,7 +52,10 @@ impl ScenarioResult {
             if let Some(e) = &s.error {
                 return Some(format!("step {} ({}): {e}", s.index, s.step));
             }
-            s.checks.iter().find(|c| !c.ok).map(|c| format!("step {} ({}): check {}: {}", s.index, s.step, c.check, c.detail))
+            s.checks
+                .iter()
+                .find(|c| !c.ok)
+                .map(|c| format!("step {} ({}): check {}: {}", s.index, s.step, c.check, c.detail))
         })
     }
 }
@@ -82,7 +85,13 @@ pub fn run(engine: Arc<Engine>, path: &Path) -> Result<ScenarioResult> {
         passed: true,
         steps: Vec::new(),
     };
-    let mut setup = StepResult { index: 0, step: "load objects".into(), events: Vec::new(), checks: Vec::new(), error: None };
+    let mut setup = StepResult {
+        index: 0,
+        step: "load objects".into(),
+        events: Vec::new(),
+        checks: Vec::new(),
+        error: None,
+    };
     for object in &scenario.objects {
         if let Err(e) = sim.load(object.clone()) {
             setup.error = Some(e.to_string());
@@ -99,7 +108,13 @@ pub fn run(engine: Arc<Engine>, path: &Path) -> Result<ScenarioResult> {
 
     let mut last: Option<Admission> = None;
     for (i, step) in scenario.steps.iter().enumerate() {
-        let mut out = StepResult { index: i + 1, step: describe(step), events: Vec::new(), checks: Vec::new(), error: None };
+        let mut out = StepResult {
+            index: i + 1,
+            step: describe(step),
+            events: Vec::new(),
+            checks: Vec::new(),
+            error: None,
+        };
         match run_step(&mut sim, step, &base, &mut last, &mut out.checks) {
             Ok(()) => {}
             Err(e) => out.error = Some(format!("{e:#}")),
@@ -113,7 +128,13 @@ pub fn run(engine: Arc<Engine>, path: &Path) -> Result<ScenarioResult> {
     Ok(result)
 }
 
-fn run_step(sim: &mut Simulator, step: &Step, base: &Path, last: &mut Option<Admission>, checks: &mut Vec<CheckResult>) -> Result<()> {
+fn run_step(
+    sim: &mut Simulator,
+    step: &Step,
+    base: &Path,
+    last: &mut Option<Admission>,
+    checks: &mut Vec<CheckResult>,
+) -> Result<()> {
     match step {
         Step::Apply(object) => *last = Some(sim.apply(object.clone(), false, "kubectl")?),
         Step::DryRunApply(object) => *last = Some(sim.apply(object.clone(), true, "kubectl")?),
@@ -143,8 +164,17 @@ fn run_step(sim: &mut Simulator, step: &Step, base: &Path, last: &mut Option<Adm
             *last = Some(admission);
         }
         Step::Fault(f) => {
-            sim.note(format!("fault injected: {} answers {:?} {}", f.operation, f.error, f.times.map_or("from now on".into(), |n| format!("{n} time(s)"))));
-            sim.add_fault(Fault { operation: f.operation.clone(), error: f.error.clone(), remaining: f.times });
+            sim.note(format!(
+                "fault injected: {} answers {:?} {}",
+                f.operation,
+                f.error,
+                f.times.map_or("from now on".into(), |n| format!("{n} time(s)"))
+            ));
+            sim.add_fault(Fault {
+                operation: f.operation.clone(),
+                error: f.error.clone(),
+                remaining: f.times,
+            });
         }
         Step::Expect(e) => expect(last.as_ref(), e, checks),
         Step::Assert(list) => {
@@ -152,12 +182,36 @@ fn run_step(sim: &mut Simulator, step: &Step, base: &Path, last: &mut Option<Adm
                 checks.push(assert(sim, check));
             }
         }
+        Step::Repeat(r) => {
+            for i in 1..=r.times {
+                for raw in &r.steps {
+                    let step: Step = serde_json::from_value(substitute(raw, &i.to_string()))
+                        .with_context(|| format!("repeat: invalid step {raw}"))?;
+                    run_step(sim, &step, base, last, checks).with_context(|| format!("repeat {i}"))?;
+                }
+            }
+        }
     }
     Ok(())
 }
 
+fn substitute(value: &Value, i: &str) -> Value {
+    match value {
+        Value::String(s) => Value::String(s.replace("{{i}}", i)),
+        Value::Array(a) => Value::Array(a.iter().map(|v| substitute(v, i)).collect()),
+        Value::Object(m) => Value::Object(m.iter().map(|(k, v)| (k.clone(), substitute(v, i))).collect()),
+        other => other.clone(),
+    }
+}
+
 fn describe(step: &Step) -> String {
-    let obj = |o: &Value| format!("{}/{}", o["kind"].as_str().unwrap_or("?"), o["metadata"]["name"].as_str().unwrap_or("?"));
+    let obj = |o: &Value| {
+        format!(
+            "{}/{}",
+            o["kind"].as_str().unwrap_or("?"),
+            o["metadata"]["name"].as_str().unwrap_or("?")
+        )
+    };
     match step {
         Step::Apply(o) => format!("apply {}", obj(o)),
         Step::DryRunApply(o) => format!("apply --dry-run=server {}", obj(o)),
@@ -173,24 +227,37 @@ fn describe(step: &Step) -> String {
         Step::Fault(f) => format!("fault {}", f.operation),
         Step::Expect(_) => "expect".into(),
         Step::Assert(_) => "assert".into(),
+        Step::Repeat(r) => format!("repeat {} step(s) {} times", r.steps.len(), r.times),
     }
 }
 
 fn expect(last: Option<&Admission>, e: &Expect, checks: &mut Vec<CheckResult>) {
     let Some(a) = last else {
-        checks.push(CheckResult { check: "expect".into(), ok: false, detail: "the previous step made no admission request".into() });
+        checks.push(CheckResult {
+            check: "expect".into(),
+            ok: false,
+            detail: "the previous step made no admission request".into(),
+        });
         return;
     };
     if let Some(allowed) = e.allowed {
         checks.push(CheckResult {
             check: format!("allowed == {allowed}"),
             ok: a.allowed == allowed,
-            detail: format!("allowed was {} (message: {})", a.allowed, a.message.as_deref().unwrap_or("none")),
+            detail: format!(
+                "allowed was {} (message: {})",
+                a.allowed,
+                a.message.as_deref().unwrap_or("none")
+            ),
         });
     }
     if let Some(warnings) = &e.warnings {
         if warnings.is_empty() {
-            checks.push(CheckResult { check: "no warnings".into(), ok: a.warnings.is_empty(), detail: format!("warnings: {:?}", a.warnings) });
+            checks.push(CheckResult {
+                check: "no warnings".into(),
+                ok: a.warnings.is_empty(),
+                detail: format!("warnings: {:?}", a.warnings),
+            });
         }
         for w in warnings {
             checks.push(CheckResult {
@@ -222,13 +289,25 @@ fn assert(sim: &Simulator, check: &Check) -> CheckResult {
                         format!("reads {object}")
                     } else if secret {
                         // Never print Secret values, even in a failing test.
-                        format!("reads {object} with keys {:?}, which differ from the expected keys {:?} or values", data.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>())
+                        format!(
+                            "reads {object} with keys {:?}, which differ from the expected keys {:?} or values",
+                            data.keys().collect::<Vec<_>>(),
+                            want.keys().collect::<Vec<_>>()
+                        )
                     } else {
                         format!("reads {object} = {}, expected {}", json!(data), json!(want))
                     };
-                    CheckResult { check: name, ok, detail }
+                    CheckResult {
+                        check: name,
+                        ok,
+                        detail,
+                    }
                 }
-                Err(e) => CheckResult { check: name, ok: false, detail: e },
+                Err(e) => CheckResult {
+                    check: name,
+                    ok: false,
+                    detail: e,
+                },
             }
         }
         Check::Exists(r) | Check::Absent(r) => {
@@ -237,30 +316,61 @@ fn assert(sim: &Simulator, check: &Check) -> CheckResult {
             CheckResult {
                 check: format!("{} {}/{}", if want { "exists" } else { "absent" }, r.kind, r.name),
                 ok: found == want,
-                detail: if found { "it exists".into() } else { "it does not exist".into() },
+                detail: if found {
+                    "it exists".into()
+                } else {
+                    "it does not exist".into()
+                },
             }
         }
         Check::Count(c) => {
-            let check = format!("count {} {} == {}", c.kind, c.selector.as_deref().unwrap_or(""), c.equals);
+            let check = format!(
+                "count {} {} == {}",
+                c.kind,
+                c.selector.as_deref().unwrap_or(""),
+                c.equals
+            );
             match Selector::parse(c.selector.as_deref().unwrap_or("")) {
                 Ok(sel) => {
                     let found: Vec<String> = sim
                         .objects()
                         .iter()
-                        .filter(|o| o["kind"] == c.kind.as_str() && o["metadata"]["namespace"] == c.namespace.as_str() && sel.matches(o))
+                        .filter(|o| {
+                            o["kind"] == c.kind.as_str()
+                                && o["metadata"]["namespace"] == c.namespace.as_str()
+                                && sel.matches(o)
+                        })
                         .map(|o| o["metadata"]["name"].as_str().unwrap_or_default().to_string())
                         .collect();
-                    CheckResult { ok: found.len() == c.equals, detail: format!("found {}: {found:?}", found.len()), check }
+                    CheckResult {
+                        ok: found.len() == c.equals,
+                        detail: format!("found {}: {found:?}", found.len()),
+                        check,
+                    }
                 }
-                Err(e) => CheckResult { check, ok: false, detail: e },
+                Err(e) => CheckResult {
+                    check,
+                    ok: false,
+                    detail: e,
+                },
             }
         }
         Check::JsonPath(j) => {
             let check = format!("jsonPath {}/{} {} == {}", j.kind, j.name, j.path, j.equals);
             let Some(object) = sim.get(&j.kind, &j.namespace, &j.name) else {
-                return CheckResult { check, ok: false, detail: "the object does not exist".into() };
+                return CheckResult {
+                    check,
+                    ok: false,
+                    detail: "the object does not exist".into(),
+                };
             };
-            let path = if j.path.starts_with('$') { j.path.clone() } else if j.path.starts_with('.') || j.path.starts_with('[') { format!("${}", j.path) } else { format!("$.{}", j.path) };
+            let path = if j.path.starts_with('$') {
+                j.path.clone()
+            } else if j.path.starts_with('.') || j.path.starts_with('[') {
+                format!("${}", j.path)
+            } else {
+                format!("$.{}", j.path)
+            };
             match serde_json_path::JsonPath::parse(&path) {
                 Ok(p) => {
                     let found: Vec<&Value> = p.query(&object).all();
@@ -269,11 +379,24 @@ fn assert(sim: &Simulator, check: &Check) -> CheckResult {
                         [] => Value::Null,
                         many => json!(many),
                     };
-                    let secret_data = j.kind == "Secret" && (path.contains("data") || path.contains('*') || path.contains(".."));
-                    let detail = if got == j.equals || !secret_data { format!("got {got}") } else { "got a different value (Secret data is not printed)".into() };
-                    CheckResult { ok: got == j.equals, detail, check }
+                    let secret_data =
+                        j.kind == "Secret" && (path.contains("data") || path.contains('*') || path.contains(".."));
+                    let detail = if got == j.equals || !secret_data {
+                        format!("got {got}")
+                    } else {
+                        "got a different value (Secret data is not printed)".into()
+                    };
+                    CheckResult {
+                        ok: got == j.equals,
+                        detail,
+                        check,
+                    }
                 }
-                Err(e) => CheckResult { check, ok: false, detail: format!("bad JSONPath: {e}") },
+                Err(e) => CheckResult {
+                    check,
+                    ok: false,
+                    detail: format!("bad JSONPath: {e}"),
+                },
             }
         }
     }
@@ -282,7 +405,10 @@ fn assert(sim: &Simulator, check: &Check) -> CheckResult {
 /// The data the pods of the workload's current revision read from a source:
 /// follows the revision's reference, through a snapshot if it names one.
 fn effective_config(sim: &Simulator, ec: &EffectiveConfig) -> Result<(String, BTreeMap<String, String>), String> {
-    let (tag, source_name) = ec.source.split_once('/').ok_or("source must be configmap/NAME or secret/NAME")?;
+    let (tag, source_name) = ec
+        .source
+        .split_once('/')
+        .ok_or("source must be configmap/NAME or secret/NAME")?;
     let kind = SourceKind::from_tag(tag).ok_or("source must be configmap/NAME or secret/NAME")?;
     let id = SourceId::new(kind, source_name);
     let template = sim
@@ -304,7 +430,10 @@ fn effective_config(sim: &Simulator, ec: &EffectiveConfig) -> Result<(String, BT
         return if group.all_optional() {
             Ok((format!("{} (optional, missing)", object_name), BTreeMap::new()))
         } else {
-            Err(format!("the current revision references {}/{object_name}, which does not exist", kind.kind()))
+            Err(format!(
+                "the current revision references {}/{object_name}, which does not exist",
+                kind.kind()
+            ))
         };
     };
     let content = Content::from_object(kind, &object)?.subset(group.key_subset().as_ref());
@@ -336,7 +465,12 @@ pub fn print_timeline(result: &ScenarioResult) {
             println!("       {e}");
         }
         for c in &step.checks {
-            println!("       {} {} ({})", if c.ok { "ok  " } else { "FAIL" }, c.check, c.detail);
+            println!(
+                "       {} {} ({})",
+                if c.ok { "ok  " } else { "FAIL" },
+                c.check,
+                c.detail
+            );
         }
         if let Some(e) = &step.error {
             println!("       ERROR {e}");

@@ -18,7 +18,10 @@ pub fn read_request(path: &Path) -> Result<Value> {
         _ => doc,
     };
     if request.get("uid").is_none() || request.get("kind").is_none() {
-        return Err(anyhow!("{} is neither an AdmissionReview nor an AdmissionRequest (needs uid and kind)", path.display()));
+        return Err(anyhow!(
+            "{} is neither an AdmissionReview nor an AdmissionRequest (needs uid and kind)",
+            path.display()
+        ));
     }
     Ok(request)
 }

@@ -28,7 +28,10 @@ impl Rules {
     pub fn matches(&self, api_version: &str, resource: &str, operation: &str) -> bool {
         let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
         self.rules.iter().any(|r| {
-            any(&r.api_groups, group) && any(&r.api_versions, version) && any(&r.resources, resource) && any(&r.operations, operation)
+            any(&r.api_groups, group)
+                && any(&r.api_versions, version)
+                && any(&r.resources, resource)
+                && any(&r.operations, operation)
         })
     }
 }

@@ -38,6 +38,15 @@ pub enum Step {
     Fault(FaultSpec),
     Expect(Expect),
     Assert(Vec<Check>),
+    /// Runs `steps` `times` times; `{{i}}` in any string becomes 1, 2, ….
+    Repeat(Repeat),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Repeat {
+    pub times: u32,
+    pub steps: Vec<Value>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

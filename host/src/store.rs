@@ -19,14 +19,18 @@ pub struct Store {
 pub fn key_of(object: &Value) -> Key {
     (
         object["kind"].as_str().unwrap_or_default().to_string(),
-        object["metadata"]["namespace"].as_str().unwrap_or("default").to_string(),
+        object["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_string(),
         object["metadata"]["name"].as_str().unwrap_or_default().to_string(),
     )
 }
 
 impl Store {
     pub fn get(&self, kind: &str, namespace: &str, name: &str) -> Option<&Value> {
-        self.objects.get(&(kind.to_string(), namespace.to_string(), name.to_string()))
+        self.objects
+            .get(&(kind.to_string(), namespace.to_string(), name.to_string()))
     }
 
     pub fn list<'a>(&'a self, kind: &'a str, namespace: &'a str) -> impl Iterator<Item = &'a Value> + 'a {
@@ -37,7 +41,10 @@ impl Store {
     }
 
     pub fn select(&self, kind: &str, namespace: &str, selector: &Selector) -> Vec<Value> {
-        self.list(kind, namespace).filter(|o| selector.matches(o)).cloned().collect()
+        self.list(kind, namespace)
+            .filter(|o| selector.matches(o))
+            .cloned()
+            .collect()
     }
 
     pub fn all(&self) -> impl Iterator<Item = &Value> {
@@ -64,8 +71,12 @@ impl Store {
                 object["metadata"]["generation"] = json!(generation + i64::from(spec_changed));
             }
             None => {
-                meta.entry("uid").or_insert_with(|| json!(format!("{:08x}-0000-4000-8000-{:012x}", self.counter, self.counter)));
-                meta.insert("creationTimestamp".into(), json!(config_snapshot_policy::duration::format_rfc3339(self.now)));
+                meta.entry("uid")
+                    .or_insert_with(|| json!(format!("{:08x}-0000-4000-8000-{:012x}", self.counter, self.counter)));
+                meta.insert(
+                    "creationTimestamp".into(),
+                    json!(config_snapshot_policy::duration::format_rfc3339(self.now)),
+                );
                 meta.insert("generation".into(), json!(1));
             }
         }
@@ -75,6 +86,7 @@ impl Store {
     }
 
     pub fn remove(&mut self, kind: &str, namespace: &str, name: &str) -> Option<Value> {
-        self.objects.remove(&(kind.to_string(), namespace.to_string(), name.to_string()))
+        self.objects
+            .remove(&(kind.to_string(), namespace.to_string(), name.to_string()))
     }
 }
