@@ -93,6 +93,25 @@ impl Outcome {
     }
 }
 
+/// A refusal decided deep in a handler; small, so `Result`s stay cheap.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rejection {
+    pub message: String,
+    pub code: u16,
+}
+
+impl Rejection {
+    pub fn new(message: impl Into<String>, code: u16) -> Self {
+        Rejection { message: message.into(), code }
+    }
+}
+
+impl From<Rejection> for Outcome {
+    fn from(r: Rejection) -> Outcome {
+        Outcome::reject(r.message, r.code)
+    }
+}
+
 /// Every message and warning starts with this, so users can tell ours apart
 /// from other webhooks' in kubectl output.
 pub const SAY: &str = "config-snapshot: ";

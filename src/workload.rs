@@ -14,7 +14,7 @@ use crate::keys;
 use crate::kind::{SourceId, SourceKind};
 use crate::optin::OptIn;
 use crate::references::{self, SourceRefs};
-use crate::request::{Outcome, SAY};
+use crate::request::{Outcome, Rejection, SAY};
 use crate::settings::{OnMissingSource, OnSnapshotFailure, Settings, WithoutSnapshotCapability};
 use crate::sweep;
 use crate::template::{self, Mapping};
@@ -144,7 +144,7 @@ pub fn admit(
     let planner = Planner::new(ctx, kind, &object, template, &optin, old_template.as_ref());
     let plan = match planner.plan() {
         Ok(plan) => plan,
-        Err(outcome) => return outcome,
+        Err(rejection) => return rejection.into(),
     };
     let Plan {
         groups,
@@ -241,7 +241,7 @@ impl<'a> Planner<'a> {
         }
     }
 
-    fn plan(&self) -> Result<Plan, Outcome> {
+    fn plan(&self) -> Result<Plan, Rejection> {
         let settings = self.ctx.settings;
         let mapping = Mapping::of(self.template);
         let refs = references::collect(self.template);
@@ -330,13 +330,13 @@ impl<'a> Planner<'a> {
         group: &SourceRefs,
         current: Option<&str>,
         warnings: &mut Vec<String>,
-    ) -> Result<Option<(String, Value)>, Outcome> {
+    ) -> Result<Option<(String, Value)>, Rejection> {
         let id = &group.id;
         let source = match self.ctx.cluster.get("v1", id.kind.kind(), self.ctx.namespace, &id.name) {
             Ok(s) => s,
             Err(e) => {
                 return match self.ctx.settings.on_snapshot_failure {
-                    OnSnapshotFailure::Reject => Err(Outcome::reject(format!("{SAY}could not read {id}: {e}"), 500)),
+                    OnSnapshotFailure::Reject => Err(Rejection::new(format!("{SAY}could not read {id}: {e}"), 500)),
                     OnSnapshotFailure::Warn => {
                         warnings.push(format!("{SAY}could not read {id}, left its references unchanged: {e}"));
                         Ok(None)
@@ -359,7 +359,7 @@ impl<'a> Planner<'a> {
                     ));
                     Ok(None)
                 }
-                OnMissingSource::Reject => Err(Outcome::reject(
+                OnMissingSource::Reject => Err(Rejection::new(
                     format!("{SAY}{id} does not exist (onMissingSource is reject)"),
                     404,
                 )),
@@ -371,7 +371,7 @@ impl<'a> Planner<'a> {
         }
         let content = match Content::from_object(id.kind, &source) {
             Ok(c) => c.subset(group.key_subset().as_ref()),
-            Err(e) => return Err(Outcome::reject(format!("{SAY}{id} has malformed content: {e}"), 400)),
+            Err(e) => return Err(Rejection::new(format!("{SAY}{id} has malformed content: {e}"), 400)),
         };
         let rv = source
             .pointer("/metadata/resourceVersion")

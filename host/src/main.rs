@@ -121,7 +121,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             for path in &reviews {
                 let request = review::read_request(path)?;
-                let (admission, mutated) = sim.review(&request)?;
+                let (admission, mutated) = sim.review_only(&request)?;
                 let response = review::response(&request, &admission.response, mutated.as_ref())?;
                 println!("{}", serde_json::to_string(&response)?);
             }

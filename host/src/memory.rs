@@ -118,6 +118,9 @@ pub struct Simulator {
     pub watch_min_interval: i64,
     last_watch_rollout: HashMap<(String, String, String), i64>,
     requests: u64,
+    /// While set, deferred effects wait: models writes that land before the
+    /// host gets to their effects (replay's `together` step).
+    pub hold_effects: bool,
 }
 
 impl Simulator {
@@ -132,6 +135,7 @@ impl Simulator {
             watch_min_interval: 30,
             last_watch_rollout: HashMap::new(),
             requests: 0,
+            hold_effects: false,
         }
     }
 
@@ -245,6 +249,14 @@ impl Simulator {
             "dryRun": dry_run,
             "options": {},
         })
+    }
+
+    /// Evaluates a request that will not be persisted (`review`): its
+    /// deferred effects are dropped, as the API server never stores it.
+    pub fn review_only(&mut self, request: &Value) -> Result<(Admission, Option<Value>)> {
+        let result = self.review(request);
+        self.drop_pending(request["uid"].as_str());
+        result
     }
 
     /// Sends one AdmissionRequest to the policy, with this cluster as host.
@@ -592,6 +604,9 @@ impl Simulator {
 
     /// Runs released deferred effects until none can make progress.
     pub fn settle(&mut self) -> Result<()> {
+        if self.hold_effects {
+            return Ok(());
+        }
         for _ in 0..100 {
             let ready: Vec<Pending> = {
                 let mut pending = self.shared.pending.lock().unwrap();
@@ -706,6 +721,7 @@ impl Simulator {
         } else {
             // Conflict: recompute the same intent on the fresh object.
             let id = SourceId::new(source_kind, source_name);
+            self.note(format!("conflict on {kind}/{name}: resourceVersion moved, re-read and recomputed the patch"));
             match watch::retarget_ops(&workload["spec"]["template"], &id, snapshot) {
                 Some(ops) => json!(ops),
                 None => {

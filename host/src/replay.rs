@@ -153,7 +153,7 @@ fn run_step(
         Step::Review(file) => {
             let path: PathBuf = base.join(file);
             let request = review::read_request(&path)?;
-            let (admission, mutated) = sim.review(&request)?;
+            let (admission, mutated) = sim.review_only(&request)?;
             let response = review::response(&request, &admission.response, mutated.as_ref())?;
             sim.note(format!(
                 "review {}: allowed={} patch={}",
@@ -181,6 +181,16 @@ fn run_step(
             for check in list {
                 checks.push(assert(sim, check));
             }
+        }
+        Step::Together(steps) => {
+            sim.hold_effects = true;
+            let result = steps.iter().try_for_each(|raw| {
+                let step: Step = serde_json::from_value(raw.clone()).with_context(|| format!("together: invalid step {raw}"))?;
+                run_step(sim, &step, base, last, checks)
+            });
+            sim.hold_effects = false;
+            result?;
+            sim.settle()?;
         }
         Step::Repeat(r) => {
             for i in 1..=r.times {
@@ -227,6 +237,7 @@ fn describe(step: &Step) -> String {
         Step::Fault(f) => format!("fault {}", f.operation),
         Step::Expect(_) => "expect".into(),
         Step::Assert(_) => "assert".into(),
+        Step::Together(s) => format!("together: {} writes before the host catches up", s.len()),
         Step::Repeat(r) => format!("repeat {} step(s) {} times", r.steps.len(), r.times),
     }
 }

@@ -38,6 +38,9 @@ pub enum Step {
     Fault(FaultSpec),
     Expect(Expect),
     Assert(Vec<Check>),
+    /// Runs its steps with deferred host effects held until all have
+    /// landed: concurrent changes, as a busy host sees them.
+    Together(Vec<Value>),
     /// Runs `steps` `times` times; `{{i}}` in any string becomes 1, 2, ….
     Repeat(Repeat),
 }
