@@ -102,7 +102,10 @@ pub struct Rejection {
 
 impl Rejection {
     pub fn new(message: impl Into<String>, code: u16) -> Self {
-        Rejection { message: message.into(), code }
+        Rejection {
+            message: message.into(),
+            code,
+        }
     }
 }
 

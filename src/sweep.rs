@@ -126,3 +126,89 @@ fn referenced_names(ctx: &Context, kind: SourceKind) -> Option<HashSet<String>> 
     }
     Some(names)
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Value};
+
+    use crate::content::{snapshot_object, Content};
+    use crate::duration::format_rfc3339;
+    use crate::fake::FakeHost;
+    use crate::host::Cluster;
+    use crate::kind::{SourceId, SourceKind};
+    use crate::settings::Settings;
+    use crate::workload::Context;
+
+    const NOW: i64 = 1_800_000_000;
+
+    fn snap(value: &str, age_secs: i64, owned: bool) -> Value {
+        let content = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"v": value}})).unwrap();
+        let (_, mut obj) = snapshot_object(&SourceId::new(SourceKind::ConfigMap, "app"), "default", "1", &content);
+        obj["metadata"]["uid"] = json!(format!("uid-{value}"));
+        obj["metadata"]["creationTimestamp"] = json!(format_rfc3339(NOW - age_secs));
+        if owned {
+            obj["metadata"]["ownerReferences"] = json!([{"kind": "ReplicaSet", "name": "rs", "uid": "rs-uid"}]);
+        }
+        obj
+    }
+
+    fn name(obj: &Value) -> String {
+        obj["metadata"]["name"].as_str().unwrap().to_string()
+    }
+
+    fn sweep(host: &FakeHost, keep: &str) {
+        let settings = Settings::default();
+        let ctx = Context {
+            cluster: Cluster::new(host),
+            settings: &settings,
+            namespace: "default",
+            dry_run: false,
+        };
+        super::sweep(&ctx, &SourceId::new(SourceKind::ConfigMap, "app"), keep);
+    }
+
+    #[test]
+    fn deletes_only_unowned_old_unreferenced_snapshots() {
+        let orphan = snap("orphan", 3600, false);
+        let young = snap("young", 60, false);
+        let owned = snap("owned", 3600, true);
+        let in_pod = snap("in-pod", 3600, false);
+        let in_revision = snap("in-revision", 3600, false);
+        let kept = snap("just-made", 3600, false);
+        let mut unlabelled = snap("unlabelled", 3600, false);
+        unlabelled["metadata"]["labels"] = json!({"config-snapshot.io/source": "app"});
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default"},
+            "spec": {"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": name(&in_pod)}}]}]}});
+        let cr = json!({"apiVersion": "apps/v1", "kind": "ControllerRevision", "metadata": {"name": "db-1", "namespace": "default"},
+            "data": {"spec": {"template": {"spec": {"volumes": [{"name": "v", "configMap": {"name": name(&in_revision)}}]}}}}});
+        let mut host = FakeHost::with(vec![
+            orphan.clone(),
+            young.clone(),
+            owned.clone(),
+            in_pod.clone(),
+            in_revision.clone(),
+            kept.clone(),
+            unlabelled.clone(),
+            pod,
+            cr,
+        ]);
+        host.now = NOW;
+        sweep(&host, &name(&kept));
+        let deleted: Vec<String> = host
+            .ops("delete_snapshot")
+            .iter()
+            .map(|d| d["name"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(deleted, vec![name(&orphan)]);
+        assert_eq!(host.ops("delete_snapshot")[0]["uid"], "uid-orphan");
+    }
+
+    #[test]
+    fn deletes_nothing_when_references_cannot_be_listed() {
+        let mut host = FakeHost::with(vec![snap("orphan", 3600, false)]);
+        host.now = NOW;
+        host.fail("list_resources_by_namespace", "timeout");
+        sweep(&host, "x");
+        assert!(host.ops("delete_snapshot").is_empty());
+    }
+}

@@ -556,4 +556,4 @@ use sha2::Digest;
 
 #[cfg(test)]
 #[path = "workload_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -721,7 +721,9 @@ impl Simulator {
         } else {
             // Conflict: recompute the same intent on the fresh object.
             let id = SourceId::new(source_kind, source_name);
-            self.note(format!("conflict on {kind}/{name}: resourceVersion moved, re-read and recomputed the patch"));
+            self.note(format!(
+                "conflict on {kind}/{name}: resourceVersion moved, re-read and recomputed the patch"
+            ));
             match watch::retarget_ops(&workload["spec"]["template"], &id, snapshot) {
                 Some(ops) => json!(ops),
                 None => {

@@ -185,7 +185,8 @@ fn run_step(
         Step::Together(steps) => {
             sim.hold_effects = true;
             let result = steps.iter().try_for_each(|raw| {
-                let step: Step = serde_json::from_value(raw.clone()).with_context(|| format!("together: invalid step {raw}"))?;
+                let step: Step =
+                    serde_json::from_value(raw.clone()).with_context(|| format!("together: invalid step {raw}"))?;
                 run_step(sim, &step, base, last, checks)
             });
             sim.hold_effects = false;
