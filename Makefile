@@ -7,7 +7,7 @@ POLICY_BUILD := target/$(WASM_TARGET)/release/config_snapshot_policy.wasm
 HOST := cargo run --quiet -p config-snapshot --
 SCENARIOS := $(sort $(wildcard e2e-tests/*.yaml))
 
-.PHONY: setup demo test unit-tests e2e-tests fmt fmt-check lint host clean policy.wasm
+.PHONY: setup demo test unit-tests e2e-tests fmt fmt-check lint clean policy.wasm annotated-policy.wasm
 
 ## setup: install the pinned toolchain, its wasm target, rustfmt and clippy (idempotent)
 setup:
@@ -18,6 +18,14 @@ setup:
 policy.wasm: setup
 	cargo build --release --target $(WASM_TARGET) -p config-snapshot-policy
 	cp $(POLICY_BUILD) policy.wasm
+
+## annotated-policy.wasm: the policy with its Kubewarden metadata embedded
+annotated-policy.wasm: policy.wasm
+	@if command -v kwctl >/dev/null 2>&1; then \
+	  kwctl annotate -m policy-metadata.yml -u README.md -o annotated-policy.wasm policy.wasm; \
+	else \
+	  $(HOST) annotate -m policy-metadata.yml -u README.md -o annotated-policy.wasm policy.wasm; \
+	fi
 
 ## demo: replay KEP user story 1 on the in-memory cluster and print the timeline
 demo: policy.wasm

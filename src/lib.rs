@@ -31,6 +31,19 @@ use request::{Outcome, Payload, SAY};
 use settings::Settings;
 use workload::{Context, WorkloadKind};
 
+/// Every (API group, kind, operation) the policy acts on; anything else is
+/// accepted untouched. `policy-metadata.yml`'s rules must say exactly this,
+/// which the host's tests check both ways.
+pub const HANDLED: &[(&str, &str, &[&str])] = &[
+    ("apps", "Deployment", &["CREATE", "UPDATE"]),
+    ("apps", "StatefulSet", &["CREATE", "UPDATE"]),
+    ("apps", "DaemonSet", &["CREATE", "UPDATE"]),
+    ("", "ConfigMap", &["CREATE", "UPDATE"]),
+    ("", "Secret", &["CREATE", "UPDATE"]),
+    ("apps", "ReplicaSet", &["CREATE"]),
+    ("apps", "ControllerRevision", &["CREATE"]),
+];
+
 /// Evaluates one validate payload (`{"request": …, "settings": …}`) and
 /// returns the Kubewarden response. Never panics on bad input: every parse
 /// failure becomes a rejection with a message.
@@ -63,25 +76,19 @@ pub fn evaluate(payload: &[u8], host: &dyn Host) -> Outcome {
         namespace: &req.namespace,
         dry_run: req.dry_run,
     };
-    let op = req.operation.as_str();
-    if op != "CREATE" && op != "UPDATE" {
+    let (group, kind, op) = (req.kind.group.as_str(), req.kind.kind.as_str(), req.operation.as_str());
+    if !HANDLED
+        .iter()
+        .any(|(g, k, ops)| *g == group && *k == kind && ops.contains(&op))
+    {
         return Outcome::accept();
     }
-    match (req.kind.group.as_str(), req.kind.kind.as_str()) {
-        ("apps", kind) => {
-            if let Some(w) = WorkloadKind::from_kind(kind) {
-                workload::admit(&ctx, w, op, object, req.old_object)
-            } else if (kind == "ReplicaSet" || kind == "ControllerRevision") && op == "CREATE" {
-                revision::admit(&ctx, kind, object)
-            } else {
-                Outcome::accept()
-            }
-        }
-        ("", kind) => match SourceKind::from_kind(kind) {
-            Some(k) => watch::admit(&ctx, k, op, object, req.old_object),
-            None => Outcome::accept(),
-        },
-        _ => Outcome::accept(),
+    if let Some(w) = WorkloadKind::from_kind(kind) {
+        workload::admit(&ctx, w, op, object, req.old_object)
+    } else if let Some(k) = SourceKind::from_kind(kind) {
+        watch::admit(&ctx, k, op, object, req.old_object)
+    } else {
+        revision::admit(&ctx, kind, object)
     }
 }
 

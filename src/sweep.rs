@@ -14,7 +14,7 @@ use crate::workload::Context;
 
 /// Objects whose pod templates may hold a snapshot name, with where the
 /// template sits and the field masks that fetch only the reference fields.
-const HOLDERS: [(&str, &str, &str); 6] = [
+pub const HOLDERS: [(&str, &str, &str); 6] = [
     ("apps/v1", "Deployment", "/spec/template"),
     ("apps/v1", "StatefulSet", "/spec/template"),
     ("apps/v1", "DaemonSet", "/spec/template"),

@@ -523,3 +523,76 @@ fn revisions_adopt_the_snapshots_they_use() {
     run(&host, &payload("ReplicaSet", "CREATE", &rs, None, true, json!({})));
     assert_eq!(host.ops("adopt").len(), 2);
 }
+
+/// `HANDLED` is what the dispatch really does: every listed kind and
+/// operation reaches a handler (it calls the host for an opted-in object),
+/// and nothing else does.
+#[test]
+fn handled_table_matches_the_dispatch() {
+    let d = deployment(snapshot_all(), three_refs());
+    let template = d["spec"]["template"].clone();
+    let object_for = |group: &str, kind: &str| -> Value {
+        match kind {
+            "ConfigMap" | "Secret" => {
+                let mut o = cm("app", json!({"mode": "new"}));
+                o["kind"] = json!(kind);
+                o
+            }
+            "ReplicaSet" => {
+                json!({"apiVersion": format!("{group}/v1"), "kind": kind, "metadata": {"name": "rs", "namespace": "default"},
+                "spec": {"template": {"metadata": {"annotations": {keys::SNAPSHOTS: "{\"configmap/app\":\"app-0123456789\"}"}},
+                         "spec": {"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": "app-0123456789"}}]}]}}}})
+            }
+            "ControllerRevision" => {
+                json!({"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": "cr", "namespace": "default"},
+                "data": {"spec": {"template": {"metadata": {"annotations": {keys::SNAPSHOTS: "{\"configmap/app\":\"app-0123456789\"}"}},
+                         "spec": {"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": "app-0123456789"}}]}]}}}}})
+            }
+            _ => {
+                let mut w = d.clone();
+                w["kind"] = json!(kind);
+                w["metadata"]["annotations"][keys::WATCH] = json!("*");
+                w["spec"]["template"] = template.clone();
+                w
+            }
+        }
+    };
+    let watcher = {
+        let mut w = d.clone();
+        w["metadata"]["annotations"][keys::WATCH] = json!("*");
+        w
+    };
+    let all_kinds = [
+        "Deployment",
+        "StatefulSet",
+        "DaemonSet",
+        "ReplicaSet",
+        "ControllerRevision",
+        "ConfigMap",
+        "Secret",
+        "Pod",
+        "Job",
+    ];
+    for kind in all_kinds {
+        for group in ["", "apps", "batch"] {
+            for op in ["CREATE", "UPDATE", "DELETE", "CONNECT"] {
+                let host = three_host();
+                host.objects.borrow_mut().push(watcher.clone());
+                let object = object_for(group, kind);
+                let old = object_for(group, kind);
+                let mut p: Value =
+                    serde_json::from_slice(&payload(kind, op, &object, Some(&old), false, json!({}))).unwrap();
+                p["request"]["kind"]["group"] = json!(group);
+                if op == "UPDATE" && (kind == "ConfigMap" || kind == "Secret") {
+                    p["request"]["oldObject"]["data"] = json!({"mode": "old"});
+                }
+                let out = crate::evaluate(&serde_json::to_vec(&p).unwrap(), &host);
+                let handled = crate::HANDLED
+                    .iter()
+                    .any(|(g, k, ops)| *g == group && *k == kind && ops.contains(&op));
+                let called = !host.calls.borrow().is_empty();
+                assert_eq!(called, handled, "{group}/{kind} {op}: {out:?}");
+            }
+        }
+    }
+}

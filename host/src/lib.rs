@@ -2,6 +2,7 @@
 //! and implements the `config-snapshot`/`v1` write capability over an
 //! in-memory cluster (`replay`, `review`).
 
+pub mod annotate;
 pub mod capability;
 pub mod engine;
 pub mod masks;

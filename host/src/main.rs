@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use config_snapshot::engine::Engine;
 use config_snapshot::memory::Simulator;
-use config_snapshot::{replay, review};
+use config_snapshot::{annotate, replay, review};
 
 #[derive(Parser)]
 #[command(
@@ -50,6 +50,18 @@ enum Command {
         /// Policy settings as JSON.
         #[arg(long, default_value = "{}")]
         settings_json: String,
+    },
+    /// Embed policy metadata in the wasm, as `kwctl annotate` does.
+    Annotate {
+        /// The policy wasm to annotate.
+        wasm: PathBuf,
+        #[arg(short, long, default_value = "policy-metadata.yml")]
+        metadata: PathBuf,
+        /// A usage text to embed (`io.kubewarden.policy.usage`), e.g. README.md.
+        #[arg(short, long)]
+        usage: Option<PathBuf>,
+        #[arg(short, long)]
+        output: PathBuf,
     },
 }
 
@@ -125,6 +137,24 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 let response = review::response(&request, &admission.response, mutated.as_ref())?;
                 println!("{}", serde_json::to_string(&response)?);
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Annotate {
+            wasm,
+            metadata,
+            usage,
+            output,
+        } => {
+            let bytes = std::fs::read(&wasm).with_context(|| format!("reading {}", wasm.display()))?;
+            let yaml = std::fs::read_to_string(&metadata).with_context(|| format!("reading {}", metadata.display()))?;
+            let usage = usage
+                .map(std::fs::read_to_string)
+                .transpose()
+                .context("reading the usage file")?;
+            let json = annotate::metadata_json(&yaml, &bytes, usage.as_deref())?;
+            std::fs::write(&output, annotate::embed(&bytes, &json)?)
+                .with_context(|| format!("writing {}", output.display()))?;
+            eprintln!("annotated {} -> {}", wasm.display(), output.display());
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -1,0 +1,180 @@
+//! Kubewarden packaging: the metadata, Artifact Hub package and annotated
+//! module agree with each other and with what the policy really handles.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use config_snapshot::annotate;
+use config_snapshot::capability::plural;
+use config_snapshot::rules::Rules;
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn yaml(path: &str) -> Value {
+    serde_yaml::from_str(&std::fs::read_to_string(root().join(path)).unwrap()).unwrap()
+}
+
+fn policy_wasm() -> Vec<u8> {
+    let path = root().join("target/wasm32-wasip1/release/config_snapshot_policy.wasm");
+    std::fs::read(&path).expect("build the policy first: make policy.wasm")
+}
+
+/// (group, resource, operation) triples.
+fn expand(rules: &Value) -> BTreeSet<(String, String, String)> {
+    let mut out = BTreeSet::new();
+    for rule in rules.as_array().unwrap() {
+        for g in rule["apiGroups"].as_array().unwrap() {
+            for r in rule["resources"].as_array().unwrap() {
+                for o in rule["operations"].as_array().unwrap() {
+                    assert_eq!(rule["apiVersions"], serde_json::json!(["v1"]));
+                    out.insert((
+                        g.as_str().unwrap().into(),
+                        r.as_str().unwrap().into(),
+                        o.as_str().unwrap().into(),
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn handled() -> BTreeSet<(String, String, String)> {
+    config_snapshot_policy::HANDLED
+        .iter()
+        .flat_map(|(g, k, ops)| ops.iter().map(move |o| (g.to_string(), plural(k), o.to_string())))
+        .collect()
+}
+
+#[test]
+fn metadata_rules_are_exactly_what_the_policy_handles() {
+    let metadata = yaml("policy-metadata.yml");
+    assert_eq!(expand(&metadata["rules"]), handled(), "rules and HANDLED differ");
+    // The host's own reading of the rules agrees.
+    let rules = Rules::embedded();
+    for (g, r, o) in handled() {
+        let api_version = if g.is_empty() {
+            "v1".to_string()
+        } else {
+            format!("{g}/v1")
+        };
+        assert!(rules.matches(&api_version, &r, &o), "{g}/{r} {o}");
+    }
+    assert!(!rules.matches("v1", "pods", "CREATE"));
+    assert!(!rules.matches("apps/v1", "replicasets", "UPDATE"));
+}
+
+#[test]
+fn metadata_has_what_kubewarden_needs() {
+    let m = yaml("policy-metadata.yml");
+    assert_eq!(m["mutating"], true);
+    assert_eq!(m["executionMode"], "kubewarden-wapc");
+    assert_eq!(m["backgroundAudit"], false);
+    let read: BTreeSet<(String, String)> = m["contextAwareResources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["apiVersion"].as_str().unwrap().into(),
+                r["kind"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    // Every kind the policy reads: sources, workloads and whatever the sweep lists.
+    let mut expected: BTreeSet<(String, String)> = config_snapshot_policy::sweep::HOLDERS
+        .iter()
+        .map(|(v, k, _)| (v.to_string(), k.to_string()))
+        .collect();
+    expected.insert(("v1".into(), "ConfigMap".into()));
+    expected.insert(("v1".into(), "Secret".into()));
+    assert_eq!(read, expected);
+    let annotations = m["annotations"].as_object().unwrap();
+    for key in [
+        "io.kubewarden.policy.title",
+        "io.kubewarden.policy.version",
+        "io.kubewarden.policy.description",
+        "io.kubewarden.policy.author",
+        "io.kubewarden.policy.url",
+        "io.kubewarden.policy.source",
+        "io.kubewarden.policy.license",
+        "io.kubewarden.policy.category",
+        "io.kubewarden.policy.severity",
+        "io.artifacthub.displayName",
+        "io.artifacthub.resources",
+        "io.artifacthub.keywords",
+    ] {
+        assert!(
+            annotations
+                .get(key)
+                .and_then(Value::as_str)
+                .is_some_and(|v| !v.is_empty()),
+            "{key}"
+        );
+    }
+    assert_eq!(annotations["io.kubewarden.policy.version"], env!("CARGO_PKG_VERSION"));
+}
+
+#[test]
+fn artifacthub_package_agrees_with_the_metadata() {
+    let m = yaml("policy-metadata.yml");
+    let a = yaml("artifacthub-pkg.yml");
+    assert_eq!(a["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(a["version"], m["annotations"]["io.kubewarden.policy.version"]);
+    assert_eq!(a["name"], m["annotations"]["io.kubewarden.policy.title"]);
+    assert_eq!(a["displayName"], m["annotations"]["io.artifacthub.displayName"]);
+    assert_eq!(a["description"], m["annotations"]["io.kubewarden.policy.description"]);
+    assert_eq!(a["license"], m["annotations"]["io.kubewarden.policy.license"]);
+    let ann = &a["annotations"];
+    assert_eq!(ann["kubewarden/mutation"], "true");
+    let rules: Value = serde_yaml::from_str(ann["kubewarden/rules"].as_str().unwrap()).unwrap();
+    assert_eq!(expand(&rules), expand(&m["rules"]));
+    let resources: Value = serde_yaml::from_str(ann["kubewarden/contextAwareResources"].as_str().unwrap()).unwrap();
+    assert_eq!(resources, m["contextAwareResources"]);
+    assert_eq!(
+        ann["kubewarden/resources"],
+        m["annotations"]["io.artifacthub.resources"]
+    );
+    let version = format!("v{}", env!("CARGO_PKG_VERSION"));
+    assert!(a["containersImages"][0]["image"].as_str().unwrap().ends_with(&version));
+}
+
+#[test]
+fn annotate_embeds_the_metadata_with_the_protocol_version() {
+    let wasm = policy_wasm();
+    let yaml_text = std::fs::read_to_string(root().join("policy-metadata.yml")).unwrap();
+    let json = annotate::metadata_json(&yaml_text, &wasm, Some("usage text")).unwrap();
+    let annotated = annotate::embed(&wasm, &json).unwrap();
+    let read = annotate::read(&annotated).unwrap().expect("section present");
+    assert_eq!(read["protocolVersion"], "v1");
+    assert_eq!(read["rules"], yaml("policy-metadata.yml")["rules"]);
+    assert_eq!(read["annotations"]["io.kubewarden.policy.usage"], "usage text");
+    // Annotating twice replaces the section rather than adding a second one.
+    let twice = annotate::embed(&annotated, &json).unwrap();
+    assert_eq!(twice.len(), annotated.len());
+    // The annotated module still runs.
+    let engine = config_snapshot::engine::Engine::from_bytes(&annotated, std::time::Duration::from_secs(2)).unwrap();
+    assert_eq!(engine.validate_settings(&serde_json::json!({})).unwrap(), Ok(()));
+}
+
+#[test]
+fn the_module_imports_only_wapc_and_wasi() {
+    let imports = annotate::imports(&policy_wasm()).unwrap();
+    assert!(!imports.is_empty());
+    for i in &imports {
+        assert!(
+            i.starts_with("wapc.") || i.starts_with("wasi_snapshot_preview1."),
+            "unexpected import {i}"
+        );
+    }
+    assert!(imports.iter().any(|i| i == "wapc.__host_call"), "{imports:?}");
+}
+
+#[test]
+fn the_module_is_within_its_size_budget() {
+    let size = policy_wasm().len();
+    assert!(size <= 500_000, "policy.wasm is {size} bytes, over the 500 KB budget");
+}
