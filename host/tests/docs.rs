@@ -1,0 +1,154 @@
+//! docs/troubleshooting.md lists exactly the messages the code emits.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The string literals of a Rust file's non-test code.
+fn literals(path: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap();
+    // Test modules sit at the end of each file.
+    let end = [
+        "#[cfg(test)]\nmod ",
+        "#[cfg(test)]\n#[path",
+        "#[cfg(test)]\npub(crate) mod",
+    ]
+    .iter()
+    .filter_map(|m| text.find(m))
+    .min()
+    .unwrap_or(text.len());
+    let code = &text[..end];
+    let mut out = Vec::new();
+    let chars: Vec<char> = code.chars().collect();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if c == '/' && chars.get(i + 1) == Some(&'/') {
+            while i < chars.len() && chars[i] != '\n' {
+                i += 1;
+            }
+        } else if c == 'r'
+            && matches!(chars.get(i + 1), Some('#') | Some('"'))
+            && !chars[i.saturating_sub(1)].is_alphanumeric()
+        {
+            // A raw string: skip to its closing quote and hashes.
+            let mut hashes = 0;
+            i += 1;
+            while chars.get(i) == Some(&'#') {
+                hashes += 1;
+                i += 1;
+            }
+            i += 1;
+            while i < chars.len() && !(chars[i] == '"' && (1..=hashes).all(|h| chars.get(i + h) == Some(&'#'))) {
+                i += 1;
+            }
+            i += hashes;
+        } else if c == '\'' {
+            // A char literal such as '"' or '\\'.
+            if chars.get(i + 2) == Some(&'\'') {
+                i += 2;
+            } else if chars.get(i + 1) == Some(&'\\') && chars.get(i + 3) == Some(&'\'') {
+                i += 3;
+            }
+        } else if c == '"' {
+            let mut s = String::new();
+            i += 1;
+            while i < chars.len() && chars[i] != '"' {
+                if chars[i] == '\\' {
+                    i += 1;
+                    s.push(if chars.get(i) == Some(&'n') {
+                        '\n'
+                    } else {
+                        chars.get(i).copied().unwrap_or(' ')
+                    });
+                } else {
+                    s.push(chars[i]);
+                }
+                i += 1;
+            }
+            out.push(s);
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Placeholders (`{id}`, `{}`, `{token:?}`) become `{…}`, and `{:?}`-quoted
+/// values lose the quotes the doc does not show.
+fn skeleton(s: &str) -> String {
+    let mut out = String::new();
+    let mut depth = 0;
+    for c in s.chars() {
+        match c {
+            '{' => {
+                if depth == 0 {
+                    out.push_str("{…}");
+                }
+                depth += 1;
+            }
+            '}' if depth > 0 => depth -= 1,
+            _ if depth == 0 => out.push(c),
+            _ => {}
+        }
+    }
+    out.replace("{…}{…}", "{…}")
+}
+
+fn code_messages() -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let policy: Vec<PathBuf> = std::fs::read_dir(root().join("src"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy();
+            name.ends_with(".rs") && !name.ends_with("_tests.rs") && name != "fake.rs"
+        })
+        .collect();
+    for file in policy {
+        for lit in literals(&file) {
+            if let Some(rest) = lit.strip_prefix("{SAY}") {
+                out.insert(skeleton(&format!("config-snapshot: {rest}")));
+            } else if lit.contains("bad token")
+                || lit.contains("is not allowed here")
+                || lit.contains("empty source list")
+            {
+                out.insert(skeleton(&lit));
+            }
+        }
+    }
+    for lit in literals(&root().join("host/src/capability.rs")) {
+        if lit.starts_with("refused") && lit.len() > "refused".len() {
+            out.insert(skeleton(&lit));
+        }
+    }
+    out
+}
+
+fn doc_messages() -> BTreeSet<String> {
+    let doc = std::fs::read_to_string(root().join("docs/troubleshooting.md")).unwrap();
+    doc.lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| l[3..].split('`').next().unwrap().to_string())
+        .map(|m| skeleton(&m))
+        .collect()
+}
+
+#[test]
+fn every_message_the_code_emits_is_documented_and_nothing_else() {
+    let code = code_messages();
+    let doc = doc_messages();
+    assert!(code.len() > 30, "extraction found only {} messages", code.len());
+    let undocumented: Vec<&String> = code.difference(&doc).collect();
+    let stale: Vec<&String> = doc.difference(&code).collect();
+    assert!(
+        undocumented.is_empty(),
+        "emitted but not in docs/troubleshooting.md:\n{undocumented:#?}"
+    );
+    assert!(
+        stale.is_empty(),
+        "in docs/troubleshooting.md but not emitted:\n{stale:#?}"
+    );
+}
