@@ -7,7 +7,7 @@ POLICY_BUILD := target/$(WASM_TARGET)/release/config_snapshot_policy.wasm
 HOST := cargo run --quiet -p config-snapshot --
 SCENARIOS := $(sort $(wildcard e2e-tests/*.yaml))
 
-.PHONY: setup demo test unit-tests e2e-tests fmt fmt-check lint clean policy.wasm annotated-policy.wasm
+.PHONY: bench setup demo test unit-tests e2e-tests fmt fmt-check lint clean policy.wasm annotated-policy.wasm
 
 ## setup: install the pinned toolchain, its wasm target, rustfmt and clippy (idempotent)
 setup:
@@ -40,6 +40,9 @@ unit-tests: policy.wasm
 ## e2e-tests: every scenario in e2e-tests/
 e2e-tests: policy.wasm
 	$(HOST) replay $(SCENARIOS)
+
+bench: policy.wasm
+	cargo bench -p config-snapshot --bench admission
 
 fmt: setup
 	cargo fmt --all

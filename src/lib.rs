@@ -22,7 +22,8 @@ pub mod template;
 pub mod watch;
 pub mod workload;
 
-#[cfg(test)]
+/// An in-memory host for tests, benchmarks and fuzzing; never in the wasm.
+#[cfg(not(target_arch = "wasm32"))]
 pub mod fake;
 
 use host::{Cluster, Host};

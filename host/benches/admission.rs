@@ -1,0 +1,261 @@
+//! Admission benchmarks B1–B6 (issue 7, docs/BENCHMARKS.md).
+//!
+//! B1 runs the policy natively; the others run the release wasm through the
+//! host exactly as `replay` and `serve` do: a fresh instance per request
+//! from a precompiled module, answering host calls from an in-memory store.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use config_snapshot::capability::{Backend, Capability, Effect, Scope, Selector};
+use config_snapshot::engine::{CallHandler, Engine};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use serde_json::{json, Value};
+
+/// An in-memory cluster that forgets deferred effects (a bench must not
+/// accumulate state across iterations). `forget_creates` answers every
+/// create as new without storing it, to exercise the sweep each time.
+#[derive(Default)]
+struct Store {
+    objects: Mutex<HashMap<(String, String), Value>>,
+    by_kind: Mutex<HashMap<String, Vec<Value>>>,
+    forget_creates: bool,
+}
+
+impl Store {
+    fn with(objects: Vec<Value>) -> Arc<Store> {
+        let store = Store::default();
+        for o in objects {
+            store.insert(o);
+        }
+        Arc::new(store)
+    }
+
+    fn insert(&self, o: Value) {
+        let kind = o["kind"].as_str().unwrap().to_string();
+        let name = o["metadata"]["name"].as_str().unwrap().to_string();
+        self.by_kind.lock().unwrap().entry(kind.clone()).or_default().push(o.clone());
+        self.objects.lock().unwrap().insert((kind, name), o);
+    }
+}
+
+impl Backend for Store {
+    fn get(&self, kind: &str, _: &str, name: &str) -> Result<Option<Value>, String> {
+        Ok(self.objects.lock().unwrap().get(&(kind.to_string(), name.to_string())).cloned())
+    }
+    fn list(&self, kind: &str, _: &str, selector: &Selector) -> Result<Vec<Value>, String> {
+        let by_kind = self.by_kind.lock().unwrap();
+        Ok(by_kind.get(kind).map(|v| v.iter().filter(|o| selector.matches(o)).cloned().collect()).unwrap_or_default())
+    }
+    fn create(&self, object: Value) -> Result<(), String> {
+        if !self.forget_creates {
+            self.insert(object);
+        }
+        Ok(())
+    }
+    fn delete(&self, _: &str, _: &str, _: &str, _: &str) -> Result<(), String> {
+        Ok(())
+    }
+    fn defer(&self, _: &str, _: Effect) {}
+    fn now(&self) -> i64 {
+        1_800_000_000
+    }
+}
+
+/// The policy's Host trait over the host's capability: B1 pays the same
+/// payload encoding as the wasm, minus wasm.
+struct Native(Capability);
+impl config_snapshot_policy::host::Host for Native {
+    fn call(&self, b: &str, n: &str, o: &str, p: &[u8]) -> Result<Vec<u8>, String> {
+        self.0.call(b, n, o, p)
+    }
+}
+
+fn capability(store: &Arc<Store>) -> Capability {
+    Capability { backend: store.clone(), scope: Scope { uid: "bench".into(), namespace: "default".into(), dry_run: false } }
+}
+
+fn cm(name: &str, data: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": "default", "resourceVersion": "1"}, "data": data})
+}
+
+fn secret(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": {"name": name, "namespace": "default", "resourceVersion": "1"}, "data": {"k": "dmFsdWU=", "other": "eA=="}})
+}
+
+/// A Deployment with `n` references cycling through all eight kinds, and the
+/// sources it reads.
+fn deployment(n: usize, annotations: Value) -> (Value, Vec<Value>) {
+    let mut volumes = Vec::new();
+    let mut env = Vec::new();
+    let mut env_from = Vec::new();
+    let mut sources = Vec::new();
+    for i in 0..n {
+        let name = format!("src-{i}");
+        match i % 8 {
+            0 => volumes.push(json!({"name": format!("v{i}"), "configMap": {"name": name}})),
+            1 => volumes.push(json!({"name": format!("v{i}"), "secret": {"secretName": name}})),
+            2 => volumes.push(json!({"name": format!("v{i}"), "projected": {"sources": [{"configMap": {"name": name, "items": [{"key": "k", "path": "k"}]}}]}})),
+            3 => volumes.push(json!({"name": format!("v{i}"), "projected": {"sources": [{"secret": {"name": name}}]}})),
+            4 => env.push(json!({"name": format!("E{i}"), "valueFrom": {"configMapKeyRef": {"name": name, "key": "k"}}})),
+            5 => env.push(json!({"name": format!("E{i}"), "valueFrom": {"secretKeyRef": {"name": name, "key": "k"}}})),
+            6 => env_from.push(json!({"configMapRef": {"name": name}})),
+            _ => env_from.push(json!({"secretRef": {"name": name}})),
+        }
+        sources.push(if matches!(i % 8, 1 | 3 | 5 | 7) { secret(&name) } else { cm(&name, json!({"k": "v", "other": "x"})) });
+    }
+    let d = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "default", "uid": "u", "annotations": annotations},
+        "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}}, "template": {
+            "metadata": {"labels": {"app": "web"}},
+            "spec": {"containers": [{"name": "app", "image": "nginx:1.25", "env": env, "envFrom": env_from,
+                     "resources": {"limits": {"cpu": "1", "memory": "512Mi"}}, "ports": [{"containerPort": 80}]}],
+                     "volumes": volumes}}}
+    });
+    (d, sources)
+}
+
+fn request(kind: &str, group: &str, op: &str, object: &Value, old: Option<&Value>) -> Value {
+    json!({"uid": "u", "kind": {"group": group, "version": "v1", "kind": kind}, "operation": op, "namespace": "default",
+           "name": object["metadata"]["name"], "object": object, "oldObject": old, "dryRun": false})
+}
+
+fn payload(req: &Value) -> Vec<u8> {
+    serde_json::to_vec(&json!({"request": req, "settings": {}})).unwrap()
+}
+
+fn engine() -> Engine {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/wasm32-wasip1/release/config_snapshot_policy.wasm");
+    let bytes = std::fs::read(path).expect("make policy.wasm first");
+    let precompiled = Engine::precompile(&bytes).unwrap();
+    Engine::from_precompiled(&precompiled, Engine::DEFAULT_TIMEOUT).unwrap()
+}
+
+/// A store where the Deployment's snapshots already exist.
+fn warmed(n: usize) -> (Arc<Store>, Value) {
+    let (d, sources) = deployment(n, json!({"config-snapshot.io/snapshot": "*"}));
+    let store = Store::with(sources);
+    let native = Native(capability(&store));
+    let out = config_snapshot_policy::evaluate(&payload(&request("Deployment", "apps", "CREATE", &d, None)), &native);
+    assert!(out.accepted && out.mutated.is_some(), "{out:?}");
+    (store, d)
+}
+
+fn b1_b2(c: &mut Criterion) {
+    let engine = engine();
+    let mut group = c.benchmark_group("admission");
+    for n in [1usize, 8, 64] {
+        let (store, d) = warmed(n);
+        let p = payload(&request("Deployment", "apps", "CREATE", &d, None));
+        if n == 8 {
+            let native = Native(capability(&store));
+            group.bench_function("B1 native plan, 8 refs", |b| b.iter(|| config_snapshot_policy::evaluate(&p, &native)));
+        }
+        let handler: Arc<dyn CallHandler> = Arc::new(capability(&store));
+        group.bench_with_input(BenchmarkId::new("B2 wasm admission, refs", n), &p, |b, p| {
+            b.iter(|| engine.call("validate", p, handler.clone()).unwrap())
+        });
+    }
+    group.finish();
+}
+
+fn b3(c: &mut Criterion) {
+    let engine = engine();
+    let store = Store::with(vec![]);
+    let handler: Arc<dyn CallHandler> = Arc::new(capability(&store));
+    let native = Native(capability(&store));
+    let (d, _) = deployment(8, json!({}));
+    let plain = payload(&request("Deployment", "apps", "UPDATE", &d, Some(&d)));
+    let old = cm("app", json!({"k": "v"}));
+    let mut new = old.clone();
+    new["metadata"]["labels"] = json!({"team": "web"});
+    let meta_only = payload(&request("ConfigMap", "", "UPDATE", &new, Some(&old)));
+    let mut group = c.benchmark_group("pass-through");
+    group.bench_function("B3 wasm, Deployment without opt-in", |b| b.iter(|| engine.call("validate", &plain, handler.clone()).unwrap()));
+    group.bench_function("B3 wasm, metadata-only ConfigMap update", |b| b.iter(|| engine.call("validate", &meta_only, handler.clone()).unwrap()));
+    group.bench_function("B3 native, Deployment without opt-in", |b| b.iter(|| config_snapshot_policy::evaluate(&plain, &native)));
+    group.bench_function("B3 native, metadata-only ConfigMap update", |b| b.iter(|| config_snapshot_policy::evaluate(&meta_only, &native)));
+    group.finish();
+}
+
+fn b4(c: &mut Criterion) {
+    let engine = engine();
+    let mut group = c.benchmark_group("watch fan-out");
+    group.sample_size(10).measurement_time(Duration::from_secs(10));
+    for total in [200usize, 2_000, 20_000] {
+        let watching = 50;
+        let mut objects = vec![cm("shared", json!({"k": "v0"}))];
+        for i in 0..total {
+            let ann = if i < watching { json!({"config-snapshot.io/watch": "shared"}) } else { json!({}) };
+            let (mut d, _) = deployment(0, ann);
+            d["metadata"]["name"] = json!(format!("d{i}"));
+            d["spec"]["template"]["spec"]["containers"][0]["envFrom"] = json!([{"configMapRef": {"name": if i < watching { "shared" } else { "other" }}}]);
+            objects.push(d);
+        }
+        let store = Store::with(objects);
+        let handler: Arc<dyn CallHandler> = Arc::new(capability(&store));
+        let old = cm("shared", json!({"k": "v0"}));
+        let new = cm("shared", json!({"k": "v1"}));
+        let p = payload(&request("ConfigMap", "", "UPDATE", &new, Some(&old)));
+        group.bench_with_input(BenchmarkId::new("B4 ConfigMap update, 50 watchers, deployments", total), &p, |b, p| {
+            b.iter(|| engine.call("validate", p, handler.clone()).unwrap())
+        });
+    }
+    group.finish();
+}
+
+fn b5(c: &mut Criterion) {
+    let engine = engine();
+    let mut objects = vec![cm("app", json!({"k": "v"}))];
+    // An old, unowned snapshot of `app`, referenced by one ReplicaSet: a sweep
+    // candidate that must be kept, so the sweep lists everything every time.
+    let content = config_snapshot_policy::content::Content::from_object(
+        config_snapshot_policy::kind::SourceKind::ConfigMap,
+        &json!({"data": {"k": "old"}}),
+    )
+    .unwrap();
+    let (old_name, mut old_snap) = config_snapshot_policy::content::snapshot_object(
+        &config_snapshot_policy::kind::SourceId::new(config_snapshot_policy::kind::SourceKind::ConfigMap, "app"),
+        "default",
+        "1",
+        &content,
+    );
+    old_snap["metadata"]["uid"] = json!("old");
+    old_snap["metadata"]["creationTimestamp"] = json!("2020-01-01T00:00:00Z");
+    objects.push(old_snap);
+    for i in 0..10_000 {
+        let name = if i == 0 { old_name.clone() } else { format!("app-{i:010}") };
+        objects.push(json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": format!("rs-{i}"), "namespace": "default"},
+            "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "x", "envFrom": [{"configMapRef": {"name": name}}]}]}}}}));
+    }
+    let mut store = Store::default();
+    store.forget_creates = true;
+    for o in objects {
+        store.insert(o);
+    }
+    let store = Arc::new(store);
+    let handler: Arc<dyn CallHandler> = Arc::new(capability(&store));
+    let (mut d, _) = deployment(0, json!({"config-snapshot.io/snapshot": "app"}));
+    d["spec"]["template"]["spec"]["containers"][0]["envFrom"] = json!([{"configMapRef": {"name": "app"}}]);
+    let p = payload(&request("Deployment", "apps", "CREATE", &d, None));
+    let mut group = c.benchmark_group("gc sweep");
+    group.sample_size(10).measurement_time(Duration::from_secs(10));
+    group.bench_function("B5 admission with sweep, 10000 ReplicaSets", |b| b.iter(|| engine.call("validate", &p, handler.clone()).unwrap()));
+    group.finish();
+}
+
+fn b6(c: &mut Criterion) {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/wasm32-wasip1/release/config_snapshot_policy.wasm");
+    let bytes = std::fs::read(path).unwrap();
+    let precompiled = Engine::precompile(&bytes).unwrap();
+    let mut group = c.benchmark_group("cold start");
+    group.sample_size(10);
+    group.bench_function("B6 compile the module", |b| b.iter(|| Engine::from_bytes(&bytes, Engine::DEFAULT_TIMEOUT).unwrap()));
+    group.bench_function("B6 load the precompiled module", |b| b.iter(|| Engine::from_precompiled(&precompiled, Engine::DEFAULT_TIMEOUT).unwrap()));
+    group.finish();
+}
+
+criterion_group!(benches, b1_b2, b3, b4, b5, b6);
+criterion_main!(benches);
