@@ -248,10 +248,12 @@ impl<'a> Planner<'a> {
         let groups = template::group_by_source(&refs, &mapping);
         let mut warnings = Vec::new();
 
-        let normalised = template::normalise(self.template);
-        let same_as_old = self
-            .old_template
-            .is_some_and(|old| template::normalise(old) == normalised);
+        // Only an UPDATE compares templates; a CREATE never needs the normal form.
+        let normalised = self.old_template.map(|_| template::normalise(self.template));
+        let same_as_old = match (self.old_template, &normalised) {
+            (Some(old), Some(new)) => template::normalise(old) == *new,
+            _ => false,
+        };
         let old_mapping = self.old_template.map(Mapping::of).unwrap_or_default();
         let mut is_rollback: Option<bool> = None;
 
@@ -272,7 +274,11 @@ impl<'a> Planner<'a> {
                 let keep = match self.old_template {
                     None => true,
                     Some(_) if same_as_old => true,
-                    Some(_) => *is_rollback.get_or_insert_with(|| self.matches_revision(&normalised, &mut warnings)),
+                    Some(_) => *is_rollback.get_or_insert_with(|| {
+                        normalised
+                            .as_ref()
+                            .is_some_and(|n| self.matches_revision(n, &mut warnings))
+                    }),
                 };
                 keep.then(|| snap.clone())
             } else if same_as_old {

@@ -35,18 +35,34 @@ impl Store {
     fn insert(&self, o: Value) {
         let kind = o["kind"].as_str().unwrap().to_string();
         let name = o["metadata"]["name"].as_str().unwrap().to_string();
-        self.by_kind.lock().unwrap().entry(kind.clone()).or_default().push(o.clone());
+        self.by_kind
+            .lock()
+            .unwrap()
+            .entry(kind.clone())
+            .or_default()
+            .push(o.clone());
         self.objects.lock().unwrap().insert((kind, name), o);
     }
 }
 
 impl Backend for Store {
     fn get(&self, kind: &str, _: &str, name: &str) -> Result<Option<Value>, String> {
-        Ok(self.objects.lock().unwrap().get(&(kind.to_string(), name.to_string())).cloned())
+        Ok(self
+            .objects
+            .lock()
+            .unwrap()
+            .get(&(kind.to_string(), name.to_string()))
+            .cloned())
     }
-    fn list(&self, kind: &str, _: &str, selector: &Selector) -> Result<Vec<Value>, String> {
+    fn list(&self, kind: &str, _: &str, selector: &Selector, visit: &mut dyn FnMut(&Value)) -> Result<(), String> {
         let by_kind = self.by_kind.lock().unwrap();
-        Ok(by_kind.get(kind).map(|v| v.iter().filter(|o| selector.matches(o)).cloned().collect()).unwrap_or_default())
+        by_kind
+            .iter()
+            .filter(|(k, _)| *k == kind)
+            .flat_map(|(_, v)| v.iter())
+            .filter(|o| selector.matches(o))
+            .for_each(visit);
+        Ok(())
     }
     fn create(&self, object: Value) -> Result<(), String> {
         if !self.forget_creates {
@@ -73,7 +89,14 @@ impl config_snapshot_policy::host::Host for Native {
 }
 
 fn capability(store: &Arc<Store>) -> Capability {
-    Capability { backend: store.clone(), scope: Scope { uid: "bench".into(), namespace: "default".into(), dry_run: false } }
+    Capability {
+        backend: store.clone(),
+        scope: Scope {
+            uid: "bench".into(),
+            namespace: "default".into(),
+            dry_run: false,
+        },
+    }
 }
 
 fn cm(name: &str, data: Value) -> Value {
@@ -103,7 +126,11 @@ fn deployment(n: usize, annotations: Value) -> (Value, Vec<Value>) {
             6 => env_from.push(json!({"configMapRef": {"name": name}})),
             _ => env_from.push(json!({"secretRef": {"name": name}})),
         }
-        sources.push(if matches!(i % 8, 1 | 3 | 5 | 7) { secret(&name) } else { cm(&name, json!({"k": "v", "other": "x"})) });
+        sources.push(if matches!(i % 8, 1 | 3 | 5 | 7) {
+            secret(&name)
+        } else {
+            cm(&name, json!({"k": "v", "other": "x"}))
+        });
     }
     let d = json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
@@ -127,7 +154,10 @@ fn payload(req: &Value) -> Vec<u8> {
 }
 
 fn engine() -> Engine {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/wasm32-wasip1/release/config_snapshot_policy.wasm");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../target/wasm32-wasip1/release/config_snapshot_policy.wasm"
+    );
     let bytes = std::fs::read(path).expect("make policy.wasm first");
     let precompiled = Engine::precompile(&bytes).unwrap();
     Engine::from_precompiled(&precompiled, Engine::DEFAULT_TIMEOUT).unwrap()
@@ -151,7 +181,9 @@ fn b1_b2(c: &mut Criterion) {
         let p = payload(&request("Deployment", "apps", "CREATE", &d, None));
         if n == 8 {
             let native = Native(capability(&store));
-            group.bench_function("B1 native plan, 8 refs", |b| b.iter(|| config_snapshot_policy::evaluate(&p, &native)));
+            group.bench_function("B1 native plan, 8 refs", |b| {
+                b.iter(|| config_snapshot_policy::evaluate(&p, &native))
+            });
         }
         let handler: Arc<dyn CallHandler> = Arc::new(capability(&store));
         group.bench_with_input(BenchmarkId::new("B2 wasm admission, refs", n), &p, |b, p| {
@@ -173,10 +205,18 @@ fn b3(c: &mut Criterion) {
     new["metadata"]["labels"] = json!({"team": "web"});
     let meta_only = payload(&request("ConfigMap", "", "UPDATE", &new, Some(&old)));
     let mut group = c.benchmark_group("pass-through");
-    group.bench_function("B3 wasm, Deployment without opt-in", |b| b.iter(|| engine.call("validate", &plain, handler.clone()).unwrap()));
-    group.bench_function("B3 wasm, metadata-only ConfigMap update", |b| b.iter(|| engine.call("validate", &meta_only, handler.clone()).unwrap()));
-    group.bench_function("B3 native, Deployment without opt-in", |b| b.iter(|| config_snapshot_policy::evaluate(&plain, &native)));
-    group.bench_function("B3 native, metadata-only ConfigMap update", |b| b.iter(|| config_snapshot_policy::evaluate(&meta_only, &native)));
+    group.bench_function("B3 wasm, Deployment without opt-in", |b| {
+        b.iter(|| engine.call("validate", &plain, handler.clone()).unwrap())
+    });
+    group.bench_function("B3 wasm, metadata-only ConfigMap update", |b| {
+        b.iter(|| engine.call("validate", &meta_only, handler.clone()).unwrap())
+    });
+    group.bench_function("B3 native, Deployment without opt-in", |b| {
+        b.iter(|| config_snapshot_policy::evaluate(&plain, &native))
+    });
+    group.bench_function("B3 native, metadata-only ConfigMap update", |b| {
+        b.iter(|| config_snapshot_policy::evaluate(&meta_only, &native))
+    });
     group.finish();
 }
 
@@ -188,10 +228,15 @@ fn b4(c: &mut Criterion) {
         let watching = 50;
         let mut objects = vec![cm("shared", json!({"k": "v0"}))];
         for i in 0..total {
-            let ann = if i < watching { json!({"config-snapshot.io/watch": "shared"}) } else { json!({}) };
+            let ann = if i < watching {
+                json!({"config-snapshot.io/watch": "shared"})
+            } else {
+                json!({})
+            };
             let (mut d, _) = deployment(0, ann);
             d["metadata"]["name"] = json!(format!("d{i}"));
-            d["spec"]["template"]["spec"]["containers"][0]["envFrom"] = json!([{"configMapRef": {"name": if i < watching { "shared" } else { "other" }}}]);
+            d["spec"]["template"]["spec"]["containers"][0]["envFrom"] =
+                json!([{"configMapRef": {"name": if i < watching { "shared" } else { "other" }}}]);
             objects.push(d);
         }
         let store = Store::with(objects);
@@ -199,9 +244,11 @@ fn b4(c: &mut Criterion) {
         let old = cm("shared", json!({"k": "v0"}));
         let new = cm("shared", json!({"k": "v1"}));
         let p = payload(&request("ConfigMap", "", "UPDATE", &new, Some(&old)));
-        group.bench_with_input(BenchmarkId::new("B4 ConfigMap update, 50 watchers, deployments", total), &p, |b, p| {
-            b.iter(|| engine.call("validate", p, handler.clone()).unwrap())
-        });
+        group.bench_with_input(
+            BenchmarkId::new("B4 ConfigMap update, 50 watchers, deployments", total),
+            &p,
+            |b, p| b.iter(|| engine.call("validate", p, handler.clone()).unwrap()),
+        );
     }
     group.finish();
 }
@@ -226,7 +273,11 @@ fn b5(c: &mut Criterion) {
     old_snap["metadata"]["creationTimestamp"] = json!("2020-01-01T00:00:00Z");
     objects.push(old_snap);
     for i in 0..10_000 {
-        let name = if i == 0 { old_name.clone() } else { format!("app-{i:010}") };
+        let name = if i == 0 {
+            old_name.clone()
+        } else {
+            format!("app-{i:010}")
+        };
         objects.push(json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": format!("rs-{i}"), "namespace": "default"},
             "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "x", "envFrom": [{"configMapRef": {"name": name}}]}]}}}}));
     }
@@ -242,18 +293,27 @@ fn b5(c: &mut Criterion) {
     let p = payload(&request("Deployment", "apps", "CREATE", &d, None));
     let mut group = c.benchmark_group("gc sweep");
     group.sample_size(10).measurement_time(Duration::from_secs(10));
-    group.bench_function("B5 admission with sweep, 10000 ReplicaSets", |b| b.iter(|| engine.call("validate", &p, handler.clone()).unwrap()));
+    group.bench_function("B5 admission with sweep, 10000 ReplicaSets", |b| {
+        b.iter(|| engine.call("validate", &p, handler.clone()).unwrap())
+    });
     group.finish();
 }
 
 fn b6(c: &mut Criterion) {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/wasm32-wasip1/release/config_snapshot_policy.wasm");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../target/wasm32-wasip1/release/config_snapshot_policy.wasm"
+    );
     let bytes = std::fs::read(path).unwrap();
     let precompiled = Engine::precompile(&bytes).unwrap();
     let mut group = c.benchmark_group("cold start");
     group.sample_size(10);
-    group.bench_function("B6 compile the module", |b| b.iter(|| Engine::from_bytes(&bytes, Engine::DEFAULT_TIMEOUT).unwrap()));
-    group.bench_function("B6 load the precompiled module", |b| b.iter(|| Engine::from_precompiled(&precompiled, Engine::DEFAULT_TIMEOUT).unwrap()));
+    group.bench_function("B6 compile the module", |b| {
+        b.iter(|| Engine::from_bytes(&bytes, Engine::DEFAULT_TIMEOUT).unwrap())
+    });
+    group.bench_function("B6 load the precompiled module", |b| {
+        b.iter(|| Engine::from_precompiled(&precompiled, Engine::DEFAULT_TIMEOUT).unwrap())
+    });
     group.finish();
 }
 

@@ -34,7 +34,15 @@ pub enum Effect {
 /// What the capability needs from a cluster.
 pub trait Backend: Send + Sync {
     fn get(&self, kind: &str, namespace: &str, name: &str) -> Result<Option<Value>, String>;
-    fn list(&self, kind: &str, namespace: &str, selector: &Selector) -> Result<Vec<Value>, String>;
+    /// Calls `visit` with each matching object, by reference: listing is the
+    /// hot path of watch and sweep, so nothing is copied on the way out.
+    fn list(
+        &self,
+        kind: &str,
+        namespace: &str,
+        selector: &Selector,
+        visit: &mut dyn FnMut(&Value),
+    ) -> Result<(), String>;
     /// Creates an object that is known not to exist.
     fn create(&self, object: Value) -> Result<(), String>;
     fn delete(&self, kind: &str, namespace: &str, name: &str, uid: &str) -> Result<(), String>;
@@ -57,6 +65,12 @@ pub struct Scope {
     pub dry_run: bool,
 }
 
+/// A host call's answer: a value, or bytes already serialised.
+enum Answer {
+    Json(Value),
+    Raw(Vec<u8>),
+}
+
 pub struct Capability {
     pub backend: Arc<dyn Backend>,
     pub scope: Scope,
@@ -69,10 +83,13 @@ impl CallHandler for Capability {
         }
         let answer = match (binding, namespace) {
             ("kubewarden", "kubernetes") => self.read(operation, payload)?,
-            ("config-snapshot", "v1") => self.write(operation, payload)?,
+            ("config-snapshot", "v1") => Answer::Json(self.write(operation, payload)?),
             _ => return Err(format!("unknown binding {binding}/{namespace}")),
         };
-        serde_json::to_vec(&answer).map_err(|e| e.to_string())
+        match answer {
+            Answer::Raw(bytes) => Ok(bytes),
+            Answer::Json(value) => serde_json::to_vec(&value).map_err(|e| e.to_string()),
+        }
     }
 }
 
@@ -113,7 +130,7 @@ pub fn api_version_of(kind: &str) -> &'static str {
 }
 
 impl Capability {
-    fn read(&self, operation: &str, payload: &[u8]) -> Result<Value, String> {
+    fn read(&self, operation: &str, payload: &[u8]) -> Result<Answer, String> {
         match operation {
             "get_resource" => {
                 let req: GetRequest = parse(operation, payload)?;
@@ -123,26 +140,45 @@ impl Capability {
                     .backend
                     .get(&req.kind, &ns, &req.name)?
                     .ok_or_else(|| format!("{} {:?} not found (NotFound)", plural(&req.kind), req.name))?;
-                Ok(masks::prune(&object, &req.field_masks.unwrap_or_default()))
+                Ok(Answer::Json(masks::prune(
+                    &object,
+                    &req.field_masks.unwrap_or_default(),
+                )))
             }
             "list_resources_by_namespace" => {
                 let req: ListRequest = parse(operation, payload)?;
                 check_api_version(&req.api_version, &req.kind)?;
                 let selector = Selector::parse(req.label_selector.as_deref().unwrap_or(""))?;
                 let masks = req.field_masks.unwrap_or_default();
-                let items: Vec<Value> = self
-                    .backend
-                    .list(&req.kind, &req.namespace, &selector)?
-                    .iter()
-                    .map(|o| masks::prune(o, &masks))
-                    .collect();
-                Ok(
-                    json!({"apiVersion": req.api_version, "kind": format!("{}List", req.kind), "metadata": {}, "items": items}),
+                let split: Vec<Vec<&str>> = masks.iter().map(|m| m.split('.').collect()).collect();
+                // Written by hand around the items so each is serialised
+                // straight from the store, pruned on the fly.
+                let mut out = format!(
+                    r#"{{"apiVersion":{},"kind":"{}List","metadata":{{}},"items":["#,
+                    json!(req.api_version),
+                    req.kind
                 )
+                .into_bytes();
+                let mut first = true;
+                let mut failed = None;
+                self.backend.list(&req.kind, &req.namespace, &selector, &mut |object| {
+                    if !first {
+                        out.push(b',');
+                    }
+                    first = false;
+                    if let Err(e) = serde_json::to_writer(&mut out, &masks::Masked::new(object, &split)) {
+                        failed = Some(e.to_string());
+                    }
+                })?;
+                if let Some(e) = failed {
+                    return Err(e);
+                }
+                out.extend_from_slice(b"]}");
+                return Ok(Answer::Raw(out));
             }
             // The replay and serve hosts act with their own RBAC; the policy
             // never needs to ask, but a call must not fail.
-            "can_i" => Ok(json!({"allowed": true, "reason": "config-snapshot host"})),
+            "can_i" => Ok(Answer::Json(json!({"allowed": true, "reason": "config-snapshot host"}))),
             other => Err(format!("unknown operation kubewarden/kubernetes/{other}")),
         }
     }
@@ -435,15 +471,14 @@ mod invariant_tests {
                 .find(|o| o["kind"] == kind && o["metadata"]["namespace"] == ns && o["metadata"]["name"] == name)
                 .cloned())
         }
-        fn list(&self, kind: &str, _: &str, selector: &Selector) -> Result<Vec<Value>, String> {
-            Ok(self
-                .objects
+        fn list(&self, kind: &str, _: &str, selector: &Selector, visit: &mut dyn FnMut(&Value)) -> Result<(), String> {
+            self.objects
                 .lock()
                 .unwrap()
                 .iter()
                 .filter(|o| o["kind"] == kind && selector.matches(o))
-                .cloned()
-                .collect())
+                .for_each(visit);
+            Ok(())
         }
         fn create(&self, object: Value) -> Result<(), String> {
             self.writes

@@ -19,6 +19,11 @@ pub trait CallHandler: Send + Sync {
     fn call(&self, binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, String>;
 }
 
+/// Instances alive at once per engine (concurrent requests).
+const MAX_CONCURRENT_INSTANCES: u32 = 64;
+/// A policy instance's memory cap: far above what a 1.5 MiB object needs.
+const MAX_MEMORY_BYTES: usize = 256 << 20;
+
 /// Length of one epoch tick.
 const TICK: Duration = Duration::from_millis(10);
 
@@ -132,6 +137,15 @@ impl CallHandler for NoCalls {
 fn new_wasmtime_engine() -> Result<wasmtime::Engine> {
     let mut config = wasmtime::Config::new();
     config.epoch_interruption(true);
+    // A fresh instance per request is the hot path: the pooling allocator
+    // reuses pre-reserved memory slots instead of mapping new ones.
+    let mut pooling = wasmtime::PoolingAllocationConfig::default();
+    pooling
+        .total_core_instances(MAX_CONCURRENT_INSTANCES)
+        .total_memories(MAX_CONCURRENT_INSTANCES)
+        .total_tables(MAX_CONCURRENT_INSTANCES)
+        .max_memory_size(MAX_MEMORY_BYTES);
+    config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pooling));
     wasmtime::Engine::new(&config).map_err(|e| anyhow!("creating the wasm engine: {e}"))
 }
 

@@ -56,8 +56,20 @@ impl Backend for Shared {
         Ok(self.store.lock().unwrap().get(kind, namespace, name).cloned())
     }
 
-    fn list(&self, kind: &str, namespace: &str, selector: &Selector) -> Result<Vec<Value>, String> {
-        Ok(self.store.lock().unwrap().select(kind, namespace, selector))
+    fn list(
+        &self,
+        kind: &str,
+        namespace: &str,
+        selector: &Selector,
+        visit: &mut dyn FnMut(&Value),
+    ) -> Result<(), String> {
+        self.store
+            .lock()
+            .unwrap()
+            .list(kind, namespace)
+            .filter(|o| selector.matches(o))
+            .for_each(visit);
+        Ok(())
     }
 
     fn create(&self, object: Value) -> Result<(), String> {
