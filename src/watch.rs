@@ -74,20 +74,21 @@ pub fn admit(ctx: &Context, kind: SourceKind, operation: &str, raw: &RawValue, o
             }
         }
     }
-    let content = match serde_json::from_str::<Value>(raw.get())
-        .map_err(|e| e.to_string())
-        .and_then(|v| {
-            let rv = v
-                .pointer("/metadata/resourceVersion")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string();
-            Content::from_object(kind, &v).map(|c| (c, rv))
-        }) {
-        Ok(c) => c,
-        Err(_) => return Outcome::accept(),
+    // Built from the fields already parsed. The snapshot's
+    // source-resource-version stays empty: during admission the object still
+    // carries the previous version's resourceVersion, and the new one is
+    // assigned only after the write; recording the old one would point at
+    // the wrong content.
+    let content = Content {
+        data: new.data.unwrap_or_default(),
+        binary_data: new.binary_data.unwrap_or_default(),
+        kind,
+        type_: match kind {
+            SourceKind::ConfigMap => String::new(),
+            SourceKind::Secret => new.type_.unwrap_or_else(|| "Opaque".to_string()),
+        },
     };
-    Outcome::accept_with(roll_out(ctx, &id, &content.0, &content.1))
+    Outcome::accept_with(roll_out(ctx, &id, &content, ""))
 }
 
 /// Finds the watchers of `id` and moves each to a snapshot of `content`.

@@ -281,8 +281,7 @@ fn b5(c: &mut Criterion) {
         objects.push(json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": format!("rs-{i}"), "namespace": "default"},
             "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "x", "envFrom": [{"configMapRef": {"name": name}}]}]}}}}));
     }
-    let mut store = Store::default();
-    store.forget_creates = true;
+    let store = Store { forget_creates: true, ..Default::default() };
     for o in objects {
         store.insert(o);
     }

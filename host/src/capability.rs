@@ -174,7 +174,7 @@ impl Capability {
                     return Err(e);
                 }
                 out.extend_from_slice(b"]}");
-                return Ok(Answer::Raw(out));
+                Ok(Answer::Raw(out))
             }
             // The replay and serve hosts act with their own RBAC; the policy
             // never needs to ask, but a call must not fail.

@@ -30,6 +30,8 @@ pub struct Fault {
     pub error: String,
     /// How many more calls fail; `None` for all.
     pub remaining: Option<u32>,
+    /// Calls that still succeed before the failures start.
+    pub after: u32,
 }
 
 /// A deferred effect and the admission it waits for.
@@ -100,6 +102,10 @@ impl Backend for Shared {
         let fault = faults
             .iter_mut()
             .find(|f| f.operation == operation && f.remaining != Some(0))?;
+        if fault.after > 0 {
+            fault.after -= 1;
+            return None;
+        }
         if let Some(n) = fault.remaining.as_mut() {
             *n -= 1;
         }

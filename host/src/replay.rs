@@ -174,6 +174,7 @@ fn run_step(
                 operation: f.operation.clone(),
                 error: f.error.clone(),
                 remaining: f.times,
+                after: f.after,
             });
         }
         Step::Expect(e) => expect(last.as_ref(), e, checks),

@@ -94,6 +94,9 @@ pub struct FaultSpec {
     /// How many calls fail; absent means every call from now on.
     #[serde(default)]
     pub times: Option<u32>,
+    /// How many calls succeed before the first failure.
+    #[serde(default)]
+    pub after: u32,
 }
 
 #[derive(Debug, Clone, Deserialize)]
