@@ -281,7 +281,10 @@ fn b5(c: &mut Criterion) {
         objects.push(json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": format!("rs-{i}"), "namespace": "default"},
             "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "x", "envFrom": [{"configMapRef": {"name": name}}]}]}}}}));
     }
-    let store = Store { forget_creates: true, ..Default::default() };
+    let store = Store {
+        forget_creates: true,
+        ..Default::default()
+    };
     for o in objects {
         store.insert(o);
     }

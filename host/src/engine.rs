@@ -24,6 +24,9 @@ const MAX_CONCURRENT_INSTANCES: u32 = 64;
 /// A policy instance's memory cap: far above what a 1.5 MiB object needs.
 const MAX_MEMORY_BYTES: usize = 256 << 20;
 
+/// Memory kept resident per pool slot between instances.
+const KEEP_RESIDENT_BYTES: usize = 4 << 20;
+
 /// Length of one epoch tick.
 const TICK: Duration = Duration::from_millis(10);
 
@@ -144,7 +147,12 @@ fn new_wasmtime_engine() -> Result<wasmtime::Engine> {
         .total_core_instances(MAX_CONCURRENT_INSTANCES)
         .total_memories(MAX_CONCURRENT_INSTANCES)
         .total_tables(MAX_CONCURRENT_INSTANCES)
-        .max_memory_size(MAX_MEMORY_BYTES);
+        .max_memory_size(MAX_MEMORY_BYTES)
+        // Reset the first pages by memset instead of returning them to the
+        // kernel: profiling showed the page faults of each fresh instance
+        // re-touching its memory at ~14% of an admission.
+        .linear_memory_keep_resident(KEEP_RESIDENT_BYTES)
+        .table_keep_resident(KEEP_RESIDENT_BYTES);
     config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pooling));
     wasmtime::Engine::new(&config).map_err(|e| anyhow!("creating the wasm engine: {e}"))
 }
