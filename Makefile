@@ -7,7 +7,7 @@ POLICY_BUILD := target/$(WASM_TARGET)/release/config_snapshot_policy.wasm
 HOST := cargo run --quiet -p config-snapshot --
 SCENARIOS := $(sort $(wildcard e2e-tests/*.yaml))
 
-.PHONY: bench setup demo test unit-tests e2e-tests fmt fmt-check lint clean policy.wasm annotated-policy.wasm
+.PHONY: bench fuzz setup demo test unit-tests e2e-tests fmt fmt-check lint clean policy.wasm annotated-policy.wasm
 
 ## setup: install the pinned toolchain, its wasm target, rustfmt and clippy (idempotent)
 setup:
@@ -43,6 +43,17 @@ e2e-tests: policy.wasm
 
 bench: policy.wasm
 	cargo bench -p config-snapshot --bench admission
+
+## fuzz: each cargo-fuzz target for FUZZ_SECONDS (nightly toolchain; not part of `test`)
+FUZZ_SECONDS ?= 600
+FUZZ_TARGETS := validate_raw validate_structured annotations settings
+fuzz:
+	rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
+	command -v cargo-fuzz >/dev/null || cargo +nightly install cargo-fuzz --locked
+	cd fuzz && for t in $(FUZZ_TARGETS); do \
+	  mkdir -p corpus/$$t; seeds=seeds/$$t; [ -d $$seeds ] || seeds=; \
+	  cargo +nightly fuzz run -O $$t corpus/$$t $$seeds -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
+	done
 
 fmt: setup
 	cargo fmt --all
