@@ -20,6 +20,9 @@ fuzz_target!(|data: (String, String, String, bool)| {
         "config-snapshot.io/exclude": exclude,
     });
     if let Err(e) = OptIn::from_annotations(annotations.as_object(), &Settings::default()) {
-        assert!(e.starts_with("config-snapshot.io/"), "error does not name the annotation: {e}");
+        assert!(
+            e.starts_with("config-snapshot.io/"),
+            "error does not name the annotation: {e}"
+        );
     }
 });

@@ -57,9 +57,12 @@ fn workload(input: &Input, image: u8) -> Value {
 
 fn payload(object: &Value, old: Option<&Value>, dry_run: bool, settings: &Value) -> Vec<u8> {
     let kind = object["kind"].clone();
-    serde_json::to_vec(&json!({"settings": settings, "request": {"uid": "r", "kind": {"group": "apps", "version": "v1", "kind": kind},
+    serde_json::to_vec(
+        &json!({"settings": settings, "request": {"uid": "r", "kind": {"group": "apps", "version": "v1", "kind": kind},
         "operation": if old.is_some() { "UPDATE" } else { "CREATE" }, "namespace": "default", "name": "w",
-        "object": object, "oldObject": old, "dryRun": dry_run}})).unwrap()
+        "object": object, "oldObject": old, "dryRun": dry_run}}),
+    )
+    .unwrap()
 }
 
 fuzz_target!(|input: Input| {
@@ -82,10 +85,17 @@ fuzz_target!(|input: Input| {
         let mapping = template::Mapping::of(t);
         for r in references::collect(t) {
             if mapping.0.values().any(|s| *s == r.name) {
-                assert!(host.find(r.kind.kind(), &r.name).is_some(), "dangling reference to {}", r.name);
+                assert!(
+                    host.find(r.kind.kind(), &r.name).is_some(),
+                    "dangling reference to {}",
+                    r.name
+                );
             }
         }
     }
     let again = config_snapshot_policy::evaluate(&payload(&mutated, None, input.dry_run, &settings), &host);
-    assert!(again.mutated.is_none() || again.mutated.as_ref() == Some(&mutated), "not idempotent");
+    assert!(
+        again.mutated.is_none() || again.mutated.as_ref() == Some(&mutated),
+        "not idempotent"
+    );
 });
