@@ -53,6 +53,13 @@ pub struct Shared {
     events: Mutex<Vec<String>>,
 }
 
+impl Shared {
+    /// Deferred effects queued and not yet run or dropped.
+    pub fn pending_effects(&self) -> usize {
+        self.pending.lock().unwrap().len()
+    }
+}
+
 impl Backend for Shared {
     fn get(&self, kind: &str, namespace: &str, name: &str) -> Result<Option<Value>, String> {
         Ok(self.store.lock().unwrap().get(kind, namespace, name).cloned())

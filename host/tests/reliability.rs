@@ -501,3 +501,127 @@ fn a_seeded_random_walk_keeps_every_invariant() {
         );
     }
 }
+
+/// A hostile guest compiled to wasm: it calls `config-snapshot/v1` through
+/// the real waPC transport with a payload of our choosing. A valid create
+/// (the control) lands; every hostile call leaves the store unchanged.
+#[test]
+fn a_hostile_wasm_guest_cannot_break_the_host_invariants() {
+    use config_snapshot_policy::content::snapshot_object;
+    use config_snapshot_policy::kind::SourceId;
+
+    fn guest(operation: &str, payload: &Value) -> String {
+        let body = payload.to_string().replace('\\', "\\\\").replace('"', "\\\"");
+        let len = payload.to_string().len();
+        format!(
+            r#"(module
+  (import "wapc" "__host_call" (func $hc (param i32 i32 i32 i32 i32 i32 i32 i32) (result i32)))
+  (import "wapc" "__guest_response" (func $resp (param i32 i32)))
+  (memory (export "memory") 2)
+  (data (i32.const 0) "config-snapshot")
+  (data (i32.const 16) "v1")
+  (data (i32.const 32) "{operation}")
+  (data (i32.const 64) "ok")
+  (data (i32.const 128) "{body}")
+  (func (export "wapc_init"))
+  (func (export "__guest_call") (param i32 i32) (result i32)
+    (drop (call $hc (i32.const 0) (i32.const 15) (i32.const 16) (i32.const 2) (i32.const 32) (i32.const {op_len}) (i32.const 128) (i32.const {len})))
+    (call $resp (i32.const 64) (i32.const 2))
+    (i32.const 1)))"#,
+            op_len = operation.len()
+        )
+    }
+
+    let content = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"k": "v"}})).unwrap();
+    let (_, good) = snapshot_object(&SourceId::new(SourceKind::ConfigMap, "app"), "team-a", "1", &content);
+    let mut other_ns = good.clone();
+    other_ns["metadata"]["namespace"] = json!("kube-system");
+    let mut unlabelled = good.clone();
+    unlabelled["metadata"]["labels"] = json!({});
+    let mut wrong_hash = good.clone();
+    wrong_hash["data"]["k"] = json!("tampered");
+    let plain = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "plain", "namespace": "team-a"}, "data": {"a": "1"}});
+    let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "team-a"}, "spec": {"replicas": 1}});
+
+    let run = |operation: &str, payload: Value, dry_run: bool| -> (Vec<Value>, usize) {
+        let shared = Arc::new(Shared::default());
+        shared.store.lock().unwrap().persist(plain.clone());
+        shared.store.lock().unwrap().persist(deployment.clone());
+        let engine = Engine::from_bytes(guest(operation, &payload).as_bytes(), Duration::from_secs(2)).unwrap();
+        let cap = Arc::new(Capability {
+            backend: shared.clone(),
+            scope: Scope {
+                uid: "r".into(),
+                namespace: "team-a".into(),
+                dry_run,
+            },
+        });
+        engine.call("validate", b"{}", cap).unwrap();
+        let objects: Vec<Value> = shared.store.lock().unwrap().all().cloned().collect();
+        (objects, shared.pending_effects())
+    };
+
+    let (control, _) = run("create_snapshot", json!({"object": good}), false);
+    assert_eq!(control.len(), 3, "the control create must land: the transport works");
+
+    let hostile = [
+        (
+            "create_snapshot",
+            json!({"object": other_ns}),
+            false,
+            "create in another namespace",
+        ),
+        (
+            "create_snapshot",
+            json!({"object": unlabelled}),
+            false,
+            "create without the managed-by label",
+        ),
+        (
+            "create_snapshot",
+            json!({"object": wrong_hash}),
+            false,
+            "create with a name that does not match the content",
+        ),
+        (
+            "delete_snapshot",
+            json!({"kind": "ConfigMap", "name": "plain", "uid": "x"}),
+            false,
+            "delete an unlabelled object",
+        ),
+        (
+            "create_snapshot",
+            json!({"object": good}),
+            true,
+            "write during a dry run",
+        ),
+    ];
+    for (operation, payload, dry_run, what) in hostile {
+        let (objects, queued) = run(operation, payload, dry_run);
+        assert_eq!(objects.len(), 2, "{what}: the store changed");
+        assert_eq!(queued, 0, "{what}: an effect was queued");
+        assert!(objects.iter().any(|o| o["metadata"]["name"] == "plain"), "{what}");
+        assert!(
+            !objects
+                .iter()
+                .any(|o| o["metadata"]["labels"][keys::MANAGED_BY] == keys::MANAGED_BY_VALUE),
+            "{what}"
+        );
+    }
+    // Patching outside the pod template: refused before anything is queued.
+    let (objects, queued) = run(
+        "patch_workload",
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "resourceVersion": "2", "patch": [{"op": "replace", "path": "/spec/replicas", "value": 99}]}),
+        false,
+    );
+    assert_eq!(queued, 0, "a patch outside /spec/template was queued");
+    let web = objects.iter().find(|o| o["metadata"]["name"] == "web").unwrap();
+    assert_eq!(web["spec"]["replicas"], 1);
+    // Control: a patch inside the template is queued.
+    let (_, queued) = run(
+        "patch_workload",
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "resourceVersion": "2", "patch": [{"op": "add", "path": "/spec/template/x", "value": 1}]}),
+        false,
+    );
+    assert_eq!(queued, 1);
+}
