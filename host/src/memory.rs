@@ -498,16 +498,7 @@ impl Simulator {
                 *rs = self.shared.store.lock().unwrap().persist(rs.clone());
             }
         }
-        old.sort_by_key(|rs| revision(rs));
-        let excess = old.len().saturating_sub(limit);
-        for rs in old.iter().take(excess) {
-            let rs_name = rs["metadata"]["name"].as_str().unwrap_or_default();
-            self.shared.store.lock().unwrap().remove("ReplicaSet", &ns, rs_name);
-            self.note(format!("ReplicaSet/{rs_name} pruned (revisionHistoryLimit {limit})"));
-        }
-        if excess > 0 {
-            self.collect_garbage();
-        }
+        self.prune_history("ReplicaSet", &ns, old, limit, revision);
         Ok(())
     }
 
@@ -574,28 +565,31 @@ impl Simulator {
             }
         };
         let limit = workload["spec"]["revisionHistoryLimit"].as_i64().unwrap_or(10).max(0) as usize;
-        let mut old: Vec<Value> = self
+        let old: Vec<Value> = self
             .owned("ControllerRevision", workload)
             .into_iter()
             .filter(|r| r["metadata"]["name"] != current_name.as_str())
             .collect();
-        old.sort_by_key(|r| r["revision"].as_i64().unwrap_or(0));
+        self.prune_history("ControllerRevision", &ns, old, limit, |r| {
+            r["revision"].as_i64().unwrap_or(0)
+        });
+        Ok(())
+    }
+
+    /// Deletes the oldest of a workload's past revisions beyond
+    /// `revisionHistoryLimit`, then lets the garbage collector take what
+    /// they owned (their snapshots).
+    fn prune_history(&self, kind: &str, ns: &str, mut old: Vec<Value>, limit: usize, revision: impl Fn(&Value) -> i64) {
+        old.sort_by_key(|r| revision(r));
         let excess = old.len().saturating_sub(limit);
-        for cr in old.iter().take(excess) {
-            let cr_name = cr["metadata"]["name"].as_str().unwrap_or_default();
-            self.shared
-                .store
-                .lock()
-                .unwrap()
-                .remove("ControllerRevision", &ns, cr_name);
-            self.note(format!(
-                "ControllerRevision/{cr_name} pruned (revisionHistoryLimit {limit})"
-            ));
+        for r in old.iter().take(excess) {
+            let name = r["metadata"]["name"].as_str().unwrap_or_default();
+            self.shared.store.lock().unwrap().remove(kind, ns, name);
+            self.note(format!("{kind}/{name} pruned (revisionHistoryLimit {limit})"));
         }
         if excess > 0 {
             self.collect_garbage();
         }
-        Ok(())
     }
 
     /// The ownerReference garbage collector: deletes what has owners none of

@@ -5,8 +5,6 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
-use crate::capability::Selector;
-
 pub type Key = (String, String, String); // kind, namespace, name
 
 #[derive(Default)]
@@ -38,13 +36,6 @@ impl Store {
             .iter()
             .filter(move |((k, ns, _), _)| k == kind && ns == namespace)
             .map(|(_, v)| v)
-    }
-
-    pub fn select(&self, kind: &str, namespace: &str, selector: &Selector) -> Vec<Value> {
-        self.list(kind, namespace)
-            .filter(|o| selector.matches(o))
-            .cloned()
-            .collect()
     }
 
     pub fn all(&self) -> impl Iterator<Item = &Value> {
