@@ -596,3 +596,17 @@ fn handled_table_matches_the_dispatch() {
         }
     }
 }
+
+#[test]
+fn dropping_the_opt_in_restores_source_names() {
+    let host = three_host();
+    let v1 = create(&host, &deployment(snapshot_all(), three_refs()))
+        .mutated
+        .unwrap();
+    let mut opted_out = v1.clone();
+    opted_out["metadata"]["annotations"] = json!({});
+    let out = update(&host, &v1, &opted_out);
+    let restored = out.mutated.expect("references restored");
+    assert_eq!(names(&restored), ("app".into(), "creds".into(), "extra".into()));
+    assert!(restored["spec"]["template"]["metadata"]["annotations"][keys::SNAPSHOTS].is_null());
+}
