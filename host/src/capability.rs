@@ -34,6 +34,11 @@ pub enum Effect {
 /// What the capability needs from a cluster.
 pub trait Backend: Send + Sync {
     fn get(&self, kind: &str, namespace: &str, name: &str) -> Result<Option<Value>, String>;
+    /// A read that bypasses any cache (`disable_cache`, and the re-check
+    /// after a create lost a race).
+    fn get_fresh(&self, kind: &str, namespace: &str, name: &str) -> Result<Option<Value>, String> {
+        self.get(kind, namespace, name)
+    }
     /// Calls `visit` with each matching object, by reference: listing is the
     /// hot path of watch and sweep, so nothing is copied on the way out.
     fn list(
@@ -100,6 +105,8 @@ struct GetRequest {
     name: String,
     namespace: Option<String>,
     #[serde(default)]
+    disable_cache: bool,
+    #[serde(default)]
     field_masks: Option<Vec<String>>,
 }
 
@@ -136,10 +143,13 @@ impl Capability {
                 let req: GetRequest = parse(operation, payload)?;
                 check_api_version(&req.api_version, &req.kind)?;
                 let ns = req.namespace.unwrap_or_default();
-                let object = self
-                    .backend
-                    .get(&req.kind, &ns, &req.name)?
-                    .ok_or_else(|| format!("{} {:?} not found (NotFound)", plural(&req.kind), req.name))?;
+                let object = if req.disable_cache {
+                    self.backend.get_fresh(&req.kind, &ns, &req.name)?
+                } else {
+                    self.backend.get(&req.kind, &ns, &req.name)?
+                };
+                let object =
+                    object.ok_or_else(|| format!("{} {:?} not found (NotFound)", plural(&req.kind), req.name))?;
                 Ok(Answer::Json(masks::prune(
                     &object,
                     &req.field_masks.unwrap_or_default(),
@@ -241,18 +251,18 @@ impl Capability {
         }
         let ns = self.scope.namespace.clone();
         if let Some(existing) = self.backend.get(kind.kind(), &ns, &name)? {
-            let same = Content::from_object(kind, &existing)
-                .map(|c| c == content)
-                .unwrap_or(false);
-            if same && existing["metadata"]["labels"][keys::MANAGED_BY] == keys::MANAGED_BY_VALUE {
-                return Ok(json!({"created": false}));
-            }
-            return Err(format!(
-                "refused: a different {} named {name} already exists",
-                kind.kind()
-            ));
+            return same_snapshot(kind, &existing, &content, &name);
         }
-        self.backend.create(object)?;
+        if let Err(e) = self.backend.create(object) {
+            // Another replica (or a concurrent admission) created it first:
+            // content addressing makes that the same snapshot, if it is ours.
+            if e.contains("AlreadyExists") {
+                if let Some(existing) = self.backend.get_fresh(kind.kind(), &ns, &name)? {
+                    return same_snapshot(kind, &existing, &content, &name);
+                }
+            }
+            return Err(e);
+        }
         self.backend.note(format!("snapshot {}/{name} created", kind.kind()));
         Ok(json!({"created": true}))
     }
@@ -349,6 +359,20 @@ impl Capability {
         );
         Ok(json!({"queued": true}))
     }
+}
+
+/// `created: false` if `existing` is this very snapshot; refused otherwise.
+fn same_snapshot(kind: SourceKind, existing: &Value, content: &Content, name: &str) -> Result<Value, String> {
+    let same = Content::from_object(kind, existing)
+        .map(|c| c == *content)
+        .unwrap_or(false);
+    if same && existing["metadata"]["labels"][keys::MANAGED_BY] == keys::MANAGED_BY_VALUE {
+        return Ok(json!({"created": false}));
+    }
+    Err(format!(
+        "refused: a different {} named {name} already exists",
+        kind.kind()
+    ))
 }
 
 fn check_api_version(api_version: &str, kind: &str) -> Result<(), String> {

@@ -1,6 +1,7 @@
 //! The host for the config-snapshot policy: it evaluates the policy wasm
 //! and implements the `config-snapshot`/`v1` write capability over an
-//! in-memory cluster (`replay`, `review`).
+//! in-memory cluster (`replay`, `review`) and against a real API server
+//! (`serve`).
 
 pub mod annotate;
 pub mod capability;
@@ -11,4 +12,5 @@ pub mod replay;
 pub mod review;
 pub mod rules;
 pub mod scenario;
+pub mod serve;
 pub mod store;

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use config_snapshot::engine::Engine;
 use config_snapshot::memory::Simulator;
-use config_snapshot::{annotate, replay, review};
+use config_snapshot::{annotate, replay, review, serve};
 
 #[derive(Parser)]
 #[command(
@@ -51,6 +51,8 @@ enum Command {
         #[arg(long, default_value = "{}")]
         settings_json: String,
     },
+    /// Run the mutating admission webhook against the cluster (HTTPS).
+    Serve(serve::Options),
     /// Embed policy metadata in the wasm, as `kwctl annotate` does.
     Annotate {
         /// The policy wasm to annotate.
@@ -137,6 +139,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 let response = review::response(&request, &admission.response, mutated.as_ref())?;
                 println!("{}", serde_json::to_string(&response)?);
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Serve(options) => {
+            serve::init_logging(&options.log_format);
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            runtime.block_on(serve::run(options))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Annotate {

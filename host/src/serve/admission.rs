@@ -1,0 +1,194 @@
+//! One AdmissionReview in, one out. The request stays raw JSON on its way
+//! into the policy: only the few header fields the host needs are parsed,
+//! and the object only when the policy mutated it (to compute the patch).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+
+use super::cluster::RequestScope;
+use super::metrics::{self, DecisionLabels, OperationLabels, RequestLabels};
+use super::State;
+use crate::capability::{Capability, Scope};
+use crate::engine::CallHandler;
+
+#[derive(Deserialize)]
+struct Review<'a> {
+    #[serde(borrow)]
+    request: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Head {
+    uid: String,
+    #[serde(default)]
+    kind: Gvk,
+    #[serde(default)]
+    operation: String,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    dry_run: Option<bool>,
+}
+
+#[derive(Deserialize, Default)]
+struct Gvk {
+    #[serde(default)]
+    kind: String,
+}
+
+#[derive(Deserialize)]
+struct ObjectOnly {
+    #[serde(default)]
+    object: Value,
+}
+
+/// Why a body got no AdmissionReview answer: the webhook replies with an
+/// HTTP error and the API server applies the webhook's failurePolicy.
+#[derive(Debug)]
+pub enum Failure {
+    /// Not an AdmissionReview (HTTP 400).
+    BadRequest(String),
+    /// The policy could not be evaluated (HTTP 500).
+    Policy(String),
+}
+
+/// The outcome of one admission, for the HTTP layer and the resync.
+pub struct Answer {
+    /// The AdmissionReview response document.
+    pub review: Value,
+    pub allowed: bool,
+    /// The mutated object, when the policy changed it.
+    pub mutated: Option<Value>,
+}
+
+/// Answers one AdmissionReview body. Blocking: run it off the async workers.
+pub fn review(state: &State, body: &[u8]) -> Result<Answer, Failure> {
+    let review: Review =
+        serde_json::from_slice(body).map_err(|e| Failure::BadRequest(format!("not an AdmissionReview: {e}")))?;
+    let request = review
+        .request
+        .ok_or_else(|| Failure::BadRequest("the AdmissionReview has no request".into()))?;
+    admit(state, request)
+}
+
+/// Evaluates one AdmissionRequest (raw JSON) and releases its deferred
+/// effects if it was allowed.
+pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
+    let started = Instant::now();
+    let head: Head = serde_json::from_str(request.get())
+        .map_err(|e| Failure::BadRequest(format!("invalid AdmissionRequest: {e}")))?;
+    let labels = RequestLabels {
+        kind: metrics::kind_label(&head.kind.kind),
+        operation: metrics::operation_label(&head.operation),
+    };
+    let scope = Arc::new(RequestScope::new(state.cluster.clone()));
+    let handler = Arc::new(Counted {
+        inner: Capability {
+            backend: scope.clone(),
+            scope: Scope {
+                uid: head.uid.clone(),
+                namespace: head.namespace.clone().unwrap_or_default(),
+                dry_run: head.dry_run.unwrap_or(false),
+            },
+        },
+        state: state.metrics.clone(),
+    });
+    let mut payload = Vec::with_capacity(request.get().len() + state.settings.len() + 32);
+    payload.extend_from_slice(br#"{"request":"#);
+    payload.extend_from_slice(request.get().as_bytes());
+    payload.extend_from_slice(br#","settings":"#);
+    payload.extend_from_slice(state.settings.as_bytes());
+    payload.push(b'}');
+    let result = state.engine.call("validate", &payload, handler);
+    let decision = |d: &'static str| {
+        state
+            .metrics
+            .decisions
+            .get_or_create(&DecisionLabels { decision: d })
+            .inc()
+    };
+    let observe = || {
+        state
+            .metrics
+            .latency
+            .get_or_create(&labels)
+            .observe(started.elapsed().as_secs_f64())
+    };
+    let validation: Value = match result.and_then(|bytes| Ok(serde_json::from_slice(&bytes)?)) {
+        Ok(v) => v,
+        Err(e) => {
+            decision("error");
+            observe();
+            tracing::error!(uid = %head.uid, kind = labels.kind, "policy evaluation failed: {e:#}");
+            return Err(Failure::Policy(format!(
+                "config-snapshot: policy evaluation failed: {e:#}"
+            )));
+        }
+    };
+    let allowed = validation["accepted"].as_bool().unwrap_or(false);
+    let mutated = validation.get("mutated_object").filter(|v| !v.is_null()).cloned();
+    let original = match (&mutated, allowed) {
+        (Some(_), true) => serde_json::from_str::<ObjectOnly>(request.get())
+            .map(|o| o.object)
+            .unwrap_or(Value::Null),
+        _ => Value::Null,
+    };
+    let response = crate::review::response(
+        &json!({"uid": head.uid, "object": original}),
+        &validation,
+        mutated.as_ref(),
+    )
+    .map_err(|e| Failure::Policy(format!("config-snapshot: encoding the response: {e}")))?;
+    if allowed {
+        scope.release(&state.queue);
+        decision(if mutated.is_some() { "mutated" } else { "allowed" });
+    } else {
+        decision("denied");
+    }
+    observe();
+    tracing::info!(
+        uid = %head.uid,
+        kind = labels.kind,
+        operation = labels.operation,
+        namespace = head.namespace.as_deref().unwrap_or(""),
+        allowed,
+        mutated = mutated.is_some(),
+        warnings = validation["warnings"].as_array().map_or(0, Vec::len),
+        "admission"
+    );
+    Ok(Answer {
+        review: response,
+        allowed,
+        mutated,
+    })
+}
+
+/// The capability, with its failures counted and logged. Only the error
+/// text is logged, never a payload: payloads carry Secret data.
+struct Counted {
+    inner: Capability,
+    state: Arc<metrics::Metrics>,
+}
+
+impl CallHandler for Counted {
+    fn call(&self, binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, String> {
+        let result = self.inner.call(binding, namespace, operation, payload);
+        if let Err(e) = &result {
+            let operation = metrics::host_operation_label(operation);
+            // A missing object is an answer, not a failure.
+            if !(operation == "get_resource" && e.contains("NotFound")) {
+                self.state
+                    .host_call_errors
+                    .get_or_create(&OperationLabels { operation })
+                    .inc();
+                tracing::warn!(operation, "host call failed: {e}");
+            }
+        }
+        result
+    }
+}

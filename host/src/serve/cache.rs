@@ -1,0 +1,283 @@
+//! Watch-backed caches of the kinds the policy reads, indexed by namespace:
+//! the policy lists within one namespace, and a cluster-wide store would make
+//! every such list cost the size of the cluster.
+//!
+//! Objects are kept as JSON without `managedFields` and `status` (the policy
+//! reads neither), so a get or a masked list serialises straight from here.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+
+use futures::StreamExt;
+use kube::api::{Api, DynamicObject};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::Client;
+use serde_json::Value;
+use tokio::task::JoinHandle;
+
+use crate::capability::Selector;
+
+/// (group, version, kind, plural) of every kind the policy reads.
+pub const KINDS: [(&str, &str, &str, &str); 8] = [
+    ("", "v1", "ConfigMap", "configmaps"),
+    ("", "v1", "Secret", "secrets"),
+    ("", "v1", "Pod", "pods"),
+    ("apps", "v1", "Deployment", "deployments"),
+    ("apps", "v1", "StatefulSet", "statefulsets"),
+    ("apps", "v1", "DaemonSet", "daemonsets"),
+    ("apps", "v1", "ReplicaSet", "replicasets"),
+    ("apps", "v1", "ControllerRevision", "controllerrevisions"),
+];
+
+pub fn api_resource(kind: &str) -> Option<ApiResource> {
+    KINDS
+        .iter()
+        .find(|(_, _, k, _)| *k == kind)
+        .map(|(g, v, k, p)| ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(g, v, k), p))
+}
+
+type Objects = HashMap<String, BTreeMap<String, Value>>;
+
+#[derive(Default)]
+struct KindCache {
+    objects: RwLock<Objects>,
+    synced: AtomicBool,
+}
+
+#[derive(Default)]
+pub struct Cache {
+    kinds: HashMap<&'static str, KindCache>,
+}
+
+impl Cache {
+    pub fn new() -> Cache {
+        Cache {
+            kinds: KINDS.iter().map(|(_, _, k, _)| (*k, KindCache::default())).collect(),
+        }
+    }
+
+    /// Starts one watcher per kind. They run until the runtime stops,
+    /// relisting with backoff after errors, as kube-runtime's watcher does.
+    pub fn start(self: &Arc<Self>, client: Client) -> Vec<JoinHandle<()>> {
+        KINDS
+            .iter()
+            .map(|(_, _, kind, _)| {
+                let cache = self.clone();
+                let client = client.clone();
+                tokio::spawn(async move { cache.run(client, kind).await })
+            })
+            .collect()
+    }
+
+    async fn run(&self, client: Client, kind: &'static str) {
+        let Some(ar) = api_resource(kind) else { return };
+        let api: Api<DynamicObject> = Api::all_with(client, &ar);
+        let mut events = watcher::watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        let mut buffer: Option<Objects> = None;
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(Event::Init) => buffer = Some(Objects::new()),
+                Ok(Event::InitApply(o)) => {
+                    let object = trim(o, &ar);
+                    if let Some(buffer) = buffer.as_mut() {
+                        insert(buffer, object);
+                    }
+                }
+                Ok(Event::InitDone) => {
+                    if let Some(objects) = buffer.take() {
+                        *self.kinds[kind].objects.write().unwrap() = objects;
+                    }
+                    if !self.kinds[kind].synced.swap(true, Ordering::SeqCst) {
+                        tracing::info!(kind, "cache synced");
+                    }
+                }
+                Ok(Event::Apply(o)) => insert(&mut self.kinds[kind].objects.write().unwrap(), trim(o, &ar)),
+                Ok(Event::Delete(o)) => {
+                    let ns = o.metadata.namespace.clone().unwrap_or_default();
+                    let name = o.metadata.name.clone().unwrap_or_default();
+                    if let Some(names) = self.kinds[kind].objects.write().unwrap().get_mut(&ns) {
+                        names.remove(&name);
+                    }
+                }
+                Err(e) => tracing::warn!(kind, error = %e, "watch failed; retrying with backoff"),
+            }
+        }
+    }
+
+    /// Whether every kind has been listed once: until then reads could miss
+    /// objects, so the webhook is not ready.
+    pub fn synced(&self) -> bool {
+        self.kinds.values().all(|k| k.synced.load(Ordering::SeqCst))
+    }
+
+    pub fn get(&self, kind: &str, namespace: &str, name: &str) -> Result<Option<Value>, String> {
+        let cache = self.kind(kind)?;
+        let objects = cache.objects.read().unwrap();
+        Ok(objects.get(namespace).and_then(|n| n.get(name)).cloned())
+    }
+
+    pub fn list(
+        &self,
+        kind: &str,
+        namespace: &str,
+        selector: &Selector,
+        visit: &mut dyn FnMut(&Value),
+    ) -> Result<(), String> {
+        let cache = self.kind(kind)?;
+        let objects = cache.objects.read().unwrap();
+        for object in objects.get(namespace).into_iter().flat_map(BTreeMap::values) {
+            if selector.matches(object) {
+                visit(object);
+            }
+        }
+        Ok(())
+    }
+
+    /// Every cached object of `kind`, for the resync.
+    pub fn all(&self, kind: &str) -> Vec<Value> {
+        self.kinds
+            .get(kind)
+            .map(|c| {
+                c.objects
+                    .read()
+                    .unwrap()
+                    .values()
+                    .flat_map(|n| n.values().cloned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Puts an object in the cache directly: a write we just made is visible
+    /// to the next admission without waiting for the watch event.
+    pub fn observe(&self, object: Value) {
+        if let Some(cache) = object["kind"].as_str().and_then(|k| self.kinds.get(k)) {
+            insert(&mut cache.objects.write().unwrap(), object);
+        }
+    }
+
+    pub fn forget(&self, kind: &str, namespace: &str, name: &str) {
+        if let Some(cache) = self.kinds.get(kind) {
+            if let Some(names) = cache.objects.write().unwrap().get_mut(namespace) {
+                names.remove(name);
+            }
+        }
+    }
+
+    fn kind(&self, kind: &str) -> Result<&KindCache, String> {
+        self.kinds
+            .get(kind)
+            .ok_or_else(|| format!("the server could not find the requested resource: {kind}"))
+    }
+}
+
+fn insert(objects: &mut Objects, object: Value) {
+    let ns = object["metadata"]["namespace"].as_str().unwrap_or_default().to_string();
+    let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let names = objects.entry(ns).or_default();
+    // Never step back: an Apply can race with `observe` of our own write.
+    if let Some(existing) = names.get(&name) {
+        if newer(existing, &object) {
+            return;
+        }
+    }
+    names.insert(name, object);
+}
+
+/// Whether `a` is a later version of the same object than `b`.
+fn newer(a: &Value, b: &Value) -> bool {
+    let rv = |o: &Value| {
+        o["metadata"]["resourceVersion"]
+            .as_str()
+            .and_then(|r| r.parse::<u64>().ok())
+    };
+    a["metadata"]["uid"] == b["metadata"]["uid"] && matches!((rv(a), rv(b)), (Some(x), Some(y)) if x > y)
+}
+
+/// The object as the policy sees it: typed, without the fields it never reads.
+pub fn trim(object: DynamicObject, ar: &ApiResource) -> Value {
+    let mut value = serde_json::to_value(object).unwrap_or(Value::Null);
+    if let Some(map) = value.as_object_mut() {
+        // List and watch items may omit their type; the policy keys off it.
+        map.insert("apiVersion".into(), Value::String(ar.api_version.clone()));
+        map.insert("kind".into(), Value::String(ar.kind.clone()));
+        map.remove("status");
+        if let Some(meta) = map.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.remove("managedFields");
+        }
+    }
+    value
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn cm(ns: &str, name: &str, rv: &str, label: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"namespace": ns, "name": name, "uid": "u1", "resourceVersion": rv,
+                            "labels": {"app": label}}})
+    }
+
+    #[test]
+    fn lists_stay_within_one_namespace_and_honour_the_selector() {
+        let cache = Cache::new();
+        cache.observe(cm("a", "one", "1", "x"));
+        cache.observe(cm("a", "two", "1", "y"));
+        cache.observe(cm("b", "three", "1", "x"));
+        let mut seen = Vec::new();
+        cache
+            .list("ConfigMap", "a", &Selector::parse("app=x").unwrap(), &mut |o| {
+                seen.push(o["metadata"]["name"].as_str().unwrap().to_string())
+            })
+            .unwrap();
+        assert_eq!(seen, ["one"]);
+        assert!(cache.get("ConfigMap", "b", "one").unwrap().is_none());
+        assert!(cache.get("Namespace", "b", "one").is_err());
+    }
+
+    #[test]
+    fn an_older_version_never_replaces_a_newer_one() {
+        let cache = Cache::new();
+        cache.observe(cm("a", "one", "7", "new"));
+        cache.observe(cm("a", "one", "6", "old"));
+        assert_eq!(
+            cache.get("ConfigMap", "a", "one").unwrap().unwrap()["metadata"]["labels"]["app"],
+            "new"
+        );
+        cache.forget("ConfigMap", "a", "one");
+        assert!(cache.get("ConfigMap", "a", "one").unwrap().is_none());
+    }
+
+    #[test]
+    fn trimming_drops_status_and_managed_fields_and_restores_the_type() {
+        let ar = api_resource("Deployment").unwrap();
+        let object: DynamicObject = serde_json::from_value(json!({
+            "metadata": {"name": "web", "managedFields": [{"manager": "kubectl"}]},
+            "spec": {"replicas": 1}, "status": {"replicas": 1}
+        }))
+        .unwrap();
+        let v = trim(object, &ar);
+        assert_eq!(v["apiVersion"], "apps/v1");
+        assert_eq!(v["kind"], "Deployment");
+        assert!(v.get("status").is_none());
+        assert!(v["metadata"].get("managedFields").is_none());
+        assert_eq!(v["spec"]["replicas"], 1);
+    }
+
+    #[test]
+    fn not_synced_until_every_kind_listed() {
+        let cache = Cache::new();
+        assert!(!cache.synced());
+        for k in cache.kinds.values() {
+            k.synced.store(true, Ordering::SeqCst);
+        }
+        assert!(cache.synced());
+    }
+}

@@ -1,0 +1,151 @@
+//! The two listeners: the webhook over HTTPS, and health and metrics over
+//! plain HTTP for the kubelet and Prometheus (which should not need the
+//! webhook's CA).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context as _, Result};
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State as Extract};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use axum_server::tls_rustls::RustlsConfig;
+use axum_server::Handle;
+
+use super::{admission, duration, Options, State};
+
+/// An AdmissionReview carries the object and the old object; the API
+/// server caps each at about 3 MiB.
+const MAX_BODY: usize = 8 << 20;
+
+pub fn webhook_router(state: Arc<State>) -> Router {
+    Router::new()
+        .route("/mutate", post(mutate))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(state)
+}
+
+pub fn ops_router(state: Arc<State>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+async fn mutate(Extract(state): Extract<Arc<State>>, body: Bytes) -> Response {
+    let task = tokio::task::spawn_blocking(move || admission::review(&state, &body));
+    match task.await {
+        Ok(Ok(answer)) => axum::Json(answer.review).into_response(),
+        Ok(Err(admission::Failure::BadRequest(m))) => (StatusCode::BAD_REQUEST, m).into_response(),
+        Ok(Err(admission::Failure::Policy(m))) => (StatusCode::INTERNAL_SERVER_ERROR, m).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("config-snapshot: {e}")).into_response(),
+    }
+}
+
+async fn readyz(Extract(state): Extract<Arc<State>>) -> Response {
+    if state.ready() {
+        "ready".into_response()
+    } else if state.shutting_down.load(Ordering::SeqCst) {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced yet").into_response()
+    }
+}
+
+async fn metrics(Extract(state): Extract<Arc<State>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.encode(),
+    )
+        .into_response()
+}
+
+pub async fn serve(state: Arc<State>, options: &Options) -> Result<()> {
+    let tls = RustlsConfig::from_pem_file(&options.tls_cert, &options.tls_key)
+        .await
+        .with_context(|| {
+            format!(
+                "loading {} and {}",
+                options.tls_cert.display(),
+                options.tls_key.display()
+            )
+        })?;
+    tokio::spawn(reload_certificates(tls.clone(), options.clone()));
+    let grace = duration("shutdown-grace", &options.shutdown_grace)?;
+    let handle = Handle::new();
+    let ops = tokio::net::TcpListener::bind(options.metrics_listen)
+        .await
+        .with_context(|| format!("binding {}", options.metrics_listen))?;
+    tracing::info!(webhook = %options.listen, ops = %ops.local_addr()?, "serving");
+    // Health and metrics stay up until the webhook has drained, so the
+    // kubelet sees "not ready" rather than a refused connection.
+    let (stop_ops, ops_stopped) = tokio::sync::oneshot::channel::<()>();
+    let ops_app = ops_router(state.clone());
+    let ops_server = tokio::spawn(async move {
+        axum::serve(ops, ops_app)
+            .with_graceful_shutdown(async move {
+                let _ = ops_stopped.await;
+            })
+            .await
+    });
+    let signal_state = state.clone();
+    let signal_handle = handle.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!(grace = ?grace, "shutting down: not ready, finishing in-flight requests");
+        signal_state.shutting_down.store(true, Ordering::SeqCst);
+        signal_handle.graceful_shutdown(Some(grace));
+    });
+    axum_server::bind_rustls(options.listen, tls)
+        .handle(handle)
+        .serve(webhook_router(state).into_make_service())
+        .await
+        .context("webhook server")?;
+    let _ = stop_ops.send(());
+    let _ = ops_server.await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// cert-manager rotates the certificate in place: pick it up without a
+/// restart.
+async fn reload_certificates(tls: RustlsConfig, options: Options) {
+    let modified = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let mut seen: Option<SystemTime> = modified(&options.tls_cert);
+    loop {
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let now = modified(&options.tls_cert);
+        if now != seen {
+            match tls.reload_from_pem_file(&options.tls_cert, &options.tls_key).await {
+                Ok(()) => tracing::info!("reloaded the TLS certificate"),
+                Err(e) => tracing::warn!("keeping the old TLS certificate: {e}"),
+            }
+            seen = now;
+        }
+    }
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => return ctrl_c.await.unwrap_or(()),
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

@@ -1,0 +1,192 @@
+//! Prometheus metrics. Labels come from small fixed sets (never object
+//! names or request fields verbatim), so a hostile request cannot blow up
+//! the series count, and no label can carry Secret data.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub kind: &'static str,
+    pub operation: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    /// allowed, mutated, denied or error.
+    pub decision: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabels {
+    pub operation: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EffectLabels {
+    /// adopt or patch_workload.
+    pub effect: &'static str,
+    /// done, dropped, failed or retried.
+    pub outcome: &'static str,
+}
+
+type HistogramFamily = Family<RequestLabels, Histogram, fn() -> Histogram>;
+
+pub struct Metrics {
+    registry: Registry,
+    pub latency: HistogramFamily,
+    pub decisions: Family<DecisionLabels, Counter>,
+    pub snapshots_created: Counter,
+    pub adoptions: Counter,
+    pub deletions: Counter,
+    pub rollouts: Counter,
+    pub host_call_errors: Family<OperationLabels, Counter>,
+    pub effects: Family<EffectLabels, Counter>,
+    pub queue_depth: Gauge,
+}
+
+fn latency_buckets() -> Histogram {
+    // 0.5 ms .. ~1 s: an admission is a few hundred µs; the webhook
+    // timeout is the upper bound that matters.
+    Histogram::new([
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    ])
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("config_snapshot");
+        let latency: HistogramFamily = Family::new_with_constructor(latency_buckets);
+        let decisions = Family::<DecisionLabels, Counter>::default();
+        let snapshots_created = Counter::default();
+        let adoptions = Counter::default();
+        let deletions = Counter::default();
+        let rollouts = Counter::default();
+        let host_call_errors = Family::<OperationLabels, Counter>::default();
+        let effects = Family::<EffectLabels, Counter>::default();
+        let queue_depth = Gauge::default();
+        registry.register(
+            "admission_duration_seconds",
+            "Time to answer one AdmissionReview",
+            latency.clone(),
+        );
+        registry.register("admission_decisions", "AdmissionReview answers", decisions.clone());
+        registry.register("snapshots_created", "Snapshots created", snapshots_created.clone());
+        registry.register(
+            "snapshot_adoptions",
+            "Snapshots given a revision as owner",
+            adoptions.clone(),
+        );
+        registry.register("snapshot_deletions", "Orphaned snapshots deleted", deletions.clone());
+        registry.register(
+            "watch_rollouts",
+            "Workloads patched to a new snapshot after a source change",
+            rollouts.clone(),
+        );
+        registry.register(
+            "host_call_errors",
+            "Host calls from the policy that failed",
+            host_call_errors.clone(),
+        );
+        registry.register("deferred_effects", "Deferred effects by outcome", effects.clone());
+        registry.register(
+            "deferred_effects_queued",
+            "Deferred effects waiting to run",
+            queue_depth.clone(),
+        );
+        Metrics {
+            registry,
+            latency,
+            decisions,
+            snapshots_created,
+            adoptions,
+            deletions,
+            rollouts,
+            host_call_errors,
+            effects,
+            queue_depth,
+        }
+    }
+}
+
+impl Metrics {
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    pub fn effect(&self, effect: &'static str, outcome: &'static str) {
+        self.effects.get_or_create(&EffectLabels { effect, outcome }).inc();
+    }
+}
+
+/// A request's kind as a label: one of the kinds the webhook handles.
+pub fn kind_label(kind: &str) -> &'static str {
+    const KINDS: [&str; 7] = [
+        "Deployment",
+        "StatefulSet",
+        "DaemonSet",
+        "ConfigMap",
+        "Secret",
+        "ReplicaSet",
+        "ControllerRevision",
+    ];
+    KINDS.into_iter().find(|k| *k == kind).unwrap_or("other")
+}
+
+pub fn operation_label(operation: &str) -> &'static str {
+    ["CREATE", "UPDATE", "DELETE", "CONNECT"]
+        .into_iter()
+        .find(|o| *o == operation)
+        .unwrap_or("other")
+}
+
+/// A host call's operation as a label.
+pub fn host_operation_label(operation: &str) -> &'static str {
+    [
+        "get_resource",
+        "list_resources_by_namespace",
+        "can_i",
+        "now",
+        "create_snapshot",
+        "adopt",
+        "delete_snapshot",
+        "patch_workload",
+    ]
+    .into_iter()
+    .find(|o| *o == operation)
+    .unwrap_or("other")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_are_clamped_to_known_values() {
+        assert_eq!(kind_label("Deployment"), "Deployment");
+        assert_eq!(kind_label("x".repeat(300).as_str()), "other");
+        assert_eq!(operation_label("PATCH"), "other");
+        assert_eq!(host_operation_label("create_snapshot"), "create_snapshot");
+        assert_eq!(host_operation_label("secret-value"), "other");
+    }
+
+    #[test]
+    fn counters_show_up_in_the_exposition() {
+        let m = Metrics::default();
+        m.snapshots_created.inc();
+        m.effect("adopt", "done");
+        let text = m.encode();
+        assert!(text.contains("config_snapshot_snapshots_created_total 1"), "{text}");
+        assert!(
+            text.contains(r#"config_snapshot_deferred_effects_total{effect="adopt",outcome="done"} 1"#),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,175 @@
+//! `config-snapshot serve`: the policy as a mutating admission webhook with
+//! the full `config-snapshot`/`v1` capability, against a real API server.
+//!
+//! Stateless apart from watch caches and the effect queue, so it runs as
+//! several replicas: two replicas racing to create one snapshot create the
+//! same content-addressed object, and the loser reads it back.
+
+mod admission;
+pub mod cache;
+pub mod cluster;
+pub mod effects;
+mod http;
+pub mod metrics;
+pub mod resync;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context as _, Result};
+use config_snapshot_policy::duration::parse_go_duration;
+use kube::Client;
+use serde_json::Value;
+
+pub use admission::{admit, review, Answer, Failure};
+use cache::Cache;
+use cluster::KubeCluster;
+use effects::{Queue, QueueSettings};
+use metrics::Metrics;
+
+use crate::engine::Engine;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct Options {
+    /// The policy wasm.
+    #[arg(long, env = "CONFIG_SNAPSHOT_POLICY")]
+    pub policy: PathBuf,
+    /// Policy settings as JSON (see policy-metadata.yml).
+    #[arg(long, default_value = "{}", env = "CONFIG_SNAPSHOT_SETTINGS")]
+    pub settings_json: String,
+    /// PEM certificate chain for the webhook (reloaded when it changes).
+    #[arg(long)]
+    pub tls_cert: PathBuf,
+    /// PEM private key for the webhook.
+    #[arg(long)]
+    pub tls_key: PathBuf,
+    /// The webhook's HTTPS address.
+    #[arg(long, default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+    /// Plain-HTTP address for /healthz, /readyz and /metrics.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub metrics_listen: SocketAddr,
+    /// Log format: text or json.
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+    /// How often to re-admit renew-duration workloads and re-derive watch
+    /// rollouts (Go duration).
+    #[arg(long, default_value = "5m")]
+    pub resync_interval: String,
+    /// Storm guard: at most one watch rollout per workload per interval.
+    #[arg(long, default_value = "30s")]
+    pub watch_min_interval: String,
+    /// Deferred effects waiting at most (beyond: dropped, the resync and the
+    /// sweep recover).
+    #[arg(long, default_value = "1024")]
+    pub queue_capacity: usize,
+    /// The policy's deadline per request (Go duration).
+    #[arg(long, default_value = "2s")]
+    pub policy_timeout: String,
+    /// Grace period for in-flight requests on shutdown (Go duration).
+    #[arg(long, default_value = "20s")]
+    pub shutdown_grace: String,
+}
+
+/// Shared by the HTTP handlers, the effect worker and the resync.
+pub struct State {
+    pub engine: Engine,
+    /// The settings as JSON text, spliced into every validate payload.
+    pub settings: String,
+    pub cluster: Arc<KubeCluster>,
+    pub queue: Queue,
+    pub metrics: Arc<Metrics>,
+    pub shutting_down: AtomicBool,
+    ids: AtomicU64,
+}
+
+impl State {
+    pub fn ready(&self) -> bool {
+        self.cluster.cache.synced() && !self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    fn next_id(&self) -> u64 {
+        self.ids.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+fn duration(flag: &str, text: &str) -> Result<Duration> {
+    parse_go_duration(text)
+        .map(Duration::from_secs)
+        .map_err(|e| anyhow!("--{flag}: {e}"))
+}
+
+/// Everything `serve` needs that does not involve sockets.
+pub fn build(options: &Options, client: Client) -> Result<(Arc<State>, effects::Worker)> {
+    let settings: Value = serde_json::from_str(&options.settings_json).context("--settings-json is not JSON")?;
+    let bytes = std::fs::read(&options.policy).with_context(|| format!("reading {}", options.policy.display()))?;
+    let engine = Engine::from_bytes(&bytes, duration("policy-timeout", &options.policy_timeout)?)?;
+    if let Err(message) = engine.validate_settings(&settings)? {
+        return Err(anyhow!("invalid settings: {message}"));
+    }
+    let metrics = Arc::new(Metrics::default());
+    let cache = Arc::new(Cache::new());
+    let runtime = tokio::runtime::Handle::try_current().context("serve needs a tokio runtime")?;
+    let cluster = Arc::new(KubeCluster::new(client, cache, runtime, metrics.clone()));
+    let (queue, worker) = Queue::new(
+        cluster.clone(),
+        QueueSettings {
+            capacity: options.queue_capacity.max(1),
+            watch_min_interval: duration("watch-min-interval", &options.watch_min_interval)?,
+            ..QueueSettings::default()
+        },
+    );
+    let state = Arc::new(State {
+        engine,
+        settings: settings.to_string(),
+        cluster,
+        queue,
+        metrics,
+        shutting_down: AtomicBool::new(false),
+        ids: AtomicU64::new(0),
+    });
+    Ok((state, worker))
+}
+
+/// Runs the webhook until SIGTERM or Ctrl-C.
+pub async fn run(options: Options) -> Result<()> {
+    // One crypto provider for rustls, chosen here rather than by feature
+    // unification: ring, the one kube-rs uses too.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = Client::try_default()
+        .await
+        .context("connecting to the API server (in-cluster config or KUBECONFIG)")?;
+    let (state, worker) = build(&options, client.clone())?;
+    state.cluster.cache.start(client);
+    tokio::spawn(worker.run());
+    let interval = duration("resync-interval", &options.resync_interval)?;
+    tokio::spawn(resync_loop(state.clone(), interval));
+    http::serve(state, &options).await
+}
+
+async fn resync_loop(state: Arc<State>, interval: Duration) {
+    while !state.cluster.cache.synced() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    loop {
+        resync::once(&state).await;
+        tokio::time::sleep(interval.max(Duration::from_secs(1))).await;
+    }
+}
+
+/// Sets up `tracing`: text or JSON lines on stderr, `RUST_LOG` honoured.
+pub fn init_logging(format: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = if format == "json" {
+        builder.json().flatten_event(true).try_init()
+    } else {
+        builder.try_init()
+    };
+}

@@ -1,0 +1,467 @@
+//! `config-snapshot serve` end to end: the real binary, on loopback, with a
+//! test certificate, against the in-process API server stand-in. The test
+//! plays the API server's part around the webhook: it sends the
+//! AdmissionReviews, persists what was admitted, and creates the ReplicaSet
+//! the Deployment controller would.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use base64::Engine as _;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{json, Value};
+use support::apiserver::ApiServer;
+
+const NS: &str = "shop";
+/// Planted in a Secret; must never leave it.
+const CANARY: &str = "canary-7f3a9c-do-not-log";
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn policy() -> PathBuf {
+    let built = root().join("target/wasm32-wasip1/release/config_snapshot_policy.wasm");
+    assert!(built.exists(), "build the policy first: make policy.wasm");
+    built
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Serve {
+    child: Child,
+    webhook: SocketAddr,
+    ops: SocketAddr,
+    logs: Arc<Mutex<String>>,
+    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+    /// Every AdmissionReview response body, for the canary check.
+    responses: Vec<String>,
+}
+
+impl Serve {
+    fn start(api: &ApiServer, extra: &[&str]) -> Serve {
+        let dir = std::env::temp_dir().join(format!("config-snapshot-serve-{}-{}", std::process::id(), free_port()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
+        std::fs::write(dir.join("tls.crt"), cert.cert.pem()).unwrap();
+        std::fs::write(dir.join("tls.key"), cert.signing_key.serialize_pem()).unwrap();
+        let kubeconfig = format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: standin, cluster: {{server: \"{}\"}}}}]\n\
+             users: [{{name: test, user: {{}}}}]\n\
+             contexts: [{{name: standin, context: {{cluster: standin, user: test}}}}]\ncurrent-context: standin\n",
+            api.url()
+        );
+        std::fs::write(dir.join("kubeconfig"), kubeconfig).unwrap();
+        let webhook: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let ops: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_config-snapshot"))
+            .arg("serve")
+            .arg("--policy")
+            .arg(policy())
+            .arg("--tls-cert")
+            .arg(dir.join("tls.crt"))
+            .arg("--tls-key")
+            .arg(dir.join("tls.key"))
+            .args(["--listen", &webhook.to_string(), "--metrics-listen", &ops.to_string()])
+            .args(["--log-format", "json", "--watch-min-interval", "1s"])
+            .args(extra)
+            .env("KUBECONFIG", dir.join("kubeconfig"))
+            .env("RUST_LOG", "debug")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("serve starts");
+        let logs = Arc::new(Mutex::new(String::new()));
+        for stream in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
+            let logs = logs.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    let mut logs = logs.lock().unwrap();
+                    logs.push_str(&line);
+                    logs.push('\n');
+                }
+            });
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert.cert.der().clone()).unwrap();
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_only()
+            .enable_http1()
+            .build();
+        Serve {
+            child,
+            webhook,
+            ops,
+            logs,
+            client: Client::builder(TokioExecutor::new()).build(https),
+            responses: Vec::new(),
+        }
+    }
+
+    /// A plain HTTP GET on the ops port: (status, body).
+    fn ops_get(&self, path: &str) -> Option<(u16, String)> {
+        let mut stream = TcpStream::connect(self.ops).ok()?;
+        write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).ok()?;
+        let code = text.split_whitespace().nth(1)?.parse().ok()?;
+        Some((code, text.split_once("\r\n\r\n")?.1.to_string()))
+    }
+
+    async fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Some((200, _)) = self.ops_get("/readyz") {
+                return;
+            }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("serve exited with {status}:\n{}", self.logs());
+            }
+            assert!(Instant::now() < deadline, "serve never became ready:\n{}", self.logs());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn post(&mut self, body: Vec<u8>) -> (u16, String) {
+        let request = axum::http::Request::post(format!("https://{}/mutate", self.webhook))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let response = self.client.request(request).await.expect("HTTPS request");
+        let code = response.status().as_u16();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let text = String::from_utf8_lossy(&body).to_string();
+        self.responses.push(text.clone());
+        (code, text)
+    }
+
+    /// Sends an AdmissionRequest; returns the response and the object as
+    /// the API server would persist it (with the JSON Patch applied).
+    async fn admit(
+        &mut self,
+        uid: &str,
+        operation: &str,
+        object: &Value,
+        old: Option<&Value>,
+        dry_run: bool,
+    ) -> (Value, Value) {
+        let kind = object["kind"].as_str().unwrap();
+        let api_version = object["apiVersion"].as_str().unwrap();
+        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+        let review = json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": uid,
+                "kind": {"group": group, "version": version, "kind": kind},
+                "resource": {"group": group, "version": version, "resource": format!("{}s", kind.to_lowercase())},
+                "name": object["metadata"]["name"], "namespace": NS, "operation": operation,
+                "userInfo": {"username": "alice"}, "object": object, "oldObject": old,
+                "dryRun": dry_run, "options": {}
+            }
+        });
+        let (code, text) = self.post(serde_json::to_vec(&review).unwrap()).await;
+        assert_eq!(code, 200, "{text}\n{}", self.logs());
+        let answer: Value = serde_json::from_str(&text).unwrap();
+        let response = answer["response"].clone();
+        assert_eq!(response["uid"], uid);
+        let mut persisted = object.clone();
+        if let Some(patch) = response["patch"].as_str() {
+            assert_eq!(response["patchType"], "JSONPatch");
+            let bytes = base64::engine::general_purpose::STANDARD.decode(patch).unwrap();
+            let patch: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
+            json_patch::patch(&mut persisted, &patch).unwrap();
+        }
+        (response, persisted)
+    }
+
+    fn logs(&self) -> String {
+        self.logs.lock().unwrap().clone()
+    }
+
+    fn metric(&self, name: &str) -> f64 {
+        let (_, text) = self.ops_get("/metrics").expect("metrics");
+        text.lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "serve did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
+}
+
+async fn eventually<T>(what: &str, serve: &Serve, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}\n{}",
+            serve.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn config_map(mode: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app-config", "namespace": NS},
+           "data": {"mode": mode}})
+}
+
+fn deployment() -> Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": NS, "annotations": {
+            "config-snapshot.io/watch": "app-config",
+            "config-snapshot.io/snapshot": "secret/app-secret"}},
+        "spec": {"selector": {"matchLabels": {"app": "web"}}, "template": {
+            "metadata": {"labels": {"app": "web"}},
+            "spec": {"containers": [{"name": "web", "image": "nginx:1.25", "env": [
+                {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "app-config", "key": "mode"}}},
+                {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "app-secret", "key": "token"}}}]}]}}}
+    })
+}
+
+fn env_ref<'a>(workload: &'a Value, var: &str, ref_kind: &str) -> &'a str {
+    workload["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == var)
+        .and_then(|e| e["valueFrom"][ref_kind]["name"].as_str())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_admits_snapshots_adopts_and_rolls_out_over_https() {
+    let api = ApiServer::start().await;
+    api.put(config_map("blue"));
+    let secret = json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": "app-secret", "namespace": NS},
+        "data": {"token": base64::engine::general_purpose::STANDARD.encode(CANARY)}});
+    api.put(secret.clone());
+    let mut serve = Serve::start(&api, &[]);
+    serve.wait_ready().await;
+    assert_eq!(serve.ops_get("/healthz").map(|r| r.0), Some(200));
+
+    // 1. A Deployment is admitted with its references pinned to snapshots.
+    let (response, web) = serve.admit("create-web", "CREATE", &deployment(), None, false).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    let blue = env_ref(&web, "MODE", "configMapKeyRef").to_string();
+    let secret_snapshot = env_ref(&web, "TOKEN", "secretKeyRef").to_string();
+    assert!(blue.starts_with("app-config-"), "{blue}");
+    assert!(secret_snapshot.starts_with("app-secret-"), "{secret_snapshot}");
+    let snapshot = api
+        .get("ConfigMap", NS, &blue)
+        .expect("the ConfigMap snapshot exists in the API server");
+    assert_eq!(snapshot["immutable"], true);
+    assert_eq!(snapshot["data"]["mode"], "blue");
+    assert_eq!(
+        snapshot["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+        "config-snapshot"
+    );
+    let copy = api
+        .get("Secret", NS, &secret_snapshot)
+        .expect("the Secret snapshot exists");
+    assert_eq!(copy["data"], secret["data"]);
+    let web = api.put(web);
+
+    // 2. A dry run writes nothing.
+    let before = api.list("ConfigMap").len() + api.list("Secret").len();
+    let mut preview_config = config_map("preview");
+    preview_config["metadata"]["name"] = json!("preview-config");
+    api.put(preview_config);
+    let other: Value = serde_json::from_str(&deployment().to_string().replace("app-config", "preview-config")).unwrap();
+    let (response, _) = serve.admit("dry-run", "CREATE", &other, None, true).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    let before = before + 1;
+    assert_eq!(
+        api.list("ConfigMap").len() + api.list("Secret").len(),
+        before,
+        "a dry run created objects"
+    );
+
+    // 3. The controller's ReplicaSet is admitted; serve adopts the snapshots.
+    let rs = json!({
+        "apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "metadata": {"name": "web-1", "namespace": NS,
+            "annotations": {"deployment.kubernetes.io/revision": "1"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web",
+                                 "uid": web["metadata"]["uid"], "controller": true}]},
+        "spec": {"selector": web["spec"]["selector"], "template": web["spec"]["template"]}
+    });
+    let (response, rs) = serve.admit("create-rs", "CREATE", &rs, None, false).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    let rs = api.put(rs);
+    let rs_uid = rs["metadata"]["uid"].clone();
+    for (kind, name) in [("ConfigMap", &blue), ("Secret", &secret_snapshot)] {
+        eventually("adoption by the ReplicaSet", &serve, || {
+            let s = api.get(kind, NS, name)?;
+            s["metadata"]["ownerReferences"]
+                .as_array()?
+                .iter()
+                .any(|r| r["uid"] == rs_uid && r["kind"] == "ReplicaSet")
+                .then_some(())
+        })
+        .await;
+    }
+
+    // 4. Editing the watched ConfigMap: the snapshot is made at admission,
+    //    the Deployment is patched only once the edit is persisted.
+    let (response, green_cm) = serve
+        .admit(
+            "edit-cm",
+            "UPDATE",
+            &config_map("green"),
+            Some(&config_map("blue")),
+            false,
+        )
+        .await;
+    assert_eq!(response["allowed"], true, "{response}");
+    let green = api
+        .list("ConfigMap")
+        .into_iter()
+        .find(|c| c["data"]["mode"] == "green" && c["immutable"] == true)
+        .expect("a snapshot of the new content");
+    let green = green["metadata"]["name"].as_str().unwrap().to_string();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let unchanged = api.get("Deployment", NS, "web").unwrap();
+    assert_eq!(
+        env_ref(&unchanged, "MODE", "configMapKeyRef"),
+        blue,
+        "rolled out before the edit was persisted"
+    );
+    api.put(green_cm);
+    let rolled = eventually("the watch rollout", &serve, || {
+        let w = api.get("Deployment", NS, "web")?;
+        (env_ref(&w, "MODE", "configMapKeyRef") == green).then_some(w)
+    })
+    .await;
+    assert_eq!(
+        env_ref(&rolled, "TOKEN", "secretKeyRef"),
+        secret_snapshot,
+        "the Secret reference moved"
+    );
+    assert_eq!(
+        rolled["spec"]["template"]["spec"]["containers"][0]["image"],
+        "nginx:1.25"
+    );
+    assert!(
+        api.log()
+            .iter()
+            .any(|l| l == &format!("PATCH /apis/apps/v1/namespaces/{NS}/deployments/web")),
+        "{:?}",
+        api.log()
+    );
+
+    // 5. A Secret edit passes through the webhook (no watcher), carrying the canary.
+    let mut edited = secret.clone();
+    edited["data"]["token"] = json!(base64::engine::general_purpose::STANDARD.encode(format!("{CANARY}-2")));
+    let (response, _) = serve
+        .admit("edit-secret", "UPDATE", &edited, Some(&secret), false)
+        .await;
+    assert_eq!(response["allowed"], true, "{response}");
+
+    // 6. Bad input is answered, not crashed on.
+    let (code, text) = serve.post(b"{not json".to_vec()).await;
+    assert_eq!(code, 400, "{text}");
+    let (code, text) = serve
+        .post(br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#.to_vec())
+        .await;
+    assert_eq!(code, 400, "{text}");
+    let garbage = json!({"request": {"uid": "g", "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
+        "operation": "CREATE", "namespace": NS, "object": "garbage"}});
+    let (code, text) = serve.post(serde_json::to_vec(&garbage).unwrap()).await;
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["response"]["uid"], "g");
+
+    // 7. The counters moved.
+    assert!(serve.metric("config_snapshot_snapshots_created_total") >= 3.0);
+    assert!(serve.metric("config_snapshot_snapshot_adoptions_total") >= 2.0);
+    assert_eq!(serve.metric("config_snapshot_watch_rollouts_total"), 1.0);
+    assert!(serve.metric("config_snapshot_admission_decisions_total{decision=\"mutated\"") >= 2.0);
+    assert!(serve.metric("config_snapshot_admission_duration_seconds_count") >= 6.0);
+    assert!(serve.metric("config_snapshot_deferred_effects_total{effect=\"patch_workload\",outcome=\"done\"") >= 1.0);
+
+    // 8. Graceful shutdown on SIGTERM.
+    let status = serve.terminate();
+    assert!(status.success(), "exit status {status}\n{}", serve.logs());
+
+    if std::env::var_os("DUMP_SERVE_LOGS").is_some() {
+        eprintln!("{}", serve.logs());
+    }
+    // 9. The Secret's data never left it: not in logs, metrics or answers.
+    let logs = serve.logs();
+    assert!(
+        logs.contains("\"admission\""),
+        "the logs are JSON lines with admissions:\n{logs}"
+    );
+    let encoded = base64::engine::general_purpose::STANDARD.encode(CANARY);
+    for haystack in [logs.as_str(), &serve.responses.join("\n")] {
+        assert!(
+            !haystack.contains(CANARY) && !haystack.contains(&encoded),
+            "the Secret canary leaked"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_refuses_invalid_settings_at_start() {
+    let api = ApiServer::start().await;
+    let mut serve = Serve::start(&api, &["--settings-json", r#"{"noSuchSetting": 1}"#]);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = serve.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "serve kept running with invalid settings");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(!status.success());
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(serve.logs().contains("invalid settings"), "{}", serve.logs());
+}
