@@ -483,10 +483,19 @@ mod invariant_tests {
         objects: Mutex<Vec<Value>>,
         writes: Mutex<Vec<String>>,
         deferred: Mutex<Vec<Effect>>,
+        /// Plays a cache that has not seen another replica's write yet:
+        /// `get` misses, `get_fresh` and `create` see the truth.
+        stale_cache: bool,
     }
 
     impl Backend for Recorder {
         fn get(&self, kind: &str, ns: &str, name: &str) -> Result<Option<Value>, String> {
+            if self.stale_cache {
+                return Ok(None);
+            }
+            self.get_fresh(kind, ns, name)
+        }
+        fn get_fresh(&self, kind: &str, ns: &str, name: &str) -> Result<Option<Value>, String> {
             Ok(self
                 .objects
                 .lock()
@@ -505,6 +514,14 @@ mod invariant_tests {
             Ok(())
         }
         fn create(&self, object: Value) -> Result<(), String> {
+            let (kind, ns, name) = (
+                object["kind"].as_str().unwrap_or_default(),
+                object["metadata"]["namespace"].as_str().unwrap_or_default(),
+                object["metadata"]["name"].as_str().unwrap_or_default(),
+            );
+            if self.get_fresh(kind, ns, name)?.is_some() {
+                return Err(format!("configmaps {name:?} already exists (AlreadyExists, 409)"));
+            }
             self.writes
                 .lock()
                 .unwrap()
@@ -576,6 +593,35 @@ mod invariant_tests {
             json!({"created": false})
         );
         assert_eq!(backend.writes.lock().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn losing_a_create_race_to_the_same_snapshot_is_not_an_error() {
+        let backend = Arc::new(Recorder {
+            stale_cache: true,
+            ..Recorder::default()
+        });
+        backend.objects.lock().unwrap().push(good_snapshot("team-a"));
+        let cap = Capability {
+            backend: backend.clone(),
+            scope: Scope {
+                uid: "r".into(),
+                namespace: "team-a".into(),
+                dry_run: false,
+            },
+        };
+        let answer = write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap();
+        assert_eq!(
+            serde_json::from_slice::<Value>(&answer).unwrap(),
+            json!({"created": false})
+        );
+
+        // Another object under the snapshot's name is not ours to reuse.
+        let mut other = good_snapshot("team-a");
+        other["data"]["k"] = json!("different");
+        *backend.objects.lock().unwrap() = vec![other];
+        let err = write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap_err();
+        assert!(err.contains("a different ConfigMap"), "{err}");
     }
 
     #[test]

@@ -1,0 +1,13 @@
+# The `config-snapshot serve` image: the host binary and the policy wasm it
+# evaluates, on distroless (glibc, non-root). Built by the release workflow
+# and by e2e-tests/cluster/run.sh.
+FROM rust:1.96-bookworm AS build
+WORKDIR /src
+COPY . .
+RUN make policy.wasm && cargo build --release --locked -p config-snapshot
+
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=build /src/target/release/config-snapshot /usr/bin/config-snapshot
+COPY --from=build /src/policy.wasm /usr/share/config-snapshot/policy.wasm
+USER 65532:65532
+ENTRYPOINT ["/usr/bin/config-snapshot"]

@@ -1,0 +1,300 @@
+//! deploy/serve is checked the way the API server would read it: every
+//! object must round-trip through its k8s-openapi type unchanged (so a
+//! misspelt or misplaced field fails, instead of being dropped silently),
+//! and the pieces must fit together: rules equal policy-metadata.yml, the
+//! container's arguments parse with the real CLI, probes hit the real
+//! endpoints, names and selectors agree, and RBAC is exactly what serve uses.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use clap::Parser;
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/serve")
+}
+
+fn documents() -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.file_name().unwrap() == "kustomization.yaml" {
+            continue;
+        }
+        for object in config_snapshot::review::read_objects(&path).unwrap() {
+            out.push((path.file_name().unwrap().to_string_lossy().to_string(), object));
+        }
+    }
+    out
+}
+
+fn find(kind: &str) -> Value {
+    documents()
+        .into_iter()
+        .map(|(_, o)| o)
+        .find(|o| o["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} in deploy/serve"))
+}
+
+fn typed<T: DeserializeOwned + Serialize>(object: &Value) -> T {
+    let value: T = serde_json::from_value(object.clone()).unwrap_or_else(|e| panic!("{e}: {object}"));
+    let back = serde_json::to_value(&value).unwrap();
+    assert_eq!(
+        &back, object,
+        "fields the API server would not recognise (or typed differently)"
+    );
+    value
+}
+
+#[test]
+fn every_object_is_valid_for_its_kubernetes_type() {
+    let mut kinds = BTreeSet::new();
+    for (file, object) in documents() {
+        let kind = object["kind"].as_str().unwrap().to_string();
+        match kind.as_str() {
+            "Namespace" => drop(typed::<Namespace>(&object)),
+            "ServiceAccount" => drop(typed::<ServiceAccount>(&object)),
+            "ConfigMap" => drop(typed::<ConfigMap>(&object)),
+            "Service" => drop(typed::<Service>(&object)),
+            "Deployment" => drop(typed::<Deployment>(&object)),
+            "PodDisruptionBudget" => drop(typed::<PodDisruptionBudget>(&object)),
+            "ClusterRole" => drop(typed::<ClusterRole>(&object)),
+            "ClusterRoleBinding" => drop(typed::<ClusterRoleBinding>(&object)),
+            "MutatingWebhookConfiguration" => drop(typed::<MutatingWebhookConfiguration>(&object)),
+            // cert-manager's CRDs have no k8s-openapi type; checked below.
+            "Issuer" | "Certificate" => assert_eq!(object["apiVersion"], "cert-manager.io/v1", "{file}"),
+            other => panic!("{file}: unexpected kind {other}"),
+        }
+        kinds.insert(kind);
+    }
+    assert_eq!(kinds.len(), 11, "{kinds:?}");
+}
+
+#[test]
+fn the_kustomization_lists_every_manifest() {
+    let text = std::fs::read_to_string(dir().join("kustomization.yaml")).unwrap();
+    let k: Value = serde_yaml::from_str(&text).unwrap();
+    let listed: BTreeSet<String> = k["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap().to_string())
+        .collect();
+    let files: BTreeSet<String> = std::fs::read_dir(dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|f| f != "kustomization.yaml")
+        .collect();
+    assert_eq!(listed, files);
+}
+
+#[test]
+fn the_webhook_matches_the_policy_metadata_and_is_safe_to_run() {
+    let config: MutatingWebhookConfiguration = typed(&find("MutatingWebhookConfiguration"));
+    let webhooks = config.webhooks.unwrap();
+    assert_eq!(webhooks.len(), 1);
+    let hook = &webhooks[0];
+    let metadata: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(dir().join("../../policy-metadata.yml")).unwrap()).unwrap();
+    let mut rules = serde_json::to_value(hook.rules.as_ref().unwrap()).unwrap();
+    for rule in rules.as_array_mut().unwrap() {
+        assert_eq!(rule["scope"], "Namespaced");
+        rule.as_object_mut().unwrap().remove("scope");
+    }
+    assert_eq!(rules, metadata["rules"]);
+    assert_eq!(hook.side_effects, "NoneOnDryRun");
+    assert_eq!(hook.reinvocation_policy.as_deref(), Some("IfNeeded"));
+    assert_eq!(hook.admission_review_versions, ["v1"]);
+    let timeout = hook.timeout_seconds.unwrap();
+    assert!(
+        (5..=30).contains(&timeout),
+        "timeoutSeconds {timeout} must leave room for the 2 s policy deadline"
+    );
+    assert!(matches!(hook.failure_policy.as_deref(), Some("Ignore") | Some("Fail")));
+
+    let excluded = &hook
+        .namespace_selector
+        .as_ref()
+        .unwrap()
+        .match_expressions
+        .as_ref()
+        .unwrap()[0];
+    assert_eq!(excluded.key, "kubernetes.io/metadata.name");
+    assert_eq!(excluded.operator, "NotIn");
+    let deployment: Deployment = typed(&find("Deployment"));
+    let own_ns = deployment.metadata.namespace.clone().unwrap();
+    for ns in ["kube-system", own_ns.as_str()] {
+        assert!(
+            excluded.values.as_ref().unwrap().iter().any(|v| v == ns),
+            "{ns} not excluded"
+        );
+    }
+
+    let service: Service = typed(&find("Service"));
+    let target = hook.client_config.service.as_ref().unwrap();
+    assert_eq!(Some(&target.name), service.metadata.name.as_ref());
+    assert_eq!(Some(&target.namespace), service.metadata.namespace.as_ref());
+    assert_eq!(target.path.as_deref(), Some("/mutate"));
+    let ports = service.spec.as_ref().unwrap().ports.as_ref().unwrap();
+    assert!(ports.iter().any(|p| Some(p.port) == target.port));
+
+    // cert-manager: the injected CA is the Certificate's, whose Secret the
+    // pods mount and whose names cover the Service.
+    let ca_from = config.metadata.annotations.as_ref().unwrap()["cert-manager.io/inject-ca-from"].clone();
+    let certificate = find("Certificate");
+    assert_eq!(
+        ca_from,
+        format!(
+            "{}/{}",
+            certificate["metadata"]["namespace"].as_str().unwrap(),
+            certificate["metadata"]["name"].as_str().unwrap()
+        )
+    );
+    let secret = certificate["spec"]["secretName"].as_str().unwrap();
+    let volumes = deployment
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .volumes
+        .clone()
+        .unwrap();
+    assert!(volumes
+        .iter()
+        .any(|v| v.secret.as_ref().and_then(|s| s.secret_name.as_deref()) == Some(secret)));
+    let dns = format!("{}.{}.svc", target.name, target.namespace);
+    assert!(certificate["spec"]["dnsNames"]
+        .as_array()
+        .unwrap()
+        .contains(&json!(dns)));
+    let issuer = find("Issuer");
+    assert_eq!(certificate["spec"]["issuerRef"]["name"], issuer["metadata"]["name"]);
+}
+
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    command: Sub,
+}
+
+#[derive(clap::Subcommand)]
+enum Sub {
+    Serve(config_snapshot::serve::Options),
+}
+
+#[test]
+fn the_deployment_runs_serve_as_the_cli_parses_it_with_probes_on_real_endpoints() {
+    let deployment: Deployment = typed(&find("Deployment"));
+    let spec = deployment.spec.as_ref().unwrap();
+    assert_eq!(spec.replicas, Some(2));
+    let pod = spec.template.spec.as_ref().unwrap();
+    let container = &pod.containers[0];
+    let mut argv = vec!["config-snapshot".to_string()];
+    argv.extend(container.args.clone().unwrap());
+    let Sub::Serve(options) = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{e}")).command;
+    let port = |name: &str| {
+        container
+            .ports
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|p| p.name.as_deref() == Some(name))
+            .unwrap()
+            .container_port
+    };
+    assert_eq!(options.listen.port() as i32, port("webhook"));
+    assert_eq!(options.metrics_listen.port() as i32, port("metrics"));
+    let probe_path = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
+        let get = p.as_ref().unwrap().http_get.as_ref().unwrap();
+        assert_eq!(serde_json::to_value(&get.port).unwrap(), "metrics");
+        get.path.clone().unwrap()
+    };
+    assert_eq!(probe_path(&container.readiness_probe), "/readyz");
+    assert_eq!(probe_path(&container.liveness_probe), "/healthz");
+    assert!(container.resources.as_ref().unwrap().requests.is_some());
+    assert!(container.resources.as_ref().unwrap().limits.is_some());
+    let security = container.security_context.as_ref().unwrap();
+    assert_eq!(security.read_only_root_filesystem, Some(true));
+    assert_eq!(security.allow_privilege_escalation, Some(false));
+    // Settings come from the ConfigMap the manifests ship.
+    let settings = find("ConfigMap");
+    let env = &container.env.as_ref().unwrap()[0];
+    assert_eq!(env.name, "CONFIG_SNAPSHOT_SETTINGS");
+    let key = env.value_from.as_ref().unwrap().config_map_key_ref.as_ref().unwrap();
+    assert_eq!(settings["metadata"]["name"].as_str(), Some(key.name.as_str()));
+    let text = settings["data"][&key.key].as_str().unwrap();
+    serde_json::from_str::<Value>(text).expect("the settings are JSON");
+
+    let labels = spec.template.metadata.as_ref().unwrap().labels.clone().unwrap();
+    let matches =
+        |selector: &std::collections::BTreeMap<String, String>| selector.iter().all(|(k, v)| labels.get(k) == Some(v));
+    let service: Service = typed(&find("Service"));
+    assert!(matches(service.spec.as_ref().unwrap().selector.as_ref().unwrap()));
+    let pdb: PodDisruptionBudget = typed(&find("PodDisruptionBudget"));
+    let pdb_spec = pdb.spec.unwrap();
+    assert!(matches(pdb_spec.selector.unwrap().match_labels.as_ref().unwrap()));
+    assert!(pdb_spec.min_available.is_some() || pdb_spec.max_unavailable.is_some());
+}
+
+#[test]
+fn rbac_grants_exactly_what_serve_uses() {
+    let role: ClusterRole = typed(&find("ClusterRole"));
+    let mut grants = BTreeSet::new();
+    for rule in role.rules.unwrap() {
+        for group in rule.api_groups.unwrap() {
+            for resource in rule.resources.clone().unwrap() {
+                for verb in &rule.verbs {
+                    assert_ne!(verb, "*");
+                    grants.insert(format!("{group}/{resource}:{verb}"));
+                }
+            }
+        }
+    }
+    let mut expected = BTreeSet::new();
+    let read = ["get", "list", "watch"];
+    for (group, resource, extra) in [
+        ("", "configmaps", &["create", "delete", "patch"][..]),
+        ("", "secrets", &["create", "delete", "patch"]),
+        ("", "pods", &[]),
+        ("apps", "deployments", &["patch"]),
+        ("apps", "statefulsets", &["patch"]),
+        ("apps", "daemonsets", &["patch"]),
+        ("apps", "replicasets", &[]),
+        ("apps", "controllerrevisions", &[]),
+    ] {
+        for verb in read.iter().chain(extra) {
+            expected.insert(format!("{group}/{resource}:{verb}"));
+        }
+    }
+    assert_eq!(grants, expected);
+    // The serve cache watches exactly these kinds.
+    let cached: BTreeSet<String> = config_snapshot::serve::cache::KINDS
+        .iter()
+        .map(|(g, _, _, plural)| format!("{g}/{plural}:watch"))
+        .collect();
+    let watched: BTreeSet<String> = grants.iter().filter(|g| g.ends_with(":watch")).cloned().collect();
+    assert_eq!(cached, watched);
+
+    let binding: ClusterRoleBinding = typed(&find("ClusterRoleBinding"));
+    assert_eq!(binding.role_ref.name, role.metadata.name.unwrap());
+    let subject = &binding.subjects.unwrap()[0];
+    let account: ServiceAccount = typed(&find("ServiceAccount"));
+    let deployment: Deployment = typed(&find("Deployment"));
+    assert_eq!(Some(&subject.name), account.metadata.name.as_ref());
+    assert_eq!(subject.namespace, account.metadata.namespace);
+    assert_eq!(
+        deployment.spec.unwrap().template.spec.unwrap().service_account_name,
+        account.metadata.name
+    );
+}
