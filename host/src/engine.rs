@@ -20,7 +20,7 @@ pub trait CallHandler: Send + Sync {
 }
 
 /// Instances alive at once per engine (concurrent requests).
-const MAX_CONCURRENT_INSTANCES: u32 = 64;
+pub const MAX_CONCURRENT_INSTANCES: u32 = 64;
 /// A policy instance's memory cap: far above what a 1.5 MiB object needs.
 const MAX_MEMORY_BYTES: usize = 256 << 20;
 

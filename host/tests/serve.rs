@@ -465,3 +465,67 @@ async fn serve_refuses_invalid_settings_at_start() {
     std::thread::sleep(Duration::from_millis(200));
     assert!(serve.logs().contains("invalid settings"), "{}", serve.logs());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_resync_renews_a_workload_whose_renewal_is_due() {
+    let api = ApiServer::start().await;
+    let secret = |cert: &str| {
+        json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+               "metadata": {"name": "tls", "namespace": NS},
+               "data": {"tls.crt": base64::engine::general_purpose::STANDARD.encode(cert),
+                        "tls.key": base64::engine::general_purpose::STANDARD.encode("key")}})
+    };
+    api.put(secret("cert-v1"));
+    let mut serve = Serve::start(&api, &["--resync-interval", "1s"]);
+    serve.wait_ready().await;
+    let edge = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "edge", "namespace": NS, "annotations": {
+            "config-snapshot.io/snapshot": "secret/tls", "config-snapshot.io/renew-duration": "24h"}},
+        "spec": {"selector": {"matchLabels": {"app": "edge"}}, "template": {
+            "metadata": {"labels": {"app": "edge"}},
+            "spec": {"containers": [{"name": "edge", "image": "envoy:1",
+                                     "volumeMounts": [{"name": "tls", "mountPath": "/tls"}]}],
+                     "volumes": [{"name": "tls", "secret": {"secretName": "tls"}}]}}}
+    });
+    let (response, mut edge) = serve.admit("create-edge", "CREATE", &edge, None, false).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    let volume = |w: &Value| {
+        w["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let first = volume(&edge);
+    assert!(first.starts_with("tls-"), "{first}");
+    // A day later (the last renewal is old), and cert-manager has rotated
+    // the Secret in place.
+    edge["spec"]["template"]["metadata"]["annotations"]["config-snapshot.io/renewed-at"] =
+        json!("2026-01-01T00:00:00Z");
+    api.put(edge);
+    api.put(secret("cert-v2"));
+    let renewed = eventually("the resync's renewal", &serve, || {
+        let w = api.get("Deployment", NS, "edge")?;
+        (volume(&w) != first).then_some(w)
+    })
+    .await;
+    let snapshot = api
+        .get("Secret", NS, &volume(&renewed))
+        .expect("the renewed snapshot exists");
+    assert_eq!(snapshot["type"], "kubernetes.io/tls");
+    assert_eq!(
+        snapshot["data"]["tls.crt"],
+        base64::engine::general_purpose::STANDARD.encode("cert-v2")
+    );
+    let stamp = renewed["spec"]["template"]["metadata"]["annotations"]["config-snapshot.io/renewed-at"].clone();
+    assert_ne!(stamp, "2026-01-01T00:00:00Z");
+    // Renewed once: the next passes find it current and leave it alone.
+    let version = renewed["metadata"]["resourceVersion"].clone();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(
+        api.get("Deployment", NS, "edge").unwrap()["metadata"]["resourceVersion"],
+        version,
+        "renewed again"
+    );
+    assert!(serve.logs().contains("renew: Deployment/edge renewed its snapshots"));
+}

@@ -178,7 +178,11 @@ impl Runner {
                 metrics.effect(name, "dropped");
                 tracing::info!(effect = name, "{why}");
             }
-            Step::Later(delay) => queue.send_after(job, *delay),
+            Step::Later(delay) => {
+                // The wait for preconditions starts when the guard lets go.
+                job.since = Instant::now() + *delay;
+                queue.send_after(job, *delay);
+            }
             Step::Wait(why) | Step::Retry(why) if job.since.elapsed() >= self.settings.wait_for => {
                 if matches!(step, Step::Wait(_)) {
                     metrics.effect(name, "dropped");

@@ -38,8 +38,14 @@ pub fn ops_router(state: Arc<State>) -> Router {
 }
 
 async fn mutate(Extract(state): Extract<Arc<State>>, body: Bytes) -> Response {
-    let task = tokio::task::spawn_blocking(move || admission::review(&state, &body));
-    match task.await {
+    let Ok(permit) = state.evaluations.acquire().await else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "config-snapshot: shutting down").into_response();
+    };
+    let evaluating = state.clone();
+    let task = tokio::task::spawn_blocking(move || admission::review(&evaluating, &body));
+    let result = task.await;
+    drop(permit);
+    match result {
         Ok(Ok(answer)) => axum::Json(answer.review).into_response(),
         Ok(Err(admission::Failure::BadRequest(m))) => (StatusCode::BAD_REQUEST, m).into_response(),
         Ok(Err(admission::Failure::Policy(m))) => (StatusCode::INTERNAL_SERVER_ERROR, m).into_response(),

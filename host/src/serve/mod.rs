@@ -83,6 +83,10 @@ pub struct State {
     pub queue: Queue,
     pub metrics: Arc<Metrics>,
     pub shutting_down: AtomicBool,
+    /// Admissions evaluating at once. The wasm pool has a fixed number of
+    /// instance slots; past it a request would fail, so it waits here
+    /// instead. One slot stays free for the resync.
+    pub evaluations: tokio::sync::Semaphore,
     ids: AtomicU64,
 }
 
@@ -129,6 +133,7 @@ pub fn build(options: &Options, client: Client) -> Result<(Arc<State>, effects::
         queue,
         metrics,
         shutting_down: AtomicBool::new(false),
+        evaluations: tokio::sync::Semaphore::new(crate::engine::MAX_CONCURRENT_INSTANCES as usize - 1),
         ids: AtomicU64::new(0),
     });
     Ok((state, worker))
