@@ -34,6 +34,22 @@ pub struct Fault {
     pub after: u32,
 }
 
+/// One admission as replay evaluated it, with the cluster it saw: lets a
+/// test put another backend (serve's, against an API server) in the same
+/// state and check it answers the same.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub request: Value,
+    pub settings: Value,
+    pub now: i64,
+    pub before: Vec<Value>,
+    pub after: Vec<Value>,
+    /// The Kubewarden ValidationResponse.
+    pub response: Value,
+    /// An injected fault was armed: the answer depends on it.
+    pub faulted: bool,
+}
+
 /// A deferred effect and the admission it waits for.
 #[derive(Debug, Clone)]
 struct Pending {
@@ -146,6 +162,8 @@ pub struct Simulator {
     /// While set, deferred effects wait: models writes that land before the
     /// host gets to their effects (replay's `together` step).
     pub hold_effects: bool,
+    /// When set, every admission is recorded here.
+    pub recorder: Option<Vec<Recorded>>,
 }
 
 impl Simulator {
@@ -161,6 +179,7 @@ impl Simulator {
             last_watch_rollout: HashMap::new(),
             requests: 0,
             hold_effects: false,
+            recorder: None,
         }
     }
 
@@ -295,7 +314,21 @@ impl Simulator {
             backend: self.shared.clone(),
             scope,
         });
+        let before = self.recorder.as_ref().map(|_| (self.objects(), self.now()));
+        let faulted = !self.shared.faults.lock().unwrap().is_empty();
         let response = self.engine.validate(request, &self.settings, handler)?;
+        if let Some((before, now)) = before {
+            let after = self.objects();
+            self.recorder.as_mut().expect("set").push(Recorded {
+                request: request.clone(),
+                settings: self.settings.clone(),
+                now,
+                before,
+                after,
+                response: response.clone(),
+                faulted,
+            });
+        }
         let allowed = response["accepted"].as_bool().unwrap_or(false);
         let mutated = response.get("mutated_object").filter(|v| !v.is_null()).cloned();
         let admission = Admission {

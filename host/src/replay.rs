@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use crate::capability::Selector;
 use crate::engine::Engine;
-use crate::memory::{Admission, Fault, Simulator};
+use crate::memory::{Admission, Fault, Recorded, Simulator};
 use crate::review;
 use crate::scenario::{Check, EffectiveConfig, Expect, Scenario, Step};
 
@@ -69,6 +69,12 @@ pub fn load(path: &Path) -> Result<Scenario> {
 }
 
 pub fn run(engine: Arc<Engine>, path: &Path) -> Result<ScenarioResult> {
+    run_recorded(engine, path, false).map(|(result, _)| result)
+}
+
+/// Runs a scenario and, if `record`, returns every admission it made with
+/// the cluster state around it (see [`Recorded`]).
+pub fn run_recorded(engine: Arc<Engine>, path: &Path, record: bool) -> Result<(ScenarioResult, Vec<Recorded>)> {
     let scenario = load(path)?;
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let now = match &scenario.now {
@@ -76,6 +82,9 @@ pub fn run(engine: Arc<Engine>, path: &Path) -> Result<ScenarioResult> {
         None => parse_rfc3339("2026-01-01T00:00:00Z").expect("valid"),
     };
     let mut sim = Simulator::new(engine, scenario.settings.clone(), now);
+    if record {
+        sim.recorder = Some(Vec::new());
+    }
     if let Some(interval) = &scenario.watch_min_interval {
         sim.watch_min_interval = parse_go_duration(interval).map_err(|e| anyhow!("watchMinInterval: {e}"))? as i64;
     }
@@ -103,7 +112,7 @@ pub fn run(engine: Arc<Engine>, path: &Path) -> Result<ScenarioResult> {
     result.steps.push(setup);
     if failed_setup {
         result.passed = false;
-        return Ok(result);
+        return Ok((result, sim.recorder.take().unwrap_or_default()));
     }
 
     let mut last: Option<Admission> = None;
@@ -125,7 +134,7 @@ pub fn run(engine: Arc<Engine>, path: &Path) -> Result<ScenarioResult> {
         }
         result.steps.push(out);
     }
-    Ok(result)
+    Ok((result, sim.recorder.take().unwrap_or_default()))
 }
 
 fn run_step(

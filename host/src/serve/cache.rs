@@ -161,6 +161,13 @@ impl Cache {
         }
     }
 
+    /// Empties every kind (with `observe`, puts the cache in a known state).
+    pub fn clear(&self) {
+        for cache in self.kinds.values() {
+            cache.objects.write().unwrap().clear();
+        }
+    }
+
     pub fn forget(&self, kind: &str, namespace: &str, name: &str) {
         if let Some(cache) = self.kinds.get(kind) {
             if let Some(names) = cache.objects.write().unwrap().get_mut(namespace) {

@@ -8,6 +8,7 @@
 //! from there, with a deadline well inside the webhook timeout.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -30,6 +31,10 @@ pub struct KubeCluster {
     pub cache: Arc<Cache>,
     runtime: Handle,
     pub metrics: Arc<Metrics>,
+    /// Unix seconds to answer `now` with instead of the system clock (0:
+    /// the system clock). Replaying a recorded admission needs the clock
+    /// it was recorded at.
+    fixed_now: AtomicI64,
 }
 
 /// An API error as text the policy can classify: the API server's message
@@ -52,7 +57,12 @@ impl KubeCluster {
             cache,
             runtime,
             metrics,
+            fixed_now: AtomicI64::new(0),
         }
+    }
+
+    pub fn fix_clock(&self, unix: i64) {
+        self.fixed_now.store(unix, Ordering::SeqCst);
     }
 
     pub fn api(&self, kind: &str, namespace: &str) -> Result<Api<DynamicObject>, String> {
@@ -134,6 +144,10 @@ impl Backend for KubeCluster {
     }
 
     fn now(&self) -> i64 {
+        let fixed = self.fixed_now.load(Ordering::SeqCst);
+        if fixed != 0 {
+            return fixed;
+        }
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs() as i64)

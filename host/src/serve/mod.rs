@@ -76,7 +76,7 @@ pub struct Options {
 
 /// Shared by the HTTP handlers, the effect worker and the resync.
 pub struct State {
-    pub engine: Engine,
+    pub engine: Arc<Engine>,
     /// The settings as JSON text, spliced into every validate payload.
     pub settings: String,
     pub cluster: Arc<KubeCluster>,
@@ -108,9 +108,18 @@ fn duration(flag: &str, text: &str) -> Result<Duration> {
 
 /// Everything `serve` needs that does not involve sockets.
 pub fn build(options: &Options, client: Client) -> Result<(Arc<State>, effects::Worker)> {
-    let settings: Value = serde_json::from_str(&options.settings_json).context("--settings-json is not JSON")?;
     let bytes = std::fs::read(&options.policy).with_context(|| format!("reading {}", options.policy.display()))?;
     let engine = Engine::from_bytes(&bytes, duration("policy-timeout", &options.policy_timeout)?)?;
+    build_with_engine(options, client, Arc::new(engine))
+}
+
+/// [`build`] with an engine already compiled (`--policy` is not read).
+pub fn build_with_engine(
+    options: &Options,
+    client: Client,
+    engine: Arc<Engine>,
+) -> Result<(Arc<State>, effects::Worker)> {
+    let settings: Value = serde_json::from_str(&options.settings_json).context("--settings-json is not JSON")?;
     if let Err(message) = engine.validate_settings(&settings)? {
         return Err(anyhow!("invalid settings: {message}"));
     }

@@ -100,6 +100,47 @@ impl ApiServer {
         self.inner.write(object, "MODIFIED")
     }
 
+    /// Replaces the whole store with `objects`, kept exactly as given
+    /// (uids, resourceVersions): the state another cluster was in.
+    /// Kinds the stand-in does not serve are skipped.
+    pub fn reset(&self, objects: &[Value]) {
+        let mut store = self.inner.store.lock().unwrap();
+        store.objects.clear();
+        let mut rv = 0;
+        for object in objects {
+            let Some(plural) = object["kind"]
+                .as_str()
+                .and_then(|k| KINDS.iter().find(|(_, kind, _)| *kind == k))
+                .map(|(_, _, p)| p.to_string())
+            else {
+                continue;
+            };
+            let ns = object["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("default")
+                .to_string();
+            let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            rv = rv.max(
+                object["metadata"]["resourceVersion"]
+                    .as_str()
+                    .and_then(|r| r.parse().ok())
+                    .unwrap_or(0),
+            );
+            store.objects.insert((plural, ns, name), object.clone());
+        }
+        store.rv = store.rv.max(rv);
+    }
+
+    /// Every object, as (kind, namespace, name).
+    pub fn keys(&self) -> Vec<(String, String, String)> {
+        let store = self.inner.store.lock().unwrap();
+        store
+            .objects
+            .keys()
+            .map(|(plural, ns, name)| (type_of(plural).unwrap().1.to_string(), ns.clone(), name.clone()))
+            .collect()
+    }
+
     pub fn get(&self, kind: &str, ns: &str, name: &str) -> Option<Value> {
         let store = self.inner.store.lock().unwrap();
         store.objects.get(&(plural_of(kind), ns.into(), name.into())).cloned()

@@ -1,0 +1,161 @@
+//! The e2e scenarios through the kube-backed implementation. Every
+//! admission a scenario makes in replay is made again through `serve`'s
+//! admission path: kube-rs against the API server stand-in, with the cache
+//! and the API server holding the exact cluster replay had at that moment,
+//! and the same clock. The answer must be the same (allowed, message,
+//! warnings, mutated object), and so must the objects that exist afterwards
+//! (snapshots created, orphans swept).
+//!
+//! Admissions under an injected fault are skipped: the fault lives in
+//! replay's backend.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use config_snapshot::engine::Engine;
+use config_snapshot::memory::Recorded;
+use config_snapshot::{replay, serve};
+use serde_json::value::RawValue;
+use serde_json::Value;
+use support::apiserver::ApiServer;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn policy() -> PathBuf {
+    let built = root().join("target/wasm32-wasip1/release/config_snapshot_policy.wasm");
+    assert!(built.exists(), "build the policy first: make policy.wasm");
+    built
+}
+
+const SERVED: [&str; 8] = [
+    "ConfigMap",
+    "Secret",
+    "Pod",
+    "Deployment",
+    "StatefulSet",
+    "DaemonSet",
+    "ReplicaSet",
+    "ControllerRevision",
+];
+
+fn keys(objects: &[Value]) -> BTreeSet<(String, String, String)> {
+    objects
+        .iter()
+        .filter(|o| SERVED.contains(&o["kind"].as_str().unwrap_or_default()))
+        .map(|o| {
+            (
+                o["kind"].as_str().unwrap().to_string(),
+                o["metadata"]["namespace"].as_str().unwrap_or("default").to_string(),
+                o["metadata"]["name"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn options(settings: &Value) -> serve::Options {
+    serve::Options {
+        policy: policy(),
+        settings_json: settings.to_string(),
+        tls_cert: "unused".into(),
+        tls_key: "unused".into(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        metrics_listen: "127.0.0.1:0".parse().unwrap(),
+        log_format: "text".into(),
+        resync_interval: "5m".into(),
+        watch_min_interval: "30s".into(),
+        queue_capacity: 1 << 16,
+        policy_timeout: "10s".into(),
+        shutdown_grace: "1s".into(),
+    }
+}
+
+fn warnings(v: &Value) -> Vec<Value> {
+    v.as_array().cloned().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_scenario_admission_answers_the_same_through_the_kube_backend() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let api = ApiServer::start().await;
+    let client = kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap();
+    let engine = Arc::new(Engine::load(&policy()).unwrap());
+    let mut scenarios: Vec<PathBuf> = std::fs::read_dir(root().join("e2e-tests"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    scenarios.sort();
+    assert!(scenarios.len() >= 16);
+    let (mut compared, mut skipped, mut mutated, mut created) = (0, 0, 0, 0);
+    for path in &scenarios {
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        let (result, recorded): (_, Vec<Recorded>) = {
+            let (engine, path) = (engine.clone(), path.clone());
+            tokio::task::spawn_blocking(move || replay::run_recorded(engine, &path, true))
+                .await
+                .unwrap()
+                .unwrap()
+        };
+        assert!(result.passed, "{name} fails in replay");
+        let Some(first) = recorded.first() else { continue };
+        let (state, _worker) =
+            serve::build_with_engine(&options(&first.settings), client.clone(), engine.clone()).unwrap();
+        for (i, rec) in recorded.iter().enumerate() {
+            if rec.faulted {
+                skipped += 1;
+                continue;
+            }
+            let at = format!(
+                "{name}, admission {i} ({} {} {})",
+                rec.request["operation"], rec.request["kind"]["kind"], rec.request["name"]
+            );
+            api.reset(&rec.before);
+            state.cluster.cache.clear();
+            for o in rec
+                .before
+                .iter()
+                .filter(|o| SERVED.contains(&o["kind"].as_str().unwrap_or_default()))
+            {
+                state.cluster.cache.observe(o.clone());
+            }
+            state.cluster.fix_clock(rec.now);
+            let raw = RawValue::from_string(rec.request.to_string()).unwrap();
+            let answer = {
+                let state = state.clone();
+                tokio::task::spawn_blocking(move || serve::admit(&state, &raw))
+                    .await
+                    .unwrap()
+            }
+            .unwrap_or_else(|e| panic!("{at}: {e:?}"));
+            let expected = &rec.response;
+            assert_eq!(answer.allowed, expected["accepted"] == true, "{at}: {}", answer.review);
+            let response = &answer.review["response"];
+            if !answer.allowed {
+                assert_eq!(response["status"]["message"], expected["message"], "{at}");
+            }
+            assert_eq!(warnings(&response["warnings"]), warnings(&expected["warnings"]), "{at}");
+            let want = expected.get("mutated_object").filter(|m| !m.is_null());
+            assert_eq!(answer.mutated.as_ref(), want, "{at}: mutated object");
+            let mut after: BTreeSet<_> = api.keys().into_iter().collect();
+            let before = keys(&rec.before);
+            let want_after = keys(&rec.after);
+            after.retain(|k| SERVED.contains(&k.0.as_str()));
+            assert_eq!(after, want_after, "{at}: objects after the admission");
+            compared += 1;
+            mutated += usize::from(want.is_some());
+            created += want_after.difference(&before).count();
+        }
+    }
+    eprintln!(
+        "{compared} admissions compared ({mutated} mutated, {created} objects created), {skipped} under faults skipped"
+    );
+    assert!(
+        compared > 100 && mutated > 20 && created > 20,
+        "{compared} {mutated} {created}"
+    );
+}
