@@ -42,7 +42,7 @@ e2e-tests: policy.wasm
 	$(HOST) replay $(SCENARIOS)
 
 bench: policy.wasm
-	cargo bench -p config-snapshot --bench admission
+	cargo bench -p config-snapshot --bench admission --bench serve
 
 ## fuzz: each cargo-fuzz target for FUZZ_SECONDS (nightly toolchain; not part of `test`)
 FUZZ_SECONDS ?= 600

@@ -83,8 +83,9 @@ impl KubeCluster {
     }
 
     fn block<T>(&self, what: &str, call: impl Future<Output = Result<T, kube::Error>>) -> Result<T, String> {
+        // The timer is made inside the runtime: callers may be plain threads.
         self.runtime
-            .block_on(tokio::time::timeout(API_TIMEOUT, call))
+            .block_on(async { tokio::time::timeout(API_TIMEOUT, call).await })
             .map_err(|_| format!("timeout: {what} took longer than {API_TIMEOUT:?}"))?
             .map_err(describe)
     }

@@ -1,0 +1,109 @@
+//! B7: `serve`'s admission path (docs/BENCHMARKS.md): an AdmissionReview
+//! body in, the response document out, through the header parse, the wasm
+//! policy, and the kube-backed capability. Reads come from the watch cache,
+//! except the sources the policy reads fresh (`disable_cache`), which go over
+//! loopback HTTP to the in-process API server stand-in. The TLS and HTTP
+//! layers in front are not included.
+
+#[path = "../tests/support/apiserver.rs"]
+mod apiserver;
+
+use std::sync::Arc;
+
+use config_snapshot::engine::Engine;
+use config_snapshot::serve;
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use serde_json::{json, Value};
+
+fn engine() -> Arc<Engine> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../target/wasm32-wasip1/release/config_snapshot_policy.wasm"
+    );
+    let bytes = std::fs::read(path).expect("make policy.wasm first");
+    let precompiled = Engine::precompile(&bytes).unwrap();
+    Arc::new(Engine::from_precompiled(&precompiled, Engine::DEFAULT_TIMEOUT).unwrap())
+}
+
+fn options() -> serve::Options {
+    serve::Options {
+        policy: "unused".into(),
+        settings_json: "{}".into(),
+        tls_cert: "unused".into(),
+        tls_key: "unused".into(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        metrics_listen: "127.0.0.1:0".parse().unwrap(),
+        log_format: "text".into(),
+        resync_interval: "5m".into(),
+        watch_min_interval: "30s".into(),
+        queue_capacity: 1 << 20,
+        policy_timeout: "2s".into(),
+        shutdown_grace: "1s".into(),
+    }
+}
+
+/// A Deployment reading `n` ConfigMaps through env, and those ConfigMaps.
+fn deployment(n: usize, annotations: Value) -> (Value, Vec<Value>) {
+    let env: Vec<Value> = (0..n)
+        .map(|i| json!({"name": format!("E{i}"), "valueFrom": {"configMapKeyRef": {"name": format!("src-{i}"), "key": "k"}}}))
+        .collect();
+    let sources = (0..n)
+        .map(|i| json!({"apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": format!("src-{i}"), "namespace": "default"}, "data": {"k": "v", "other": "x"}}))
+        .collect();
+    let d = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "default", "annotations": annotations},
+        "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}}, "template": {
+            "metadata": {"labels": {"app": "web"}},
+            "spec": {"containers": [{"name": "app", "image": "nginx:1.25", "env": env}]}}}
+    });
+    (d, sources)
+}
+
+fn review(object: &Value) -> Vec<u8> {
+    serde_json::to_vec(
+        &json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "u", "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
+        "resource": {"group": "apps", "version": "v1", "resource": "deployments"},
+        "operation": "CREATE", "namespace": "default", "name": "web", "userInfo": {"username": "bench"},
+        "object": object, "oldObject": null, "dryRun": false}}),
+    )
+    .unwrap()
+}
+
+fn b7(c: &mut Criterion) {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let api = runtime.block_on(apiserver::ApiServer::start());
+    let client =
+        runtime.block_on(async { kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap() });
+    let (state, _worker) = runtime
+        .block_on(async { serve::build_with_engine(&options(), client, engine()) })
+        .unwrap();
+    let mut group = c.benchmark_group("serve");
+
+    let (plain, _) = deployment(8, json!({}));
+    let body = review(&plain);
+    group.bench_function("B7 serve pass-through, Deployment without opt-in", |b| {
+        b.iter(|| serve::review(&state, &body).ok().unwrap())
+    });
+
+    for n in [1usize, 8] {
+        let (d, sources) = deployment(n, json!({"config-snapshot.io/snapshot": "*"}));
+        for s in sources {
+            state.cluster.cache.observe(api.put(s));
+        }
+        let body = review(&d);
+        // The first admission creates the snapshots; the measured ones find them.
+        let first = serve::review(&state, &body).ok().unwrap();
+        assert!(first.mutated.is_some(), "{}", first.review);
+        group.bench_with_input(BenchmarkId::new("B7 serve admission, refs", n), &body, |b, body| {
+            b.iter(|| serve::review(&state, body).ok().unwrap())
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, b7);
+criterion_main!(benches);
