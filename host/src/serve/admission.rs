@@ -151,16 +151,28 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
         decision("denied");
     }
     observe();
-    tracing::info!(
-        uid = %head.uid,
-        kind = labels.kind,
-        operation = labels.operation,
-        namespace = head.namespace.as_deref().unwrap_or(""),
-        allowed,
-        mutated = mutated.is_some(),
-        warnings = validation["warnings"].as_array().map_or(0, Vec::len),
-        "admission"
-    );
+    // The resync re-admits every watched source each pass: at info level
+    // that would drown the admissions users make.
+    macro_rules! admission_log {
+        ($level:expr) => {
+            tracing::event!(
+                $level,
+                uid = %head.uid,
+                kind = labels.kind,
+                operation = labels.operation,
+                namespace = head.namespace.as_deref().unwrap_or(""),
+                allowed,
+                mutated = mutated.is_some(),
+                warnings = validation["warnings"].as_array().map_or(0, Vec::len),
+                "admission"
+            )
+        };
+    }
+    if head.uid.starts_with(super::resync::UID_PREFIX) {
+        admission_log!(tracing::Level::DEBUG);
+    } else {
+        admission_log!(tracing::Level::INFO);
+    }
     Ok(Answer {
         review: response,
         allowed,

@@ -21,6 +21,8 @@ use super::State;
 
 const WORKLOADS: [&str; 3] = ["Deployment", "StatefulSet", "DaemonSet"];
 const SOURCES: [&str; 2] = ["ConfigMap", "Secret"];
+/// Request uids of synthetic admissions start with this.
+pub const UID_PREFIX: &str = "resync-";
 const RESYNC_USER: &str = "system:serviceaccount:config-snapshot:resync";
 
 /// What one pass did, for logs and tests.
@@ -105,7 +107,7 @@ async fn readmit(
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
     let gvk = json!({"group": group, "version": version, "kind": kind});
     let request = json!({
-        "uid": format!("resync-{}", state.next_id()),
+        "uid": format!("{UID_PREFIX}{}", state.next_id()),
         "kind": gvk, "requestKind": gvk,
         "resource": {"group": group, "version": version, "resource": format!("{}s", kind.to_ascii_lowercase())},
         "name": object["metadata"]["name"],
