@@ -3,15 +3,19 @@
 //!   each workload with the annotation is re-admitted as a no-op UPDATE, and
 //!   a renewal is written back (with a resourceVersion precondition);
 //! - watch rollouts lost to a restart or a full queue are re-derived: each
-//!   source in a namespace with watchers is re-admitted as a CREATE, which
-//!   rolls out only the watchers not already on its current content.
+//!   source some workload in its namespace watches is re-admitted as a
+//!   CREATE, which rolls out only the watchers not already on its current
+//!   content.
 //!
 //! Both go through the policy in the same wasm engine as admissions.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use config_snapshot_policy::keys;
+use config_snapshot_policy::kind::{SourceId, SourceKind};
+use config_snapshot_policy::optin::OptIn;
+use config_snapshot_policy::settings::Settings;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
@@ -35,11 +39,9 @@ pub struct Pass {
 pub async fn once(state: &Arc<State>) -> Pass {
     let mut pass = Pass::default();
     let workloads: Vec<Value> = WORKLOADS.iter().flat_map(|k| state.cluster.cache.all(k)).collect();
-    let watched: BTreeSet<String> = workloads
-        .iter()
-        .filter(|w| w["metadata"]["annotations"].get(keys::WATCH).is_some())
-        .filter_map(|w| w["metadata"]["namespace"].as_str().map(str::to_string))
-        .collect();
+    // Validated at start, so this only fails if the policy and host disagree.
+    let settings = Settings::from_json(state.settings.as_bytes()).unwrap_or_default();
+    let watchers = Watchers::new(&workloads, &settings);
     for workload in workloads
         .iter()
         .filter(|w| w["metadata"]["annotations"].get(keys::RENEW_DURATION).is_some())
@@ -52,9 +54,7 @@ pub async fn once(state: &Arc<State>) -> Pass {
     }
     for kind in SOURCES {
         for source in state.cluster.cache.all(kind) {
-            let ns = source["metadata"]["namespace"].as_str().unwrap_or_default();
-            let is_snapshot = source["metadata"]["labels"][keys::MANAGED_BY] == keys::MANAGED_BY_VALUE;
-            if is_snapshot || !watched.contains(ns) {
+            if !watchers.watch(&source) {
                 continue;
             }
             pass.sources_checked += 1;
@@ -65,6 +65,53 @@ pub async fn once(state: &Arc<State>) -> Pass {
     }
     tracing::info!(renewed = pass.renewed, sources = pass.sources_checked, "resync pass");
     pass
+}
+
+/// The watch opt-ins of every workload, by namespace. The resync re-admits
+/// only sources one of them watches, with the policy's own predicate, so it
+/// skips nothing the policy would roll out and does not re-evaluate every
+/// ConfigMap of a namespace because one Deployment there watches one.
+struct Watchers<'s> {
+    settings: &'s Settings,
+    by_namespace: BTreeMap<String, Vec<OptIn>>,
+}
+
+impl<'s> Watchers<'s> {
+    fn new(workloads: &[Value], settings: &'s Settings) -> Self {
+        let mut by_namespace: BTreeMap<String, Vec<OptIn>> = BTreeMap::new();
+        for workload in workloads {
+            let annotations = workload["metadata"]["annotations"].as_object();
+            // A workload whose annotations do not parse is refused at its
+            // own admission; a watch rollout could not patch it either.
+            let Ok(opt_in) = OptIn::from_annotations(annotations, settings) else {
+                continue;
+            };
+            if opt_in.watch.is_empty() {
+                continue;
+            }
+            let ns = workload["metadata"]["namespace"].as_str().unwrap_or_default();
+            by_namespace.entry(ns.to_string()).or_default().push(opt_in);
+        }
+        Watchers { settings, by_namespace }
+    }
+
+    fn watch(&self, source: &Value) -> bool {
+        let metadata = &source["metadata"];
+        if metadata["labels"][keys::MANAGED_BY] == keys::MANAGED_BY_VALUE {
+            return false;
+        }
+        let (Some(kind), Some(name), Some(ns)) = (
+            source["kind"].as_str().and_then(SourceKind::from_kind),
+            metadata["name"].as_str(),
+            metadata["namespace"].as_str(),
+        ) else {
+            return false;
+        };
+        let id = SourceId::new(kind, name);
+        self.by_namespace
+            .get(ns)
+            .is_some_and(|opt_ins| opt_ins.iter().any(|o| o.watches(&id, self.settings)))
+    }
 }
 
 /// Re-admits a workload unchanged; writes back what the policy renewed.
@@ -126,4 +173,58 @@ async fn readmit(
         .map_err(|e| e.to_string())?
         .map_err(|e| format!("{e:?}"))?;
     Ok(answer.mutated.filter(|_| answer.allowed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workload(ns: &str, annotations: Value) -> Value {
+        json!({"kind": "Deployment", "metadata": {"name": "w", "namespace": ns, "annotations": annotations}})
+    }
+
+    fn source(kind: &str, ns: &str, name: &str) -> Value {
+        json!({"kind": kind, "metadata": {"name": name, "namespace": ns}})
+    }
+
+    #[test]
+    fn only_sources_a_workload_in_their_namespace_watches_are_readmitted() {
+        let settings = Settings::default();
+        let workloads = [
+            workload("shop", json!({"config-snapshot.io/watch": "app-config,secret/tls"})),
+            workload("shop", json!({"config-snapshot.io/snapshot": "*"})),
+            workload(
+                "bank",
+                json!({"config-snapshot.io/watch": "*", "config-snapshot.io/exclude": "noisy"}),
+            ),
+            workload("broken", json!({"config-snapshot.io/watch": "Not A Name!"})),
+        ];
+        let watchers = Watchers::new(&workloads, &settings);
+        assert!(watchers.watch(&source("ConfigMap", "shop", "app-config")));
+        assert!(watchers.watch(&source("Secret", "shop", "tls")));
+        assert!(
+            !watchers.watch(&source("ConfigMap", "shop", "other")),
+            "snapshot-only is not watch"
+        );
+        assert!(!watchers.watch(&source("ConfigMap", "shop", "tls")), "the kind matters");
+        assert!(!watchers.watch(&source("ConfigMap", "other-ns", "app-config")));
+        assert!(watchers.watch(&source("ConfigMap", "bank", "anything")));
+        assert!(!watchers.watch(&source("ConfigMap", "bank", "noisy")), "excluded");
+        assert!(!watchers.watch(&source("ConfigMap", "broken", "x")));
+        let mut snapshot = source("ConfigMap", "bank", "anything-5d41402abc");
+        snapshot["metadata"]["labels"] = json!({keys::MANAGED_BY: keys::MANAGED_BY_VALUE});
+        assert!(!watchers.watch(&snapshot), "snapshots are never sources");
+    }
+
+    #[test]
+    fn watch_by_default_makes_every_workload_a_watcher() {
+        let settings =
+            Settings::from_json(br#"{"watchByDefault": true, "excludedSources": ["configmap/kube-root-ca.crt"]}"#)
+                .unwrap();
+        let workloads = [workload("shop", json!({}))];
+        let watchers = Watchers::new(&workloads, &settings);
+        assert!(watchers.watch(&source("ConfigMap", "shop", "app-config")));
+        assert!(!watchers.watch(&source("ConfigMap", "shop", "kube-root-ca.crt")));
+        assert!(!watchers.watch(&source("Secret", "empty-ns", "tls")));
+    }
 }
