@@ -529,3 +529,58 @@ async fn the_resync_renews_a_workload_whose_renewal_is_due() {
     );
     assert!(serve.logs().contains("renew: Deployment/edge renewed its snapshots"));
 }
+
+/// RBAC that lost `create` on Secrets: the Deployment is refused with the
+/// API server's reason, no reference points at a snapshot that was never
+/// made, the error is counted, and the Secret's data appears nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forbidden_secret_snapshot_is_refused_clearly_and_leaks_nothing() {
+    let api = ApiServer::start().await;
+    api.put(config_map("blue"));
+    api.put(json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": "app-secret", "namespace": NS},
+        "data": {"token": base64::engine::general_purpose::STANDARD.encode(CANARY)}}));
+    api.forbid(axum::http::Method::POST, "Secret");
+    let mut serve = Serve::start(&api, &[]);
+    serve.wait_ready().await;
+
+    // Default onSnapshotFailure: reject.
+    let (response, _) = serve.admit("create-web", "CREATE", &deployment(), None, false).await;
+    assert_eq!(response["allowed"], false, "{response}");
+    let message = response["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("could not create snapshot")
+            && message.contains("app-secret")
+            && message.contains("forbidden"),
+        "{message}"
+    );
+    assert!(response.get("patch").is_none(), "{response}");
+    assert!(
+        api.list("Secret").iter().all(|s| s["metadata"]["name"] == "app-secret"),
+        "a Secret snapshot appeared"
+    );
+    assert!(serve.metric("config_snapshot_host_call_errors_total{operation=\"create_snapshot\"") >= 1.0);
+    assert!(serve.metric("config_snapshot_admission_decisions_total{decision=\"denied\"") >= 1.0);
+    let metrics = serve.ops_get("/metrics").expect("metrics").1;
+
+    // With onSnapshotFailure: warn, the reference stays on the source.
+    drop(serve);
+    let mut serve = Serve::start(&api, &["--settings-json", r#"{"onSnapshotFailure": "warn"}"#]);
+    serve.wait_ready().await;
+    let (response, web) = serve
+        .admit("create-web-warn", "CREATE", &deployment(), None, false)
+        .await;
+    assert_eq!(response["allowed"], true, "{response}");
+    assert_eq!(env_ref(&web, "TOKEN", "secretKeyRef"), "app-secret");
+    assert!(env_ref(&web, "MODE", "configMapKeyRef").starts_with("app-config-"));
+    let warnings = response["warnings"].to_string();
+    assert!(warnings.contains("left the reference to the source"), "{warnings}");
+
+    let logs = serve.logs();
+    assert!(serve.terminate().success());
+    let encoded = base64::engine::general_purpose::STANDARD.encode(CANARY);
+    for haystack in [logs.as_str(), &metrics, &serve.responses.join("\n")] {
+        assert!(!haystack.contains(CANARY), "the Secret canary leaked");
+        assert!(!haystack.contains(&encoded[..16]), "the Secret canary leaked in base64");
+    }
+}

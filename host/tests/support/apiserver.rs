@@ -47,6 +47,8 @@ struct Store {
     rv: u64,
     history: Vec<WatchEvent>,
     log: Vec<String>,
+    /// (method, plural) pairs answered 403, as RBAC without that verb would.
+    forbidden: Vec<(Method, String)>,
 }
 
 pub struct ApiServer {
@@ -158,6 +160,17 @@ impl ApiServer {
     }
 
     /// The requests `serve` made, as "METHOD path".
+    /// Refuses `method` on `kind` from now on with 403 Forbidden: the
+    /// ClusterRole without that verb.
+    pub fn forbid(&self, method: Method, kind: &str) {
+        self.inner
+            .store
+            .lock()
+            .unwrap()
+            .forbidden
+            .push((method, plural_of(kind)));
+    }
+
     pub fn log(&self) -> Vec<String> {
         self.inner.store.lock().unwrap().log.clone()
     }
@@ -278,6 +291,32 @@ async fn handle(State(inner): State<Arc<Inner>>, request: Request) -> Response {
             format!("the server could not find the requested resource {}", path.plural),
         );
     };
+    if inner
+        .store
+        .lock()
+        .unwrap()
+        .forbidden
+        .iter()
+        .any(|(m, p)| *m == method && *p == path.plural)
+    {
+        let verb = match method {
+            Method::POST => "create",
+            Method::DELETE => "delete",
+            Method::PATCH => "patch",
+            _ => "get",
+        };
+        return status(
+            403,
+            "Forbidden",
+            format!(
+                "{} is forbidden: User \"system:serviceaccount:config-snapshot:config-snapshot\" cannot {verb} resource \"{}\" in API group \"{}\" in the namespace \"{}\"",
+                path.plural,
+                path.plural,
+                api_version.split_once('/').map_or("", |(group, _)| group),
+                path.namespace.clone().unwrap_or_default()
+            ),
+        );
+    }
     let body: Value = if body.is_empty() {
         Value::Null
     } else {
