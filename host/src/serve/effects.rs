@@ -46,8 +46,78 @@ impl Default for QueueSettings {
     }
 }
 
-/// When each workload (kind, namespace, name) was last rolled out by a watch.
-type LastRollout = Arc<Mutex<HashMap<(String, String, String), Instant>>>;
+/// A workload: kind, namespace, name.
+type WorkloadKey = (String, String, String);
+
+/// The storm guard: at most one watch rollout per workload per interval,
+/// across the queue's workers. A worker reserves the workload's slot before
+/// it reads and patches, so two workers holding patches for the same
+/// workload cannot both pass; the reservation is given back if the rollout
+/// does not happen.
+#[derive(Default)]
+struct StormGuard {
+    interval: Duration,
+    last: Mutex<HashMap<WorkloadKey, Instant>>,
+}
+
+/// A slot held while a rollout is attempted. Dropped without `commit`, it
+/// frees the slot (any earlier rollout is already past the interval, or the
+/// reservation would not have been given).
+struct Reservation<'g> {
+    guard: &'g StormGuard,
+    key: WorkloadKey,
+    committed: bool,
+}
+
+impl StormGuard {
+    fn new(interval: Duration) -> Self {
+        StormGuard {
+            interval,
+            last: Mutex::default(),
+        }
+    }
+
+    /// The slot, or how long until it frees.
+    fn reserve(&self, key: WorkloadKey) -> Result<Reservation<'_>, Duration> {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(at) = last.get(&key) {
+            let since = at.elapsed();
+            if since < self.interval {
+                return Err(self.interval - since);
+            }
+        }
+        last.insert(key.clone(), Instant::now());
+        Ok(Reservation {
+            guard: self,
+            key,
+            committed: false,
+        })
+    }
+}
+
+impl Reservation<'_> {
+    /// The rollout happened: the interval runs from now.
+    fn commit(mut self) {
+        self.guard
+            .last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(self.key.clone(), Instant::now());
+        self.committed = true;
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if !self.committed {
+            self.guard
+                .last
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&self.key);
+        }
+    }
+}
 
 struct Job {
     effect: Effect,
@@ -81,7 +151,7 @@ pub struct Worker {
     rx: mpsc::Receiver<Job>,
     queue: Queue,
     settings: QueueSettings,
-    last_rollout: LastRollout,
+    storm_guard: Arc<StormGuard>,
 }
 
 fn label(effect: &Effect) -> &'static str {
@@ -98,8 +168,8 @@ impl Queue {
         let worker = Worker {
             rx,
             queue: queue.clone(),
+            storm_guard: Arc::new(StormGuard::new(settings.watch_min_interval)),
             settings,
-            last_rollout: Arc::default(),
         };
         (queue, worker)
     }
@@ -150,7 +220,7 @@ impl Worker {
             let runner = Runner {
                 cluster: self.queue.cluster.clone(),
                 settings: self.settings.clone(),
-                last_rollout: self.last_rollout.clone(),
+                storm_guard: self.storm_guard.clone(),
             };
             let queue = self.queue.clone();
             tokio::spawn(async move {
@@ -164,7 +234,7 @@ impl Worker {
 struct Runner {
     cluster: Arc<KubeCluster>,
     settings: QueueSettings,
-    last_rollout: LastRollout,
+    storm_guard: Arc<StormGuard>,
 }
 
 impl Runner {
@@ -290,12 +360,10 @@ impl Runner {
             }
         }
         let key = (kind.to_string(), ns.to_string(), name.to_string());
-        if let Some(last) = self.last_rollout.lock().unwrap().get(&key) {
-            let since = last.elapsed();
-            if since < self.settings.watch_min_interval {
-                return Step::Later(self.settings.watch_min_interval - since);
-            }
-        }
+        let reservation = match self.storm_guard.reserve(key) {
+            Ok(r) => r,
+            Err(wait) => return Step::Later(wait),
+        };
         let workload = match self.cluster.fetch(kind, ns, name).await {
             Ok(Some(w)) => w,
             Ok(None) => return Step::Dropped(format!("patch of {kind}/{name} dropped: it no longer exists")),
@@ -324,7 +392,7 @@ impl Runner {
         with_precondition.extend(ops);
         match self.send_patch(kind, ns, name, with_precondition).await {
             Ok(()) => {
-                self.last_rollout.lock().unwrap().insert(key, Instant::now());
+                reservation.commit();
                 self.cluster.metrics.rollouts.inc();
                 tracing::info!("watch: rolled out {kind}/{name} to {snapshot}");
                 Step::Done
@@ -390,6 +458,34 @@ mod tests {
         assert_eq!(backoff(1), Duration::from_millis(200));
         assert_eq!(backoff(3), Duration::from_millis(800));
         assert_eq!(backoff(30), Duration::from_secs(5));
+    }
+
+    fn key(name: &str) -> WorkloadKey {
+        ("Deployment".into(), "shop".into(), name.into())
+    }
+
+    #[test]
+    fn the_storm_guard_lets_one_rollout_through_per_interval() {
+        let guard = StormGuard::new(Duration::from_secs(30));
+        let first = guard.reserve(key("web")).expect("a free slot");
+        // A second worker, while the first is still patching.
+        let wait = guard.reserve(key("web")).err().expect("held");
+        assert!(
+            wait > Duration::from_secs(29) && wait <= Duration::from_secs(30),
+            "{wait:?}"
+        );
+        assert!(guard.reserve(key("api")).is_ok(), "other workloads are not held");
+        first.commit();
+        assert!(guard.reserve(key("web")).is_err(), "rolled out: held for the interval");
+    }
+
+    #[test]
+    fn a_rollout_that_did_not_happen_gives_its_slot_back() {
+        let guard = StormGuard::new(Duration::from_secs(30));
+        drop(guard.reserve(key("web")).unwrap());
+        let again = guard.reserve(key("web")).expect("the failed attempt freed the slot");
+        again.commit();
+        assert!(guard.reserve(key("web")).is_err());
     }
 
     #[test]
