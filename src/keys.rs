@@ -28,6 +28,13 @@ pub const SOURCE_RESOURCE_VERSION: &str = "config-snapshot.io/source-resource-ve
 /// what the user wrote, so it is ignored when comparing templates.
 pub const POD_TEMPLATE_HASH: &str = "pod-template-hash";
 
+/// Whether an object (as JSON) carries the snapshot label. The host's
+/// invariants, the sweep, adoption and the resync all decide "ours or not"
+/// by this one test.
+pub fn is_snapshot(object: &serde_json::Value) -> bool {
+    object["metadata"]["labels"][MANAGED_BY].as_str() == Some(MANAGED_BY_VALUE)
+}
+
 /// Whether a pod template annotation is one the policy writes (and so must be
 /// dropped before comparing templates).
 pub fn is_policy_template_annotation(key: &str) -> bool {

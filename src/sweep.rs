@@ -64,7 +64,7 @@ pub fn sweep(ctx: &Context, source: &SourceId, keep: &str) {
         .filter(|s| {
             let meta = &s["metadata"];
             meta["name"].as_str() != Some(keep)
-                && meta["labels"][keys::MANAGED_BY].as_str() == Some(keys::MANAGED_BY_VALUE)
+                && keys::is_snapshot(s)
                 && meta["annotations"][keys::SOURCE_NAME].as_str() == Some(source.name.as_str())
                 && meta["ownerReferences"].as_array().is_none_or(|o| o.is_empty())
                 && meta["creationTimestamp"]

@@ -366,7 +366,7 @@ fn same_snapshot(kind: SourceKind, existing: &Value, content: &Content, name: &s
     let same = Content::from_object(kind, existing)
         .map(|c| c == *content)
         .unwrap_or(false);
-    if same && existing["metadata"]["labels"][keys::MANAGED_BY] == keys::MANAGED_BY_VALUE {
+    if same && keys::is_snapshot(existing) {
         return Ok(json!({"created": false}));
     }
     Err(format!(
@@ -387,7 +387,7 @@ fn check_api_version(api_version: &str, kind: &str) -> Result<(), String> {
 }
 
 fn require_managed(object: &Value, name: &str) -> Result<(), String> {
-    if object["metadata"]["labels"][keys::MANAGED_BY] == keys::MANAGED_BY_VALUE {
+    if keys::is_snapshot(object) {
         Ok(())
     } else {
         Err(format!(

@@ -710,7 +710,7 @@ impl Simulator {
                     let Some(mut snap) = store.get(kind, namespace, name).cloned() else {
                         continue;
                     };
-                    if snap["metadata"]["labels"][keys::MANAGED_BY] != keys::MANAGED_BY_VALUE {
+                    if !keys::is_snapshot(&snap) {
                         continue;
                     }
                     let refs = snap["metadata"]["ownerReferences"]

@@ -302,7 +302,7 @@ impl Runner {
                 Ok(None) => continue,
                 Err(e) => return Step::Retry(e),
             };
-            if snapshot["metadata"]["labels"][keys::MANAGED_BY] != keys::MANAGED_BY_VALUE {
+            if !keys::is_snapshot(&snapshot) {
                 continue;
             }
             let refs = snapshot["metadata"]["ownerReferences"].as_array();

@@ -96,10 +96,10 @@ impl<'s> Watchers<'s> {
     }
 
     fn watch(&self, source: &Value) -> bool {
-        let metadata = &source["metadata"];
-        if metadata["labels"][keys::MANAGED_BY] == keys::MANAGED_BY_VALUE {
+        if keys::is_snapshot(source) {
             return false;
         }
+        let metadata = &source["metadata"];
         let (Some(kind), Some(name), Some(ns)) = (
             source["kind"].as_str().and_then(SourceKind::from_kind),
             metadata["name"].as_str(),
