@@ -98,11 +98,11 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
         },
         state: state.metrics.clone(),
     });
-    let mut payload = Vec::with_capacity(request.get().len() + state.settings.len() + 32);
+    let mut payload = Vec::with_capacity(request.get().len() + state.settings_json.len() + 32);
     payload.extend_from_slice(br#"{"request":"#);
     payload.extend_from_slice(request.get().as_bytes());
     payload.extend_from_slice(br#","settings":"#);
-    payload.extend_from_slice(state.settings.as_bytes());
+    payload.extend_from_slice(state.settings_json.as_bytes());
     payload.push(b'}');
     let result = state.engine.call("validate", &payload, handler);
     let decision = |d: &'static str| {

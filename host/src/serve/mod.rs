@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context as _, Result};
 use config_snapshot_policy::duration::parse_go_duration;
+use config_snapshot_policy::settings::Settings;
 use kube::Client;
 use serde_json::Value;
 
@@ -78,7 +79,9 @@ pub struct Options {
 pub struct State {
     pub engine: Arc<Engine>,
     /// The settings as JSON text, spliced into every validate payload.
-    pub settings: String,
+    pub settings_json: String,
+    /// The same settings parsed, for the resync's choice of what to re-admit.
+    pub settings: Settings,
     pub cluster: Arc<KubeCluster>,
     pub queue: Queue,
     pub metrics: Arc<Metrics>,
@@ -123,6 +126,8 @@ pub fn build_with_engine(
     if let Err(message) = engine.validate_settings(&settings)? {
         return Err(anyhow!("invalid settings: {message}"));
     }
+    let settings_json = settings.to_string();
+    let parsed = Settings::from_json(settings_json.as_bytes()).map_err(|e| anyhow!("invalid settings: {e}"))?;
     let metrics = Arc::new(Metrics::default());
     let cache = Arc::new(Cache::new());
     let runtime = tokio::runtime::Handle::try_current().context("serve needs a tokio runtime")?;
@@ -137,7 +142,8 @@ pub fn build_with_engine(
     );
     let state = Arc::new(State {
         engine,
-        settings: settings.to_string(),
+        settings_json,
+        settings: parsed,
         cluster,
         queue,
         metrics,

@@ -39,9 +39,7 @@ pub struct Pass {
 pub async fn once(state: &Arc<State>) -> Pass {
     let mut pass = Pass::default();
     let workloads: Vec<Value> = WORKLOADS.iter().flat_map(|k| state.cluster.cache.all(k)).collect();
-    // Validated at start, so this only fails if the policy and host disagree.
-    let settings = Settings::from_json(state.settings.as_bytes()).unwrap_or_default();
-    let watchers = Watchers::new(&workloads, &settings);
+    let watchers = Watchers::new(&workloads, &state.settings);
     for workload in workloads
         .iter()
         .filter(|w| w["metadata"]["annotations"].get(keys::RENEW_DURATION).is_some())
