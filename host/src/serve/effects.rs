@@ -54,7 +54,6 @@ type WorkloadKey = (String, String, String);
 /// it reads and patches, so two workers holding patches for the same
 /// workload cannot both pass; the reservation is given back if the rollout
 /// does not happen.
-#[derive(Default)]
 struct StormGuard {
     interval: Duration,
     last: Mutex<HashMap<WorkloadKey, Instant>>,
@@ -77,9 +76,15 @@ impl StormGuard {
         }
     }
 
+    /// A poisoned lock still holds valid instants: a panicking worker
+    /// cannot leave a half-written one.
+    fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<WorkloadKey, Instant>> {
+        self.last.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The slot, or how long until it frees.
     fn reserve(&self, key: WorkloadKey) -> Result<Reservation<'_>, Duration> {
-        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last = self.slots();
         if let Some(at) = last.get(&key) {
             let since = at.elapsed();
             if since < self.interval {
@@ -98,11 +103,7 @@ impl StormGuard {
 impl Reservation<'_> {
     /// The rollout happened: the interval runs from now.
     fn commit(mut self) {
-        self.guard
-            .last
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(self.key.clone(), Instant::now());
+        self.guard.slots().insert(self.key.clone(), Instant::now());
         self.committed = true;
     }
 }
@@ -110,11 +111,7 @@ impl Reservation<'_> {
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
         if !self.committed {
-            self.guard
-                .last
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&self.key);
+            self.guard.slots().remove(&self.key);
         }
     }
 }
