@@ -247,6 +247,22 @@ async fn eventually<T>(what: &str, serve: &Serve, mut check: impl FnMut() -> Opt
     }
 }
 
+/// The Secret holding the canary, as a user would have it.
+fn canary_secret() -> Value {
+    json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": "app-secret", "namespace": NS},
+        "data": {"token": base64::engine::general_purpose::STANDARD.encode(CANARY)}})
+}
+
+/// Neither the canary nor a prefix of its base64 appears in any of `haystacks`.
+fn assert_canary_absent(haystacks: &[&str]) {
+    let encoded = base64::engine::general_purpose::STANDARD.encode(CANARY);
+    for haystack in haystacks {
+        assert!(!haystack.contains(CANARY), "the Secret canary leaked");
+        assert!(!haystack.contains(&encoded[..16]), "the Secret canary leaked in base64");
+    }
+}
+
 fn config_map(mode: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app-config", "namespace": NS},
            "data": {"mode": mode}})
@@ -280,9 +296,7 @@ fn env_ref<'a>(workload: &'a Value, var: &str, ref_kind: &str) -> &'a str {
 async fn serve_admits_snapshots_adopts_and_rolls_out_over_https() {
     let api = ApiServer::start().await;
     api.put(config_map("blue"));
-    let secret = json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-        "metadata": {"name": "app-secret", "namespace": NS},
-        "data": {"token": base64::engine::general_purpose::STANDARD.encode(CANARY)}});
+    let secret = canary_secret();
     api.put(secret.clone());
     let mut serve = Serve::start(&api, &[]);
     serve.wait_ready().await;
@@ -442,11 +456,7 @@ async fn serve_admits_snapshots_adopts_and_rolls_out_over_https() {
         logs.contains("\"admission\""),
         "the logs are JSON lines with admissions:\n{logs}"
     );
-    let encoded = base64::engine::general_purpose::STANDARD.encode(CANARY);
-    for haystack in [logs.as_str(), &metrics, &serve.responses.join("\n")] {
-        assert!(!haystack.contains(CANARY), "the Secret canary leaked");
-        assert!(!haystack.contains(&encoded[..16]), "the Secret canary leaked in base64");
-    }
+    assert_canary_absent(&[&logs, &metrics, &serve.responses.join("\n")]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -537,9 +547,7 @@ async fn the_resync_renews_a_workload_whose_renewal_is_due() {
 async fn a_forbidden_secret_snapshot_is_refused_clearly_and_leaks_nothing() {
     let api = ApiServer::start().await;
     api.put(config_map("blue"));
-    api.put(json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-        "metadata": {"name": "app-secret", "namespace": NS},
-        "data": {"token": base64::engine::general_purpose::STANDARD.encode(CANARY)}}));
+    api.put(canary_secret());
     api.forbid(axum::http::Method::POST, "Secret");
     let mut serve = Serve::start(&api, &[]);
     serve.wait_ready().await;
@@ -578,9 +586,5 @@ async fn a_forbidden_secret_snapshot_is_refused_clearly_and_leaks_nothing() {
 
     let logs = serve.logs();
     assert!(serve.terminate().success());
-    let encoded = base64::engine::general_purpose::STANDARD.encode(CANARY);
-    for haystack in [logs.as_str(), &metrics, &serve.responses.join("\n")] {
-        assert!(!haystack.contains(CANARY), "the Secret canary leaked");
-        assert!(!haystack.contains(&encoded[..16]), "the Secret canary leaked in base64");
-    }
+    assert_canary_absent(&[&logs, &metrics, &serve.responses.join("\n")]);
 }
