@@ -14,6 +14,8 @@ pub struct FakeHost {
     pub calls: RefCell<Vec<(String, Value)>>,
     /// operation → error text returned by the next calls of it.
     pub failures: RefCell<HashMap<String, String>>,
+    /// kind → error text returned by lists of that kind.
+    pub list_failures: RefCell<HashMap<String, String>>,
     /// No write capability at all, like stock Kubewarden.
     pub stock: bool,
     pub now: i64,
@@ -31,6 +33,11 @@ impl FakeHost {
 
     pub fn fail(&self, operation: &str, error: &str) {
         self.failures.borrow_mut().insert(operation.into(), error.into());
+    }
+
+    /// Fails every list of `kind`, and only those.
+    pub fn fail_list_of(&self, kind: &str, error: &str) {
+        self.list_failures.borrow_mut().insert(kind.into(), error.into());
     }
 
     pub fn find(&self, kind: &str, name: &str) -> Option<Value> {
@@ -70,6 +77,14 @@ impl Host for FakeHost {
         self.calls.borrow_mut().push((operation.to_string(), req.clone()));
         if let Some(e) = self.failures.borrow().get(operation) {
             return Err(e.clone());
+        }
+        if operation == "list_resources_by_namespace" {
+            if let Some(e) = req["kind"]
+                .as_str()
+                .and_then(|k| self.list_failures.borrow().get(k).cloned())
+            {
+                return Err(e);
+            }
         }
         if binding == "config-snapshot" && self.stock {
             return Err(format!("unknown binding: {binding}"));
@@ -121,7 +136,10 @@ impl Host for FakeHost {
                 }
             }
             "delete_snapshot" => {
-                self.objects.borrow_mut().retain(|o| o["metadata"]["uid"] != req["uid"]);
+                let rv = &req["resourceVersion"];
+                self.objects.borrow_mut().retain(|o| {
+                    o["metadata"]["uid"] != req["uid"] || (!rv.is_null() && o["metadata"]["resourceVersion"] != *rv)
+                });
                 json!({})
             }
             "adopt" => json!({"queued": true}),

@@ -2,7 +2,8 @@
 //! natively against an in-memory fake.
 //!
 //! Reads use Kubewarden's own capabilities with the SDK's exact payloads;
-//! writes use this project's `config-snapshot`/`v1` capability (SPEC §6).
+//! writes use this project's `config-snapshot`/`v1` capability
+//! (docs/design.md, "Host capability contract").
 
 use std::collections::BTreeSet;
 
@@ -134,9 +135,22 @@ impl<'h> Cluster<'h> {
             .map(drop)
     }
 
-    pub fn delete_snapshot(&self, kind: &str, name: &str, uid: &str) -> Result<(), WriteError> {
-        self.write("delete_snapshot", &json!({ "kind": kind, "name": name, "uid": uid }))
-            .map(drop)
+    /// Deletes a snapshot only if it is still the object (`uid`) and the
+    /// version (`resource_version`) the caller judged: a reuse in between
+    /// changes the version, and the delete then fails instead of taking a
+    /// snapshot someone just started to reference.
+    pub fn delete_snapshot(
+        &self,
+        kind: &str,
+        name: &str,
+        uid: &str,
+        resource_version: Option<&str>,
+    ) -> Result<(), WriteError> {
+        let mut request = json!({ "kind": kind, "name": name, "uid": uid });
+        if let Some(rv) = resource_version {
+            request["resourceVersion"] = json!(rv);
+        }
+        self.write("delete_snapshot", &request).map(drop)
     }
 
     pub fn patch_workload(&self, request: Value) -> Result<(), WriteError> {

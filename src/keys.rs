@@ -16,6 +16,11 @@ pub const SNAPSHOTS: &str = "config-snapshot.io/snapshots";
 pub const RENEWED_AT: &str = "config-snapshot.io/renewed-at";
 pub const CHECKSUM_PREFIX: &str = "config-snapshot.io/checksum-";
 
+// Workload metadata written by config-snapshot itself (see `records`): kept
+// out of the pod template, so writing them never rolls pods.
+pub const ROLLBACK: &str = "config-snapshot.io/rollback";
+pub const WATCH_ROLLOUT: &str = "config-snapshot.io/watch-rollout";
+
 // Snapshot metadata.
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY_VALUE: &str = "config-snapshot";
@@ -23,6 +28,9 @@ pub const SOURCE_LABEL: &str = "config-snapshot.io/source";
 pub const SOURCE_NAME: &str = "config-snapshot.io/source-name";
 pub const CONTENT_HASH: &str = "config-snapshot.io/content-hash";
 pub const SOURCE_RESOURCE_VERSION: &str = "config-snapshot.io/source-resource-version";
+/// Set by the host when an admission reuses an existing, unowned snapshot:
+/// the sweep counts a snapshot's age from its last use, not its creation.
+pub const LAST_USED_AT: &str = "config-snapshot.io/last-used-at";
 
 /// Added by the Deployment controller to ReplicaSet templates; never part of
 /// what the user wrote, so it is ignored when comparing templates.
@@ -33,6 +41,18 @@ pub const POD_TEMPLATE_HASH: &str = "pod-template-hash";
 /// by this one test.
 pub fn is_snapshot(object: &serde_json::Value) -> bool {
     object["metadata"]["labels"][MANAGED_BY].as_str() == Some(MANAGED_BY_VALUE)
+}
+
+/// The source a snapshot was taken from, if `object` is one: recognised by
+/// what it is (our label and the source-name annotation), not by whether a
+/// template's mapping happens to name it.
+pub fn snapshot_source(object: &serde_json::Value) -> Option<&str> {
+    if !is_snapshot(object) {
+        return None;
+    }
+    object["metadata"]["annotations"][SOURCE_NAME]
+        .as_str()
+        .filter(|s| !s.is_empty())
 }
 
 /// Whether a pod template annotation is one the policy writes (and so must be

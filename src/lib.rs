@@ -6,12 +6,16 @@
 //! The decisions live in plain modules that compile and test natively; the
 //! waPC glue at the bottom is the only wasm-specific code.
 
+pub mod checksum;
 pub mod content;
 pub mod duration;
 pub mod host;
 pub mod keys;
 pub mod kind;
 pub mod optin;
+pub mod plan;
+pub mod reads;
+pub mod records;
 pub mod references;
 pub mod request;
 pub mod revision;

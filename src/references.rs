@@ -22,7 +22,27 @@ pub struct Reference {
     pub keys: Option<BTreeSet<String>>,
 }
 
+/// Every field of a pod spec that can hold a reference: `volumes`, and
+/// `env` and `envFrom` of each container list. [`collect`] reads only these
+/// and [`masks`] asks for exactly these, so a list pruned to the masks (the
+/// watch's and the sweep's) can never hide a reference: a hidden one would
+/// let the sweep delete a snapshot that is in use.
+const VOLUMES: &str = "volumes";
 const CONTAINER_LISTS: [&str; 3] = ["containers", "initContainers", "ephemeralContainers"];
+const ENV: &str = "env";
+const ENV_FROM: &str = "envFrom";
+
+/// Kubewarden field masks covering every reference field of a pod spec
+/// whose template sits at `prefix` (`spec.template.`, or `` for a Pod).
+pub fn masks(prefix: &str) -> Vec<String> {
+    let mut masks = vec![format!("{prefix}spec.{VOLUMES}")];
+    for list in CONTAINER_LISTS {
+        for field in [ENV, ENV_FROM] {
+            masks.push(format!("{prefix}spec.{list}.{field}"));
+        }
+    }
+    masks
+}
 
 /// Collects the references of a pod template (`{metadata, spec}`).
 pub fn collect(template: &Value) -> Vec<Reference> {
@@ -30,7 +50,7 @@ pub fn collect(template: &Value) -> Vec<Reference> {
     let Some(spec) = template.get("spec") else {
         return out;
     };
-    if let Some(volumes) = spec.get("volumes").and_then(Value::as_array) {
+    if let Some(volumes) = spec.get(VOLUMES).and_then(Value::as_array) {
         for (i, volume) in volumes.iter().enumerate() {
             let base = format!("/spec/volumes/{i}");
             if let Some(cm) = volume.get("configMap") {
@@ -78,7 +98,7 @@ pub fn collect(template: &Value) -> Vec<Reference> {
         };
         for (c, container) in containers.iter().enumerate() {
             let cbase = format!("/spec/{list}/{c}");
-            if let Some(env) = container.get("env").and_then(Value::as_array) {
+            if let Some(env) = container.get(ENV).and_then(Value::as_array) {
                 for (e, var) in env.iter().enumerate() {
                     let Some(value_from) = var.get("valueFrom") else {
                         continue;
@@ -94,14 +114,14 @@ pub fn collect(template: &Value) -> Vec<Reference> {
                                 kind,
                                 sel,
                                 "name",
-                                format!("{cbase}/env/{e}/valueFrom/{field}"),
+                                format!("{cbase}/{ENV}/{e}/valueFrom/{field}"),
                                 Some(key.into_iter().collect()),
                             );
                         }
                     }
                 }
             }
-            if let Some(env_from) = container.get("envFrom").and_then(Value::as_array) {
+            if let Some(env_from) = container.get(ENV_FROM).and_then(Value::as_array) {
                 for (e, source) in env_from.iter().enumerate() {
                     for (field, kind) in [
                         ("configMapRef", SourceKind::ConfigMap),
@@ -113,7 +133,7 @@ pub fn collect(template: &Value) -> Vec<Reference> {
                                 kind,
                                 sel,
                                 "name",
-                                format!("{cbase}/envFrom/{e}/{field}"),
+                                format!("{cbase}/{ENV_FROM}/{e}/{field}"),
                                 None,
                             );
                         }
@@ -202,7 +222,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    /// A template with one reference of every kind the SPEC lists.
+    /// A template with one reference of every kind docs/design.md lists.
     pub fn every_kind() -> Value {
         json!({
             "metadata": {"labels": {"app": "web"}},

@@ -1,11 +1,16 @@
-//! Revision admission (SPEC §5.5): a new ReplicaSet or ControllerRevision
-//! asks the host to adopt the snapshots its template uses, so Kubernetes'
-//! garbage collector removes them with the revision and
-//! `revisionHistoryLimit` governs config history too.
+//! Revision admission (docs/design.md, "Garbage collection"): a new
+//! ReplicaSet or ControllerRevision asks the host to adopt the snapshots its
+//! template uses, so Kubernetes' garbage collector removes them with the
+//! revision and `revisionHistoryLimit` governs config history too.
+//!
+//! A revision whose adoption cannot even be queued is refused: if it were
+//! admitted, pruning the older revision that owns its snapshots would let
+//! the garbage collector delete them under it. The controller retries.
 
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
+use crate::host::WriteError;
 use crate::references;
 use crate::request::{Outcome, SAY};
 use crate::template::Mapping;
@@ -37,10 +42,18 @@ pub fn admit(ctx: &Context, kind: &str, raw: &RawValue) -> Outcome {
     let owner = json!({"apiVersion": "apps/v1", "kind": kind, "name": name});
     match ctx.cluster.adopt(owner, snapshots) {
         Ok(()) => Outcome::accept(),
-        Err(e) => Outcome::accept_with(vec![format!(
-            "{SAY}could not ask the host to adopt the snapshots of {kind} {name}; they will be swept when unused: {}",
-            e.message()
+        // Stock Kubewarden: nothing adopts, and the snapshots (made by an
+        // earlier host) are kept by the sweep while referenced.
+        Err(WriteError::Unsupported(m)) => Outcome::accept_with(vec![format!(
+            "{SAY}this host cannot adopt the snapshots of {kind} {name} ({m}); they are kept while referenced"
         )]),
+        Err(e) => Outcome::reject(
+            format!(
+                "{SAY}could not ask the host to adopt the snapshots of {kind} {name}, so it is refused until it can (the controller retries): {}",
+                e.message()
+            ),
+            500,
+        ),
     }
 }
 

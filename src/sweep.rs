@@ -1,7 +1,12 @@
-//! The orphan sweep (SPEC §5.5): a safety net for snapshots that never got
-//! an owner, e.g. created for a request that was then rejected.
+//! The orphan sweep (docs/design.md, "Garbage collection"): a safety net
+//! for snapshots that never got an owner, e.g. created for a request that
+//! was then refused, or for a watch content that was superseded.
+//!
+//! The decisions are plain functions over listed objects, so the host's
+//! timed sweep (serve's resync, replay's `advanceTime`) makes exactly the
+//! same choices as the sweep the policy runs when it makes a snapshot.
 
-use std::collections::HashSet;
+use std::collections::BTreeSet;
 
 use serde_json::Value;
 
@@ -13,7 +18,7 @@ use crate::references;
 use crate::workload::Context;
 
 /// Objects whose pod templates may hold a snapshot name, with where the
-/// template sits and the field masks that fetch only the reference fields.
+/// template sits.
 pub const HOLDERS: [(&str, &str, &str); 6] = [
     ("apps/v1", "Deployment", "/spec/template"),
     ("apps/v1", "StatefulSet", "/spec/template"),
@@ -23,17 +28,65 @@ pub const HOLDERS: [(&str, &str, &str); 6] = [
     ("v1", "Pod", ""),
 ];
 
-/// Field masks covering every reference field of a pod spec under `prefix`.
-pub fn reference_masks(prefix: &str) -> Vec<String> {
-    let mut masks = vec![format!("{prefix}spec.volumes")];
-    for list in ["containers", "initContainers", "ephemeralContainers"] {
-        masks.push(format!("{prefix}spec.{list}.env"));
-        masks.push(format!("{prefix}spec.{list}.envFrom"));
-    }
-    masks
+/// The field masks that fetch a holder's reference fields and nothing else.
+pub fn holder_masks(template_path: &str) -> Vec<String> {
+    references::masks(match template_path {
+        "" => "",
+        "/spec/template" => "spec.template.",
+        _ => "data.spec.template.",
+    })
 }
 
-/// Deletes the unowned, unreferenced snapshots of `source` older than the
+/// The fields of a snapshot the sweep decides on.
+pub const SNAPSHOT_MASKS: [&str; 7] = [
+    "metadata.name",
+    "metadata.uid",
+    "metadata.resourceVersion",
+    "metadata.labels",
+    "metadata.annotations",
+    "metadata.ownerReferences",
+    "metadata.creationTimestamp",
+];
+
+/// Adds the names of `kind` that `holder` (an object of a [`HOLDERS`] kind
+/// whose template sits at `template_path`) references.
+pub fn add_references(names: &mut BTreeSet<String>, holder: &Value, template_path: &str, kind: SourceKind) {
+    let template = if template_path.is_empty() {
+        Some(holder)
+    } else {
+        holder.pointer(template_path)
+    };
+    if let Some(t) = template {
+        names.extend(
+            references::collect(t)
+                .into_iter()
+                .filter(|r| r.kind == kind)
+                .map(|r| r.name),
+        );
+    }
+}
+
+/// When a snapshot was last made or reused (unix seconds): its age for the
+/// grace period counts from here.
+pub fn last_used(snapshot: &Value) -> Option<i64> {
+    let meta = &snapshot["metadata"];
+    let created = meta["creationTimestamp"].as_str().and_then(parse_rfc3339);
+    let used = meta["annotations"][keys::LAST_USED_AT].as_str().and_then(parse_rfc3339);
+    created.max(used)
+}
+
+/// Whether a snapshot may be swept, as far as it alone can tell: ours, with
+/// no owner, and unused for at least `grace` seconds. The caller must also
+/// know that nothing references it.
+pub fn is_orphan(snapshot: &Value, now: i64, grace: u64) -> bool {
+    keys::is_snapshot(snapshot)
+        && snapshot["metadata"]["ownerReferences"]
+            .as_array()
+            .is_none_or(|o| o.is_empty())
+        && last_used(snapshot).is_some_and(|t| now - t >= grace as i64)
+}
+
+/// Deletes the unowned, unreferenced snapshots of `source` unused for the
 /// grace period, except `keep`. Best effort: a failure leaves the orphan
 /// for the next sweep, never fails the admission.
 pub fn sweep(ctx: &Context, source: &SourceId, keep: &str) {
@@ -44,17 +97,9 @@ pub fn sweep(ctx: &Context, source: &SourceId, keep: &str) {
         keys::SOURCE_LABEL,
         source_label(&source.name)
     );
-    let masks = [
-        "metadata.name",
-        "metadata.uid",
-        "metadata.labels",
-        "metadata.annotations",
-        "metadata.ownerReferences",
-        "metadata.creationTimestamp",
-    ];
     let Ok(snapshots) = ctx
         .cluster
-        .list("v1", source.kind.kind(), ctx.namespace, Some(selector), &masks)
+        .list("v1", source.kind.kind(), ctx.namespace, Some(selector), &SNAPSHOT_MASKS)
     else {
         return;
     };
@@ -62,18 +107,13 @@ pub fn sweep(ctx: &Context, source: &SourceId, keep: &str) {
     let candidates: Vec<&Value> = snapshots
         .iter()
         .filter(|s| {
-            let meta = &s["metadata"];
-            meta["name"].as_str() != Some(keep)
-                && keys::is_snapshot(s)
-                && meta["annotations"][keys::SOURCE_NAME].as_str() == Some(source.name.as_str())
-                && meta["ownerReferences"].as_array().is_none_or(|o| o.is_empty())
-                && meta["creationTimestamp"]
-                    .as_str()
-                    .and_then(parse_rfc3339)
-                    .is_some_and(|created| {
-                        let now = *now.get_or_insert_with(|| ctx.cluster.now());
-                        now - created >= ctx.settings.orphan_grace_period_secs as i64
-                    })
+            s["metadata"]["name"].as_str() != Some(keep)
+                && keys::snapshot_source(s) == Some(source.name.as_str())
+                && is_orphan(
+                    s,
+                    *now.get_or_insert_with(|| ctx.cluster.now()),
+                    ctx.settings.orphan_grace_period_secs,
+                )
         })
         .collect();
     if candidates.is_empty() {
@@ -83,45 +123,30 @@ pub fn sweep(ctx: &Context, source: &SourceId, keep: &str) {
         return;
     };
     for snap in candidates {
-        let (Some(name), Some(uid)) = (snap["metadata"]["name"].as_str(), snap["metadata"]["uid"].as_str()) else {
+        let meta = &snap["metadata"];
+        let (Some(name), Some(uid)) = (meta["name"].as_str(), meta["uid"].as_str()) else {
             continue;
         };
         if !referenced.contains(name) {
-            let _ = ctx.cluster.delete_snapshot(source.kind.kind(), name, uid);
+            let rv = meta["resourceVersion"].as_str();
+            let _ = ctx.cluster.delete_snapshot(source.kind.kind(), name, uid, rv);
         }
     }
 }
 
 /// Every name of `kind` that a workload, revision or Pod in the namespace
 /// references. `None` if any list failed: then nothing may be deleted.
-fn referenced_names(ctx: &Context, kind: SourceKind) -> Option<HashSet<String>> {
-    let mut names = HashSet::new();
+fn referenced_names(ctx: &Context, kind: SourceKind) -> Option<BTreeSet<String>> {
+    let mut names = BTreeSet::new();
     for (api_version, holder, path) in HOLDERS {
-        let prefix = match path {
-            "" => "",
-            "/spec/template" => "spec.template.",
-            _ => "data.spec.template.",
-        };
-        let masks = reference_masks(prefix);
+        let masks = holder_masks(path);
         let masks: Vec<&str> = masks.iter().map(String::as_str).collect();
         let items = ctx
             .cluster
             .list(api_version, holder, ctx.namespace, None, &masks)
             .ok()?;
         for item in &items {
-            let template = if path.is_empty() {
-                Some(item)
-            } else {
-                item.pointer(path)
-            };
-            if let Some(t) = template {
-                names.extend(
-                    references::collect(t)
-                        .into_iter()
-                        .filter(|r| r.kind == kind)
-                        .map(|r| r.name),
-                );
-            }
+            add_references(&mut names, item, path, kind);
         }
     }
     Some(names)
@@ -145,6 +170,7 @@ mod tests {
         let content = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"v": value}})).unwrap();
         let (_, mut obj) = snapshot_object(&SourceId::new(SourceKind::ConfigMap, "app"), "default", "1", &content);
         obj["metadata"]["uid"] = json!(format!("uid-{value}"));
+        obj["metadata"]["resourceVersion"] = json!(format!("rv-{value}"));
         obj["metadata"]["creationTimestamp"] = json!(format_rfc3339(NOW - age_secs));
         if owned {
             obj["metadata"]["ownerReferences"] = json!([{"kind": "ReplicaSet", "name": "rs", "uid": "rs-uid"}]);
@@ -201,13 +227,40 @@ mod tests {
             .collect();
         assert_eq!(deleted, vec![name(&orphan)]);
         assert_eq!(host.ops("delete_snapshot")[0]["uid"], "uid-orphan");
+        assert_eq!(host.ops("delete_snapshot")[0]["resourceVersion"], "rv-orphan");
     }
 
     #[test]
     fn deletes_nothing_when_references_cannot_be_listed() {
-        let mut host = FakeHost::with(vec![snap("orphan", 3600, false)]);
+        let orphan = snap("orphan", 3600, false);
+        // The control: with every list answered, this orphan goes.
+        let mut host = FakeHost::with(vec![orphan.clone()]);
         host.now = NOW;
-        host.fail("list_resources_by_namespace", "timeout");
+        sweep(&host, "x");
+        assert_eq!(host.ops("delete_snapshot").len(), 1);
+        // The snapshots are listed, but one kind of holder is not: a Pod
+        // could be using the orphan, so nothing may go.
+        for holder in ["Deployment", "ReplicaSet", "Pod"] {
+            let mut host = FakeHost::with(vec![orphan.clone()]);
+            host.now = NOW;
+            host.fail_list_of(holder, "timeout");
+            sweep(&host, "x");
+            assert!(
+                host.ops("list_resources_by_namespace")
+                    .iter()
+                    .any(|l| l["kind"] == "ConfigMap"),
+                "the snapshots were listed"
+            );
+            assert!(host.ops("delete_snapshot").is_empty(), "{holder} unlisted");
+        }
+    }
+
+    #[test]
+    fn a_reused_snapshot_counts_its_age_from_the_reuse() {
+        let mut reused = snap("reused", 3600, false);
+        reused["metadata"]["annotations"][crate::keys::LAST_USED_AT] = json!(format_rfc3339(NOW - 60));
+        let mut host = FakeHost::with(vec![reused]);
+        host.now = NOW;
         sweep(&host, "x");
         assert!(host.ops("delete_snapshot").is_empty());
     }

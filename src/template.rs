@@ -1,8 +1,9 @@
 //! The pod template as the policy sees it: the mapping annotation that says
 //! which names are snapshots, and the normalised form used to compare
-//! templates across edits and revisions (SPEC §5.1 step 2).
+//! templates across edits and revisions (docs/design.md, "Workload
+//! admission", step 2).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use serde_json::Value;
 
@@ -40,15 +41,56 @@ impl Mapping {
         let raw: BTreeMap<String, &String> = self.0.iter().map(|(k, v)| (k.to_string(), v)).collect();
         serde_json::to_string(&raw).expect("string map")
     }
+}
 
-    /// The source a name stands for: itself, unless the mapping says it is a
-    /// snapshot of another source.
+/// Which names are snapshots, and of which source. Built from mappings
+/// (several: the new and the old template's, a revision's) and from
+/// snapshots recognised by their labels, so it can say more than one
+/// template's mapping: a re-applied export that lost its mapping still
+/// names snapshots.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshots(BTreeMap<(SourceKind, String), String>);
+
+impl Snapshots {
+    /// The snapshots a template's own mapping names.
+    pub fn of(template: &Value) -> Snapshots {
+        let mut s = Snapshots::default();
+        s.add_mapping(&Mapping::of(template));
+        s
+    }
+
+    pub fn add_mapping(&mut self, mapping: &Mapping) {
+        for (id, snapshot) in &mapping.0 {
+            self.insert(id.kind, snapshot, &id.name);
+        }
+    }
+
+    /// Records that `snapshot` is a snapshot of `source`.
+    pub fn insert(&mut self, kind: SourceKind, snapshot: &str, source: &str) {
+        self.0.insert((kind, snapshot.to_string()), source.to_string());
+    }
+
+    fn find(&self, kind: SourceKind, name: &str) -> Option<&str> {
+        self.0.get(&(kind, name.to_string())).map(String::as_str)
+    }
+
+    pub fn contains(&self, kind: SourceKind, name: &str) -> bool {
+        self.find(kind, name).is_some()
+    }
+
+    /// The source a name stands for: itself, unless it is a known snapshot.
     pub fn source_of(&self, kind: SourceKind, name: &str) -> String {
-        self.0
-            .iter()
-            .find(|(id, snap)| id.kind == kind && snap.as_str() == name)
-            .map(|(id, _)| id.name.clone())
-            .unwrap_or_else(|| name.to_string())
+        self.find(kind, name).unwrap_or(name).to_string()
+    }
+
+    /// Adds what a template's mapping says; `self` wins where both name
+    /// the same snapshot.
+    fn with_mapping_of(&self, template: &Value) -> Snapshots {
+        let mut all = Snapshots::of(template);
+        for ((kind, snapshot), source) in &self.0 {
+            all.insert(*kind, snapshot, source);
+        }
+        all
     }
 }
 
@@ -56,12 +98,22 @@ pub fn template_annotation<'a>(template: &'a Value, key: &str) -> Option<&'a str
     template.get("metadata")?.get("annotations")?.get(key)?.as_str()
 }
 
+/// Whether a name has the shape of a snapshot name (`<source>-<10 hex>`):
+/// only such names are worth a read to recognise an unmapped snapshot.
+pub fn looks_like_snapshot(name: &str) -> bool {
+    name.len() > 11
+        && name.as_bytes()[name.len() - 11] == b'-'
+        && name[name.len() - 10..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 /// The references of a template grouped by the source they stand for.
-pub fn group_by_source(refs: &[Reference], mapping: &Mapping) -> Vec<SourceRefs> {
+pub fn group_by_source(refs: &[Reference], snapshots: &Snapshots) -> Vec<SourceRefs> {
     let mut groups: Vec<SourceRefs> = Vec::new();
-    let mut index: HashMap<SourceId, usize> = HashMap::new();
+    let mut index: BTreeMap<SourceId, usize> = BTreeMap::new();
     for r in refs {
-        let id = SourceId::new(r.kind, mapping.source_of(r.kind, &r.name));
+        let id = SourceId::new(r.kind, snapshots.source_of(r.kind, &r.name));
         let slot = *index.entry(id.clone()).or_insert_with(|| {
             groups.push(SourceRefs { id, refs: Vec::new() });
             groups.len() - 1
@@ -76,37 +128,57 @@ pub fn group_by_source(refs: &[Reference], mapping: &Mapping) -> Vec<SourceRefs>
 /// (`pod-template-hash`, the `$patch` marker of ControllerRevision data), so
 /// that two templates a user would call equal compare equal.
 pub fn normalise(template: &Value) -> Value {
+    normalise_with(template, &Snapshots::default())
+}
+
+/// [`normalise`], also knowing the snapshots in `known` (recognised ones,
+/// or another template's mapping) besides the template's own mapping.
+pub fn normalise_with(template: &Value, known: &Snapshots) -> Value {
     let mut out = template.clone();
-    let mapping = Mapping::of(template);
-    if !mapping.0.is_empty() {
+    let snapshots = known.with_mapping_of(template);
+    if !snapshots.0.is_empty() {
         for r in references::collect(template) {
-            let source = mapping.source_of(r.kind, &r.name);
+            let source = snapshots.source_of(r.kind, &r.name);
             if source != r.name {
                 references::set_name(&mut out, &r.pointer, &source);
             }
         }
     }
-    if let Some(obj) = out.as_object_mut() {
+    if let Some(ann) = out.pointer_mut("/metadata/annotations").and_then(Value::as_object_mut) {
+        ann.retain(|k, _| !keys::is_policy_template_annotation(k));
+    }
+    strip_controller_marks(&mut out);
+    out
+}
+
+/// A template without what controllers add to their copies: the
+/// Deployment controller's `pod-template-hash` label and the `$patch`
+/// marker of ControllerRevision data. `kubectl rollout undo` puts back
+/// exactly this.
+pub fn without_controller_marks(template: &Value) -> Value {
+    let mut out = template.clone();
+    strip_controller_marks(&mut out);
+    out
+}
+
+/// Removes the controllers' additions, and the maps that leaves empty.
+fn strip_controller_marks(template: &mut Value) {
+    if let Some(obj) = template.as_object_mut() {
         obj.remove("$patch");
     }
-    if let Some(meta) = out.get_mut("metadata").and_then(Value::as_object_mut) {
-        if let Some(ann) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
-            ann.retain(|k, _| !keys::is_policy_template_annotation(k));
-            if ann.is_empty() {
-                meta.remove("annotations");
-            }
-        }
+    if let Some(meta) = template.get_mut("metadata").and_then(Value::as_object_mut) {
         if let Some(labels) = meta.get_mut("labels").and_then(Value::as_object_mut) {
             labels.remove(keys::POD_TEMPLATE_HASH);
-            if labels.is_empty() {
-                meta.remove("labels");
+        }
+        for key in ["annotations", "labels"] {
+            if meta.get(key).and_then(Value::as_object).is_some_and(|m| m.is_empty()) {
+                meta.remove(key);
             }
         }
         if meta.is_empty() {
-            out.as_object_mut().map(|o| o.remove("metadata"));
+            template.as_object_mut().map(|o| o.remove("metadata"));
         }
     }
-    out
 }
 
 /// Mutable access to the template's annotations, creating the map if needed.
@@ -147,8 +219,31 @@ mod tests {
         );
         let t = template("app-2c26b46b68", json!({ keys::SNAPSHOTS: text }));
         assert_eq!(Mapping::of(&t), m);
-        assert_eq!(m.source_of(SourceKind::ConfigMap, "app-2c26b46b68"), "app");
-        assert_eq!(m.source_of(SourceKind::Secret, "app-2c26b46b68"), "app-2c26b46b68");
+        let s = Snapshots::of(&t);
+        assert_eq!(s.source_of(SourceKind::ConfigMap, "app-2c26b46b68"), "app");
+        assert_eq!(s.source_of(SourceKind::Secret, "app-2c26b46b68"), "app-2c26b46b68");
+    }
+
+    #[test]
+    fn a_recognised_snapshot_normalises_like_a_mapped_one() {
+        let mapped = template(
+            "app-2c26b46b68",
+            json!({ keys::SNAPSHOTS: r#"{"configmap/app":"app-2c26b46b68"}"# }),
+        );
+        let exported = template("app-2c26b46b68", json!({}));
+        assert_ne!(normalise(&exported), normalise(&mapped));
+        let mut known = Snapshots::default();
+        known.insert(SourceKind::ConfigMap, "app-2c26b46b68", "app");
+        assert_eq!(normalise_with(&exported, &known), normalise(&mapped));
+    }
+
+    #[test]
+    fn snapshot_shaped_names() {
+        assert!(looks_like_snapshot("app-2c26b46b68"));
+        assert!(!looks_like_snapshot("app-2C26B46B68"));
+        assert!(!looks_like_snapshot("app-config"));
+        assert!(!looks_like_snapshot("-2c26b46b68"));
+        assert!(!looks_like_snapshot("app_2c26b46b68"));
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! Source admission (SPEC §5.4): a changed ConfigMap or Secret rolls out the
-//! workloads that watch it, through a new snapshot and a deferred patch.
+//! Source admission (docs/design.md, "Watch"): a changed ConfigMap or Secret
+//! rolls out the workloads that watch it, through a new snapshot and a
+//! deferred patch.
 //!
 //! Every ConfigMap and Secret write in the cluster passes through here, so
 //! the common cases (a snapshot, an excluded source, a metadata-only edit)
@@ -15,11 +16,12 @@ use crate::content::{self, Content};
 use crate::keys;
 use crate::kind::{SourceId, SourceKind};
 use crate::optin::OptIn;
+use crate::plan::SA_TOKEN;
+use crate::records::{generation, Rollback};
 use crate::references;
 use crate::request::{Outcome, SAY};
-use crate::sweep::reference_masks;
-use crate::template::{self, Mapping};
-use crate::workload::{Context, WorkloadKind, SA_TOKEN};
+use crate::template::{self, Mapping, Snapshots};
+use crate::workload::{escape, Context, WorkloadKind};
 
 /// The parts of a source the watch needs; everything else is skipped unparsed.
 #[derive(Deserialize, Default, PartialEq)]
@@ -34,10 +36,11 @@ struct SourceView {
 }
 
 #[derive(Deserialize, Default, PartialEq)]
-#[serde(default)]
+#[serde(default, rename_all = "camelCase")]
 struct Meta {
     name: String,
     labels: Option<BTreeMap<String, String>>,
+    resource_version: String,
 }
 
 impl SourceView {
@@ -67,18 +70,23 @@ pub fn admit(ctx: &Context, kind: SourceKind, operation: &str, raw: &RawValue, o
     if is_snapshot || ctx.settings.is_excluded(&id) || new.type_.as_deref() == Some(SA_TOKEN) {
         return Outcome::accept();
     }
-    if operation == "UPDATE" {
-        if let Some(old) = old_raw.and_then(|o| serde_json::from_str::<SourceView>(o.get()).ok()) {
-            if old.same_content(&new) {
-                return Outcome::accept();
-            }
-        }
+    let old = match operation {
+        "UPDATE" => old_raw.and_then(|o| serde_json::from_str::<SourceView>(o.get()).ok()),
+        _ => None,
+    };
+    if old.as_ref().is_some_and(|old| old.same_content(&new)) {
+        return Outcome::accept();
     }
     // Built from the fields already parsed. The snapshot's
     // source-resource-version stays empty: during admission the object still
     // carries the previous version's resourceVersion, and the new one is
     // assigned only after the write; recording the old one would point at
-    // the wrong content.
+    // the wrong content. That old version is still useful to the host: while
+    // the source has it, the change is not persisted yet.
+    let change = Change {
+        operation,
+        resource_version: old.map(|o| o.metadata.resource_version).unwrap_or_default(),
+    };
     let content = Content {
         data: new.data.unwrap_or_default(),
         binary_data: new.binary_data.unwrap_or_default(),
@@ -88,12 +96,19 @@ pub fn admit(ctx: &Context, kind: SourceKind, operation: &str, raw: &RawValue, o
             SourceKind::Secret => new.type_.unwrap_or_else(|| "Opaque".to_string()),
         },
     };
-    Outcome::accept_with(roll_out(ctx, &id, &content, ""))
+    Outcome::accept_with(roll_out(ctx, &id, &content, &change))
+}
+
+/// The source write being admitted, as the host needs to recognise it.
+struct Change<'a> {
+    operation: &'a str,
+    /// The source's resourceVersion before this write (empty on CREATE).
+    resource_version: String,
 }
 
 /// Finds the watchers of `id` and moves each to a snapshot of `content`.
 /// Returns warnings; the source write itself is never refused.
-fn roll_out(ctx: &Context, id: &SourceId, content: &Content, source_rv: &str) -> Vec<String> {
+fn roll_out(ctx: &Context, id: &SourceId, content: &Content, change: &Change) -> Vec<String> {
     let mut warnings = Vec::new();
     let masks = watcher_masks();
     let masks: Vec<&str> = masks.iter().map(String::as_str).collect();
@@ -109,7 +124,7 @@ fn roll_out(ctx: &Context, id: &SourceId, content: &Content, source_rv: &str) ->
             }
         };
         for workload in &workloads {
-            if let Err(w) = roll_out_one(ctx, id, content, source_rv, kind, workload) {
+            if let Err(w) = roll_out_one(ctx, id, content, change, kind, workload) {
                 warnings.push(w);
             }
         }
@@ -118,11 +133,12 @@ fn roll_out(ctx: &Context, id: &SourceId, content: &Content, source_rv: &str) ->
 }
 
 fn watcher_masks() -> Vec<String> {
-    let mut masks = reference_masks("spec.template.");
+    let mut masks = references::masks("spec.template.");
     masks.extend(
         [
             "metadata.name",
             "metadata.resourceVersion",
+            "metadata.generation",
             "metadata.annotations",
             "spec.template.metadata.annotations",
         ]
@@ -135,7 +151,7 @@ fn roll_out_one(
     ctx: &Context,
     id: &SourceId,
     content: &Content,
-    source_rv: &str,
+    change: &Change,
     kind: WorkloadKind,
     workload: &Value,
 ) -> Result<(), String> {
@@ -149,18 +165,23 @@ fn roll_out_one(
     let Some(template) = workload.pointer("/spec/template") else {
         return Ok(());
     };
-    let mapping = Mapping::of(template);
     let refs = references::collect(template);
-    let Some(group) = template::group_by_source(&refs, &mapping)
+    let Some(group) = template::group_by_source(&refs, &Snapshots::of(template))
         .into_iter()
         .find(|g| g.id == *id)
     else {
         return Ok(());
     };
     let subset = content.subset(group.key_subset().as_ref());
-    let (name, snapshot) = content::snapshot_object(id, ctx.namespace, source_rv, &subset);
+    let (name, snapshot) = content::snapshot_object(id, ctx.namespace, "", &subset);
     if group.refs.iter().all(|r| r.name == name) {
         // An edit outside this workload's keys: nothing to roll.
+        return Ok(());
+    }
+    if change.operation == "CREATE" && declined_by_rollback(workload, id, &name) {
+        // A re-admission (the resync's) or a re-created source with the
+        // content a rollback turned down: the rollback stands until the
+        // source changes again.
         return Ok(());
     }
     if ctx.dry_run {
@@ -188,10 +209,17 @@ fn roll_out_one(
         "kind": kind.kind(),
         "name": workload_name,
         "resourceVersion": workload.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or_default(),
+        // The generation this was decided at: a rollback after it voids it.
+        "generation": generation(workload),
         "patch": patch,
         // Lets the host hold the patch until this very content is persisted,
         // and drop it once the source has moved on (a newer patch supersedes it).
-        "source": {"kind": id.kind.kind(), "name": id.name, "contentHash": content.hash()},
+        "source": {
+            "kind": id.kind.kind(),
+            "name": id.name,
+            "contentHash": content.hash(),
+            "resourceVersion": change.resource_version,
+        },
         "snapshot": name,
     });
     ctx.cluster
@@ -203,6 +231,15 @@ fn roll_out_one(
     Ok(())
 }
 
+/// Whether `workload`'s last rollback declined this very content of `id`
+/// (`""`: the rollback could not read it, so it declines any).
+fn declined_by_rollback(workload: &Value, id: &SourceId, snapshot: &str) -> bool {
+    Rollback::of(workload).is_some_and(|r| {
+        r.declined(id)
+            .is_some_and(|declined| declined.is_empty() || declined == snapshot)
+    })
+}
+
 /// The JSON Patch that points every reference of `id` in a workload's pod
 /// `template` at `snapshot` and records it in the mapping. `None` if the
 /// template does not reference the source. Shared with the host, which
@@ -210,7 +247,7 @@ fn roll_out_one(
 pub fn retarget_ops(template: &Value, id: &SourceId, snapshot: &str) -> Option<Vec<Value>> {
     let mut mapping = Mapping::of(template);
     let refs = references::collect(template);
-    let group = template::group_by_source(&refs, &mapping)
+    let group = template::group_by_source(&refs, &Snapshots::of(template))
         .into_iter()
         .find(|g| g.id == *id)?;
     let mut patch: Vec<Value> = group
@@ -230,11 +267,6 @@ pub fn retarget_ops(template: &Value, id: &SourceId, snapshot: &str) -> Option<V
     };
     patch.push(op);
     Some(patch)
-}
-
-/// JSON Pointer escaping (RFC 6901).
-fn escape(segment: &str) -> String {
-    segment.replace('~', "~0").replace('/', "~1")
 }
 
 #[cfg(test)]
@@ -395,5 +427,78 @@ mod tests {
             "{:?}",
             out.warnings
         );
+    }
+}
+
+#[cfg(test)]
+mod rollback_tests {
+    use serde_json::{json, Value};
+
+    use crate::fake::FakeHost;
+    use crate::keys;
+    use crate::workload::tests::{cm, deployment, payload, run};
+
+    fn watcher(host: &FakeHost, rollback: Option<&str>) -> Value {
+        let spec = json!({"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": "app"}}]}]});
+        let mut d = deployment(json!({ keys::WATCH: "app" }), spec);
+        d = run(host, &payload("Deployment", "CREATE", &d, None, false, json!({})))
+            .mutated
+            .unwrap();
+        d["metadata"]["generation"] = json!(6);
+        if let Some(r) = rollback {
+            d["metadata"]["annotations"][keys::ROLLBACK] = json!(r);
+        }
+        host.objects.borrow_mut().push(d.clone());
+        host.calls.borrow_mut().clear();
+        d
+    }
+
+    fn name_of(data: Value) -> String {
+        let c =
+            crate::content::Content::from_object(crate::kind::SourceKind::ConfigMap, &json!({ "data": data })).unwrap();
+        crate::content::snapshot_name("app", &c.hash())
+    }
+
+    #[test]
+    fn a_readmitted_source_does_not_undo_a_rollback_that_declined_its_content() {
+        let host = FakeHost::with(vec![cm("app", json!({"mode": "blue"}))]);
+        let declined = name_of(json!({"mode": "green"}));
+        let record =
+            format!(r#"{{"generation":6,"at":"2026-01-01T00:00:00Z","sources":{{"configmap/app":"{declined}"}}}}"#);
+        watcher(&host, Some(&record));
+        // The resync re-admits the source, which holds what was declined.
+        let green = cm("app", json!({"mode": "green"}));
+        run(&host, &payload("ConfigMap", "CREATE", &green, None, false, json!({})));
+        assert!(host.ops("patch_workload").is_empty(), "the rollback stands");
+        assert!(host.ops("create_snapshot").is_empty(), "and no garbage is made");
+        // A content the rollback never saw rolls out.
+        let red = cm("app", json!({"mode": "red"}));
+        run(&host, &payload("ConfigMap", "CREATE", &red, None, false, json!({})));
+        assert_eq!(host.ops("patch_workload").len(), 1);
+        // So does a real edit, even back to the declined content: it is a
+        // change made after the rollback.
+        host.calls.borrow_mut().clear();
+        let old = cm("app", json!({"mode": "red"}));
+        run(
+            &host,
+            &payload("ConfigMap", "UPDATE", &green, Some(&old), false, json!({})),
+        );
+        assert_eq!(host.ops("patch_workload").len(), 1);
+    }
+
+    #[test]
+    fn the_patch_says_when_it_was_decided_and_what_the_source_was() {
+        let host = FakeHost::with(vec![cm("app", json!({"mode": "blue"}))]);
+        watcher(&host, None);
+        let old = cm("app", json!({"mode": "blue"}));
+        let new = cm("app", json!({"mode": "green"}));
+        run(
+            &host,
+            &payload("ConfigMap", "UPDATE", &new, Some(&old), false, json!({})),
+        );
+        let p = &host.ops("patch_workload")[0];
+        assert_eq!(p["generation"], 6);
+        assert_eq!(p["source"]["resourceVersion"], "7");
+        assert_eq!(p["snapshot"], name_of(json!({"mode": "green"})).as_str());
     }
 }

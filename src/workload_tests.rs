@@ -206,7 +206,13 @@ fn update_tells_no_op_roll_forward_and_rollback_apart() {
         d
     };
     let out = update(&host, &v2, &undo_in);
-    assert!(out.mutated.is_none(), "a rollback keeps the old snapshot: {out:?}");
+    let undone = out.mutated.expect("a rollback is recorded on the workload");
+    assert_eq!(
+        undone["spec"]["template"], undo_in["spec"]["template"],
+        "a rollback keeps the old snapshot and the template exactly as the revision had it"
+    );
+    let record = crate::records::Rollback::of(&undone).expect("rollback record");
+    assert_eq!(record.generation, 1, "the generation the rollback produces");
     let listed = host.ops("list_resources_by_namespace");
     let last = listed.last().unwrap();
     assert_eq!(last["kind"], "ReplicaSet");
@@ -396,12 +402,12 @@ fn without_the_capability_checksum_mode_stamps_hashes_with_one_warning() {
 #[test]
 fn checksum_keys_are_shortened_past_63() {
     use crate::kind::{SourceId, SourceKind};
-    let short = crate::workload::checksum_key(&SourceId::new(SourceKind::Secret, "tls"));
+    let short = crate::checksum::checksum_key(&SourceId::new(SourceKind::Secret, "tls"));
     assert_eq!(short, "config-snapshot.io/checksum-secret-tls");
-    let long = crate::workload::checksum_key(&SourceId::new(SourceKind::ConfigMap, "a".repeat(80)));
+    let long = crate::checksum::checksum_key(&SourceId::new(SourceKind::ConfigMap, "a".repeat(80)));
     let name_part = long.strip_prefix("config-snapshot.io/").unwrap();
     assert!(name_part.len() <= 63, "{}", name_part.len());
-    let other = crate::workload::checksum_key(&SourceId::new(SourceKind::ConfigMap, format!("{}b", "a".repeat(79))));
+    let other = crate::checksum::checksum_key(&SourceId::new(SourceKind::ConfigMap, format!("{}b", "a".repeat(79))));
     assert_ne!(long, other);
 }
 
@@ -609,4 +615,222 @@ fn dropping_the_opt_in_restores_source_names() {
     let restored = out.mutated.expect("references restored");
     assert_eq!(names(&restored), ("app".into(), "creds".into(), "extra".into()));
     assert!(restored["spec"]["template"]["metadata"]["annotations"][keys::SNAPSHOTS].is_null());
+}
+
+/// A snapshot object as the host would have created it for `source`.
+fn snapshot_of_cm(source: &str, data: Value) -> (String, Value) {
+    let content =
+        crate::content::Content::from_object(crate::kind::SourceKind::ConfigMap, &json!({"data": data})).unwrap();
+    let id = crate::kind::SourceId::new(crate::kind::SourceKind::ConfigMap, source);
+    let (name, mut object) = crate::content::snapshot_object(&id, "default", "7", &content);
+    object["metadata"]["uid"] = json!(format!("uid-{name}"));
+    object["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
+    (name, object)
+}
+
+fn env_from_cm(name: &str) -> Value {
+    json!({"containers": [{"name": "c", "image": "nginx:1", "envFrom": [{"configMapRef": {"name": name}}]}]})
+}
+
+fn mapping_of(object: &Value) -> Value {
+    serde_json::from_str(
+        object["spec"]["template"]["metadata"]["annotations"][keys::SNAPSHOTS]
+            .as_str()
+            .unwrap_or("{}"),
+    )
+    .unwrap()
+}
+
+fn revision_of(workload: &Value, name: &str) -> Value {
+    let mut template = workload["spec"]["template"].clone();
+    template["metadata"]["labels"]["pod-template-hash"] = json!(name);
+    json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": "web"},
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": "dep-uid"}]},
+        "spec": {"template": template}})
+}
+
+#[test]
+fn an_exported_manifest_without_its_mapping_keeps_its_snapshot_and_regains_the_mapping() {
+    let (snap, snap_object) = snapshot_of_cm("app", json!({"mode": "blue"}));
+    let host = FakeHost::with(vec![cm("app", json!({"mode": "green"})), snap_object]);
+    // `kubectl get -o yaml` of a running Deployment, the mapping stripped.
+    let exported = deployment(json!({ keys::WATCH: "configmap/app" }), env_from_cm(&snap));
+    let out = create(&host, &exported);
+    assert!(out.accepted, "{out:?}");
+    let mutated = out.mutated.expect("the mapping is written back");
+    assert_eq!(
+        mutated["spec"]["template"]["spec"]["containers"][0]["envFrom"][0]["configMapRef"]["name"],
+        snap.as_str(),
+        "the snapshot is kept, never snapshotted again"
+    );
+    assert_eq!(mapping_of(&mutated), json!({"configmap/app": snap}));
+    assert!(host.ops("create_snapshot").is_empty(), "no snapshot of a snapshot");
+
+    // Re-applied over the live object (which has the mapping), unchanged.
+    let out = update(&host, &mutated, &exported);
+    let again = out.mutated.expect("the mapping is restored");
+    assert_eq!(mapping_of(&again), json!({"configmap/app": snap}));
+    assert!(host.ops("create_snapshot").is_empty());
+
+    // A real change still moves config forward, to the source's content.
+    let mut image = exported.clone();
+    image["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:2");
+    let forward = update(&host, &mutated, &image).mutated.unwrap();
+    let created = host.ops("create_snapshot");
+    assert_eq!(created.len(), 1);
+    assert_eq!(created[0]["object"]["data"], json!({"mode": "green"}));
+    assert_eq!(
+        mapping_of(&forward)["configmap/app"],
+        created[0]["object"]["metadata"]["name"]
+    );
+}
+
+#[test]
+fn a_rollback_is_never_renewed_and_starts_a_fresh_renew_period() {
+    let t0 = 1_800_000_000;
+    let mut host = FakeHost::with(vec![cm("app", json!({"mode": "blue"}))]);
+    host.now = t0;
+    let annotations = json!({ keys::SNAPSHOT: "configmap/app", keys::RENEW_DURATION: "1h" });
+    let v1 = create(&host, &deployment(annotations.clone(), env_from_cm("app")))
+        .mutated
+        .unwrap();
+    host.objects.borrow_mut().push(revision_of(&v1, "web-1"));
+    host.objects.borrow_mut().retain(|o| o["metadata"]["name"] != "app");
+    host.objects.borrow_mut().push(cm("app", json!({"mode": "green"})));
+    let mut v2_in = v1.clone();
+    v2_in["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:2");
+    let mut v2 = update(&host, &v1, &v2_in).mutated.unwrap();
+    v2["metadata"]["generation"] = json!(2);
+    host.objects.borrow_mut().push(revision_of(&v2, "web-2"));
+
+    // Two hours later, past the renew period: rollout undo to revision 1.
+    host.now = t0 + 7200;
+    let mut undo = v2.clone();
+    undo["spec"]["template"] = v1["spec"]["template"].clone();
+    let out = update(&host, &v2, &undo);
+    let undone = out.mutated.expect("recorded");
+    assert_eq!(
+        undone["spec"]["template"], v1["spec"]["template"],
+        "the old config comes back with the old image, not a renewal"
+    );
+    let record = crate::records::Rollback::of(&undone).unwrap();
+    assert_eq!((record.generation, record.at), (3, t0 + 7200));
+
+    // The renew period restarts at the rollback: the resync's no-op update
+    // half an hour later renews nothing.
+    let mut live = undone.clone();
+    live["metadata"]["generation"] = json!(3);
+    host.now = t0 + 7200 + 1800;
+    assert!(update(&host, &live, &live).mutated.is_none());
+    // An hour after the rollback it renews.
+    host.now = t0 + 7200 + 3600;
+    let renewed = update(&host, &live, &live).mutated.expect("renewed");
+    assert_ne!(mapping_of(&renewed), mapping_of(&live));
+    assert_eq!(
+        renewed["spec"]["template"]["metadata"]["annotations"][keys::RENEWED_AT],
+        crate::duration::format_rfc3339(t0 + 7200 + 3600)
+    );
+}
+
+#[test]
+fn a_watch_rollout_back_to_an_old_revision_is_not_a_rollback() {
+    let (snap_a, a) = snapshot_of_cm("app", json!({"mode": "a"}));
+    let (snap_b, b) = snapshot_of_cm("app", json!({"mode": "b"}));
+    let host = FakeHost::with(vec![cm("app", json!({"mode": "a"})), a, b]);
+    let mut v1 = create(&host, &deployment(json!({ keys::WATCH: "app" }), env_from_cm("app")))
+        .mutated
+        .unwrap();
+    assert_eq!(mapping_of(&v1)["configmap/app"], snap_a.as_str());
+    v1["metadata"]["generation"] = json!(1);
+    host.objects.borrow_mut().push(revision_of(&v1, "web-1"));
+    // Moved to b by a watch rollout, then back to a by the next one: the
+    // template is revision 1's again, byte for byte.
+    let mut on_b = v1.clone();
+    on_b["spec"]["template"]["spec"]["containers"][0]["envFrom"][0]["configMapRef"]["name"] = json!(snap_b);
+    on_b["spec"]["template"]["metadata"]["annotations"][keys::SNAPSHOTS] =
+        json!(json!({"configmap/app": snap_b}).to_string());
+    on_b["metadata"]["generation"] = json!(2);
+    let record = |generation: i64| crate::records::WatchRollout {
+        generation,
+        at: 1_800_000_000,
+        source: crate::kind::SourceId::new(crate::kind::SourceKind::ConfigMap, "app"),
+        snapshot: snap_a.clone(),
+    };
+    let mut back_to_a = on_b.clone();
+    back_to_a["spec"]["template"] = v1["spec"]["template"].clone();
+    back_to_a["metadata"]["annotations"][keys::WATCH_ROLLOUT] = json!(record(3).to_annotation());
+    let out = update(&host, &on_b, &back_to_a);
+    assert!(out.mutated.is_none(), "the host's own rollout is kept as is: {out:?}");
+
+    // The same template put back by a user (or with a stale record, as
+    // `kubectl rollout undo` copies a ReplicaSet's annotations back) is a
+    // rollback.
+    back_to_a["metadata"]["annotations"][keys::WATCH_ROLLOUT] = json!(record(2).to_annotation());
+    let undone = update(&host, &on_b, &back_to_a).mutated.expect("recorded");
+    let rollback = crate::records::Rollback::of(&undone).unwrap();
+    assert_eq!(rollback.generation, 3);
+    // It declined the content the source has now ("a": the one it restores).
+    assert_eq!(
+        rollback.sources.iter().map(|(_, s)| s).collect::<Vec<_>>(),
+        vec![&snap_a],
+        "{rollback:?}"
+    );
+}
+
+#[test]
+fn a_rollback_records_the_watched_content_it_declined_until_references_move() {
+    let host = FakeHost::with(vec![cm("app", json!({"mode": "blue"}))]);
+    let mut v1 = create(&host, &deployment(json!({ keys::WATCH: "app" }), env_from_cm("app")))
+        .mutated
+        .unwrap();
+    v1["metadata"]["generation"] = json!(1);
+    host.objects.borrow_mut().push(revision_of(&v1, "web-1"));
+    host.objects.borrow_mut().retain(|o| o["metadata"]["name"] != "app");
+    host.objects.borrow_mut().push(cm("app", json!({"mode": "green"})));
+    let mut v2_in = v1.clone();
+    v2_in["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:2");
+    let mut v2 = update(&host, &v1, &v2_in).mutated.unwrap();
+    v2["metadata"]["generation"] = json!(2);
+    let mut undo = v2.clone();
+    undo["spec"]["template"] = v1["spec"]["template"].clone();
+    let undone = update(&host, &v2, &undo).mutated.unwrap();
+    let record = crate::records::Rollback::of(&undone).unwrap();
+    let green = crate::content::snapshot_name(
+        "app",
+        &crate::content::Content::from_object(crate::kind::SourceKind::ConfigMap, &json!({"data": {"mode": "green"}}))
+            .unwrap()
+            .hash(),
+    );
+    let id = crate::kind::SourceId::new(crate::kind::SourceKind::ConfigMap, "app");
+    assert_eq!(record.declined(&id), Some(green.as_str()));
+    // A scale keeps the record whole; a roll-forward clears what it declined.
+    let mut live = undone.clone();
+    live["metadata"]["generation"] = json!(3);
+    let mut scaled = live.clone();
+    scaled["spec"]["replicas"] = json!(9);
+    assert!(update(&host, &live, &scaled).mutated.is_none());
+    let mut forward = live.clone();
+    forward["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:3");
+    let moved = update(&host, &live, &forward).mutated.unwrap();
+    let after = crate::records::Rollback::of(&moved).unwrap();
+    assert!(after.sources.is_empty() && after.generation == 3, "{after:?}");
+}
+
+#[test]
+fn a_created_workload_drops_records_copied_from_another() {
+    let host = FakeHost::with(vec![cm("app", json!({"mode": "blue"}))]);
+    let annotations = json!({
+        keys::WATCH: "app",
+        keys::ROLLBACK: r#"{"generation":40,"at":"2026-01-01T00:00:00Z"}"#,
+        keys::WATCH_ROLLOUT: r#"{"generation":41,"at":"2026-01-01T00:00:00Z","source":"configmap/app","snapshot":"app-0123456789"}"#,
+    });
+    let out = create(&host, &deployment(annotations, env_from_cm("app")))
+        .mutated
+        .unwrap();
+    let ann = out["metadata"]["annotations"].as_object().unwrap();
+    assert!(
+        !ann.contains_key(keys::ROLLBACK) && !ann.contains_key(keys::WATCH_ROLLOUT),
+        "{ann:?}"
+    );
 }

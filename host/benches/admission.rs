@@ -4,79 +4,24 @@
 //! host exactly as `replay` and `serve` do: a fresh instance per request
 //! from a precompiled module, answering host calls from an in-memory store.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use config_snapshot::capability::{Backend, Capability, Effect, Scope, Selector};
+use config_snapshot::capability::{Capability, Scope};
 use config_snapshot::engine::{CallHandler, Engine};
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use config_snapshot::memory::Shared;
+use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
 use serde_json::{json, Value};
 
-/// An in-memory cluster that forgets deferred effects (a bench must not
-/// accumulate state across iterations). `forget_creates` answers every
-/// create as new without storing it, to exercise the sweep each time.
-#[derive(Default)]
-struct Store {
-    objects: Mutex<HashMap<(String, String), Value>>,
-    by_kind: Mutex<HashMap<String, Vec<Value>>>,
-    forget_creates: bool,
-}
-
-impl Store {
-    fn with(objects: Vec<Value>) -> Arc<Store> {
-        let store = Store::default();
-        for o in objects {
-            store.insert(o);
-        }
-        Arc::new(store)
+/// The replay cluster's store, without deferred effects: a bench must not
+/// accumulate state across iterations.
+fn store_with(objects: Vec<Value>) -> Arc<Shared> {
+    let shared = Shared::discarding_effects();
+    shared.store().now = 1_800_000_000;
+    for o in objects {
+        shared.store().persist(o);
     }
-
-    fn insert(&self, o: Value) {
-        let kind = o["kind"].as_str().unwrap().to_string();
-        let name = o["metadata"]["name"].as_str().unwrap().to_string();
-        self.by_kind
-            .lock()
-            .unwrap()
-            .entry(kind.clone())
-            .or_default()
-            .push(o.clone());
-        self.objects.lock().unwrap().insert((kind, name), o);
-    }
-}
-
-impl Backend for Store {
-    fn get(&self, kind: &str, _: &str, name: &str) -> Result<Option<Value>, String> {
-        Ok(self
-            .objects
-            .lock()
-            .unwrap()
-            .get(&(kind.to_string(), name.to_string()))
-            .cloned())
-    }
-    fn list(&self, kind: &str, _: &str, selector: &Selector, visit: &mut dyn FnMut(&Value)) -> Result<(), String> {
-        let by_kind = self.by_kind.lock().unwrap();
-        by_kind
-            .iter()
-            .filter(|(k, _)| *k == kind)
-            .flat_map(|(_, v)| v.iter())
-            .filter(|o| selector.matches(o))
-            .for_each(visit);
-        Ok(())
-    }
-    fn create(&self, object: Value) -> Result<(), String> {
-        if !self.forget_creates {
-            self.insert(object);
-        }
-        Ok(())
-    }
-    fn delete(&self, _: &str, _: &str, _: &str, _: &str) -> Result<(), String> {
-        Ok(())
-    }
-    fn defer(&self, _: &str, _: Effect) {}
-    fn now(&self) -> i64 {
-        1_800_000_000
-    }
+    Arc::new(shared)
 }
 
 /// The policy's Host trait over the host's capability: B1 pays the same
@@ -88,7 +33,7 @@ impl config_snapshot_policy::host::Host for Native {
     }
 }
 
-fn capability(store: &Arc<Store>) -> Capability {
+fn capability(store: &Arc<Shared>) -> Capability {
     Capability {
         backend: store.clone(),
         scope: Scope {
@@ -164,9 +109,9 @@ fn engine() -> Engine {
 }
 
 /// A store where the Deployment's snapshots already exist.
-fn warmed(n: usize) -> (Arc<Store>, Value) {
+fn warmed(n: usize) -> (Arc<Shared>, Value) {
     let (d, sources) = deployment(n, json!({"config-snapshot.io/snapshot": "*"}));
-    let store = Store::with(sources);
+    let store = store_with(sources);
     let native = Native(capability(&store));
     let out = config_snapshot_policy::evaluate(&payload(&request("Deployment", "apps", "CREATE", &d, None)), &native);
     assert!(out.accepted && out.mutated.is_some(), "{out:?}");
@@ -195,7 +140,7 @@ fn b1_b2(c: &mut Criterion) {
 
 fn b3(c: &mut Criterion) {
     let engine = engine();
-    let store = Store::with(vec![]);
+    let store = store_with(vec![]);
     let handler: Arc<dyn CallHandler> = Arc::new(capability(&store));
     let native = Native(capability(&store));
     let (d, _) = deployment(8, json!({}));
@@ -239,7 +184,7 @@ fn b4(c: &mut Criterion) {
                 json!([{"configMapRef": {"name": if i < watching { "shared" } else { "other" }}}]);
             objects.push(d);
         }
-        let store = Store::with(objects);
+        let store = store_with(objects);
         let handler: Arc<dyn CallHandler> = Arc::new(capability(&store));
         let old = cm("shared", json!({"k": "v0"}));
         let new = cm("shared", json!({"k": "v1"}));
@@ -281,22 +226,31 @@ fn b5(c: &mut Criterion) {
         objects.push(json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": format!("rs-{i}"), "namespace": "default"},
             "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "x", "envFrom": [{"configMapRef": {"name": name}}]}]}}}}));
     }
-    let store = Store {
-        forget_creates: true,
-        ..Default::default()
-    };
-    for o in objects {
-        store.insert(o);
-    }
-    let store = Arc::new(store);
+    let store = store_with(objects);
     let handler: Arc<dyn CallHandler> = Arc::new(capability(&store));
     let (mut d, _) = deployment(0, json!({"config-snapshot.io/snapshot": "app"}));
     d["spec"]["template"]["spec"]["containers"][0]["envFrom"] = json!([{"configMapRef": {"name": "app"}}]);
     let p = payload(&request("Deployment", "apps", "CREATE", &d, None));
+    let made = config_snapshot_policy::content::snapshot_object(
+        &config_snapshot_policy::kind::SourceId::new(config_snapshot_policy::kind::SourceKind::ConfigMap, "app"),
+        "default",
+        "1",
+        &config_snapshot_policy::content::Content::from_object(
+            config_snapshot_policy::kind::SourceKind::ConfigMap,
+            &json!({"data": {"k": "v"}}),
+        )
+        .unwrap(),
+    )
+    .0;
     let mut group = c.benchmark_group("gc sweep");
     group.sample_size(10).measurement_time(Duration::from_secs(10));
+    // Each admission creates the snapshot anew, so each one sweeps.
     group.bench_function("B5 admission with sweep, 10000 ReplicaSets", |b| {
-        b.iter(|| engine.call("validate", &p, handler.clone()).unwrap())
+        b.iter_batched(
+            || drop(store.store().remove("ConfigMap", "default", &made)),
+            |()| engine.call("validate", &p, handler.clone()).unwrap(),
+            BatchSize::PerIteration,
+        )
     });
     group.finish();
 }

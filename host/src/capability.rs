@@ -1,6 +1,7 @@
 //! The host side of the policy's calls: Kubewarden's reads with the SDK's
 //! exact payloads, and the `config-snapshot`/`v1` write capability with the
-//! invariants of SPEC §6 enforced here, whatever the guest asks.
+//! invariants of docs/design.md ("Host capability contract") enforced here,
+//! whatever the guest asks.
 //!
 //! It sits on a [`Backend`] (the in-memory cluster for replay, the API
 //! server for serve), so every backend gets the same checks.
@@ -8,59 +9,16 @@
 use std::sync::Arc;
 
 use config_snapshot_policy::content::Content;
+use config_snapshot_policy::duration::format_rfc3339;
 use config_snapshot_policy::keys;
 use config_snapshot_policy::kind::SourceKind;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+pub use crate::backend::{Backend, BackendError, Selector};
 use crate::engine::CallHandler;
+pub use crate::lifecycle::Effect;
 use crate::masks;
-
-/// A deferred write: run after the admission, once its preconditions hold.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Effect {
-    Adopt {
-        namespace: String,
-        owner_kind: String,
-        owner_name: String,
-        snapshots: Vec<(String, String)>,
-    },
-    Patch {
-        namespace: String,
-        request: Value,
-    },
-}
-
-/// What the capability needs from a cluster.
-pub trait Backend: Send + Sync {
-    fn get(&self, kind: &str, namespace: &str, name: &str) -> Result<Option<Value>, String>;
-    /// A read that bypasses any cache (`disable_cache`, and the re-check
-    /// after a create lost a race).
-    fn get_fresh(&self, kind: &str, namespace: &str, name: &str) -> Result<Option<Value>, String> {
-        self.get(kind, namespace, name)
-    }
-    /// Calls `visit` with each matching object, by reference: listing is the
-    /// hot path of watch and sweep, so nothing is copied on the way out.
-    fn list(
-        &self,
-        kind: &str,
-        namespace: &str,
-        selector: &Selector,
-        visit: &mut dyn FnMut(&Value),
-    ) -> Result<(), String>;
-    /// Creates an object that is known not to exist.
-    fn create(&self, object: Value) -> Result<(), String>;
-    fn delete(&self, kind: &str, namespace: &str, name: &str, uid: &str) -> Result<(), String>;
-    /// Queues a deferred effect for the admission with `admission_uid`.
-    fn defer(&self, admission_uid: &str, effect: Effect);
-    fn now(&self) -> i64;
-    /// An injected failure for `operation`, if any (replay's `fault:` step).
-    fn fault(&self, _operation: &str) -> Option<String> {
-        None
-    }
-    /// Records what a host call did, for the replay timeline and logs.
-    fn note(&self, _event: String) {}
-}
 
 /// The admission request a set of host calls belongs to.
 #[derive(Debug, Clone)]
@@ -144,10 +102,11 @@ impl Capability {
                 check_api_version(&req.api_version, &req.kind)?;
                 let ns = req.namespace.unwrap_or_default();
                 let object = if req.disable_cache {
-                    self.backend.get_fresh(&req.kind, &ns, &req.name)?
+                    self.backend.get_fresh(&req.kind, &ns, &req.name)
                 } else {
-                    self.backend.get(&req.kind, &ns, &req.name)?
-                };
+                    self.backend.get(&req.kind, &ns, &req.name)
+                }
+                .map_err(|e| e.to_string())?;
                 let object =
                     object.ok_or_else(|| format!("{} {:?} not found (NotFound)", plural(&req.kind), req.name))?;
                 Ok(Answer::Json(masks::prune(
@@ -171,15 +130,17 @@ impl Capability {
                 .into_bytes();
                 let mut first = true;
                 let mut failed = None;
-                self.backend.list(&req.kind, &req.namespace, &selector, &mut |object| {
-                    if !first {
-                        out.push(b',');
-                    }
-                    first = false;
-                    if let Err(e) = serde_json::to_writer(&mut out, &masks::Masked::new(object, &split)) {
-                        failed = Some(e.to_string());
-                    }
-                })?;
+                self.backend
+                    .list(&req.kind, &req.namespace, &selector, &mut |object| {
+                        if !first {
+                            out.push(b',');
+                        }
+                        first = false;
+                        if let Err(e) = serde_json::to_writer(&mut out, &masks::Masked::new(object, &split)) {
+                            failed = Some(e.to_string());
+                        }
+                    })
+                    .map_err(|e| e.to_string())?;
                 if let Some(e) = failed {
                     return Err(e);
                 }
@@ -250,21 +211,61 @@ impl Capability {
             return Err(format!("refused: snapshot {name} does not match its content hash"));
         }
         let ns = self.scope.namespace.clone();
-        if let Some(existing) = self.backend.get(kind.kind(), &ns, &name)? {
-            return same_snapshot(kind, &existing, &content, &name);
-        }
-        if let Err(e) = self.backend.create(object) {
-            // Another replica (or a concurrent admission) created it first:
-            // content addressing makes that the same snapshot, if it is ours.
-            if e.contains("AlreadyExists") {
-                if let Some(existing) = self.backend.get_fresh(kind.kind(), &ns, &name)? {
-                    return same_snapshot(kind, &existing, &content, &name);
+        let existing = self.backend.get(kind.kind(), &ns, &name).map_err(|e| e.to_string())?;
+        let mut existing = match existing {
+            Some(found) => Some(found),
+            None => match self.backend.create(object.clone()) {
+                Ok(()) => {
+                    self.backend.note(format!("snapshot {}/{name} created", kind.kind()));
+                    return Ok(json!({"created": true}));
                 }
+                // Another replica (or a concurrent admission) created it
+                // first: content addressing makes that the same snapshot,
+                // if it is ours.
+                Err(BackendError::AlreadyExists(_)) => self
+                    .backend
+                    .get_fresh(kind.kind(), &ns, &name)
+                    .map_err(|e| e.to_string())?,
+                Err(e) => return Err(e.to_string()),
+            },
+        };
+        // Reusing an unowned snapshot: mark it used, so a sweep that judged
+        // it unused a moment ago cannot delete it under this admission (its
+        // delete carries the version it judged, which this write changes).
+        for _ in 0..3 {
+            let Some(found) = existing.take() else {
+                return match self.backend.create(object.clone()) {
+                    Ok(()) => {
+                        self.backend.note(format!("snapshot {}/{name} created", kind.kind()));
+                        Ok(json!({"created": true}))
+                    }
+                    Err(e) => Err(e.to_string()),
+                };
+            };
+            same_snapshot(kind, &found, &content, &name)?;
+            if owned(&found) {
+                return Ok(json!({"created": false}));
             }
-            return Err(e);
+            let rv = found["metadata"]["resourceVersion"].as_str().unwrap_or_default();
+            let now = format_rfc3339(self.backend.now());
+            match self
+                .backend
+                .annotate(kind.kind(), &ns, &name, rv, keys::LAST_USED_AT, &now)
+            {
+                Ok(()) => return Ok(json!({"created": false})),
+                Err(BackendError::NotFound(_)) => existing = None,
+                Err(BackendError::Conflict(_)) => {
+                    existing = self
+                        .backend
+                        .get_fresh(kind.kind(), &ns, &name)
+                        .map_err(|e| e.to_string())?;
+                }
+                Err(e) => return Err(e.to_string()),
+            }
         }
-        self.backend.note(format!("snapshot {}/{name} created", kind.kind()));
-        Ok(json!({"created": true}))
+        Err(format!(
+            "refused: snapshot {name} kept changing while it was reused; try again"
+        ))
     }
 
     fn adopt(&self, request: Value) -> Result<Value, String> {
@@ -311,19 +312,17 @@ impl Capability {
         ) else {
             return Err("refused: delete_snapshot needs kind, name and uid".into());
         };
+        let rv = request["resourceVersion"].as_str();
         if SourceKind::from_kind(kind).is_none() {
             return Err(format!("refused: cannot delete a {kind}"));
         }
         let ns = &self.scope.namespace;
         let existing = self
             .backend
-            .get(kind, ns, name)?
+            .get(kind, ns, name)
+            .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("{} {name:?} not found (NotFound)", plural(kind)))?;
-        require_managed(&existing, name)?;
-        if existing["metadata"]["uid"] != uid {
-            return Err(format!("conflict: {kind} {name} has another uid"));
-        }
-        self.backend.delete(kind, ns, name, uid)?;
+        delete_guarded(self.backend.as_ref(), &existing, uid, rv)?;
         self.backend.note(format!("snapshot {kind}/{name} swept"));
         Ok(json!({"deleted": true}))
     }
@@ -361,18 +360,47 @@ impl Capability {
     }
 }
 
-/// `created: false` if `existing` is this very snapshot; refused otherwise.
-fn same_snapshot(kind: SourceKind, existing: &Value, content: &Content, name: &str) -> Result<Value, String> {
+/// `Ok` if `existing` is this very snapshot; refused otherwise.
+fn same_snapshot(kind: SourceKind, existing: &Value, content: &Content, name: &str) -> Result<(), String> {
     let same = Content::from_object(kind, existing)
         .map(|c| c == *content)
         .unwrap_or(false);
     if same && keys::is_snapshot(existing) {
-        return Ok(json!({"created": false}));
+        return Ok(());
     }
     Err(format!(
         "refused: a different {} named {name} already exists",
         kind.kind()
     ))
+}
+
+fn owned(object: &Value) -> bool {
+    object["metadata"]["ownerReferences"]
+        .as_array()
+        .is_some_and(|o| !o.is_empty())
+}
+
+/// Deletes a snapshot with the host's invariants, whoever asks (the
+/// guest's sweep, the timed sweep, a dropped patch's clean-up): only ours,
+/// only the very object and version that was judged, never one a queued
+/// watch rollout is about to reference.
+pub fn delete_guarded(backend: &dyn Backend, snapshot: &Value, uid: &str, rv: Option<&str>) -> Result<(), String> {
+    let meta = &snapshot["metadata"];
+    let (kind, ns, name) = (
+        snapshot["kind"].as_str().unwrap_or_default(),
+        meta["namespace"].as_str().unwrap_or_default(),
+        meta["name"].as_str().unwrap_or_default(),
+    );
+    require_managed(snapshot, name)?;
+    if meta["uid"] != uid {
+        return Err(format!("conflict: {kind} {name} has another uid"));
+    }
+    if backend.awaited(kind, ns, name) {
+        return Err(format!(
+            "refused: {kind} {name} is the target of a queued watch rollout"
+        ));
+    }
+    backend.delete(kind, ns, name, uid, rv).map_err(|e| e.to_string())
 }
 
 fn check_api_version(api_version: &str, kind: &str) -> Result<(), String> {
@@ -398,77 +426,6 @@ fn require_managed(object: &Value, name: &str) -> Result<(), String> {
     }
 }
 
-/// An equality-based label selector (`a=b,c!=d,e,!f`), the forms
-/// `kubectl -l` users write most; set-based forms are refused, not ignored.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Selector(Vec<(String, Requirement)>);
-
-#[derive(Debug, Clone, PartialEq)]
-enum Requirement {
-    Equals(String),
-    NotEquals(String),
-    Exists,
-    NotExists,
-}
-
-impl Selector {
-    pub fn parse(text: &str) -> Result<Selector, String> {
-        let mut out = Vec::new();
-        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            if part.contains(" in ") || part.contains(" notin ") || part.contains('(') {
-                return Err(format!(
-                    "unsupported label selector {part:?}: only equality-based selectors"
-                ));
-            }
-            let req = if let Some((k, v)) = part.split_once("!=") {
-                (k.trim().to_string(), Requirement::NotEquals(v.trim().to_string()))
-            } else if let Some((k, v)) = part.split_once("==").or_else(|| part.split_once('=')) {
-                (k.trim().to_string(), Requirement::Equals(v.trim().to_string()))
-            } else if let Some(k) = part.strip_prefix('!') {
-                (k.trim().to_string(), Requirement::NotExists)
-            } else {
-                (part.to_string(), Requirement::Exists)
-            };
-            out.push(req);
-        }
-        Ok(Selector(out))
-    }
-
-    pub fn matches(&self, object: &Value) -> bool {
-        let labels = &object["metadata"]["labels"];
-        self.0.iter().all(|(k, req)| {
-            let v = labels.get(k).and_then(Value::as_str);
-            match req {
-                Requirement::Equals(want) => v == Some(want.as_str()),
-                Requirement::NotEquals(want) => v != Some(want.as_str()),
-                Requirement::Exists => v.is_some(),
-                Requirement::NotExists => v.is_none(),
-            }
-        })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn selectors() {
-        let obj = json!({"metadata": {"labels": {"app": "web", "tier": "fe"}}});
-        for (sel, want) in [
-            ("app=web", true),
-            ("app==web,tier", true),
-            ("app!=web", false),
-            ("!tier", false),
-            ("", true),
-            ("x", false),
-        ] {
-            assert_eq!(Selector::parse(sel).unwrap().matches(&obj), want, "{sel}");
-        }
-        assert!(Selector::parse("app in (a,b)").is_err());
-    }
-}
-
 /// Host invariants, tested at the capability with a hostile caller's
 /// payloads: every refused call must leave the backend untouched.
 #[cfg(test)]
@@ -489,13 +446,13 @@ mod invariant_tests {
     }
 
     impl Backend for Recorder {
-        fn get(&self, kind: &str, ns: &str, name: &str) -> Result<Option<Value>, String> {
+        fn get(&self, kind: &str, ns: &str, name: &str) -> crate::backend::Result<Option<Value>> {
             if self.stale_cache {
                 return Ok(None);
             }
             self.get_fresh(kind, ns, name)
         }
-        fn get_fresh(&self, kind: &str, ns: &str, name: &str) -> Result<Option<Value>, String> {
+        fn get_fresh(&self, kind: &str, ns: &str, name: &str) -> crate::backend::Result<Option<Value>> {
             Ok(self
                 .objects
                 .lock()
@@ -504,7 +461,13 @@ mod invariant_tests {
                 .find(|o| o["kind"] == kind && o["metadata"]["namespace"] == ns && o["metadata"]["name"] == name)
                 .cloned())
         }
-        fn list(&self, kind: &str, _: &str, selector: &Selector, visit: &mut dyn FnMut(&Value)) -> Result<(), String> {
+        fn list(
+            &self,
+            kind: &str,
+            _: &str,
+            selector: &Selector,
+            visit: &mut dyn FnMut(&Value),
+        ) -> crate::backend::Result<()> {
             self.objects
                 .lock()
                 .unwrap()
@@ -513,14 +476,16 @@ mod invariant_tests {
                 .for_each(visit);
             Ok(())
         }
-        fn create(&self, object: Value) -> Result<(), String> {
+        fn create(&self, object: Value) -> crate::backend::Result<()> {
             let (kind, ns, name) = (
                 object["kind"].as_str().unwrap_or_default(),
                 object["metadata"]["namespace"].as_str().unwrap_or_default(),
                 object["metadata"]["name"].as_str().unwrap_or_default(),
             );
             if self.get_fresh(kind, ns, name)?.is_some() {
-                return Err(format!("configmaps {name:?} already exists (AlreadyExists, 409)"));
+                return Err(BackendError::AlreadyExists(format!(
+                    "configmaps {name:?} already exists"
+                )));
             }
             self.writes
                 .lock()
@@ -529,8 +494,12 @@ mod invariant_tests {
             self.objects.lock().unwrap().push(object);
             Ok(())
         }
-        fn delete(&self, _: &str, _: &str, name: &str, _: &str) -> Result<(), String> {
+        fn delete(&self, _: &str, _: &str, name: &str, _: &str, _: Option<&str>) -> crate::backend::Result<()> {
             self.writes.lock().unwrap().push(format!("delete {name}"));
+            Ok(())
+        }
+        fn annotate(&self, _: &str, _: &str, name: &str, _: &str, _: &str, _: &str) -> crate::backend::Result<()> {
+            self.writes.lock().unwrap().push(format!("annotate {name}"));
             Ok(())
         }
         fn defer(&self, _: &str, effect: Effect) {
@@ -592,7 +561,14 @@ mod invariant_tests {
             serde_json::from_slice::<Value>(&again).unwrap(),
             json!({"created": false})
         );
-        assert_eq!(backend.writes.lock().unwrap().len(), 1);
+        // Created once; the reuse of an unowned snapshot is marked, so a
+        // sweep that judged it unused cannot take it.
+        let writes = backend.writes.lock().unwrap().clone();
+        assert_eq!(writes.len(), 2, "{writes:?}");
+        assert!(
+            writes[0].starts_with("create") && writes[1].starts_with("annotate"),
+            "{writes:?}"
+        );
     }
 
     #[test]

@@ -4,8 +4,11 @@
 //! (`serve`).
 
 pub mod annotate;
+pub mod backend;
 pub mod capability;
 pub mod engine;
+pub mod invariants;
+pub mod lifecycle;
 pub mod masks;
 pub mod memory;
 pub mod replay;
@@ -13,4 +16,3 @@ pub mod review;
 pub mod rules;
 pub mod scenario;
 pub mod serve;
-pub mod store;

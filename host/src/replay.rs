@@ -16,9 +16,10 @@ use serde_json::{json, Value};
 
 use crate::capability::Selector;
 use crate::engine::Engine;
+use crate::invariants;
 use crate::memory::{Admission, Fault, Recorded, Simulator};
 use crate::review;
-use crate::scenario::{Check, EffectiveConfig, Expect, Scenario, Step};
+use crate::scenario::{Check, EffectiveConfig, Expect, Invariant, Scenario, Step};
 
 #[derive(Debug, Serialize)]
 pub struct ScenarioResult {
@@ -86,7 +87,8 @@ pub fn run_recorded(engine: Arc<Engine>, path: &Path, record: bool) -> Result<(S
         sim.recorder = Some(Vec::new());
     }
     if let Some(interval) = &scenario.watch_min_interval {
-        sim.watch_min_interval = parse_go_duration(interval).map_err(|e| anyhow!("watchMinInterval: {e}"))? as i64;
+        sim.effect_rules.watch_min_interval =
+            parse_go_duration(interval).map_err(|e| anyhow!("watchMinInterval: {e}"))? as i64;
     }
     let mut result = ScenarioResult {
         scenario: scenario.name.clone().unwrap_or_else(|| path.display().to_string()),
@@ -124,7 +126,7 @@ pub fn run_recorded(engine: Arc<Engine>, path: &Path, record: bool) -> Result<(S
             checks: Vec::new(),
             error: None,
         };
-        match run_step(&mut sim, step, &base, &mut last, &mut out.checks) {
+        match run_step(&mut sim, step, &base, &mut last, &mut out.checks).and_then(|()| sim.catch_up()) {
             Ok(()) => {}
             Err(e) => out.error = Some(format!("{e:#}")),
         }
@@ -377,6 +379,25 @@ fn assert(sim: &Simulator, check: &Check) -> CheckResult {
                 },
             }
         }
+        Check::Invariants(list) => {
+            let objects = sim.objects();
+            let mut broken = Vec::new();
+            for invariant in list {
+                broken.extend(match invariant {
+                    Invariant::NothingDangles => invariants::nothing_dangles(&objects),
+                    Invariant::GarbageBounded => invariants::garbage_bounded(&objects, &sim.awaited_snapshots()),
+                });
+            }
+            CheckResult {
+                check: format!("invariants {list:?}"),
+                ok: broken.is_empty(),
+                detail: if broken.is_empty() {
+                    "hold".into()
+                } else {
+                    broken.join("; ")
+                },
+            }
+        }
         Check::JsonPath(j) => {
             let check = format!("jsonPath {}/{} {} == {}", j.kind, j.name, j.path, j.equals);
             let Some(object) = sim.get(&j.kind, &j.namespace, &j.name) else {
@@ -436,9 +457,8 @@ fn effective_config(sim: &Simulator, ec: &EffectiveConfig) -> Result<(String, BT
     let template = sim
         .current_revision_template(&ec.kind, &ec.namespace, &ec.name)
         .ok_or_else(|| format!("{}/{} has no current revision", ec.kind, ec.name))?;
-    let mapping = template::Mapping::of(&template);
     let refs = references::collect(&template);
-    let group = template::group_by_source(&refs, &mapping)
+    let group = template::group_by_source(&refs, &template::Snapshots::of(&template))
         .into_iter()
         .find(|g| g.id == id)
         .ok_or_else(|| format!("the current revision does not reference {id}"))?;

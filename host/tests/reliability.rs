@@ -104,10 +104,33 @@ fn faults_on_every_write_leave_nothing_half_done() {
         let result = run_scenario(&engine, &format!("create-warn-{i}"), &yaml);
         assert!(result.passed, "create_snapshot warn × {error}: {:?}", result.failure());
 
-        // adopt and patch_workload fail: admitted with a warning, nothing dangles.
+        // adopt fails once: the ReplicaSet is refused (admitting it could let
+        // the garbage collector take its snapshots when an older revision is
+        // pruned), the controller retries, and then it owns them.
         let yaml = format!(
-            "watchMinInterval: 0s\n{THREE_REFS}steps:\n  - fault: {{operation: adopt, error: {error:?}}}{}\n  - expect: {{allowed: true}}\n  - assert:\n      - effectiveConfig: {{kind: Deployment, name: web, source: configmap/one, data: {{k: \"1\"}}}}\n      - jsonPath: {{kind: ConfigMap, name: one-db518a583c, path: metadata.ownerReferences, equals: null}}\n  - fault: {{operation: patch_workload, error: {error:?}}}\n  - edit: {{kind: ConfigMap, name: one, set: {{data: {{k: \"1b\"}}}}}}\n  - expect: {{allowed: true, warnings: [\"could not roll out Deployment web\"]}}\n  - assert:\n      - effectiveConfig: {{kind: Deployment, name: web, source: configmap/one, data: {{k: \"1\"}}}}\n",
+            "watchMinInterval: 0s\n{THREE_REFS}steps:\n  - fault: {{operation: adopt, error: {error:?}, times: 1}}{}\n  - expect: {{allowed: true}}\n  - advanceTime: 1m\n  - assert:\n      - effectiveConfig: {{kind: Deployment, name: web, source: configmap/one, data: {{k: \"1\"}}}}\n      - count: {{kind: ReplicaSet, equals: 1}}\n      - jsonPath: {{kind: ConfigMap, name: one-db518a583c, path: \"metadata.ownerReferences[0].kind\", equals: ReplicaSet}}\n",
             web("")
+        );
+        let result = run_scenario(&engine, &format!("adopt-once-{i}"), &yaml);
+        assert!(result.passed, "adopt once × {error}: {:?}", result.failure());
+        let refused = result.steps.iter().flat_map(|s| &s.events).any(|e| {
+            if unknown {
+                e.contains("cannot adopt")
+            } else {
+                e.contains("refused; the Deployment controller retries")
+            }
+        });
+        assert!(refused, "adopt once × {error}: the first ReplicaSet was not refused");
+
+        // adopt fails for good: no revision is admitted, the workload keeps
+        // its snapshots (referenced, so no sweep takes them), nothing
+        // dangles. patch_workload fails: the source change is admitted with
+        // a warning, and the workload keeps what it runs.
+        let yaml = format!(
+            "watchMinInterval: 0s\n{THREE_REFS}steps:\n  - fault: {{operation: adopt, error: {error:?}}}{}\n  - expect: {{allowed: true}}\n  - advanceTime: 11m\n  - assert:\n      - count: {{kind: ReplicaSet, equals: {}}}\n      - exists: {{kind: ConfigMap, name: one-db518a583c}}\n      - invariants: [nothingDangles]\n  - fault: {{operation: patch_workload, error: {error:?}}}\n  - edit: {{kind: ConfigMap, name: one, set: {{data: {{k: \"1b\"}}}}}}\n  - expect: {{allowed: true, warnings: [\"could not roll out Deployment web\"]}}\n  - assert:\n      - jsonPath: {{kind: Deployment, name: web, path: \"spec.template.spec.containers[0].envFrom[0].configMapRef.name\", equals: one-db518a583c}}\n      - invariants: [nothingDangles]\n",
+            web(""),
+            // Stock Kubewarden adopts nothing, and refuses nothing for it.
+            if unknown { 1 } else { 0 }
         );
         let result = run_scenario(&engine, &format!("adopt-patch-{i}"), &yaml);
         assert!(result.passed, "adopt/patch × {error}: {:?}", result.failure());
@@ -343,7 +366,7 @@ impl Lcg {
 fn a_seeded_random_walk_keeps_every_invariant() {
     let engine = engine();
     let mut sim = Simulator::new(engine, json!({"orphanGracePeriod": "10m"}), 1_800_000_000);
-    sim.watch_min_interval = 0;
+    sim.effect_rules.watch_min_interval = 0;
     let sources = ["alpha", "beta"];
     // Source content by resourceVersion, to check what each snapshot captured.
     let mut history: HashMap<(String, String), BTreeMap<String, String>> = HashMap::new();

@@ -366,15 +366,11 @@ async fn serve_admits_snapshots_adopts_and_rolls_out_over_https() {
 
     // 4. Editing the watched ConfigMap: the snapshot is made at admission,
     //    the Deployment is patched only once the edit is persisted.
-    let (response, green_cm) = serve
-        .admit(
-            "edit-cm",
-            "UPDATE",
-            &config_map("green"),
-            Some(&config_map("blue")),
-            false,
-        )
-        .await;
+    // As the API server sends it: the object read back, edited.
+    let stored = api.get("ConfigMap", NS, "app-config").unwrap();
+    let mut edit = stored.clone();
+    edit["data"] = config_map("green")["data"].clone();
+    let (response, green_cm) = serve.admit("edit-cm", "UPDATE", &edit, Some(&stored), false).await;
     assert_eq!(response["allowed"], true, "{response}");
     let green = api
         .list("ConfigMap")

@@ -1,26 +1,31 @@
 //! The policy's host calls answered against a real API server: reads from
 //! the watch caches (or straight from the API server when the policy asks
-//! for `disable_cache`), writes through kube-rs. The SPEC §6 invariants are
-//! enforced above this, in [`crate::capability::Capability`].
+//! for `disable_cache`), writes through kube-rs. The invariants of
+//! docs/design.md ("Host capability contract") are enforced above this, in
+//! [`crate::capability::Capability`].
 //!
 //! Host calls arrive synchronously from the wasm instance, which runs on a
 //! blocking thread; each API call is driven to completion on the runtime
 //! from there, with a deadline well inside the webhook timeout.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use kube::api::{Api, DeleteParams, DynamicObject, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
 use kube::Client;
-use serde_json::Value;
+use serde_json::{json, Value};
 use tokio::runtime::Handle;
 
 use super::cache::{api_resource, trim, Cache};
 use super::effects::Queue;
 use super::metrics::Metrics;
-use crate::capability::{Backend, Effect, Selector};
+use crate::backend::{self, Backend, BackendError, Selector};
+use crate::lifecycle::effects::precondition;
+use crate::lifecycle::resync::Key;
+use crate::lifecycle::Effect;
 
 /// One API call's deadline. The webhook answers within `timeoutSeconds`
 /// (10 s in deploy/serve), and an admission makes a few calls at most.
@@ -35,19 +40,9 @@ pub struct KubeCluster {
     /// the system clock). Replaying a recorded admission needs the clock
     /// it was recorded at.
     fixed_now: AtomicI64,
-}
-
-/// An API error as text the policy can classify: the API server's message
-/// and its reason (`NotFound`, `AlreadyExists`, `Conflict`, `Forbidden`…).
-pub fn describe(error: kube::Error) -> String {
-    match error {
-        kube::Error::Api(status) => format!("{} ({}, {})", status.message, status.reason, status.code),
-        other => other.to_string(),
-    }
-}
-
-pub fn is_status(error: &kube::Error, code: u16) -> bool {
-    matches!(error, kube::Error::Api(s) if s.code == code)
+    /// Snapshots queued watch rollouts will reference, with how many
+    /// rollouts await each: nothing may delete them meanwhile.
+    awaited: Mutex<HashMap<Key, usize>>,
 }
 
 impl KubeCluster {
@@ -58,6 +53,7 @@ impl KubeCluster {
             runtime,
             metrics,
             fixed_now: AtomicI64::new(0),
+            awaited: Mutex::default(),
         }
     }
 
@@ -65,38 +61,94 @@ impl KubeCluster {
         self.fixed_now.store(unix, Ordering::SeqCst);
     }
 
-    pub fn api(&self, kind: &str, namespace: &str) -> Result<Api<DynamicObject>, String> {
-        let ar =
-            api_resource(kind).ok_or_else(|| format!("the server could not find the requested resource: {kind}"))?;
+    /// Unix seconds: the system clock, or the one fixed for a test.
+    pub fn now(&self) -> i64 {
+        let fixed = self.fixed_now.load(Ordering::SeqCst);
+        if fixed != 0 {
+            return fixed;
+        }
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or(0)
+    }
+
+    pub fn api(&self, kind: &str, namespace: &str) -> backend::Result<Api<DynamicObject>> {
+        let ar = api_resource(kind).ok_or_else(|| {
+            BackendError::NotFound(format!("the server could not find the requested resource: {kind}"))
+        })?;
         Ok(Api::namespaced_with(self.client.clone(), namespace, &ar))
     }
 
     /// Reads one object from the API server, not the cache.
-    pub async fn fetch(&self, kind: &str, namespace: &str, name: &str) -> Result<Option<Value>, String> {
+    pub async fn fetch(&self, kind: &str, namespace: &str, name: &str) -> backend::Result<Option<Value>> {
         let api = self.api(kind, namespace)?;
         let ar = api_resource(kind).expect("checked by api()");
         match tokio::time::timeout(API_TIMEOUT, api.get_opt(name)).await {
             Ok(Ok(object)) => Ok(object.map(|o| trim(o, &ar))),
-            Ok(Err(e)) => Err(describe(e)),
-            Err(_) => Err(format!("timeout reading {kind} {name}")),
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => Err(BackendError::Timeout(format!("timeout reading {kind} {name}"))),
         }
     }
 
-    fn block<T>(&self, what: &str, call: impl Future<Output = Result<T, kube::Error>>) -> Result<T, String> {
+    /// Applies a JSON Patch (its first op should pin the resourceVersion:
+    /// the API server then answers 409 if the object moved since it was
+    /// read) and puts the result in the cache.
+    pub async fn patch(&self, kind: &str, namespace: &str, name: &str, ops: Vec<Value>) -> backend::Result<()> {
+        let api = self.api(kind, namespace)?;
+        let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops))
+            .map_err(|e| BackendError::Refused(format!("invalid JSON Patch: {e}")))?;
+        let params = PatchParams::default();
+        match tokio::time::timeout(API_TIMEOUT, api.patch(name, &params, &Patch::Json::<()>(patch))).await {
+            Ok(Ok(patched)) => {
+                if let Some(ar) = api_resource(kind) {
+                    self.cache.observe(trim(patched, &ar));
+                }
+                Ok(())
+            }
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => Err(BackendError::Timeout(format!("timeout patching {kind} {name}"))),
+        }
+    }
+
+    fn block<T>(&self, what: &str, call: impl Future<Output = backend::Result<T>>) -> backend::Result<T> {
         // The timer is made inside the runtime: callers may be plain threads.
         self.runtime
             .block_on(async { tokio::time::timeout(API_TIMEOUT, call).await })
-            .map_err(|_| format!("timeout: {what} took longer than {API_TIMEOUT:?}"))?
-            .map_err(describe)
+            .map_err(|_| BackendError::Timeout(format!("timeout: {what} took longer than {API_TIMEOUT:?}")))?
+    }
+
+    /// A queued effect will (or no longer will) reference its target.
+    pub fn await_target(&self, effect: &Effect, queued: bool) {
+        let Some(key) = effect.target() else { return };
+        let mut awaited = self.awaited.lock().unwrap_or_else(|e| e.into_inner());
+        if queued {
+            *awaited.entry(key).or_default() += 1;
+        } else if let Some(n) = awaited.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                awaited.remove(&key);
+            }
+        }
+    }
+
+    /// Every snapshot a queued effect awaits.
+    pub fn awaited_targets(&self) -> std::collections::HashSet<Key> {
+        self.awaited
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .cloned()
+            .collect()
     }
 }
 
 impl Backend for KubeCluster {
-    fn get(&self, kind: &str, namespace: &str, name: &str) -> Result<Option<Value>, String> {
-        self.cache.get(kind, namespace, name)
+    fn get(&self, kind: &str, namespace: &str, name: &str) -> backend::Result<Option<Value>> {
+        self.cache.get(kind, namespace, name).map_err(BackendError::NotFound)
     }
 
-    fn get_fresh(&self, kind: &str, namespace: &str, name: &str) -> Result<Option<Value>, String> {
+    fn get_fresh(&self, kind: &str, namespace: &str, name: &str) -> backend::Result<Option<Value>> {
         self.runtime.block_on(self.fetch(kind, namespace, name))
     }
 
@@ -106,16 +158,23 @@ impl Backend for KubeCluster {
         namespace: &str,
         selector: &Selector,
         visit: &mut dyn FnMut(&Value),
-    ) -> Result<(), String> {
-        self.cache.list(kind, namespace, selector, visit)
+    ) -> backend::Result<()> {
+        self.cache
+            .list(kind, namespace, selector, visit)
+            .map_err(BackendError::NotFound)
     }
 
-    fn create(&self, object: Value) -> Result<(), String> {
+    fn create(&self, object: Value) -> backend::Result<()> {
         let kind = object["kind"].as_str().unwrap_or_default().to_string();
         let ns = object["metadata"]["namespace"].as_str().unwrap_or_default().to_string();
         let api = self.api(&kind, &ns)?;
-        let typed: DynamicObject = serde_json::from_value(object).map_err(|e| format!("invalid object: {e}"))?;
-        let created = self.block("create", api.create(&PostParams::default(), &typed))?;
+        let typed: DynamicObject =
+            serde_json::from_value(object).map_err(|e| BackendError::Refused(format!("invalid object: {e}")))?;
+        let created = self.block("create", async {
+            api.create(&PostParams::default(), &typed)
+                .await
+                .map_err(BackendError::from)
+        })?;
         self.metrics.snapshots_created.inc();
         if let Some(ar) = api_resource(&kind) {
             self.cache.observe(trim(created, &ar));
@@ -123,19 +182,42 @@ impl Backend for KubeCluster {
         Ok(())
     }
 
-    fn delete(&self, kind: &str, namespace: &str, name: &str, uid: &str) -> Result<(), String> {
+    fn delete(&self, kind: &str, namespace: &str, name: &str, uid: &str, rv: Option<&str>) -> backend::Result<()> {
         let api = self.api(kind, namespace)?;
         let params = DeleteParams {
             preconditions: Some(Preconditions {
                 uid: Some(uid.to_string()),
-                resource_version: None,
+                resource_version: rv.map(str::to_string),
             }),
             ..DeleteParams::default()
         };
-        self.block("delete", api.delete(name, &params))?;
+        self.block("delete", async {
+            api.delete(name, &params).await.map_err(BackendError::from)
+        })?;
         self.metrics.deletions.inc();
         self.cache.forget(kind, namespace, name);
         Ok(())
+    }
+
+    fn annotate(
+        &self,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+        rv: &str,
+        key: &str,
+        value: &str,
+    ) -> backend::Result<()> {
+        // Every snapshot has an annotations map: we wrote it.
+        let path = format!(
+            "/metadata/annotations/{}",
+            config_snapshot_policy::workload::escape(key)
+        );
+        let ops = vec![
+            precondition(&json!({"metadata": {"resourceVersion": rv}})),
+            json!({"op": "add", "path": path, "value": value}),
+        ];
+        self.block("annotate", self.patch(kind, namespace, name, ops))
     }
 
     fn defer(&self, _admission_uid: &str, _effect: Effect) {
@@ -144,15 +226,16 @@ impl Backend for KubeCluster {
         tracing::error!("an effect reached the shared backend unstaged; dropped");
     }
 
+    fn awaited(&self, kind: &str, namespace: &str, name: &str) -> bool {
+        let key = (kind.to_string(), namespace.to_string(), name.to_string());
+        self.awaited
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&key)
+    }
+
     fn now(&self) -> i64 {
-        let fixed = self.fixed_now.load(Ordering::SeqCst);
-        if fixed != 0 {
-            return fixed;
-        }
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs() as i64)
-            .unwrap_or(0)
+        KubeCluster::now(self)
     }
 
     fn note(&self, event: String) {
@@ -181,17 +264,13 @@ impl RequestScope {
             queue.submit(effect);
         }
     }
-
-    pub fn staged(&self) -> usize {
-        self.staged.lock().unwrap().len()
-    }
 }
 
 impl Backend for RequestScope {
-    fn get(&self, kind: &str, namespace: &str, name: &str) -> Result<Option<Value>, String> {
+    fn get(&self, kind: &str, namespace: &str, name: &str) -> backend::Result<Option<Value>> {
         self.cluster.get(kind, namespace, name)
     }
-    fn get_fresh(&self, kind: &str, namespace: &str, name: &str) -> Result<Option<Value>, String> {
+    fn get_fresh(&self, kind: &str, namespace: &str, name: &str) -> backend::Result<Option<Value>> {
         self.cluster.get_fresh(kind, namespace, name)
     }
     fn list(
@@ -200,14 +279,28 @@ impl Backend for RequestScope {
         namespace: &str,
         selector: &Selector,
         visit: &mut dyn FnMut(&Value),
-    ) -> Result<(), String> {
+    ) -> backend::Result<()> {
         self.cluster.list(kind, namespace, selector, visit)
     }
-    fn create(&self, object: Value) -> Result<(), String> {
+    fn create(&self, object: Value) -> backend::Result<()> {
         self.cluster.create(object)
     }
-    fn delete(&self, kind: &str, namespace: &str, name: &str, uid: &str) -> Result<(), String> {
-        self.cluster.delete(kind, namespace, name, uid)
+    fn delete(&self, kind: &str, namespace: &str, name: &str, uid: &str, rv: Option<&str>) -> backend::Result<()> {
+        self.cluster.delete(kind, namespace, name, uid, rv)
+    }
+    fn annotate(
+        &self,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+        rv: &str,
+        key: &str,
+        value: &str,
+    ) -> backend::Result<()> {
+        self.cluster.annotate(kind, namespace, name, rv, key, value)
+    }
+    fn awaited(&self, kind: &str, namespace: &str, name: &str) -> bool {
+        self.cluster.awaited(kind, namespace, name)
     }
     fn defer(&self, _admission_uid: &str, effect: Effect) {
         self.staged.lock().unwrap().push(effect);

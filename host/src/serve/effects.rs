@@ -1,28 +1,31 @@
-//! Deferred effects (`adopt`, `patch_workload`) run after the admission that
-//! asked for them, from a bounded queue with retries and backoff.
+//! Serve's driver of the deferred effects (`adopt`, `patch_workload`): a
+//! bounded queue with workers, retries and backoff. What each effect does
+//! is decided by [`crate::lifecycle::effects`], the rules replay runs too;
+//! this module only reads the objects it is judged against, writes, and
+//! schedules the next look.
 //!
 //! Nothing here trusts timing: an adoption waits until its owner exists, a
 //! patch until the source content it was computed for is visible, and every
-//! write carries a resourceVersion precondition, recomputed after a
-//! conflict. The queue lives in memory; what a restart or a full queue loses
-//! is re-derived by the resync (watch patches) or collected by the sweep
-//! (unadopted snapshots), see docs/serve.md.
+//! write carries a resourceVersion precondition. The storm guard is the
+//! rollout recorded on the workload itself, so every replica and a
+//! restarted one see the same guard. The queue lives in memory; what a
+//! restart or a full queue loses is re-derived by the resync (watch
+//! patches, adoptions) or collected by the sweep (snapshots), see
+//! docs/serve.md.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use config_snapshot_policy::content::Content;
-use config_snapshot_policy::keys;
-use config_snapshot_policy::kind::{SourceId, SourceKind};
-use config_snapshot_policy::watch;
-use kube::api::{Patch, PatchParams};
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 
-use super::cluster::{describe, is_status, KubeCluster};
-use crate::capability::Effect;
+use super::cluster::KubeCluster;
+use crate::backend::BackendError;
+use crate::capability::delete_guarded;
+use crate::lifecycle::effects::{adopt_ops, decide_patch, Observed, Rules};
+use crate::lifecycle::resync::{orphans, Key};
+use crate::lifecycle::{Effect, PatchIntent, Verdict};
 
 #[derive(Debug, Clone)]
 pub struct QueueSettings {
@@ -30,8 +33,6 @@ pub struct QueueSettings {
     /// How long a patch waits for its source change to become visible (or
     /// an adoption for its owner) before it is dropped.
     pub wait_for: Duration,
-    /// Storm guard: at most one watch rollout per workload per interval.
-    pub watch_min_interval: Duration,
     pub workers: usize,
 }
 
@@ -40,78 +41,7 @@ impl Default for QueueSettings {
         QueueSettings {
             capacity: 1024,
             wait_for: Duration::from_secs(30),
-            watch_min_interval: Duration::from_secs(30),
             workers: 4,
-        }
-    }
-}
-
-/// A workload: kind, namespace, name.
-type WorkloadKey = (String, String, String);
-
-/// The storm guard: at most one watch rollout per workload per interval,
-/// across the queue's workers. A worker reserves the workload's slot before
-/// it reads and patches, so two workers holding patches for the same
-/// workload cannot both pass; the reservation is given back if the rollout
-/// does not happen.
-struct StormGuard {
-    interval: Duration,
-    last: Mutex<HashMap<WorkloadKey, Instant>>,
-}
-
-/// A slot held while a rollout is attempted. Dropped without `commit`, it
-/// frees the slot (any earlier rollout is already past the interval, or the
-/// reservation would not have been given).
-struct Reservation<'g> {
-    guard: &'g StormGuard,
-    key: WorkloadKey,
-    committed: bool,
-}
-
-impl StormGuard {
-    fn new(interval: Duration) -> Self {
-        StormGuard {
-            interval,
-            last: Mutex::default(),
-        }
-    }
-
-    /// A poisoned lock still holds valid instants: a panicking worker
-    /// cannot leave a half-written one.
-    fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<WorkloadKey, Instant>> {
-        self.last.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The slot, or how long until it frees.
-    fn reserve(&self, key: WorkloadKey) -> Result<Reservation<'_>, Duration> {
-        let mut last = self.slots();
-        if let Some(at) = last.get(&key) {
-            let since = at.elapsed();
-            if since < self.interval {
-                return Err(self.interval - since);
-            }
-        }
-        last.insert(key.clone(), Instant::now());
-        Ok(Reservation {
-            guard: self,
-            key,
-            committed: false,
-        })
-    }
-}
-
-impl Reservation<'_> {
-    /// The rollout happened: the interval runs from now.
-    fn commit(mut self) {
-        self.guard.slots().insert(self.key.clone(), Instant::now());
-        self.committed = true;
-    }
-}
-
-impl Drop for Reservation<'_> {
-    fn drop(&mut self) {
-        if !self.committed {
-            self.guard.slots().remove(&self.key);
         }
     }
 }
@@ -126,52 +56,60 @@ struct Job {
 #[derive(Debug, PartialEq)]
 enum Step {
     Done,
-    /// Nothing to do any more (superseded, target gone); logged, not retried.
-    Dropped(String),
+    /// Nothing to do any more (superseded, a rollback came first, target
+    /// gone); logged, not retried. `collect`: the snapshot made for it, to
+    /// delete if nothing else uses it.
+    Dropped {
+        why: String,
+        collect: Option<Key>,
+    },
     /// A precondition does not hold yet (owner not created, source change
     /// not visible): look again; past the wait it was superseded or never
     /// persisted, and is dropped.
     Wait(String),
     /// A read or write failed: try again; past the wait it has failed.
     Retry(String),
-    /// Held back by the storm guard for this long.
-    Later(Duration),
+    /// Held back by the storm guard until this time (the cluster's clock).
+    Later(i64),
 }
 
 #[derive(Clone)]
 pub struct Queue {
     tx: mpsc::Sender<Job>,
     cluster: Arc<KubeCluster>,
+    /// Jobs the storm guard holds, with when to look again.
+    parked: Arc<Mutex<Vec<(i64, Job)>>>,
 }
 
 pub struct Worker {
     rx: mpsc::Receiver<Job>,
     queue: Queue,
     settings: QueueSettings,
-    storm_guard: Arc<StormGuard>,
+    rules: Arc<Rules>,
 }
 
-fn label(effect: &Effect) -> &'static str {
-    match effect {
-        Effect::Adopt { .. } => "adopt",
-        Effect::Patch { .. } => "patch_workload",
-    }
-}
+/// How often parked jobs are checked against the clock.
+const TICK: Duration = Duration::from_millis(200);
 
 impl Queue {
-    pub fn new(cluster: Arc<KubeCluster>, settings: QueueSettings) -> (Queue, Worker) {
+    pub fn new(cluster: Arc<KubeCluster>, settings: QueueSettings, rules: Rules) -> (Queue, Worker) {
         let (tx, rx) = mpsc::channel(settings.capacity);
-        let queue = Queue { tx, cluster };
+        let queue = Queue {
+            tx,
+            cluster,
+            parked: Arc::default(),
+        };
         let worker = Worker {
             rx,
             queue: queue.clone(),
-            storm_guard: Arc::new(StormGuard::new(settings.watch_min_interval)),
             settings,
+            rules: Arc::new(rules),
         };
         (queue, worker)
     }
 
     pub fn submit(&self, effect: Effect) {
+        self.cluster.await_target(&effect, true);
         self.send(Job {
             effect,
             attempts: 0,
@@ -179,18 +117,31 @@ impl Queue {
         });
     }
 
+    /// Jobs queued, in flight, parked or scheduled for a retry.
+    pub fn busy(&self) -> bool {
+        !self.cluster.awaited_targets().is_empty()
+            || self.cluster.metrics.queue_depth.get() > 0
+            || !self.parked().is_empty()
+    }
+
+    fn parked(&self) -> std::sync::MutexGuard<'_, Vec<(i64, Job)>> {
+        self.parked.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn send(&self, job: Job) {
         let metrics = &self.cluster.metrics;
-        let name = label(&job.effect);
+        let name = job.effect.label();
+        let effect = job.effect.clone();
         match self.tx.try_send(job) {
             Ok(()) => {
                 metrics.queue_depth.inc();
             }
             Err(_) => {
+                self.cluster.await_target(&effect, false);
                 metrics.effect(name, "dropped");
                 tracing::warn!(
                     effect = name,
-                    "deferred-effect queue full; dropped (the resync re-derives patches, the sweep collects snapshots)"
+                    "deferred-effect queue full; dropped (the resync re-derives patches and adoptions, the sweep collects snapshots)"
                 );
             }
         };
@@ -203,12 +154,40 @@ impl Queue {
             queue.send(job);
         });
     }
+
+    /// The job is over, whatever came of it.
+    fn finish(&self, job: &Job) {
+        self.cluster.await_target(&job.effect, false);
+    }
+
+    /// Sends on the parked jobs whose time has come.
+    fn release_due(&self) {
+        let now = self.cluster.now();
+        let due: Vec<Job> = {
+            let mut parked = self.parked();
+            let (due, rest): (Vec<_>, Vec<_>) = parked.drain(..).partition(|(at, _)| *at <= now);
+            *parked = rest;
+            due.into_iter().map(|(_, job)| job).collect()
+        };
+        for job in due {
+            self.send(job);
+        }
+    }
 }
 
 impl Worker {
     /// Runs effects until the queue closes, a few at a time.
     pub async fn run(mut self) {
         let permits = Arc::new(Semaphore::new(self.settings.workers.max(1)));
+        let ticker = {
+            let queue = self.queue.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(TICK).await;
+                    queue.release_due();
+                }
+            })
+        };
         while let Some(job) = self.rx.recv().await {
             self.queue.cluster.metrics.queue_depth.dec();
             let Ok(permit) = permits.clone().acquire_owned().await else {
@@ -217,7 +196,7 @@ impl Worker {
             let runner = Runner {
                 cluster: self.queue.cluster.clone(),
                 settings: self.settings.clone(),
-                storm_guard: self.storm_guard.clone(),
+                rules: self.rules.clone(),
             };
             let queue = self.queue.clone();
             tokio::spawn(async move {
@@ -225,30 +204,39 @@ impl Worker {
                 drop(permit);
             });
         }
+        ticker.abort();
     }
 }
 
 struct Runner {
     cluster: Arc<KubeCluster>,
     settings: QueueSettings,
-    storm_guard: Arc<StormGuard>,
+    rules: Arc<Rules>,
 }
 
 impl Runner {
     async fn handle(&self, mut job: Job, queue: &Queue) {
-        let name = label(&job.effect);
+        let name = job.effect.label();
         let metrics = &self.cluster.metrics;
         let step = self.run(&job.effect).await;
         match &step {
-            Step::Done => metrics.effect(name, "done"),
-            Step::Dropped(why) => {
+            Step::Done => {
+                metrics.effect(name, "done");
+                queue.finish(&job);
+            }
+            Step::Dropped { why, collect } => {
                 metrics.effect(name, "dropped");
                 tracing::info!(effect = name, "{why}");
+                queue.finish(&job);
+                if let Some(key) = collect {
+                    self.collect_unused(key.clone());
+                }
             }
-            Step::Later(delay) => {
+            Step::Later(at) => {
                 // The wait for preconditions starts when the guard lets go.
-                job.since = Instant::now() + *delay;
-                queue.send_after(job, *delay);
+                let delay = (*at - self.cluster.now()).max(0) as u64;
+                job.since = Instant::now() + Duration::from_secs(delay);
+                queue.parked().push((*at, job));
             }
             Step::Wait(why) | Step::Retry(why) if job.since.elapsed() >= self.settings.wait_for => {
                 if matches!(step, Step::Wait(_)) {
@@ -258,15 +246,14 @@ impl Runner {
                     metrics.effect(name, "failed");
                     tracing::warn!(effect = name, attempts = job.attempts, "gave up: {why}");
                 }
+                queue.finish(&job);
             }
             Step::Wait(why) | Step::Retry(why) => {
                 job.attempts += 1;
-                {
-                    metrics.effect(name, "retried");
-                    tracing::debug!(effect = name, attempts = job.attempts, "will retry: {why}");
-                    let delay = backoff(job.attempts);
-                    queue.send_after(job, delay);
-                }
+                metrics.effect(name, "retried");
+                tracing::debug!(effect = name, attempts = job.attempts, "will retry: {why}");
+                let delay = backoff(job.attempts);
+                queue.send_after(job, delay);
             }
         }
     }
@@ -287,157 +274,115 @@ impl Runner {
         let owner = match self.read(owner_kind, ns, owner_name).await {
             Ok(Some(owner)) => owner,
             Ok(None) => return Step::Wait(format!("{owner_kind}/{owner_name} is not visible yet")),
-            Err(e) => return Step::Retry(e),
+            Err(e) => return Step::Retry(e.to_string()),
         };
-        let reference = json!({
-            "apiVersion": owner["apiVersion"], "kind": owner["kind"],
-            "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"],
-        });
         for (kind, name) in snapshots {
             let snapshot = match self.cluster.fetch(kind, ns, name).await {
                 Ok(Some(s)) => s,
                 Ok(None) => continue,
-                Err(e) => return Step::Retry(e),
+                Err(e) => return Step::Retry(e.to_string()),
             };
-            if !keys::is_snapshot(&snapshot) {
+            let Some(ops) = adopt_ops(&owner, &snapshot) else {
                 continue;
-            }
-            let refs = snapshot["metadata"]["ownerReferences"].as_array();
-            if refs.is_some_and(|r| r.iter().any(|r| r["uid"] == reference["uid"])) {
-                continue;
-            }
-            let add = match refs {
-                Some(_) => json!({"op": "add", "path": "/metadata/ownerReferences/-", "value": reference}),
-                None => json!({"op": "add", "path": "/metadata/ownerReferences", "value": [reference]}),
             };
-            let ops = vec![precondition(&snapshot), add];
-            match self.send_patch(kind, ns, name, ops).await {
+            match self.cluster.patch(kind, ns, name, ops).await {
                 Ok(()) => {
                     self.cluster.metrics.adoptions.inc();
                     tracing::info!("{kind}/{name} adopted by {owner_kind}/{owner_name}");
                 }
-                Err(e) => return Step::Retry(e),
+                Err(e) => return Step::Retry(e.to_string()),
             }
         }
         Step::Done
     }
 
-    /// `patch_workload`, as the replay cluster runs it: once the source
-    /// content is visible, at most once per storm-guard interval, with the
-    /// resourceVersion precondition and a recompute after a conflict.
+    /// `patch_workload`, judged by the shared rules on the workload and the
+    /// source as the API server has them now.
     async fn patch(&self, ns: &str, request: &Value) -> Step {
-        let kind = request["kind"].as_str().unwrap_or_default();
-        let name = request["name"].as_str().unwrap_or_default();
-        let source_kind = request["source"]["kind"].as_str().and_then(SourceKind::from_kind);
-        let source_name = request["source"]["name"].as_str().unwrap_or_default();
-        let (Some(source_kind), Some(snapshot)) = (source_kind, request["snapshot"].as_str()) else {
-            return Step::Dropped(format!("dropped a patch of {kind}/{name}: no source recorded"));
-        };
-        let want = request["source"]["contentHash"].as_str().unwrap_or_default();
-        let visible = |s: &Option<Value>| {
-            s.as_ref()
-                .and_then(|s| Content::from_object(source_kind, s).ok())
-                .is_some_and(|c| c.hash() == want)
-        };
-        if !visible(
-            &self
-                .cluster
-                .cache
-                .get(source_kind.kind(), ns, source_name)
-                .unwrap_or(None),
-        ) {
-            match self.cluster.fetch(source_kind.kind(), ns, source_name).await {
-                Ok(s) if visible(&s) => {}
-                Ok(_) => {
-                    return Step::Wait(format!(
-                        "patch of {kind}/{name} to {snapshot}: {source_name} does not hold that content (yet)"
-                    ))
+        let intent = match PatchIntent::parse(ns, request) {
+            Ok(i) => i,
+            Err(e) => {
+                return Step::Dropped {
+                    why: format!("dropped a patch: {e}"),
+                    collect: None,
                 }
-                Err(e) => return Step::Retry(e),
-            }
-        }
-        let key = (kind.to_string(), ns.to_string(), name.to_string());
-        let reservation = match self.storm_guard.reserve(key) {
-            Ok(r) => r,
-            Err(wait) => return Step::Later(wait),
-        };
-        let workload = match self.cluster.fetch(kind, ns, name).await {
-            Ok(Some(w)) => w,
-            Ok(None) => return Step::Dropped(format!("patch of {kind}/{name} dropped: it no longer exists")),
-            Err(e) => return Step::Retry(e),
-        };
-        let ops: Vec<Value> = if workload["metadata"]["resourceVersion"] == request["resourceVersion"] {
-            request["patch"].as_array().cloned().unwrap_or_default()
-        } else {
-            let id = SourceId::new(source_kind, source_name);
-            match watch::retarget_ops(&workload["spec"]["template"], &id, snapshot) {
-                Some(ops) => ops,
-                None => return Step::Dropped(format!("patch of {kind}/{name} dropped: it no longer uses {id}")),
             }
         };
-        let Ok(parsed) = serde_json::from_value::<json_patch::Patch>(json!(ops)) else {
-            return Step::Dropped(format!("patch of {kind}/{name} dropped: not a JSON Patch"));
+        let source_kind = intent.source.kind.kind();
+        let (workload, source, snapshot) = match tokio::try_join!(
+            self.cluster.fetch(&intent.kind, ns, &intent.name),
+            self.cluster.fetch(source_kind, ns, &intent.source.name),
+            self.read(source_kind, ns, &intent.snapshot),
+        ) {
+            Ok(read) => read,
+            Err(e) => return Step::Retry(e.to_string()),
         };
-        let mut patched = workload.clone();
-        if let Err(e) = json_patch::patch(&mut patched, &parsed) {
-            return Step::Dropped(format!("patch of {kind}/{name} dropped: {e}"));
-        }
-        if patched == workload {
-            return Step::Done;
-        }
-        let mut with_precondition = vec![precondition(&workload)];
-        with_precondition.extend(ops);
-        match self.send_patch(kind, ns, name, with_precondition).await {
-            Ok(()) => {
-                reservation.commit();
-                self.cluster.metrics.rollouts.inc();
-                tracing::info!("watch: rolled out {kind}/{name} to {snapshot}");
-                Step::Done
-            }
-            Err(e) => Step::Retry(e),
+        let seen = Observed {
+            workload: workload.as_ref(),
+            source: source.as_ref(),
+            snapshot_exists: snapshot.is_some(),
+        };
+        match decide_patch(&intent, &seen, self.cluster.now(), &self.rules) {
+            Verdict::Apply(ops) => match self.cluster.patch(&intent.kind, ns, &intent.name, ops).await {
+                Ok(()) => {
+                    self.cluster.metrics.rollouts.inc();
+                    tracing::info!(
+                        "watch: rolled out {}/{} to {}",
+                        intent.kind,
+                        intent.name,
+                        intent.snapshot
+                    );
+                    Step::Done
+                }
+                // The workload moved since it was read: judge it again.
+                Err(BackendError::Conflict(e)) => Step::Retry(format!("conflict: {e}")),
+                Err(e) => Step::Retry(format!("patching {}/{}: {e}", intent.kind, intent.name)),
+            },
+            Verdict::Done(_) => Step::Done,
+            Verdict::Wait(why) => Step::Wait(why),
+            Verdict::Later(at) => Step::Later(at),
+            Verdict::Drop { reason, collect } => Step::Dropped {
+                why: reason,
+                collect: collect.then(|| (source_kind.to_string(), ns.to_string(), intent.snapshot.clone())),
+            },
         }
     }
 
-    async fn read(&self, kind: &str, ns: &str, name: &str) -> Result<Option<Value>, String> {
-        match self.cluster.cache.get(kind, ns, name)? {
+    /// Deletes a snapshot made for a patch that was dropped, at once, if
+    /// nothing owns, references or awaits it.
+    fn collect_unused(&self, (kind, ns, name): Key) {
+        let mut objects = Vec::new();
+        for (_, holder, _) in config_snapshot_policy::sweep::HOLDERS {
+            let _ = self
+                .cluster
+                .cache
+                .list(holder, &ns, &Default::default(), &mut |o| objects.push(o.clone()));
+        }
+        let Ok(Some(snapshot)) = self.cluster.cache.get(&kind, &ns, &name) else {
+            return;
+        };
+        objects.push(snapshot.clone());
+        let all: Vec<&Value> = objects.iter().collect();
+        let doomed = orphans(&all, &self.cluster.awaited_targets(), self.cluster.now(), 0);
+        let Some(d) = doomed.into_iter().find(|d| d.name == name) else {
+            return;
+        };
+        let cluster = self.cluster.clone();
+        // The backend blocks on the runtime: off the async workers.
+        tokio::task::spawn_blocking(move || {
+            match delete_guarded(cluster.as_ref(), &snapshot, &d.uid, Some(&d.resource_version)) {
+                Ok(()) => tracing::info!("{kind}/{name} collected: made for a rollout that did not happen"),
+                Err(e) => tracing::debug!("kept {kind}/{name}: {e}"),
+            }
+        });
+    }
+
+    async fn read(&self, kind: &str, ns: &str, name: &str) -> Result<Option<Value>, BackendError> {
+        match self.cluster.cache.get(kind, ns, name).map_err(BackendError::NotFound)? {
             Some(o) => Ok(Some(o)),
             None => self.cluster.fetch(kind, ns, name).await,
         }
     }
-
-    async fn send_patch(&self, kind: &str, ns: &str, name: &str, ops: Vec<Value>) -> Result<(), String> {
-        send_json_patch(&self.cluster, kind, ns, name, ops).await
-    }
-}
-
-/// Applies a JSON Patch whose first op pins the resourceVersion: the API
-/// server answers 409 if the object moved since it was read.
-pub async fn send_json_patch(
-    cluster: &KubeCluster,
-    kind: &str,
-    ns: &str,
-    name: &str,
-    ops: Vec<Value>,
-) -> Result<(), String> {
-    let api = cluster.api(kind, ns)?;
-    let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops)).map_err(|e| e.to_string())?;
-    let params = PatchParams::default();
-    match tokio::time::timeout(
-        super::cluster::API_TIMEOUT,
-        api.patch(name, &params, &Patch::Json::<()>(patch)),
-    )
-    .await
-    {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) if is_status(&e, 409) => Err(format!("conflict on {kind}/{name}: re-read and recompute")),
-        Ok(Err(e)) => Err(format!("patching {kind}/{name}: {}", describe(e))),
-        Err(_) => Err(format!("timeout patching {kind}/{name}")),
-    }
-}
-
-/// The JSON Patch op that makes the write conditional on `object`'s version.
-pub fn precondition(object: &Value) -> Value {
-    json!({"op": "replace", "path": "/metadata/resourceVersion", "value": object["metadata"]["resourceVersion"]})
 }
 
 /// 100 ms doubling to 5 s.
@@ -455,42 +400,5 @@ mod tests {
         assert_eq!(backoff(1), Duration::from_millis(200));
         assert_eq!(backoff(3), Duration::from_millis(800));
         assert_eq!(backoff(30), Duration::from_secs(5));
-    }
-
-    fn key(name: &str) -> WorkloadKey {
-        ("Deployment".into(), "shop".into(), name.into())
-    }
-
-    #[test]
-    fn the_storm_guard_lets_one_rollout_through_per_interval() {
-        let guard = StormGuard::new(Duration::from_secs(30));
-        let first = guard.reserve(key("web")).expect("a free slot");
-        // A second worker, while the first is still patching.
-        let wait = guard.reserve(key("web")).err().expect("held");
-        assert!(
-            wait > Duration::from_secs(29) && wait <= Duration::from_secs(30),
-            "{wait:?}"
-        );
-        assert!(guard.reserve(key("api")).is_ok(), "other workloads are not held");
-        first.commit();
-        assert!(guard.reserve(key("web")).is_err(), "rolled out: held for the interval");
-    }
-
-    #[test]
-    fn a_rollout_that_did_not_happen_gives_its_slot_back() {
-        let guard = StormGuard::new(Duration::from_secs(30));
-        drop(guard.reserve(key("web")).unwrap());
-        let again = guard.reserve(key("web")).expect("the failed attempt freed the slot");
-        again.commit();
-        assert!(guard.reserve(key("web")).is_err());
-    }
-
-    #[test]
-    fn the_precondition_pins_the_version_read() {
-        let op = precondition(&json!({"metadata": {"resourceVersion": "42"}}));
-        assert_eq!(
-            op,
-            json!({"op": "replace", "path": "/metadata/resourceVersion", "value": "42"})
-        );
     }
 }

@@ -85,7 +85,7 @@ pub async fn serve(state: Arc<State>, options: &Options) -> Result<()> {
             )
         })?;
     tokio::spawn(reload_certificates(tls.clone(), options.clone()));
-    let grace = duration("shutdown-grace", &options.shutdown_grace)?;
+    let grace = Duration::from_secs(duration("shutdown-grace", &options.shutdown_grace)?);
     let handle = Handle::new();
     let ops = tokio::net::TcpListener::bind(options.metrics_listen)
         .await

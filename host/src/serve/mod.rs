@@ -29,6 +29,8 @@ pub use admission::{admit, review, Answer, Failure};
 use cache::Cache;
 use cluster::KubeCluster;
 use effects::{Queue, QueueSettings};
+
+use crate::lifecycle::effects::Rules;
 use metrics::Metrics;
 
 use crate::engine::Engine;
@@ -103,16 +105,17 @@ impl State {
     }
 }
 
-fn duration(flag: &str, text: &str) -> Result<Duration> {
-    parse_go_duration(text)
-        .map(Duration::from_secs)
-        .map_err(|e| anyhow!("--{flag}: {e}"))
+fn duration(flag: &str, text: &str) -> Result<u64> {
+    parse_go_duration(text).map_err(|e| anyhow!("--{flag}: {e}"))
 }
 
 /// Everything `serve` needs that does not involve sockets.
 pub fn build(options: &Options, client: Client) -> Result<(Arc<State>, effects::Worker)> {
     let bytes = std::fs::read(&options.policy).with_context(|| format!("reading {}", options.policy.display()))?;
-    let engine = Engine::from_bytes(&bytes, duration("policy-timeout", &options.policy_timeout)?)?;
+    let engine = Engine::from_bytes(
+        &bytes,
+        Duration::from_secs(duration("policy-timeout", &options.policy_timeout)?),
+    )?;
     build_with_engine(options, client, Arc::new(engine))
 }
 
@@ -136,8 +139,11 @@ pub fn build_with_engine(
         cluster.clone(),
         QueueSettings {
             capacity: options.queue_capacity.max(1),
-            watch_min_interval: duration("watch-min-interval", &options.watch_min_interval)?,
             ..QueueSettings::default()
+        },
+        Rules {
+            settings: parsed.clone(),
+            watch_min_interval: duration("watch-min-interval", &options.watch_min_interval)? as i64,
         },
     );
     let state = Arc::new(State {
@@ -165,7 +171,7 @@ pub async fn run(options: Options) -> Result<()> {
     let (state, worker) = build(&options, client.clone())?;
     state.cluster.cache.start(client);
     tokio::spawn(worker.run());
-    let interval = duration("resync-interval", &options.resync_interval)?;
+    let interval = Duration::from_secs(duration("resync-interval", &options.resync_interval)?);
     tokio::spawn(resync_loop(state.clone(), interval));
     http::serve(state, &options).await
 }

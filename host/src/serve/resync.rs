@@ -1,30 +1,21 @@
-//! The periodic resync, the one thing admission alone cannot do:
-//! - renew-duration fires on time, not only when someone edits the workload:
-//!   each workload with the annotation is re-admitted as a no-op UPDATE, and
-//!   a renewal is written back (with a resourceVersion precondition);
-//! - watch rollouts lost to a restart or a full queue are re-derived: each
-//!   source some workload in its namespace watches is re-admitted as a
-//!   CREATE, which rolls out only the watchers not already on its current
-//!   content.
-//!
-//! Both go through the policy in the same wasm engine as admissions.
+//! Serve's driver of the periodic pass, over the shared decisions of
+//! [`crate::lifecycle::resync`] (replay's `advanceTime` runs the same ones):
+//! adoption repair, renewals, watch re-derivation, and the timed sweep.
+//! Every admission it makes goes through the policy in the same wasm engine
+//! as the webhook's.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use config_snapshot_policy::keys;
-use config_snapshot_policy::kind::{SourceId, SourceKind};
-use config_snapshot_policy::optin::OptIn;
-use config_snapshot_policy::settings::Settings;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::admission;
-use super::effects::{precondition, send_json_patch};
+use super::cache::KINDS;
 use super::State;
+use crate::capability::delete_guarded;
+use crate::lifecycle::effects::precondition;
+use crate::lifecycle::resync::{missing_adoptions, orphans, renewals, watched_sources};
 
-const WORKLOADS: [&str; 3] = ["Deployment", "StatefulSet", "DaemonSet"];
-const SOURCES: [&str; 2] = ["ConfigMap", "Secret"];
 /// Request uids of synthetic admissions start with this.
 pub const UID_PREFIX: &str = "resync-";
 const RESYNC_USER: &str = "system:serviceaccount:config-snapshot:resync";
@@ -32,84 +23,82 @@ const RESYNC_USER: &str = "system:serviceaccount:config-snapshot:resync";
 /// What one pass did, for logs and tests.
 #[derive(Debug, Default, PartialEq)]
 pub struct Pass {
+    pub adoptions: usize,
     pub renewed: usize,
     pub sources_checked: usize,
+    pub swept: usize,
+}
+
+fn cached(state: &State) -> Vec<Value> {
+    KINDS
+        .iter()
+        .flat_map(|(_, _, kind, _)| state.cluster.cache.all(kind))
+        .collect()
 }
 
 pub async fn once(state: &Arc<State>) -> Pass {
     let mut pass = Pass::default();
-    let workloads: Vec<Value> = WORKLOADS.iter().flat_map(|k| state.cluster.cache.all(k)).collect();
-    let watchers = Watchers::new(&workloads, &state.settings);
-    for workload in workloads
-        .iter()
-        .filter(|w| w["metadata"]["annotations"].get(keys::RENEW_DURATION).is_some())
-    {
+    let objects = cached(state);
+    let all: Vec<&Value> = objects.iter().collect();
+    for effect in missing_adoptions(&all) {
+        tracing::info!("resync: {} was missing", effect.describe());
+        state.queue.submit(effect);
+        pass.adoptions += 1;
+    }
+    for workload in renewals(&all) {
         match renew(state, workload).await {
             Ok(true) => pass.renewed += 1,
             Ok(false) => {}
             Err(e) => tracing::warn!("resync: {e}"),
         }
     }
-    for kind in SOURCES {
-        for source in state.cluster.cache.all(kind) {
-            if !watchers.watch(&source) {
-                continue;
-            }
-            pass.sources_checked += 1;
-            if let Err(e) = readmit(state, "CREATE", &source, None).await {
-                tracing::warn!("resync: {e}");
-            }
+    for source in watched_sources(&all, &state.settings) {
+        pass.sources_checked += 1;
+        if let Err(e) = readmit(state, "CREATE", source, None).await {
+            tracing::warn!("resync: {e}");
         }
     }
-    tracing::info!(renewed = pass.renewed, sources = pass.sources_checked, "resync pass");
-    pass
-}
-
-/// The watch opt-ins of every workload, by namespace. The resync re-admits
-/// only sources one of them watches, with the policy's own predicate, so it
-/// skips nothing the policy would roll out and does not re-evaluate every
-/// ConfigMap of a namespace because one Deployment there watches one.
-struct Watchers<'s> {
-    settings: &'s Settings,
-    by_namespace: BTreeMap<String, Vec<OptIn>>,
-}
-
-impl<'s> Watchers<'s> {
-    fn new(workloads: &[Value], settings: &'s Settings) -> Self {
-        let mut by_namespace: BTreeMap<String, Vec<OptIn>> = BTreeMap::new();
-        for workload in workloads {
-            let annotations = workload["metadata"]["annotations"].as_object();
-            // A workload whose annotations do not parse is refused at its
-            // own admission; a watch rollout could not patch it either.
-            let Ok(opt_in) = OptIn::from_annotations(annotations, settings) else {
-                continue;
-            };
-            if opt_in.watch.is_empty() {
-                continue;
-            }
-            let ns = workload["metadata"]["namespace"].as_str().unwrap_or_default();
-            by_namespace.entry(ns.to_string()).or_default().push(opt_in);
-        }
-        Watchers { settings, by_namespace }
-    }
-
-    fn watch(&self, source: &Value) -> bool {
-        if keys::is_snapshot(source) {
-            return false;
-        }
-        let metadata = &source["metadata"];
-        let (Some(kind), Some(name), Some(ns)) = (
-            source["kind"].as_str().and_then(SourceKind::from_kind),
-            metadata["name"].as_str(),
-            metadata["namespace"].as_str(),
-        ) else {
-            return false;
+    // The sweep judges what the pass left; its deletes carry the version
+    // judged, so a snapshot reused meanwhile is kept.
+    let objects = cached(state);
+    let all: Vec<&Value> = objects.iter().collect();
+    let doomed = orphans(
+        &all,
+        &state.cluster.awaited_targets(),
+        state.cluster.now(),
+        state.settings.orphan_grace_period_secs,
+    );
+    for d in doomed {
+        let Some(snapshot) = objects
+            .iter()
+            .find(|o| {
+                o["kind"] == d.kind.as_str()
+                    && o["metadata"]["namespace"] == d.namespace.as_str()
+                    && o["metadata"]["name"] == d.name.as_str()
+            })
+            .cloned()
+        else {
+            continue;
         };
-        let id = SourceId::new(kind, name);
-        self.by_namespace
-            .get(ns)
-            .is_some_and(|opt_ins| opt_ins.iter().any(|o| o.watches(&id, self.settings)))
+        let cluster = state.cluster.clone();
+        let deleted = tokio::task::spawn_blocking(move || {
+            delete_guarded(cluster.as_ref(), &snapshot, &d.uid, Some(&d.resource_version))
+        })
+        .await;
+        match deleted {
+            Ok(Ok(())) => pass.swept += 1,
+            Ok(Err(e)) => tracing::debug!("resync: kept a snapshot: {e}"),
+            Err(e) => tracing::warn!("resync: {e}"),
+        }
     }
+    tracing::info!(
+        adoptions = pass.adoptions,
+        renewed = pass.renewed,
+        sources = pass.sources_checked,
+        swept = pass.swept,
+        "resync pass"
+    );
+    pass
 }
 
 /// Re-admits a workload unchanged; writes back what the policy renewed.
@@ -134,7 +123,11 @@ async fn renew(state: &Arc<State>, workload: &Value) -> Result<bool, String> {
             .cloned()
             .unwrap_or_default(),
     );
-    send_json_patch(&state.cluster, kind, ns, name, ops).await?;
+    state
+        .cluster
+        .patch(kind, ns, name, ops)
+        .await
+        .map_err(|e| format!("renewing {kind}/{name}: {e}"))?;
     tracing::info!("renew: {kind}/{name} renewed its snapshots");
     Ok(true)
 }
@@ -171,58 +164,4 @@ async fn readmit(
         .map_err(|e| e.to_string())?
         .map_err(|e| format!("{e:?}"))?;
     Ok(answer.mutated.filter(|_| answer.allowed))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn workload(ns: &str, annotations: Value) -> Value {
-        json!({"kind": "Deployment", "metadata": {"name": "w", "namespace": ns, "annotations": annotations}})
-    }
-
-    fn source(kind: &str, ns: &str, name: &str) -> Value {
-        json!({"kind": kind, "metadata": {"name": name, "namespace": ns}})
-    }
-
-    #[test]
-    fn only_sources_a_workload_in_their_namespace_watches_are_readmitted() {
-        let settings = Settings::default();
-        let workloads = [
-            workload("shop", json!({"config-snapshot.io/watch": "app-config,secret/tls"})),
-            workload("shop", json!({"config-snapshot.io/snapshot": "*"})),
-            workload(
-                "bank",
-                json!({"config-snapshot.io/watch": "*", "config-snapshot.io/exclude": "noisy"}),
-            ),
-            workload("broken", json!({"config-snapshot.io/watch": "Not A Name!"})),
-        ];
-        let watchers = Watchers::new(&workloads, &settings);
-        assert!(watchers.watch(&source("ConfigMap", "shop", "app-config")));
-        assert!(watchers.watch(&source("Secret", "shop", "tls")));
-        assert!(
-            !watchers.watch(&source("ConfigMap", "shop", "other")),
-            "snapshot-only is not watch"
-        );
-        assert!(!watchers.watch(&source("ConfigMap", "shop", "tls")), "the kind matters");
-        assert!(!watchers.watch(&source("ConfigMap", "other-ns", "app-config")));
-        assert!(watchers.watch(&source("ConfigMap", "bank", "anything")));
-        assert!(!watchers.watch(&source("ConfigMap", "bank", "noisy")), "excluded");
-        assert!(!watchers.watch(&source("ConfigMap", "broken", "x")));
-        let mut snapshot = source("ConfigMap", "bank", "anything-5d41402abc");
-        snapshot["metadata"]["labels"] = json!({keys::MANAGED_BY: keys::MANAGED_BY_VALUE});
-        assert!(!watchers.watch(&snapshot), "snapshots are never sources");
-    }
-
-    #[test]
-    fn watch_by_default_makes_every_workload_a_watcher() {
-        let settings =
-            Settings::from_json(br#"{"watchByDefault": true, "excludedSources": ["configmap/kube-root-ca.crt"]}"#)
-                .unwrap();
-        let workloads = [workload("shop", json!({}))];
-        let watchers = Watchers::new(&workloads, &settings);
-        assert!(watchers.watch(&source("ConfigMap", "shop", "app-config")));
-        assert!(!watchers.watch(&source("ConfigMap", "shop", "kube-root-ca.crt")));
-        assert!(!watchers.watch(&source("Secret", "empty-ns", "tls")));
-    }
 }

@@ -1,5 +1,5 @@
 //! The in-memory object store: what etcd and the API server's bookkeeping
-//! (uids, resourceVersions, timestamps) are to a real cluster.
+//! (uids, resourceVersions, generations, timestamps) are to a real cluster.
 
 use std::collections::BTreeMap;
 
@@ -7,11 +7,22 @@ use serde_json::{json, Value};
 
 pub type Key = (String, String, String); // kind, namespace, name
 
+/// One change, as a watch would report it.
+#[derive(Debug, Clone)]
+pub struct Change {
+    pub resource_version: u64,
+    /// `ADDED`, `MODIFIED` or `DELETED`.
+    pub kind: &'static str,
+    pub object: Value,
+}
+
 #[derive(Default)]
 pub struct Store {
     objects: BTreeMap<Key, Value>,
     counter: u64,
     pub now: i64,
+    /// Every change, when something watches the store (see `memory::http`).
+    log: Option<Vec<Change>>,
 }
 
 pub fn key_of(object: &Value) -> Key {
@@ -31,10 +42,13 @@ impl Store {
             .get(&(kind.to_string(), namespace.to_string(), name.to_string()))
     }
 
+    /// The objects of one kind in one namespace: a range of the ordered
+    /// keys, so listing costs the size of the answer, not of the store.
     pub fn list<'a>(&'a self, kind: &'a str, namespace: &'a str) -> impl Iterator<Item = &'a Value> + 'a {
+        let start = (kind.to_string(), namespace.to_string(), String::new());
         self.objects
-            .iter()
-            .filter(move |((k, ns, _), _)| k == kind && ns == namespace)
+            .range(start..)
+            .take_while(move |((k, ns, _), _)| k == kind && ns == namespace)
             .map(|(_, v)| v)
     }
 
@@ -46,6 +60,37 @@ impl Store {
         self.objects.values().any(|o| o["metadata"]["uid"] == uid)
     }
 
+    /// The latest resourceVersion handed out.
+    pub fn resource_version(&self) -> u64 {
+        self.counter
+    }
+
+    /// Starts keeping a log of changes, for watches.
+    pub fn keep_log(&mut self) {
+        self.log.get_or_insert_with(Vec::new);
+    }
+
+    /// The changes after `since`, in order.
+    pub fn changes_since(&self, since: u64) -> Vec<Change> {
+        self.log
+            .iter()
+            .flatten()
+            .filter(|c| c.resource_version > since)
+            .cloned()
+            .collect()
+    }
+
+    fn record(&mut self, kind: &'static str, object: &Value) {
+        let resource_version = self.counter;
+        if let Some(log) = self.log.as_mut() {
+            log.push(Change {
+                resource_version,
+                kind,
+                object: object.clone(),
+            });
+        }
+    }
+
     /// Stores an object, filling in what the API server would: namespace,
     /// uid and creationTimestamp on create, a new resourceVersion always.
     pub fn persist(&mut self, mut object: Value) -> Value {
@@ -53,6 +98,7 @@ impl Store {
         let key = key_of(&object);
         let meta = object["metadata"].as_object_mut().expect("objects have metadata");
         meta.insert("namespace".into(), json!(key.1));
+        let existed = self.objects.contains_key(&key);
         match self.objects.get(&key) {
             Some(old) => {
                 meta.insert("uid".into(), old["metadata"]["uid"].clone());
@@ -73,11 +119,16 @@ impl Store {
         }
         object["metadata"]["resourceVersion"] = json!(self.counter.to_string());
         self.objects.insert(key, object.clone());
+        self.record(if existed { "MODIFIED" } else { "ADDED" }, &object);
         object
     }
 
     pub fn remove(&mut self, kind: &str, namespace: &str, name: &str) -> Option<Value> {
-        self.objects
-            .remove(&(kind.to_string(), namespace.to_string(), name.to_string()))
+        let removed = self
+            .objects
+            .remove(&(kind.to_string(), namespace.to_string(), name.to_string()))?;
+        self.counter += 1;
+        self.record("DELETED", &removed);
+        Some(removed)
     }
 }

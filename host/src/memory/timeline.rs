@@ -1,0 +1,41 @@
+//! The words of replay's timeline.
+
+use config_snapshot_policy::{keys, references, template};
+use serde_json::Value;
+
+/// Which references a mutation rewrote.
+pub fn describe_rewrite(before: &Value, after: &Value) -> String {
+    let (Some(b), Some(a)) = (before.pointer("/spec/template"), after.pointer("/spec/template")) else {
+        return "changed".into();
+    };
+    let old = references::collect(b);
+    let new = references::collect(a);
+    let moved: Vec<String> = old
+        .iter()
+        .zip(new.iter())
+        .filter(|(o, n)| o.name != n.name)
+        .map(|(o, n)| format!("{}/{} -> {}", o.kind.tag(), o.name, n.name))
+        .collect();
+    let mut parts = Vec::new();
+    if !moved.is_empty() {
+        let mut unique = moved.clone();
+        unique.dedup();
+        parts.push(unique.join(", "));
+    }
+    let checksums = template::template_annotation(a, keys::SNAPSHOTS).is_none()
+        && a.pointer("/metadata/annotations")
+            .and_then(Value::as_object)
+            .is_some_and(|m| m.keys().any(|k| k.starts_with(keys::CHECKSUM_PREFIX)));
+    if checksums {
+        parts.push("config checksums stamped".into());
+    }
+    let records = |o: &Value, k: &str| o.pointer("/metadata/annotations").and_then(|a| a.get(k)).cloned();
+    if records(after, keys::ROLLBACK) != records(before, keys::ROLLBACK) && records(after, keys::ROLLBACK).is_some() {
+        parts.push("rollback recorded".into());
+    }
+    if parts.is_empty() {
+        "policy annotations updated".into()
+    } else {
+        parts.join("; ")
+    }
+}

@@ -1,0 +1,87 @@
+//! Checksum mode: the host has no write capability (stock Kubewarden), so
+//! no snapshot can be made (docs/design.md, "Without the write
+//! capability"). `withoutSnapshotCapability` says what to do instead.
+
+use serde_json::Value;
+use sha2::Digest;
+
+use crate::content::{self, Content};
+use crate::keys;
+use crate::kind::SourceId;
+use crate::optin::OptIn;
+use crate::plan::{Target, SA_TOKEN};
+use crate::reads::Reads;
+use crate::references::SourceRefs;
+use crate::request::{Outcome, SAY};
+use crate::settings::WithoutSnapshotCapability;
+use crate::workload::{apply, set_marks, Context};
+
+pub fn degrade(
+    ctx: &Context,
+    reads: &Reads,
+    object: &mut Value,
+    groups: &[SourceRefs],
+    optin: &OptIn,
+    why: &str,
+) -> Outcome {
+    match ctx.settings.without_snapshot_capability {
+        WithoutSnapshotCapability::Reject => Outcome::reject(
+            format!("{SAY}this host cannot create snapshots ({why}) and withoutSnapshotCapability is reject"),
+            500,
+        ),
+        WithoutSnapshotCapability::Warn => Outcome::accept_with(vec![format!(
+            "{SAY}this host cannot create snapshots ({why}); references left unchanged, so config changes will not roll out and rollback will not restore config"
+        )]),
+        WithoutSnapshotCapability::Checksum => {
+            let mut marks = Vec::new();
+            let mut warnings = vec![format!(
+                "{SAY}this host cannot create snapshots; stamped config checksums instead, so a config change rolls out on the next apply, but rollout undo will not restore old config"
+            )];
+            for group in groups {
+                if !optin.snapshots(&group.id, ctx.settings) {
+                    continue;
+                }
+                // The planner read this source already: the same answer.
+                match reads.get(group.id.kind, &group.id.name) {
+                    Ok(Some(source)) => {
+                        if source.get("type").and_then(Value::as_str) == Some(SA_TOKEN) {
+                            continue;
+                        }
+                        if let Ok(c) = Content::from_object(group.id.kind, &source) {
+                            let hash = c.subset(group.key_subset().as_ref()).hash();
+                            marks.push((checksum_key(&group.id), hash));
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => warnings.push(format!("{SAY}could not read {}: {e}", group.id)),
+                }
+            }
+            let template = object.pointer_mut("/spec/template").expect("checked by caller");
+            let original = template.clone();
+            let targets = vec![Target::Source; groups.len()];
+            apply(template, groups, &targets, &OptIn::default(), None);
+            let marks: Vec<(&str, String)> = marks.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+            set_marks(template, marks);
+            let changed = *template != original;
+            Outcome {
+                accepted: true,
+                message: None,
+                code: None,
+                mutated: changed.then(|| object.clone()),
+                warnings,
+            }
+        }
+    }
+}
+
+/// `config-snapshot.io/checksum-<kind>-<name>`, the name part shortened with
+/// a hash when it would pass the 63 characters an annotation name allows.
+pub fn checksum_key(id: &SourceId) -> String {
+    let name_part = format!("checksum-{}-{}", id.kind.tag(), id.name);
+    if name_part.len() <= 63 {
+        return format!("{}{name_part}", keys::PREFIX);
+    }
+    let digest = content::hex(&sha2::Sha256::digest(id.name.as_bytes()));
+    let head = name_part[..52].trim_end_matches(['-', '.']);
+    format!("{}{head}-{}", keys::PREFIX, &digest[..10])
+}

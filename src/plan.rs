@@ -1,0 +1,446 @@
+//! Planning a workload admission: for each source the template references,
+//! where its references should point, which snapshots must be created
+//! first, and what the workload's records say afterwards (docs/design.md,
+//! "Workload admission" and "A rollback always wins").
+
+use serde_json::Value;
+
+use crate::content::{self, Content};
+use crate::duration::parse_rfc3339;
+use crate::keys;
+use crate::kind::SourceKind;
+use crate::optin::OptIn;
+use crate::reads::Reads;
+use crate::records::{generation, Rollback, WatchRollout};
+use crate::references::{self, Reference, SourceRefs};
+use crate::request::{Rejection, SAY};
+use crate::settings::{OnMissingSource, OnSnapshotFailure};
+use crate::template::{self, Mapping, Snapshots};
+use crate::workload::{Context, WorkloadKind};
+
+pub const SA_TOKEN: &str = "kubernetes.io/service-account-token";
+
+/// Where a source's references end up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Snapshot(String),
+    /// Back to (or left at) the source name, with no mapping entry.
+    Source,
+}
+
+/// A snapshot this admission must create before it may reference it.
+pub struct Write {
+    pub group: usize,
+    pub name: String,
+    pub object: Value,
+}
+
+/// What kind of write the admission is, judged on the normalised templates
+/// (snapshot names replaced by their sources).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    Create,
+    /// Nothing a user would call a template change: a scale, a label edit,
+    /// a re-apply, a resync's no-op update.
+    NoOp,
+    /// The host's own watch rollout: only references moved.
+    WatchRollout,
+    /// The template of an existing revision was put back.
+    Rollback,
+    /// Only references moved, by hand: kept, as the user wrote them.
+    Repointed,
+    /// A real change (image, `rollout restart`, any edit): config moves
+    /// forward with it.
+    RollForward,
+}
+
+impl Change {
+    /// Whether a due renewal may take fresh snapshots at this admission. A
+    /// rollback never renews (it would restore the old image with new
+    /// config); neither does any other write that moves references, which
+    /// keeps the move as it was made.
+    fn may_renew(self) -> bool {
+        matches!(self, Change::Create | Change::NoOp | Change::RollForward)
+    }
+
+    /// Whether references that name a snapshot keep it.
+    fn keeps_snapshots(self) -> bool {
+        !matches!(self, Change::RollForward)
+    }
+}
+
+pub struct Plan {
+    pub groups: Vec<SourceRefs>,
+    pub targets: Vec<Target>,
+    pub writes: Vec<Write>,
+    pub warnings: Vec<String>,
+    /// The `renewed-at` to write (unix seconds), if renew-duration is set.
+    pub renewed_at: Option<i64>,
+    /// The rollback record afterwards (`None`: no record).
+    pub rollback: Option<Rollback>,
+    pub change: Change,
+}
+
+/// Decides, for each source the template references, where it should point.
+pub struct Planner<'a> {
+    pub ctx: &'a Context<'a>,
+    pub reads: &'a Reads<'a>,
+    pub kind: WorkloadKind,
+    pub object: &'a Value,
+    pub old: Option<&'a Value>,
+    pub optin: &'a OptIn,
+}
+
+/// One lookup of the workload's revisions, made only when needed.
+#[derive(Default, Clone, Copy)]
+struct RevisionMatch {
+    /// A revision's template equals the new one byte for byte (minus the
+    /// controller's additions): `kubectl rollout undo` put it back.
+    exact: bool,
+    /// A revision's template equals the new one once normalised.
+    normalised: bool,
+}
+
+impl<'a> Planner<'a> {
+    fn template(&self) -> &'a Value {
+        &self.object["spec"]["template"]
+    }
+
+    fn old_template(&self) -> Option<&'a Value> {
+        self.old.and_then(|o| o.pointer("/spec/template"))
+    }
+
+    pub fn plan(&self) -> Result<Plan, Rejection> {
+        let settings = self.ctx.settings;
+        let template = self.template();
+        let old_template = self.old_template();
+        let refs = references::collect(template);
+        let old_refs = old_template.map(references::collect).unwrap_or_default();
+        let known = self.known_snapshots(&refs, &old_refs);
+        let groups = template::group_by_source(&refs, &known);
+        let mut warnings = Vec::new();
+        let change = self.classify(&refs, &old_refs, &known, &mut warnings);
+        let old_mapping = old_template.map(Mapping::of).unwrap_or_default();
+        let (renewing, renewed_at) = self.renewal(change);
+
+        let mut targets = Vec::with_capacity(groups.len());
+        let mut writes = Vec::new();
+        for (g, group) in groups.iter().enumerate() {
+            if !self.optin.snapshots(&group.id, settings) {
+                targets.push(Target::Source);
+                continue;
+            }
+            let current = current_snapshot(group);
+            let keep = if renewing {
+                None
+            } else if let Some(snap) = &current {
+                change.keeps_snapshots().then(|| snap.clone())
+            } else if change == Change::NoOp {
+                // Re-applied manifest with source names (e.g. server-side
+                // apply): nothing changed, so keep what the live object uses.
+                old_mapping.0.get(&group.id).cloned()
+            } else {
+                None
+            };
+            if let Some(name) = keep {
+                targets.push(Target::Snapshot(name));
+                continue;
+            }
+            match self.snapshot_of(group, current.as_deref(), &mut warnings)? {
+                Some((name, object)) => {
+                    writes.push(Write {
+                        group: g,
+                        name: name.clone(),
+                        object,
+                    });
+                    targets.push(Target::Snapshot(name));
+                }
+                None => targets.push(match current {
+                    Some(snap) => Target::Snapshot(snap),
+                    None => Target::Source,
+                }),
+            }
+        }
+        let rollback = self.rollback_record(change, renewing, &groups, &old_refs, &known);
+        Ok(Plan {
+            groups,
+            targets,
+            writes,
+            warnings,
+            renewed_at,
+            rollback,
+            change,
+        })
+    }
+
+    /// Every snapshot either template names: the mappings, plus unmapped
+    /// names recognised by what they are (our label and source-name
+    /// annotation). Only snapshot-shaped names cost a read, and that read is
+    /// the one a snapshot of that name would need anyway.
+    fn known_snapshots(&self, refs: &[Reference], old_refs: &[Reference]) -> Snapshots {
+        let mut known = Snapshots::of(self.template());
+        if let Some(old) = self.old_template() {
+            known.add_mapping(&Mapping::of(old));
+        }
+        for r in refs.iter().chain(old_refs) {
+            if known.contains(r.kind, &r.name) || !template::looks_like_snapshot(&r.name) {
+                continue;
+            }
+            if let Ok(Some(object)) = self.reads.get(r.kind, &r.name) {
+                if let Some(source) = keys::snapshot_source(&object) {
+                    known.insert(r.kind, &r.name, source);
+                }
+            }
+        }
+        known
+    }
+
+    fn classify(
+        &self,
+        refs: &[Reference],
+        old_refs: &[Reference],
+        known: &Snapshots,
+        warnings: &mut Vec<String>,
+    ) -> Change {
+        let mut revisions: Option<RevisionMatch> = None;
+        let (Some(old), Some(old_template)) = (self.old, self.old_template()) else {
+            return Change::Create;
+        };
+        let new_normal = template::normalise_with(self.template(), known);
+        let mut matched = || *revisions.get_or_insert_with(|| self.match_revisions(&new_normal, known, warnings));
+        if template::normalise_with(old_template, known) == new_normal {
+            // A reference now naming another snapshot moved. One naming its
+            // source again is a re-applied manifest (server-side apply
+            // writes source names back): nothing moved.
+            let moved = refs
+                .iter()
+                .zip(old_refs)
+                .any(|(a, b)| a.name != b.name && known.contains(a.kind, &a.name));
+            if !moved {
+                Change::NoOp
+            } else if WatchRollout::made(self.object, old) {
+                Change::WatchRollout
+            } else if matched().exact {
+                Change::Rollback
+            } else {
+                Change::Repointed
+            }
+        } else if matched().normalised {
+            Change::Rollback
+        } else {
+            Change::RollForward
+        }
+    }
+
+    /// Whether a renewal is due now, and the `renewed-at` to record. The
+    /// renew period runs from the last renewal or the last rollback,
+    /// whichever is later.
+    fn renewal(&self, change: Change) -> (bool, Option<i64>) {
+        let Some(every) = self.optin.renew_secs else {
+            return (false, None);
+        };
+        let renewed = template::template_annotation(self.template(), keys::RENEWED_AT).and_then(parse_rfc3339);
+        if change == Change::Rollback || !change.may_renew() {
+            return (false, renewed);
+        }
+        let rolled_back = (change != Change::Create)
+            .then(|| Rollback::of(self.object).map(|r| r.at))
+            .flatten();
+        let last = renewed.max(rolled_back);
+        let now = self.ctx.cluster.now();
+        match last {
+            Some(t) if now.saturating_sub(t) < every as i64 => (false, renewed),
+            _ => (true, Some(now)),
+        }
+    }
+
+    /// The rollback record the workload carries after this admission.
+    fn rollback_record(
+        &self,
+        change: Change,
+        renewing: bool,
+        groups: &[SourceRefs],
+        old_refs: &[Reference],
+        known: &Snapshots,
+    ) -> Option<Rollback> {
+        match change {
+            // A record copied from another object speaks of its generations.
+            Change::Create => None,
+            Change::Rollback => Some(Rollback {
+                generation: self.old.map(generation).unwrap_or(0) + 1,
+                at: self.ctx.cluster.now(),
+                sources: groups
+                    .iter()
+                    .filter(|g| self.optin.watches(&g.id, self.ctx.settings))
+                    .filter_map(|g| Some((g.id.clone(), self.declined(g)?)))
+                    .collect(),
+            }),
+            _ => {
+                let mut record = Rollback::of(self.object)?;
+                if renewing || change == Change::RollForward {
+                    record.sources.clear();
+                } else {
+                    // A source whose references moved is no longer held.
+                    let old_groups = template::group_by_source(old_refs, known);
+                    record.sources.retain(|(id, _)| {
+                        let names = |gs: &[SourceRefs]| {
+                            gs.iter()
+                                .find(|g| g.id == *id)
+                                .map(|g| g.refs.iter().map(|r| r.name.clone()).collect::<Vec<_>>())
+                        };
+                        names(groups) == names(&old_groups)
+                    });
+                }
+                Some(record)
+            }
+        }
+    }
+
+    /// The snapshot the source's current content would get: what this
+    /// rollback declines. `""` when the source could not be read (nothing
+    /// may roll it forward until its references move); none when it does
+    /// not exist (its creation is a change).
+    fn declined(&self, group: &SourceRefs) -> Option<String> {
+        match self.reads.get(group.id.kind, &group.id.name) {
+            Ok(Some(source)) => Content::from_object(group.id.kind, &source)
+                .ok()
+                .map(|c| content::snapshot_name(&group.id.name, &c.subset(group.key_subset().as_ref()).hash())),
+            Ok(None) => None,
+            Err(_) => Some(String::new()),
+        }
+    }
+
+    /// Reads the source and builds its snapshot. `Ok(None)` leaves the
+    /// references as they are; `Err` rejects the request.
+    fn snapshot_of(
+        &self,
+        group: &SourceRefs,
+        current: Option<&str>,
+        warnings: &mut Vec<String>,
+    ) -> Result<Option<(String, Value)>, Rejection> {
+        let id = &group.id;
+        let source = match self.reads.get(id.kind, &id.name) {
+            Ok(s) => s,
+            Err(e) => {
+                return match self.ctx.settings.on_snapshot_failure {
+                    OnSnapshotFailure::Reject => Err(Rejection::new(format!("{SAY}could not read {id}: {e}"), 500)),
+                    OnSnapshotFailure::Warn => {
+                        warnings.push(format!("{SAY}could not read {id}, left its references unchanged: {e}"));
+                        Ok(None)
+                    }
+                };
+            }
+        };
+        let Some(source) = source else {
+            if let Some(snap) = current {
+                warnings.push(format!("{SAY}{id} does not exist; kept snapshot {snap}"));
+                return Ok(None);
+            }
+            if group.all_optional() {
+                return Ok(None);
+            }
+            return match self.ctx.settings.on_missing_source {
+                OnMissingSource::Warn => {
+                    warnings.push(format!(
+                        "{SAY}{id} does not exist yet; left the reference to it unchanged"
+                    ));
+                    Ok(None)
+                }
+                OnMissingSource::Reject => Err(Rejection::new(
+                    format!("{SAY}{id} does not exist (onMissingSource is reject)"),
+                    404,
+                )),
+            };
+        };
+        if keys::is_snapshot(&source) {
+            // Only reachable when the name was not recognised as a snapshot
+            // (its source-name annotation is gone): never copy a copy.
+            warnings.push(format!(
+                "{SAY}{id} is a snapshot without a source-name annotation; left its references unchanged"
+            ));
+            return Ok(None);
+        }
+        if id.kind == SourceKind::Secret && source.get("type").and_then(Value::as_str) == Some(SA_TOKEN) {
+            warnings.push(format!("{SAY}{id} is a service-account token and is never snapshotted"));
+            return Ok(None);
+        }
+        let content = match Content::from_object(id.kind, &source) {
+            Ok(c) => c.subset(group.key_subset().as_ref()),
+            Err(e) => return Err(Rejection::new(format!("{SAY}{id} has malformed content: {e}"), 400)),
+        };
+        let rv = source
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        Ok(Some(content::snapshot_object(id, self.ctx.namespace, rv, &content)))
+    }
+
+    /// Looks the new template up among this workload's revisions. The
+    /// lookup lists them with field masks, so only owners and templates
+    /// cross the host boundary.
+    fn match_revisions(&self, normalised: &Value, known: &Snapshots, warnings: &mut Vec<String>) -> RevisionMatch {
+        let uid = self.object.pointer("/metadata/uid").and_then(Value::as_str);
+        let selector = label_selector(self.object.pointer("/spec/selector/matchLabels"));
+        let (kind, masks, path): (&str, &[&str], &str) = match self.kind {
+            WorkloadKind::Deployment => (
+                "ReplicaSet",
+                &["metadata.ownerReferences", "spec.template"],
+                "/spec/template",
+            ),
+            _ => (
+                "ControllerRevision",
+                &["metadata.ownerReferences", "data"],
+                "/data/spec/template",
+            ),
+        };
+        let revisions = match self
+            .ctx
+            .cluster
+            .list("apps/v1", kind, self.ctx.namespace, selector, masks)
+        {
+            Ok(items) => items,
+            Err(e) => {
+                warnings.push(format!(
+                    "{SAY}could not list {kind}s to detect a rollback, treated as a new rollout: {e}"
+                ));
+                return RevisionMatch::default();
+            }
+        };
+        let new_raw = template::without_controller_marks(self.template());
+        let mut found = RevisionMatch::default();
+        for rev in revisions.iter().filter(|r| owned_by(r, uid, self.kind.kind())) {
+            let Some(t) = rev.pointer(path) else { continue };
+            if template::normalise_with(t, known) == *normalised {
+                found.normalised = true;
+                found.exact |= template::without_controller_marks(t) == new_raw;
+            }
+        }
+        found
+    }
+}
+
+/// The snapshot every reference of the group names, if they all name one.
+fn current_snapshot(group: &SourceRefs) -> Option<String> {
+    let first = &group.refs.first()?.name;
+    (first != &group.id.name && group.refs.iter().all(|r| &r.name == first)).then(|| first.clone())
+}
+
+fn owned_by(object: &Value, uid: Option<&str>, kind: &str) -> bool {
+    let Some(owners) = object.pointer("/metadata/ownerReferences").and_then(Value::as_array) else {
+        return false;
+    };
+    owners.iter().any(|o| {
+        o.get("kind").and_then(Value::as_str) == Some(kind)
+            && uid.is_none_or(|uid| o.get("uid").and_then(Value::as_str) == Some(uid))
+    })
+}
+
+/// `matchLabels` as a label selector string, to narrow the revision list.
+fn label_selector(match_labels: Option<&Value>) -> Option<String> {
+    let labels = match_labels?.as_object()?;
+    let parts: Vec<String> = labels
+        .iter()
+        .filter_map(|(k, v)| v.as_str().map(|v| format!("{k}={v}")))
+        .collect();
+    (!parts.is_empty()).then(|| parts.join(","))
+}
