@@ -305,21 +305,79 @@ fn the_deadline_stops_a_runaway_guest() {
     assert!(err.to_string().contains("deadline"), "{err}");
 }
 
-/// Two instances over one store admit the same Deployment at once: one
-/// snapshot, no error (content addressing makes the race idempotent).
+/// Two admissions of the same Deployment race to create one snapshot. A
+/// barrier holds both until each has seen that the snapshot does not exist
+/// yet, so both try to create it: one create lands, the other gets
+/// AlreadyExists and must answer `created: false` (content addressing makes
+/// it the same snapshot), not refuse the Deployment.
 #[test]
-fn concurrent_admissions_of_the_same_deployment_make_one_snapshot() {
+fn racing_admissions_of_the_same_deployment_make_one_snapshot() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Barrier;
+
+    use config_snapshot::backend::{self, Backend, BackendError, Selector};
+    use config_snapshot::lifecycle::Effect;
+
+    struct Racing {
+        inner: Arc<Shared>,
+        barrier: Barrier,
+        /// The existence checks held at the barrier so far (the first two).
+        held: AtomicUsize,
+        landed: AtomicUsize,
+        refused: AtomicUsize,
+    }
+    impl Backend for Racing {
+        fn get(&self, kind: &str, ns: &str, name: &str) -> backend::Result<Option<Value>> {
+            let found = self.inner.get(kind, ns, name)?;
+            if kind == "ConfigMap" && name.starts_with("app-") && self.held.fetch_add(1, Ordering::SeqCst) < 2 {
+                self.barrier.wait();
+            }
+            Ok(found)
+        }
+        fn list(&self, k: &str, n: &str, s: &Selector, v: &mut dyn FnMut(&Value)) -> backend::Result<()> {
+            self.inner.list(k, n, s, v)
+        }
+        fn create(&self, object: Value) -> backend::Result<()> {
+            let result = self.inner.create(object);
+            match &result {
+                Ok(()) => self.landed.fetch_add(1, Ordering::SeqCst),
+                Err(BackendError::AlreadyExists(_)) => self.refused.fetch_add(1, Ordering::SeqCst),
+                Err(_) => 0,
+            };
+            result
+        }
+        fn delete(&self, k: &str, n: &str, m: &str, u: &str, r: Option<&str>) -> backend::Result<()> {
+            self.inner.delete(k, n, m, u, r)
+        }
+        fn annotate(&self, k: &str, n: &str, m: &str, r: &str, key: &str, v: &str) -> backend::Result<()> {
+            self.inner.annotate(k, n, m, r, key, v)
+        }
+        fn defer(&self, uid: &str, effect: Effect) {
+            self.inner.defer(uid, effect)
+        }
+        fn now(&self) -> i64 {
+            self.inner.now()
+        }
+    }
+
     let engine = engine();
     let shared = Arc::new(Shared::default());
-    shared.store.lock().unwrap().persist(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app", "namespace": "default"}, "data": {"k": "v"}}));
+    shared.store().persist(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app", "namespace": "default"}, "data": {"k": "v"}}));
+    let racing = Arc::new(Racing {
+        inner: shared.clone(),
+        barrier: Barrier::new(2),
+        held: AtomicUsize::new(0),
+        landed: AtomicUsize::new(0),
+        refused: AtomicUsize::new(0),
+    });
     let d = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "default", "annotations": {"config-snapshot.io/snapshot": "*"}},
         "spec": {"template": {"spec": {"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": "app"}}]}]}}}});
     let threads: Vec<_> = (0..2)
         .map(|t| {
-            let (engine, shared, d) = (engine.clone(), shared.clone(), d.clone());
+            let (engine, racing, d) = (engine.clone(), racing.clone(), d.clone());
             std::thread::spawn(move || {
                 let cap = Arc::new(Capability {
-                    backend: shared,
+                    backend: racing,
                     scope: Scope {
                         uid: format!("r{t}"),
                         namespace: "default".into(),
@@ -334,17 +392,19 @@ fn concurrent_admissions_of_the_same_deployment_make_one_snapshot() {
         .collect();
     let answers: Vec<Value> = threads.into_iter().map(|t| t.join().unwrap()).collect();
     for a in &answers {
-        assert_eq!(a["accepted"], true, "{a}");
+        assert_eq!(a["accepted"], true, "the loser of the race was refused: {a}");
     }
     assert_eq!(answers[0]["mutated_object"], answers[1]["mutated_object"]);
-    let store = shared.store.lock().unwrap();
     assert_eq!(
-        store
-            .all()
-            .filter(|o| o["metadata"]["labels"][keys::MANAGED_BY] == keys::MANAGED_BY_VALUE)
-            .count(),
-        1
+        (
+            racing.landed.load(Ordering::SeqCst),
+            racing.refused.load(Ordering::SeqCst)
+        ),
+        (1, 1),
+        "both raced to create; exactly one landed"
     );
+    let snapshots = shared.store().all().filter(|o| keys::is_snapshot(o)).count();
+    assert_eq!(snapshots, 1);
 }
 
 /// A tiny deterministic generator, so a failing walk can be replayed.
