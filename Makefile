@@ -7,7 +7,7 @@ POLICY_BUILD := target/$(WASM_TARGET)/release/config_snapshot_policy.wasm
 HOST := cargo run --quiet -p config-snapshot --
 SCENARIOS := $(sort $(wildcard e2e-tests/*.yaml))
 
-.PHONY: bench fuzz setup demo test unit-tests e2e-tests fmt fmt-check lint clean policy.wasm annotated-policy.wasm
+.PHONY: soak bench fuzz setup demo test unit-tests e2e-tests fmt fmt-check lint clean policy.wasm annotated-policy.wasm
 
 ## setup: install the pinned toolchain, its wasm target, rustfmt and clippy (idempotent)
 setup:
@@ -40,6 +40,11 @@ unit-tests: policy.wasm
 ## e2e-tests: every scenario in e2e-tests/
 e2e-tests: policy.wasm
 	$(HOST) replay $(SCENARIOS)
+
+## soak: the random-history lifecycle test for SOAK_SECONDS (default 30 min; not part of `test`)
+SOAK_SECONDS ?= 1800
+soak: policy.wasm
+	MODEL_SECONDS=$(SOAK_SECONDS) MODEL_CASES=500 cargo test -p config-snapshot --test lifecycle_model random_histories -- --nocapture
 
 bench: policy.wasm
 	cargo bench -p config-snapshot --bench admission --bench serve

@@ -124,9 +124,12 @@ impl<'h> Cluster<'h> {
             .map_err(|e| WriteError::Failed(format!("{operation} answered invalid JSON: {e}")))
     }
 
-    /// Creates a snapshot; `Ok(true)` if new, `Ok(false)` if it already existed.
-    pub fn create_snapshot(&self, object: &Value) -> Result<bool, WriteError> {
-        let answer = self.write("create_snapshot", &json!({ "object": object }))?;
+    /// Creates a snapshot for the workload `owner` will name it in;
+    /// `Ok(true)` if new, `Ok(false)` if it already existed (the host then
+    /// makes sure it outlives the reference: see docs/design.md, "Garbage
+    /// collection").
+    pub fn create_snapshot(&self, object: &Value, owner: &Value) -> Result<bool, WriteError> {
+        let answer = self.write("create_snapshot", &json!({ "object": object, "owner": owner }))?;
         Ok(answer.get("created").and_then(Value::as_bool).unwrap_or(false))
     }
 

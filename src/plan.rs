@@ -106,6 +106,12 @@ impl<'a> Planner<'a> {
         &self.object["spec"]["template"]
     }
 
+    /// What the live object opted in, before this write.
+    fn old_optin(&self) -> Option<OptIn> {
+        let annotations = self.old?.pointer("/metadata/annotations").and_then(Value::as_object);
+        OptIn::from_annotations(annotations, self.ctx.settings).ok()
+    }
+
     fn old_template(&self) -> Option<&'a Value> {
         self.old.and_then(|o| o.pointer("/spec/template"))
     }
@@ -126,11 +132,27 @@ impl<'a> Planner<'a> {
         let mut targets = Vec::with_capacity(groups.len());
         let mut writes = Vec::new();
         for (g, group) in groups.iter().enumerate() {
+            let current = current_snapshot(group);
             if !self.optin.snapshots(&group.id, settings) {
-                targets.push(Target::Source);
+                // Not opted in: references go back to the source on the
+                // update that drops the opt-in, and on a roll-forward. A
+                // pinned snapshot otherwise stays: a rollback restores its
+                // revision exactly (`rollout undo` of a StatefulSet or
+                // DaemonSet restores the template, not the annotations), and
+                // a watch rollout of another source or a scale must not
+                // undo that.
+                let dropped = self.old_optin().is_some_and(|o| o.snapshots(&group.id, settings));
+                let keep = match change {
+                    Change::Rollback | Change::WatchRollout | Change::Repointed => true,
+                    Change::NoOp => !dropped,
+                    Change::Create | Change::RollForward => false,
+                };
+                targets.push(match (current, keep) {
+                    (Some(snap), true) => Target::Snapshot(snap),
+                    _ => Target::Source,
+                });
                 continue;
             }
-            let current = current_snapshot(group);
             let keep = if renewing {
                 None
             } else if let Some(snap) = &current {
@@ -216,14 +238,21 @@ impl<'a> Planner<'a> {
                 .iter()
                 .zip(old_refs)
                 .any(|(a, b)| a.name != b.name && known.contains(a.kind, &a.name));
-            if !moved {
+            // Revisions that differ only in renewals differ only in
+            // `renewed-at`: one put back is a rollback too.
+            let renewal = |t: &Value| template::template_annotation(t, keys::RENEWED_AT).map(str::to_string);
+            let renewed_at_restored =
+                renewal(self.template()).is_some() && renewal(self.template()) != renewal(old_template);
+            if !moved && !renewed_at_restored {
                 Change::NoOp
             } else if WatchRollout::made(self.object, old) {
                 Change::WatchRollout
             } else if matched().exact {
                 Change::Rollback
-            } else {
+            } else if moved {
                 Change::Repointed
+            } else {
+                Change::NoOp
             }
         } else if matched().normalised {
             Change::Rollback
@@ -243,9 +272,7 @@ impl<'a> Planner<'a> {
         if change == Change::Rollback || !change.may_renew() {
             return (false, renewed);
         }
-        let rolled_back = (change != Change::Create)
-            .then(|| Rollback::of(self.object).map(|r| r.at))
-            .flatten();
+        let rolled_back = self.old.and_then(Rollback::of).map(|r| r.at);
         let last = renewed.max(rolled_back);
         let now = self.ctx.cluster.now();
         match last {
@@ -275,8 +302,11 @@ impl<'a> Planner<'a> {
                     .filter_map(|g| Some((g.id.clone(), self.declined(g)?)))
                     .collect(),
             }),
+            // The record is the host's bookkeeping: it is carried from the
+            // live object, whatever the write says (`kubectl rollout undo`
+            // copies a ReplicaSet's older annotations back).
             _ => {
-                let mut record = Rollback::of(self.object)?;
+                let mut record = self.old.and_then(Rollback::of)?;
                 if renewing || change == Change::RollForward {
                     record.sources.clear();
                 } else {

@@ -56,6 +56,18 @@ fn parse_id(text: &str) -> Option<SourceId> {
     Some(SourceId::new(SourceKind::from_tag(tag)?, name))
 }
 
+/// A workload as the owner of a snapshot it names: kind, name, and uid when
+/// it exists already (on CREATE it has none yet).
+pub fn owner_of(kind: &str, workload: &Value) -> Value {
+    let meta = &workload["metadata"];
+    serde_json::json!({
+        "apiVersion": "apps/v1",
+        "kind": kind,
+        "name": meta["name"],
+        "uid": meta["uid"],
+    })
+}
+
 /// A workload's `metadata.generation` (0 when absent).
 pub fn generation(object: &Value) -> i64 {
     object

@@ -137,6 +137,7 @@ fn watcher_masks() -> Vec<String> {
     masks.extend(
         [
             "metadata.name",
+            "metadata.uid",
             "metadata.resourceVersion",
             "metadata.generation",
             "metadata.annotations",
@@ -199,7 +200,7 @@ fn roll_out_one(
     };
     let created = ctx
         .cluster
-        .create_snapshot(&snapshot)
+        .create_snapshot(&snapshot, &crate::records::owner_of(kind.kind(), workload))
         .map_err(|e| fail("create_snapshot", e.message()))?;
     let Some(patch) = retarget_ops(template, id, &name) else {
         return Ok(());

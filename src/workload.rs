@@ -14,9 +14,9 @@ use crate::host::{Cluster, WriteError};
 use crate::keys;
 use crate::kind::SourceId;
 use crate::optin::OptIn;
-use crate::plan::{Change, Plan, Planner, Target};
+use crate::plan::{Plan, Planner, Target};
 use crate::reads::Reads;
-use crate::records::Rollback;
+use crate::records::{Rollback, WatchRollout};
 use crate::references::{self, SourceRefs};
 use crate::request::{Outcome, SAY};
 use crate::settings::{OnSnapshotFailure, Settings};
@@ -148,16 +148,17 @@ pub fn admit(
         mut warnings,
         renewed_at,
         rollback,
-        change: plan_change,
+        ..
     } = plan;
 
     // Create every snapshot before rewriting anything: a reference to a
     // snapshot that does not exist would break the pods.
     let mut created_sources: Vec<(SourceId, String)> = Vec::new();
+    let owner = crate::records::owner_of(kind.kind(), &object);
     if !ctx.dry_run {
         for (i, w) in writes.iter().enumerate() {
             let id = &groups[w.group].id;
-            match ctx.cluster.create_snapshot(&w.object) {
+            match ctx.cluster.create_snapshot(&w.object, &owner) {
                 Ok(true) => created_sources.push((id.clone(), w.name.clone())),
                 Ok(false) => {}
                 Err(WriteError::Unsupported(m)) if i == 0 => {
@@ -190,13 +191,20 @@ pub fn admit(
     let template = object.pointer_mut("/spec/template").expect("checked above");
     apply(template, &groups, &targets, &optin, renewed_at);
     set_rollback(&mut object, rollback.as_ref());
-    if plan_change == Change::Create {
-        // Copied from another object, it speaks of that object's generations.
-        if let Some(ann) = object
-            .pointer_mut("/metadata/annotations")
-            .and_then(Value::as_object_mut)
-        {
-            ann.remove(keys::WATCH_ROLLOUT);
+    // The watch-rollout record changes only with the host's own rollout.
+    // Copied from another object on CREATE, it speaks of that object's
+    // generations; rewound by a rollback, it would reset the storm guard.
+    let kept = match &old {
+        Some(old) if !WatchRollout::made(&object, old) => old.pointer(&record_path(keys::WATCH_ROLLOUT)).cloned(),
+        Some(_) => object.pointer(&record_path(keys::WATCH_ROLLOUT)).cloned(),
+        None => None,
+    };
+    if object.pointer(&record_path(keys::WATCH_ROLLOUT)) != kept.as_ref() {
+        if let Some(ann) = metadata_annotations_mut(&mut object) {
+            match kept {
+                Some(v) => ann.insert(keys::WATCH_ROLLOUT.to_string(), v),
+                None => ann.remove(keys::WATCH_ROLLOUT),
+            };
         }
     }
     let mutated = (object != original).then_some(object);
@@ -207,6 +215,10 @@ pub fn admit(
         mutated,
         warnings,
     }
+}
+
+fn record_path(key: &str) -> String {
+    format!("/metadata/annotations/{}", escape(key))
 }
 
 /// Writes (or removes) the rollback record on the workload's metadata.

@@ -834,3 +834,29 @@ fn a_created_workload_drops_records_copied_from_another() {
         "{ann:?}"
     );
 }
+
+#[test]
+fn a_user_write_cannot_rewind_the_watch_rollout_record() {
+    let host = FakeHost::with(vec![cm("app", json!({"mode": "blue"}))]);
+    let mut live = create(&host, &deployment(json!({ keys::WATCH: "app" }), env_from_cm("app")))
+        .mutated
+        .unwrap();
+    live["metadata"]["generation"] = json!(7);
+    let recent = r#"{"generation":7,"at":"2027-01-15T08:00:00Z","source":"configmap/app","snapshot":"app-0123456789"}"#;
+    live["metadata"]["annotations"][keys::WATCH_ROLLOUT] = json!(recent);
+    // `kubectl rollout undo` copies a ReplicaSet's older annotations back.
+    let mut undo = live.clone();
+    undo["metadata"]["annotations"][keys::WATCH_ROLLOUT] =
+        json!(r#"{"generation":2,"at":"2026-01-01T00:00:00Z","source":"configmap/app","snapshot":"app-0123456789"}"#);
+    undo["spec"]["replicas"] = json!(4);
+    let out = update(&host, &live, &undo).mutated.expect("the record is restored");
+    assert_eq!(out["metadata"]["annotations"][keys::WATCH_ROLLOUT], recent);
+    // Nor can an apply remove it.
+    let mut bare = live.clone();
+    bare["metadata"]["annotations"]
+        .as_object_mut()
+        .unwrap()
+        .remove(keys::WATCH_ROLLOUT);
+    let out = update(&host, &live, &bare).mutated.expect("the record is restored");
+    assert_eq!(out["metadata"]["annotations"][keys::WATCH_ROLLOUT], recent);
+}

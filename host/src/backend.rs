@@ -102,16 +102,10 @@ pub trait Backend: Send + Sync {
     fn create(&self, object: Value) -> Result<()>;
     /// Deletes an object if it still has `uid` and, when given, `resource_version`.
     fn delete(&self, kind: &str, namespace: &str, name: &str, uid: &str, resource_version: Option<&str>) -> Result<()>;
-    /// Sets one annotation, if the object still has `resource_version`.
-    fn annotate(
-        &self,
-        kind: &str,
-        namespace: &str,
-        name: &str,
-        resource_version: &str,
-        key: &str,
-        value: &str,
-    ) -> Result<()>;
+    /// Applies a JSON Patch whose first op pins the object's
+    /// resourceVersion (`lifecycle::effects::precondition`): it fails with
+    /// `Conflict` if the object changed since it was read.
+    fn patch(&self, kind: &str, namespace: &str, name: &str, ops: Vec<Value>) -> Result<()>;
     /// Queues a deferred effect for the admission with `admission_uid`.
     fn defer(&self, admission_uid: &str, effect: Effect);
     /// Whether a queued effect will make something reference this snapshot:

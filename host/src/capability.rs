@@ -12,11 +12,13 @@ use config_snapshot_policy::content::Content;
 use config_snapshot_policy::duration::format_rfc3339;
 use config_snapshot_policy::keys;
 use config_snapshot_policy::kind::SourceKind;
+use config_snapshot_policy::workload::escape;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 pub use crate::backend::{Backend, BackendError, Selector};
 use crate::engine::CallHandler;
+use crate::lifecycle::effects::{adopt_ops, precondition};
 pub use crate::lifecycle::Effect;
 use crate::masks;
 
@@ -210,6 +212,7 @@ impl Capability {
         {
             return Err(format!("refused: snapshot {name} does not match its content hash"));
         }
+        let owner = self.owner(&request)?;
         let ns = self.scope.namespace.clone();
         let existing = self.backend.get(kind.kind(), &ns, &name).map_err(|e| e.to_string())?;
         let mut existing = match existing {
@@ -229,9 +232,14 @@ impl Capability {
                 Err(e) => return Err(e.to_string()),
             },
         };
-        // Reusing an unowned snapshot: mark it used, so a sweep that judged
-        // it unused a moment ago cannot delete it under this admission (its
-        // delete carries the version it judged, which this write changes).
+        // A reused snapshot must outlive this admission's reference to it:
+        // - unowned, it is marked used, so a sweep that judged it unused a
+        //   moment ago cannot delete it (its delete carries the version it
+        //   judged, which this write changes);
+        // - owned by revisions (maybe of another workload), the workload
+        //   becomes an owner too (a bridge), so the garbage collector cannot
+        //   take it when those revisions go before the workload's own
+        //   revision adopts it.
         for _ in 0..3 {
             let Some(found) = existing.take() else {
                 return match self.backend.create(object.clone()) {
@@ -243,15 +251,33 @@ impl Capability {
                 };
             };
             same_snapshot(kind, &found, &content, &name)?;
-            if owned(&found) {
-                return Ok(json!({"created": false}));
-            }
-            let rv = found["metadata"]["resourceVersion"].as_str().unwrap_or_default();
-            let now = format_rfc3339(self.backend.now());
-            match self
-                .backend
-                .annotate(kind.kind(), &ns, &name, rv, keys::LAST_USED_AT, &now)
-            {
+            let ops = match (&owner, owned(&found)) {
+                (None, true) => return Ok(json!({"created": false})),
+                (Some(owner), true) if owner["metadata"]["uid"].is_null() => {
+                    // A workload being created has no uid yet: it becomes
+                    // an owner once it exists.
+                    self.backend.defer(
+                        &self.scope.uid,
+                        Effect::Adopt {
+                            namespace: ns.clone(),
+                            owner_kind: owner["kind"].as_str().unwrap_or_default().to_string(),
+                            owner_name: owner["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+                            snapshots: vec![(kind.kind().to_string(), name.clone())],
+                        },
+                    );
+                    return Ok(json!({"created": false}));
+                }
+                (Some(owner), true) => match adopt_ops(owner, &found) {
+                    Some(ops) => ops,
+                    None => return Ok(json!({"created": false})),
+                },
+                (_, false) => {
+                    let path = format!("/metadata/annotations/{}", escape(keys::LAST_USED_AT));
+                    let now = format_rfc3339(self.backend.now());
+                    vec![precondition(&found), json!({"op": "add", "path": path, "value": now})]
+                }
+            };
+            match self.backend.patch(kind.kind(), &ns, &name, ops) {
                 Ok(()) => return Ok(json!({"created": false})),
                 Err(BackendError::NotFound(_)) => existing = None,
                 Err(BackendError::Conflict(_)) => {
@@ -266,6 +292,36 @@ impl Capability {
         Err(format!(
             "refused: snapshot {name} kept changing while it was reused; try again"
         ))
+    }
+
+    /// The workload an admission makes name the snapshot, as an owner
+    /// object: a Deployment, StatefulSet or DaemonSet in the request's
+    /// namespace, and if it names a uid, the live object with that uid.
+    fn owner(&self, request: &Value) -> Result<Option<Value>, String> {
+        let Some(owner) = request.get("owner").filter(|o| !o.is_null()) else {
+            return Ok(None);
+        };
+        let kind = owner["kind"].as_str().unwrap_or_default();
+        let name = owner["name"].as_str().unwrap_or_default();
+        if !matches!(kind, "Deployment" | "StatefulSet" | "DaemonSet") || name.is_empty() {
+            return Err(format!(
+                "refused: a snapshot's owner must be a Deployment, StatefulSet or DaemonSet, not {kind:?}"
+            ));
+        }
+        let uid = owner["uid"].as_str().filter(|u| !u.is_empty());
+        if let Some(uid) = uid {
+            let live = self
+                .backend
+                .get(kind, &self.scope.namespace, name)
+                .map_err(|e| e.to_string())?;
+            if live.as_ref().map(|l| &l["metadata"]["uid"]) != Some(&json!(uid)) {
+                return Err(format!("refused: owner {kind}/{name} with uid {uid} does not exist"));
+            }
+        }
+        Ok(Some(json!({
+            "apiVersion": "apps/v1", "kind": kind,
+            "metadata": {"name": name, "uid": uid},
+        })))
     }
 
     fn adopt(&self, request: Value) -> Result<Value, String> {
@@ -498,7 +554,7 @@ mod invariant_tests {
             self.writes.lock().unwrap().push(format!("delete {name}"));
             Ok(())
         }
-        fn annotate(&self, _: &str, _: &str, name: &str, _: &str, _: &str, _: &str) -> crate::backend::Result<()> {
+        fn patch(&self, _: &str, _: &str, name: &str, _: Vec<Value>) -> crate::backend::Result<()> {
             self.writes.lock().unwrap().push(format!("annotate {name}"));
             Ok(())
         }

@@ -78,17 +78,9 @@ pub fn run(engine: Arc<Engine>, path: &Path) -> Result<ScenarioResult> {
 pub fn run_recorded(engine: Arc<Engine>, path: &Path, record: bool) -> Result<(ScenarioResult, Vec<Recorded>)> {
     let scenario = load(path)?;
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-    let now = match &scenario.now {
-        Some(t) => parse_rfc3339(t).ok_or_else(|| anyhow!("now: {t:?} is not RFC 3339"))?,
-        None => parse_rfc3339("2026-01-01T00:00:00Z").expect("valid"),
-    };
-    let mut sim = Simulator::new(engine, scenario.settings.clone(), now);
+    let mut session = Session::new(engine, &scenario, base)?;
     if record {
-        sim.recorder = Some(Vec::new());
-    }
-    if let Some(interval) = &scenario.watch_min_interval {
-        sim.effect_rules.watch_min_interval =
-            parse_go_duration(interval).map_err(|e| anyhow!("watchMinInterval: {e}"))? as i64;
+        session.sim.recorder = Some(Vec::new());
     }
     let mut result = ScenarioResult {
         scenario: scenario.name.clone().unwrap_or_else(|| path.display().to_string()),
@@ -96,47 +88,83 @@ pub fn run_recorded(engine: Arc<Engine>, path: &Path, record: bool) -> Result<(S
         passed: true,
         steps: Vec::new(),
     };
-    let mut setup = StepResult {
-        index: 0,
-        step: "load objects".into(),
-        events: Vec::new(),
-        checks: Vec::new(),
-        error: None,
-    };
-    for object in &scenario.objects {
-        if let Err(e) = sim.load(object.clone()) {
-            setup.error = Some(e.to_string());
-            break;
-        }
-    }
-    setup.events = sim.take_events();
+    let setup = session.load(&scenario.objects);
     let failed_setup = setup.error.is_some();
     result.steps.push(setup);
-    if failed_setup {
-        result.passed = false;
-        return Ok((result, sim.recorder.take().unwrap_or_default()));
+    if !failed_setup {
+        for (i, step) in scenario.steps.iter().enumerate() {
+            result.steps.push(session.step(i + 1, step));
+        }
+    }
+    result.passed = result.failure().is_none();
+    Ok((result, session.sim.recorder.take().unwrap_or_default()))
+}
+
+/// A scenario being run: the cluster, and the admission the last step made
+/// (for `expect`). Tests drive it step by step.
+pub struct Session {
+    pub sim: Simulator,
+    base: PathBuf,
+    last: Option<Admission>,
+}
+
+impl Session {
+    /// A cluster with the scenario's settings, clock and storm guard; its
+    /// objects are loaded by [`Session::load`].
+    pub fn new(engine: Arc<Engine>, scenario: &Scenario, base: PathBuf) -> Result<Session> {
+        let now = match &scenario.now {
+            Some(t) => parse_rfc3339(t).ok_or_else(|| anyhow!("now: {t:?} is not RFC 3339"))?,
+            None => parse_rfc3339("2026-01-01T00:00:00Z").expect("valid"),
+        };
+        let mut sim = Simulator::new(engine, scenario.settings.clone(), now);
+        if let Some(interval) = &scenario.watch_min_interval {
+            sim.effect_rules.watch_min_interval =
+                parse_go_duration(interval).map_err(|e| anyhow!("watchMinInterval: {e}"))? as i64;
+        }
+        Ok(Session { sim, base, last: None })
     }
 
-    let mut last: Option<Admission> = None;
-    for (i, step) in scenario.steps.iter().enumerate() {
+    /// Loads the initial objects (step 0).
+    pub fn load(&mut self, objects: &[Value]) -> StepResult {
+        let mut setup = StepResult {
+            index: 0,
+            step: "load objects".into(),
+            events: Vec::new(),
+            checks: Vec::new(),
+            error: None,
+        };
+        for object in objects {
+            if let Err(e) = self.sim.load(object.clone()) {
+                setup.error = Some(e.to_string());
+                break;
+            }
+        }
+        setup.events = self.sim.take_events();
+        setup
+    }
+
+    /// Runs one step, then lets the controllers and effects catch up.
+    pub fn step(&mut self, index: usize, step: &Step) -> StepResult {
         let mut out = StepResult {
-            index: i + 1,
+            index,
             step: describe(step),
             events: Vec::new(),
             checks: Vec::new(),
             error: None,
         };
-        match run_step(&mut sim, step, &base, &mut last, &mut out.checks).and_then(|()| sim.catch_up()) {
-            Ok(()) => {}
-            Err(e) => out.error = Some(format!("{e:#}")),
+        let ran = run_step(&mut self.sim, step, &self.base, &mut self.last, &mut out.checks)
+            .and_then(|()| self.sim.catch_up());
+        if let Err(e) = ran {
+            out.error = Some(format!("{e:#}"));
         }
-        out.events = sim.take_events();
-        if out.error.is_some() || out.checks.iter().any(|c| !c.ok) {
-            result.passed = false;
-        }
-        result.steps.push(out);
+        out.events = self.sim.take_events();
+        out
     }
-    Ok((result, sim.recorder.take().unwrap_or_default()))
+
+    /// What admission said about the last step's write, if it made one.
+    pub fn last(&self) -> Option<&Admission> {
+        self.last.as_ref()
+    }
 }
 
 fn run_step(
@@ -447,7 +475,7 @@ fn assert(sim: &Simulator, check: &Check) -> CheckResult {
 
 /// The data the pods of the workload's current revision read from a source:
 /// follows the revision's reference, through a snapshot if it names one.
-fn effective_config(sim: &Simulator, ec: &EffectiveConfig) -> Result<(String, BTreeMap<String, String>), String> {
+pub fn effective_config(sim: &Simulator, ec: &EffectiveConfig) -> Result<(String, BTreeMap<String, String>), String> {
     let (tag, source_name) = ec
         .source
         .split_once('/')

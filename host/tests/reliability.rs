@@ -349,8 +349,8 @@ fn racing_admissions_of_the_same_deployment_make_one_snapshot() {
         fn delete(&self, k: &str, n: &str, m: &str, u: &str, r: Option<&str>) -> backend::Result<()> {
             self.inner.delete(k, n, m, u, r)
         }
-        fn annotate(&self, k: &str, n: &str, m: &str, r: &str, key: &str, v: &str) -> backend::Result<()> {
-            self.inner.annotate(k, n, m, r, key, v)
+        fn patch(&self, k: &str, n: &str, m: &str, ops: Vec<Value>) -> backend::Result<()> {
+            self.inner.patch(k, n, m, ops)
         }
         fn defer(&self, uid: &str, effect: Effect) {
             self.inner.defer(uid, effect)

@@ -248,7 +248,10 @@ fn annotate(object: &Value, key: &str, value: &str) -> Value {
 
 /// The JSON Patch that makes `owner` an owner of `snapshot`, or `None` if
 /// it already is one or `snapshot` is not ours. Pinned to the snapshot's
-/// resourceVersion.
+/// resourceVersion. A revision that adopts a snapshot also takes over from
+/// its workload's bridge (the workload's own ownerReference, added when an
+/// admission made it name a snapshot that other revisions owned): the
+/// bridge goes in the same write.
 pub fn adopt_ops(owner: &Value, snapshot: &Value) -> Option<Vec<Value>> {
     if !keys::is_snapshot(snapshot) {
         return None;
@@ -257,15 +260,29 @@ pub fn adopt_ops(owner: &Value, snapshot: &Value) -> Option<Vec<Value>> {
         "apiVersion": owner["apiVersion"], "kind": owner["kind"],
         "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"],
     });
-    let refs = snapshot["metadata"]["ownerReferences"].as_array();
-    if refs.is_some_and(|r| r.iter().any(|r| r["uid"] == reference["uid"])) {
+    let controller = owner["metadata"]["ownerReferences"]
+        .as_array()
+        .and_then(|refs| refs.iter().find(|r| r["controller"] == true))
+        .map(|r| r["uid"].clone());
+    let current: Vec<Value> = snapshot["metadata"]["ownerReferences"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut wanted: Vec<Value> = current
+        .iter()
+        .filter(|r| controller.as_ref() != Some(&r["uid"]))
+        .cloned()
+        .collect();
+    if !wanted.iter().any(|r| r["uid"] == reference["uid"]) {
+        wanted.push(reference);
+    }
+    if wanted == current {
         return None;
     }
-    let add = match refs {
-        Some(_) => json!({"op": "add", "path": "/metadata/ownerReferences/-", "value": reference}),
-        None => json!({"op": "add", "path": "/metadata/ownerReferences", "value": [reference]}),
-    };
-    Some(vec![precondition(snapshot), add])
+    Some(vec![
+        precondition(snapshot),
+        json!({"op": "add", "path": "/metadata/ownerReferences", "value": wanted}),
+    ])
 }
 
 #[cfg(test)]
@@ -455,5 +472,28 @@ mod tests {
         assert!(adopt_ops(&owner, &snap).is_none());
         let plain = json!({"metadata": {"name": "x"}});
         assert!(adopt_ops(&owner, &plain).is_none());
+    }
+
+    #[test]
+    fn a_revision_takes_over_from_its_workloads_bridge() {
+        let c = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"a": "1"}})).unwrap();
+        let (_, mut snap) = snapshot_object(&SourceId::new(SourceKind::ConfigMap, "app"), "ns", "", &c);
+        snap["metadata"]["resourceVersion"] = json!("5");
+        snap["metadata"]["ownerReferences"] = json!([
+            {"apiVersion": "apps/v1", "kind": "ControllerRevision", "name": "agent-1", "uid": "other"},
+            {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": "web-uid"},
+        ]);
+        let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": "web-1", "uid": "rs-uid",
+                         "ownerReferences": [{"kind": "Deployment", "name": "web", "uid": "web-uid", "controller": true}]}});
+        let ops = adopt_ops(&rs, &snap).unwrap();
+        apply_ops(&mut snap, &ops).unwrap();
+        let uids: Vec<&str> = snap["metadata"]["ownerReferences"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["uid"].as_str().unwrap())
+            .collect();
+        assert_eq!(uids, ["other", "rs-uid"], "the bridge went, the other owner stayed");
     }
 }

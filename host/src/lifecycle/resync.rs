@@ -16,13 +16,15 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use config_snapshot_policy::keys;
 use config_snapshot_policy::kind::{SourceId, SourceKind};
 use config_snapshot_policy::optin::OptIn;
+use config_snapshot_policy::references;
 use config_snapshot_policy::revision::used_snapshots;
 use config_snapshot_policy::settings::Settings;
 use config_snapshot_policy::sweep::{self, HOLDERS};
+use config_snapshot_policy::template::Snapshots;
 use config_snapshot_policy::workload::WorkloadKind;
-use serde_json::Value;
+use serde_json::{json, Value};
 
-use super::effects::Effect;
+use super::effects::{precondition, Effect};
 
 /// (kind, namespace, name).
 pub type Key = (String, String, String);
@@ -78,6 +80,100 @@ pub fn missing_adoptions(objects: &[&Value]) -> Vec<Effect> {
                 owner_name: name,
                 snapshots: missing,
             });
+        }
+    }
+    out
+}
+
+/// Bridge upkeep: the patches that make each snapshot a workload names, and
+/// that other revisions own, owned by that workload too until one of its
+/// own revisions owns it (so the garbage collector cannot take it while it
+/// is named), and that drop a workload's ownership once a revision of it
+/// took over or the workload no longer names the snapshot.
+pub fn bridges(objects: &[&Value]) -> Vec<(Key, Vec<Value>)> {
+    let workloads: Vec<&Value> = objects
+        .iter()
+        .filter(|o| WorkloadKind::from_kind(kind_of(o)).is_some())
+        .copied()
+        .collect();
+    // A revision's uid → the uid of the workload that controls it.
+    let controller_of: HashMap<&str, &str> = objects
+        .iter()
+        .filter(|o| matches!(kind_of(o), "ReplicaSet" | "ControllerRevision"))
+        .filter_map(|r| {
+            let uid = r["metadata"]["uid"].as_str()?;
+            let owner = r["metadata"]["ownerReferences"]
+                .as_array()?
+                .iter()
+                .find(|o| o["controller"] == true)?["uid"]
+                .as_str()?;
+            Some((uid, owner))
+        })
+        .collect();
+    // A workload's uid → the snapshots its template names.
+    let mut named: HashMap<&str, HashSet<Key>> = HashMap::new();
+    for w in &workloads {
+        let (Some(uid), Some(template)) = (w["metadata"]["uid"].as_str(), w.pointer("/spec/template")) else {
+            continue;
+        };
+        let ns = w["metadata"]["namespace"].as_str().unwrap_or_default();
+        let snapshots = Snapshots::of(template);
+        let names = named.entry(uid).or_default();
+        for r in references::collect(template) {
+            if snapshots.contains(r.kind, &r.name) {
+                names.insert((r.kind.kind().to_string(), ns.to_string(), r.name));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for snapshot in objects.iter().filter(|o| keys::is_snapshot(o)) {
+        let k = key(snapshot);
+        let current: Vec<Value> = snapshot["metadata"]["ownerReferences"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let revision_of = |workload: &str| {
+            current.iter().any(|r| {
+                r["uid"]
+                    .as_str()
+                    .is_some_and(|u| controller_of.get(u) == Some(&workload))
+            })
+        };
+        let names = |workload: &str| named.get(workload).is_some_and(|n| n.contains(&k));
+        let mut wanted: Vec<Value> = current
+            .iter()
+            .filter(|r| {
+                let Some(uid) = r["uid"].as_str() else { return true };
+                // Owners that are gone are the garbage collector's business.
+                if WorkloadKind::from_kind(r["kind"].as_str().unwrap_or_default()).is_none() || !named.contains_key(uid)
+                {
+                    return true;
+                }
+                names(uid) && !revision_of(uid)
+            })
+            .cloned()
+            .collect();
+        if !wanted.is_empty() {
+            for w in &workloads {
+                let Some(uid) = w["metadata"]["uid"].as_str() else {
+                    continue;
+                };
+                if names(uid) && !revision_of(uid) && !wanted.iter().any(|r| r["uid"] == uid) {
+                    wanted.push(json!({
+                        "apiVersion": "apps/v1", "kind": w["kind"],
+                        "name": w["metadata"]["name"], "uid": uid,
+                    }));
+                }
+            }
+        }
+        if wanted != current {
+            out.push((
+                k,
+                vec![
+                    precondition(snapshot),
+                    json!({"op": "add", "path": "/metadata/ownerReferences", "value": wanted}),
+                ],
+            ));
         }
     }
     out
@@ -296,6 +392,53 @@ mod tests {
             (doomed[0].uid.as_str(), doomed[0].resource_version.as_str()),
             ("uid-orphan", "3")
         );
+    }
+
+    #[test]
+    fn a_workload_bridges_a_named_snapshot_others_own_until_its_revision_does() {
+        let mut snap = snap("shared", 0);
+        snap["metadata"]["ownerReferences"] =
+            json!([{"kind": "ControllerRevision", "name": "agent-1", "uid": "cr-uid"}]);
+        let template = json!({"metadata": {"annotations": {"config-snapshot.io/snapshots": json!({"configmap/app": name(&snap)}).to_string()}},
+            "spec": {"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": name(&snap)}}]}]}});
+        let web = json!({"kind": "Deployment", "metadata": {"name": "web", "namespace": "ns", "uid": "web-uid"}, "spec": {"template": template}});
+        let apply = |snap: &mut Value, patches: Vec<(Key, Vec<Value>)>| {
+            for (_, ops) in patches {
+                crate::lifecycle::effects::apply_ops(snap, &ops).unwrap();
+            }
+        };
+        let owners = |snap: &Value| -> Vec<String> {
+            snap["metadata"]["ownerReferences"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["uid"].as_str().unwrap().to_string())
+                .collect()
+        };
+        // Named by web, owned only by another workload's revision: bridged.
+        let patches = bridges(&[&snap, &web]);
+        assert_eq!(patches.len(), 1);
+        apply(&mut snap, patches);
+        assert_eq!(owners(&snap), ["cr-uid", "web-uid"]);
+        assert!(bridges(&[&snap, &web]).is_empty(), "stable");
+        // Web's own ReplicaSet owns it too: the bridge goes.
+        let rs = json!({"kind": "ReplicaSet", "metadata": {"name": "web-1", "namespace": "ns", "uid": "rs-uid",
+            "ownerReferences": [{"kind": "Deployment", "uid": "web-uid", "controller": true}]}});
+        snap["metadata"]["ownerReferences"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"kind": "ReplicaSet", "uid": "rs-uid"}));
+        let patches = bridges(&[&snap, &web, &rs]);
+        apply(&mut snap, patches);
+        assert_eq!(owners(&snap), ["cr-uid", "rs-uid"]);
+        // A bridge of a workload that no longer names it goes too.
+        let mut other = web.clone();
+        other["spec"]["template"] = json!({"spec": {"containers": [{"name": "c"}]}});
+        snap["metadata"]["ownerReferences"] =
+            json!([{"kind": "ControllerRevision", "uid": "cr-uid"}, {"kind": "Deployment", "uid": "web-uid"}]);
+        let patches = bridges(&[&snap, &other]);
+        apply(&mut snap, patches);
+        assert_eq!(owners(&snap), ["cr-uid"]);
     }
 
     #[test]

@@ -30,7 +30,7 @@ use serde_json::{json, Value};
 use crate::backend::{self, Backend, BackendError, Selector};
 use crate::capability::{api_version_of, plural, Capability, Scope};
 use crate::engine::Engine;
-use crate::lifecycle::effects::Rules as EffectRules;
+use crate::lifecycle::effects::{apply_ops, Rules as EffectRules};
 use crate::lifecycle::Effect;
 use crate::rules::Rules;
 use store::{key_of, Store};
@@ -158,27 +158,21 @@ impl Backend for Shared {
         Ok(())
     }
 
-    fn annotate(
-        &self,
-        kind: &str,
-        namespace: &str,
-        name: &str,
-        rv: &str,
-        key: &str,
-        value: &str,
-    ) -> backend::Result<()> {
+    fn patch(&self, kind: &str, namespace: &str, name: &str, ops: Vec<Value>) -> backend::Result<()> {
         let mut store = self.store();
         let mut object = store
             .get(kind, namespace, name)
             .cloned()
             .ok_or_else(|| BackendError::NotFound(format!("{} {name:?} not found", plural(kind))))?;
-        if object["metadata"]["resourceVersion"] != rv {
+        let current = object["metadata"]["resourceVersion"].clone();
+        apply_ops(&mut object, &ops).map_err(BackendError::Refused)?;
+        // The first op pinned the version the caller read.
+        if object["metadata"]["resourceVersion"] != current {
             return Err(BackendError::Conflict(format!(
                 "Operation cannot be fulfilled on {} {name:?}: the object has been modified",
                 plural(kind)
             )));
         }
-        object["metadata"]["annotations"][key] = json!(value);
         store.persist(object);
         Ok(())
     }

@@ -6,7 +6,8 @@ use anyhow::Result;
 use serde_json::Value;
 
 use super::{Simulator, HOST_USER};
-use crate::lifecycle::resync::{missing_adoptions, orphans, renewals, watched_sources};
+use crate::backend::Backend;
+use crate::lifecycle::resync::{bridges, missing_adoptions, orphans, renewals, watched_sources};
 
 impl Simulator {
     pub fn resync(&mut self) -> Result<()> {
@@ -15,6 +16,13 @@ impl Simulator {
         for effect in missing_adoptions(&all) {
             self.note(format!("resync: {} was missing", effect.describe()));
             self.run_effect_now(&effect)?;
+        }
+        let objects = self.objects();
+        let all: Vec<&Value> = objects.iter().collect();
+        for ((kind, ns, name), ops) in bridges(&all) {
+            if Backend::patch(self.shared.as_ref(), &kind, &ns, &name, ops).is_ok() {
+                self.note(format!("resync: {kind}/{name}'s owners brought up to date"));
+            }
         }
         for workload in renewals(&all) {
             let (kind, ns, name) = super::store::key_of(workload);

@@ -16,14 +16,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
 use kube::Client;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::runtime::Handle;
 
 use super::cache::{api_resource, trim, Cache};
 use super::effects::Queue;
 use super::metrics::Metrics;
 use crate::backend::{self, Backend, BackendError, Selector};
-use crate::lifecycle::effects::precondition;
 use crate::lifecycle::resync::Key;
 use crate::lifecycle::Effect;
 
@@ -199,25 +198,8 @@ impl Backend for KubeCluster {
         Ok(())
     }
 
-    fn annotate(
-        &self,
-        kind: &str,
-        namespace: &str,
-        name: &str,
-        rv: &str,
-        key: &str,
-        value: &str,
-    ) -> backend::Result<()> {
-        // Every snapshot has an annotations map: we wrote it.
-        let path = format!(
-            "/metadata/annotations/{}",
-            config_snapshot_policy::workload::escape(key)
-        );
-        let ops = vec![
-            precondition(&json!({"metadata": {"resourceVersion": rv}})),
-            json!({"op": "add", "path": path, "value": value}),
-        ];
-        self.block("annotate", self.patch(kind, namespace, name, ops))
+    fn patch(&self, kind: &str, namespace: &str, name: &str, ops: Vec<Value>) -> backend::Result<()> {
+        self.block("patch", KubeCluster::patch(self, kind, namespace, name, ops))
     }
 
     fn defer(&self, _admission_uid: &str, _effect: Effect) {
@@ -288,16 +270,8 @@ impl Backend for RequestScope {
     fn delete(&self, kind: &str, namespace: &str, name: &str, uid: &str, rv: Option<&str>) -> backend::Result<()> {
         self.cluster.delete(kind, namespace, name, uid, rv)
     }
-    fn annotate(
-        &self,
-        kind: &str,
-        namespace: &str,
-        name: &str,
-        rv: &str,
-        key: &str,
-        value: &str,
-    ) -> backend::Result<()> {
-        self.cluster.annotate(kind, namespace, name, rv, key, value)
+    fn patch(&self, kind: &str, namespace: &str, name: &str, ops: Vec<Value>) -> backend::Result<()> {
+        Backend::patch(self.cluster.as_ref(), kind, namespace, name, ops)
     }
     fn awaited(&self, kind: &str, namespace: &str, name: &str) -> bool {
         self.cluster.awaited(kind, namespace, name)

@@ -14,7 +14,7 @@ use super::cache::KINDS;
 use super::State;
 use crate::capability::delete_guarded;
 use crate::lifecycle::effects::precondition;
-use crate::lifecycle::resync::{missing_adoptions, orphans, renewals, watched_sources};
+use crate::lifecycle::resync::{bridges, missing_adoptions, orphans, renewals, watched_sources};
 
 /// Request uids of synthetic admissions start with this.
 pub const UID_PREFIX: &str = "resync-";
@@ -44,6 +44,12 @@ pub async fn once(state: &Arc<State>) -> Pass {
         tracing::info!("resync: {} was missing", effect.describe());
         state.queue.submit(effect);
         pass.adoptions += 1;
+    }
+    for ((kind, ns, name), ops) in bridges(&all) {
+        match state.cluster.patch(&kind, &ns, &name, ops).await {
+            Ok(()) => tracing::info!("resync: {kind}/{name}'s owners brought up to date"),
+            Err(e) => tracing::debug!("resync: {kind}/{name}: {e}"),
+        }
     }
     for workload in renewals(&all) {
         match renew(state, workload).await {
