@@ -39,6 +39,7 @@ fn options() -> serve::Options {
         queue_capacity: 1 << 20,
         policy_timeout: "2s".into(),
         shutdown_grace: "1s".into(),
+        effect_wait: "30s".into(),
     }
 }
 

@@ -167,7 +167,9 @@ impl Session {
     }
 }
 
-fn run_step(
+/// Runs one step against a cluster (without letting it catch up: see
+/// [`Session::step`]).
+pub fn run_step(
     sim: &mut Simulator,
     step: &Step,
     base: &Path,

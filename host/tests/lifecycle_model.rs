@@ -518,10 +518,9 @@ impl Model<'_> {
                     .all(|(id, named)| named.is_none() || now_pinned.get(id) == Some(named));
                 if template::normalise(&current) != template::normalise(target_template) || !same_config {
                     return Err(format!(
-                        "I3: undo to revision {number} of {}/{} runs {}, not revision {number}'s template and config",
+                        "I3: undo to revision {number} of {}/{} runs {now_pinned:?}, not revision {number}'s template and config",
                         WORKLOADS[*w].0,
                         WORKLOADS[*w].1,
-                        format!("{now_pinned:?}")
                     ));
                 }
                 for (id, named) in pinned {

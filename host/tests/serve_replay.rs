@@ -71,6 +71,7 @@ fn options(settings: &Value) -> serve::Options {
         queue_capacity: 1 << 16,
         policy_timeout: "10s".into(),
         shutdown_grace: "1s".into(),
+        effect_wait: "30s".into(),
     }
 }
 

@@ -200,7 +200,16 @@ impl Simulator {
                 Ok(Progress::Done)
             }
             Verdict::Done(_) => Ok(Progress::Done),
-            Verdict::Wait(_) => Ok(Progress::Wait),
+            // Replay runs a patch only once its source change is persisted:
+            // a source that does not hold it any more moved on (or is gone).
+            Verdict::Wait(_) => {
+                self.note(format!(
+                    "patch of {}/{} to {} superseded: {} changed again",
+                    intent.kind, intent.name, intent.snapshot, intent.source
+                ));
+                self.collect_unused(intent.source.kind.kind(), namespace, &intent.snapshot);
+                Ok(Progress::Done)
+            }
             Verdict::Later(at) => Ok(Progress::Later(at)),
             Verdict::Drop { reason, collect } => {
                 self.note(reason);

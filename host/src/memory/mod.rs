@@ -14,6 +14,7 @@
 
 pub mod controllers;
 pub mod effects;
+pub mod http;
 pub mod kubectl;
 pub mod resync;
 pub mod store;
@@ -227,9 +228,17 @@ pub struct Admission {
 /// are made as.
 pub const HOST_USER: &str = "system:serviceaccount:config-snapshot:config-snapshot";
 
+/// An admission webhook other than the in-process policy: takes an
+/// AdmissionRequest, answers the policy's ValidationResponse. Serve's
+/// admission path plugs in here, so the same cluster runs both.
+pub type Webhook = Arc<dyn Fn(&Value) -> Result<Value> + Send + Sync>;
+
 pub struct Simulator {
     pub shared: Arc<Shared>,
     engine: Arc<Engine>,
+    /// When set, admissions go here instead of the in-process policy, and
+    /// the webhook's host runs the deferred effects.
+    pub webhook: Option<Webhook>,
     settings: Value,
     rules: Rules,
     pub effect_rules: EffectRules,
@@ -251,6 +260,7 @@ impl Simulator {
         Simulator {
             shared,
             engine,
+            webhook: None,
             settings,
             rules: Rules::embedded(),
             effect_rules: EffectRules {
@@ -351,7 +361,10 @@ impl Simulator {
         });
         let before = self.recorder.as_ref().map(|_| (self.objects(), self.now()));
         let faulted = self.shared.faults_armed();
-        let response = self.engine.validate(request, &self.settings, handler)?;
+        let response = match &self.webhook {
+            Some(webhook) => webhook(request)?,
+            None => self.engine.validate(request, &self.settings, handler)?,
+        };
         if let Some((before, now)) = before {
             let after = self.objects();
             if let Some(recorder) = self.recorder.as_mut() {

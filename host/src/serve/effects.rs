@@ -13,6 +13,7 @@
 //! patches, adoptions) or collected by the sweep (snapshots), see
 //! docs/serve.md.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -79,6 +80,8 @@ pub struct Queue {
     cluster: Arc<KubeCluster>,
     /// Jobs the storm guard holds, with when to look again.
     parked: Arc<Mutex<Vec<(i64, Job)>>>,
+    /// Jobs submitted and not yet over (queued, running, retrying, parked).
+    in_flight: Arc<AtomicUsize>,
 }
 
 pub struct Worker {
@@ -98,6 +101,7 @@ impl Queue {
             tx,
             cluster,
             parked: Arc::default(),
+            in_flight: Arc::default(),
         };
         let worker = Worker {
             rx,
@@ -110,6 +114,7 @@ impl Queue {
 
     pub fn submit(&self, effect: Effect) {
         self.cluster.await_target(&effect, true);
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
         self.send(Job {
             effect,
             attempts: 0,
@@ -117,11 +122,15 @@ impl Queue {
         });
     }
 
-    /// Jobs queued, in flight, parked or scheduled for a retry.
-    pub fn busy(&self) -> bool {
-        !self.cluster.awaited_targets().is_empty()
-            || self.cluster.metrics.queue_depth.get() > 0
-            || !self.parked().is_empty()
+    /// Whether every job submitted is over or held by the storm guard:
+    /// nothing more happens until the clock moves.
+    pub fn quiet(&self) -> bool {
+        self.in_flight.load(Ordering::SeqCst) == self.parked().len()
+    }
+
+    /// When the earliest job the storm guard holds may run.
+    pub fn next_due(&self) -> Option<i64> {
+        self.parked().iter().map(|(at, _)| *at).min()
     }
 
     fn parked(&self) -> std::sync::MutexGuard<'_, Vec<(i64, Job)>> {
@@ -138,6 +147,7 @@ impl Queue {
             }
             Err(_) => {
                 self.cluster.await_target(&effect, false);
+                self.in_flight.fetch_sub(1, Ordering::SeqCst);
                 metrics.effect(name, "dropped");
                 tracing::warn!(
                     effect = name,
@@ -158,6 +168,7 @@ impl Queue {
     /// The job is over, whatever came of it.
     fn finish(&self, job: &Job) {
         self.cluster.await_target(&job.effect, false);
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Sends on the parked jobs whose time has come.
@@ -169,7 +180,9 @@ impl Queue {
             *parked = rest;
             due.into_iter().map(|(_, job)| job).collect()
         };
-        for job in due {
+        for mut job in due {
+            // The wait for preconditions starts when the guard lets go.
+            job.since = Instant::now();
             self.send(job);
         }
     }
@@ -232,12 +245,7 @@ impl Runner {
                     self.collect_unused(key.clone());
                 }
             }
-            Step::Later(at) => {
-                // The wait for preconditions starts when the guard lets go.
-                let delay = (*at - self.cluster.now()).max(0) as u64;
-                job.since = Instant::now() + Duration::from_secs(delay);
-                queue.parked().push((*at, job));
-            }
+            Step::Later(at) => queue.parked().push((*at, job)),
             Step::Wait(why) | Step::Retry(why) if job.since.elapsed() >= self.settings.wait_for => {
                 if matches!(step, Step::Wait(_)) {
                     metrics.effect(name, "dropped");
@@ -247,6 +255,11 @@ impl Runner {
                     tracing::warn!(effect = name, attempts = job.attempts, "gave up: {why}");
                 }
                 queue.finish(&job);
+                // Its source change never landed (or landed and went): the
+                // snapshot made for it is garbage, unless something uses it.
+                if let Some(key) = job.effect.target() {
+                    self.collect_unused(key);
+                }
             }
             Step::Wait(why) | Step::Retry(why) => {
                 job.attempts += 1;

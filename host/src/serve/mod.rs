@@ -65,6 +65,10 @@ pub struct Options {
     /// Storm guard: at most one watch rollout per workload per interval.
     #[arg(long, default_value = "30s")]
     pub watch_min_interval: String,
+    /// How long a deferred effect waits for its precondition (the source
+    /// change persisted, the owner created) before it is dropped.
+    #[arg(long, default_value = "30s")]
+    pub effect_wait: String,
     /// Deferred effects waiting at most (beyond: dropped, the resync and the
     /// sweep recover).
     #[arg(long, default_value = "1024")]
@@ -139,6 +143,7 @@ pub fn build_with_engine(
         cluster.clone(),
         QueueSettings {
             capacity: options.queue_capacity.max(1),
+            wait_for: Duration::from_secs(duration("effect-wait", &options.effect_wait)?),
             ..QueueSettings::default()
         },
         Rules {
