@@ -1,4 +1,4 @@
-//! Content addressing (SPEC §5.3): the canonical form of a source's content,
+//! Content addressing (docs/design.md, "Content addressing and key subsets"): the canonical form of a source's content,
 //! its sha256, the snapshot name, and the snapshot object itself.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -128,7 +128,7 @@ pub fn source_label(source: &str) -> String {
     }
 }
 
-/// The snapshot object for `content` taken from `source` (SPEC §4). Only our
+/// The snapshot object for `content` taken from `source` (docs/design.md, "What config-snapshot writes"). Only our
 /// own labels and annotations: copying GitOps tracking labels would make Argo
 /// CD or Flux prune the copy.
 pub fn snapshot_object(

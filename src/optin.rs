@@ -1,5 +1,5 @@
 //! Which sources a workload opts in to: its annotations combined with the
-//! settings' defaults and exclusions (SPEC §4).
+//! settings' defaults and exclusions (docs/design.md, "Opting in").
 
 use std::collections::BTreeMap;
 

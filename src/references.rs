@@ -1,4 +1,4 @@
-//! Finds every place a pod template names a ConfigMap or Secret (SPEC §3).
+//! Finds every place a pod template names a ConfigMap or Secret (docs/design.md, "Vocabulary").
 //!
 //! Works on the raw JSON so that a rewrite touches only the name field and
 //! leaves every other byte of the object as the API server sent it.

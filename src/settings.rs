@@ -1,4 +1,4 @@
-//! Policy settings (SPEC §4), validated by `validate_settings`.
+//! Policy settings (docs/design.md, "Opting in"), validated by `validate_settings`.
 
 use serde::Deserialize;
 

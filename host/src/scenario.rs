@@ -1,4 +1,4 @@
-//! The replay scenario format (SPEC §7).
+//! The replay scenario format (docs/design.md, "Scenario format").
 
 use serde::Deserialize;
 use serde_json::Value;

@@ -152,3 +152,104 @@ fn every_message_the_code_emits_is_documented_and_nothing_else() {
         "in docs/troubleshooting.md but not emitted:\n{stale:#?}"
     );
 }
+
+/// The headings of docs/design.md, as titles and as Markdown anchors.
+fn design_sections() -> (BTreeSet<String>, BTreeSet<String>) {
+    let text = std::fs::read_to_string(root().join("docs/design.md")).unwrap();
+    let titles: BTreeSet<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix('#'))
+        .map(|l| l.trim_start_matches('#').trim().to_string())
+        .collect();
+    let anchors = titles
+        .iter()
+        .map(|t| {
+            t.to_lowercase()
+                .chars()
+                .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-')
+                .map(|c| if c == ' ' { '-' } else { c })
+                .collect()
+        })
+        .collect();
+    (titles, anchors)
+}
+
+fn sources_citing_the_design() -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut dirs = vec![
+        root().join("src"),
+        root().join("host/src"),
+        root().join("host/tests"),
+        root().join("docs"),
+    ];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs" || e == "md") {
+                files.push(path);
+            }
+        }
+    }
+    files.push(root().join("README.md"));
+    // This test's own text names the forms it looks for.
+    files.retain(|p| !p.ends_with("host/tests/docs.rs"));
+    files
+}
+
+/// Every `docs/design.md, "Section"` citation in code and docs, and every
+/// `design.md#anchor` link, names a section that exists; and the contract's
+/// old name is cited nowhere.
+#[test]
+fn design_references_name_sections_that_exist() {
+    let (titles, anchors) = design_sections();
+    assert!(titles.contains("A rollback always wins"), "{titles:?}");
+    let mut broken = Vec::new();
+    let mut cited = 0;
+    for path in sources_citing_the_design() {
+        let text = std::fs::read_to_string(&path).unwrap();
+        // A citation may wrap across comment lines.
+        let mut flat = String::new();
+        for line in text.lines() {
+            let line = line.trim_start();
+            let line = line
+                .strip_prefix("//!")
+                .or_else(|| line.strip_prefix("///"))
+                .or_else(|| line.strip_prefix("//"))
+                .unwrap_or(line);
+            flat.push(' ');
+            flat.push_str(line.trim());
+        }
+        let name = path.strip_prefix(root()).unwrap_or(&path).display().to_string();
+        let mut rest = flat.as_str();
+        while let Some(at) = rest.find("docs/design.md") {
+            rest = &rest[at + "docs/design.md".len()..];
+            let after = rest.trim_start_matches([',', ' ', '(']);
+            if let Some(quoted) = after.strip_prefix('"') {
+                let title = quoted.split('"').next().unwrap_or_default();
+                cited += 1;
+                if !titles.contains(title) {
+                    broken.push(format!("{name}: \"{title}\""));
+                }
+            }
+        }
+        let mut rest = flat.as_str();
+        while let Some(at) = rest.find("design.md#") {
+            rest = &rest[at + "design.md#".len()..];
+            let anchor: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '-').collect();
+            if !anchors.contains(&anchor) {
+                broken.push(format!("{name}: #{anchor}"));
+            }
+        }
+        if flat.contains(&format!("{} §", "SPEC")) {
+            broken.push(format!("{name}: cites a SPEC section; cite docs/design.md"));
+        }
+    }
+    assert!(
+        broken.is_empty(),
+        "citations of sections that do not exist:\n{}",
+        broken.join("\n")
+    );
+    assert!(cited >= 15, "only {cited} citations found: the scan is broken");
+}

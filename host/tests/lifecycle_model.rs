@@ -619,11 +619,10 @@ impl Model<'_> {
                 let want = snapshot_name(&group.id.name, &content.subset(group.key_subset().as_ref()).hash());
                 // The documented limit: the resync never rolls a rollback
                 // forward to the very content it declined.
-                if Rollback::of(&workload)
-                    .and_then(|r| r.declined(&group.id).map(str::to_string))
-                    .as_deref()
-                    == Some(want.as_str())
-                {
+                // (`""`: the rollback could not read the source, so it
+                // declines any content.)
+                let declined = Rollback::of(&workload).and_then(|r| r.declined(&group.id).map(str::to_string));
+                if declined.is_some_and(|d| d.is_empty() || d == want) {
                     continue;
                 }
                 let running = &group.refs[0].name;
