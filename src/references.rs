@@ -222,33 +222,10 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    /// A template with one reference of every kind docs/design.md lists.
+    /// A template with one reference of every kind docs/design.md lists
+    /// ("Vocabulary"); the host's tests use the same fixture.
     pub fn every_kind() -> Value {
-        json!({
-            "metadata": {"labels": {"app": "web"}},
-            "spec": {
-                "volumes": [
-                    {"name": "v1", "configMap": {"name": "cm-vol"}},
-                    {"name": "v2", "secret": {"secretName": "sec-vol", "items": [{"key": "tls.crt", "path": "c"}]}},
-                    {"name": "v3", "projected": {"sources": [
-                        {"configMap": {"name": "cm-proj", "items": [{"key": "a", "path": "a"}]}},
-                        {"secret": {"name": "sec-proj", "optional": true}},
-                        {"downwardAPI": {"items": []}}
-                    ]}},
-                    {"name": "v4", "emptyDir": {}}
-                ],
-                "initContainers": [{"name": "init", "envFrom": [{"configMapRef": {"name": "cm-init"}}]}],
-                "containers": [{"name": "app",
-                    "env": [
-                        {"name": "A", "valueFrom": {"configMapKeyRef": {"name": "cm-env", "key": "k1"}}},
-                        {"name": "B", "valueFrom": {"secretKeyRef": {"name": "sec-env", "key": "k2", "optional": true}}},
-                        {"name": "C", "value": "plain"},
-                        {"name": "D", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
-                    ],
-                    "envFrom": [{"secretRef": {"name": "sec-envfrom"}}, {"prefix": "X_"}]}],
-                "ephemeralContainers": [{"name": "debug", "envFrom": [{"configMapRef": {"name": "cm-eph"}}]}]
-            }
-        })
+        serde_json::from_str(include_str!("../test_data/every-reference-kind.json")).unwrap()
     }
 
     #[test]

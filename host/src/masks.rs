@@ -146,3 +146,55 @@ mod tests {
         }
     }
 }
+
+/// The field masks the watch and the sweep list with come from the same
+/// field list `references::collect` reads: a template pruned to them keeps
+/// every reference, so the sweep never misses one and deletes a snapshot
+/// in use.
+#[cfg(test)]
+mod reference_tests {
+    use config_snapshot_policy::references;
+    use config_snapshot_policy::sweep::{holder_masks, HOLDERS};
+    use serde_json::{json, Value};
+
+    fn every_kind() -> Value {
+        serde_json::from_str(include_str!("../../test_data/every-reference-kind.json")).unwrap()
+    }
+
+    #[test]
+    fn a_template_pruned_to_the_masks_keeps_every_reference() {
+        let template = every_kind();
+        let all = references::collect(&template);
+        assert!(all.len() >= 9, "the fixture has every kind: {all:?}");
+        for (_, kind, path) in HOLDERS {
+            // The holder as the API server has it, with the template where
+            // that kind keeps it, and unrelated fields around it.
+            let mut holder = json!({"kind": kind, "metadata": {"name": "h"}, "status": {"x": 1}});
+            let mut with_noise = template.clone();
+            with_noise["spec"]["containers"][0]["image"] = json!("pruned:away");
+            match path {
+                "" => {
+                    holder["spec"] = with_noise["spec"].clone();
+                }
+                "/spec/template" => holder["spec"] = json!({"replicas": 3, "template": with_noise}),
+                _ => holder["data"] = json!({"spec": {"template": with_noise}}),
+            }
+            let pruned = super::prune(&holder, &holder_masks(path));
+            let kept = if path.is_empty() {
+                &pruned
+            } else {
+                pruned.pointer(path).unwrap()
+            };
+            let names = |refs: Vec<references::Reference>| {
+                refs.into_iter()
+                    .map(|r| (r.kind, r.name, r.pointer))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(names(references::collect(kept)), names(all.clone()), "{kind}");
+            assert!(
+                kept.pointer("/spec/containers/0/image").is_none(),
+                "{kind}: masks keep only references"
+            );
+        }
+    }
+}
