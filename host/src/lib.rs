@@ -16,3 +16,4 @@ pub mod review;
 pub mod rules;
 pub mod scenario;
 pub mod serve;
+pub mod view;

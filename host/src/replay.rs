@@ -20,6 +20,7 @@ use crate::invariants;
 use crate::memory::{Admission, Fault, Recorded, Simulator};
 use crate::review;
 use crate::scenario::{Check, EffectiveConfig, Expect, Invariant, Scenario, Step};
+use crate::view::View;
 
 #[derive(Debug, Serialize)]
 pub struct ScenarioResult {
@@ -330,7 +331,8 @@ fn expect(last: Option<&Admission>, e: &Expect, checks: &mut Vec<CheckResult>) {
     }
 }
 
-fn assert(sim: &Simulator, check: &Check) -> CheckResult {
+/// Evaluates one check against a view of a cluster.
+pub fn assert(sim: &dyn View, check: &Check) -> CheckResult {
     match check {
         Check::EffectiveConfig(ec) => {
             let name = format!("effectiveConfig {}/{} {}", ec.kind, ec.name, ec.source);
@@ -415,7 +417,7 @@ fn assert(sim: &Simulator, check: &Check) -> CheckResult {
             for invariant in list {
                 broken.extend(match invariant {
                     Invariant::NothingDangles => invariants::nothing_dangles(&objects),
-                    Invariant::GarbageBounded => invariants::garbage_bounded(&objects, &sim.awaited_snapshots()),
+                    Invariant::GarbageBounded => invariants::garbage_bounded(&objects, &sim.awaited()),
                 });
             }
             CheckResult {
@@ -477,7 +479,7 @@ fn assert(sim: &Simulator, check: &Check) -> CheckResult {
 
 /// The data the pods of the workload's current revision read from a source:
 /// follows the revision's reference, through a snapshot if it names one.
-pub fn effective_config(sim: &Simulator, ec: &EffectiveConfig) -> Result<(String, BTreeMap<String, String>), String> {
+pub fn effective_config(sim: &dyn View, ec: &EffectiveConfig) -> Result<(String, BTreeMap<String, String>), String> {
     let (tag, source_name) = ec
         .source
         .split_once('/')

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# A real Kubernetes control plane on loopback, without Docker: etcd,
+# kube-apiserver and kube-controller-manager, built from their Go modules
+# (pinned in e2e-tests/cluster/go/), plus kubectl. No kubelet and no
+# scheduler: Pods stay Pending, and everything config-snapshot depends on is
+# real (the Deployment, ReplicaSet, StatefulSet and DaemonSet controllers,
+# ControllerRevisions, the garbage collector, admission webhooks, RBAC,
+# server-side dry run).
+#
+#   control-plane.sh build        builds the binaries into the cache (reused), prints its path
+#   control-plane.sh up DIR       starts a control plane with its state in DIR; writes DIR/env
+#   control-plane.sh down DIR     stops it (by pid)
+#
+# DIR/env sets KUBECONFIG (cluster admin), BIN (the binaries), APISERVER (its URL).
+set -euo pipefail
+
+K8S_VERSION=v1.34.4
+ETCD_VERSION=v3.6.16
+HERE="$(cd "$(dirname "$0")" && pwd)"
+CACHE="${CONFIG_SNAPSHOT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/config-snapshot}/control-plane/k8s-$K8S_VERSION-etcd-$ETCD_VERSION"
+
+log() { printf '[control-plane] %s\n' "$*" >&2; }
+
+build() {
+  mkdir -p "$CACHE"
+  command -v go >/dev/null || { log "Go is not installed"; exit 3; }
+  local started=$SECONDS
+  if [ ! -x "$CACHE/etcd" ]; then
+    log "building etcd $ETCD_VERSION"
+    (cd "$HERE/go/etcd" && go build -trimpath -o "$CACHE/etcd.tmp" go.etcd.io/etcd/server/v3) && mv "$CACHE/etcd.tmp" "$CACHE/etcd"
+  fi
+  for b in kube-apiserver kube-controller-manager kubectl; do
+    if [ ! -x "$CACHE/$b" ]; then
+      log "building $b $K8S_VERSION"
+      (cd "$HERE/go/kubernetes" && go build -trimpath -o "$CACHE/$b.tmp" "k8s.io/kubernetes/cmd/$b") && mv "$CACHE/$b.tmp" "$CACHE/$b"
+    fi
+  done
+  log "binaries ready in $CACHE ($((SECONDS - started)) s)"
+  echo "$CACHE"
+}
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+wait_for() { # wait_for WHAT SECONDS CMD...
+  local what=$1 limit=$2; shift 2
+  for _ in $(seq $((limit * 5))); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
+  log "$what did not come up within ${limit}s"; return 1
+}
+
+certs() { # certs DIR
+  local d=$1
+  openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=config-snapshot-e2e-ca" \
+    -keyout "$d/ca.key" -out "$d/ca.crt" 2>/dev/null
+  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc,IP:10.96.0.1\n' > "$d/san.ext"
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" -keyout "$d/apiserver.key" -out "$d/apiserver.csr" 2>/dev/null
+  openssl x509 -req -in "$d/apiserver.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial -days 2 \
+    -extfile "$d/san.ext" -out "$d/apiserver.crt" 2>/dev/null
+  # Cluster admin (system:masters) and the controller manager's identity.
+  for who in admin:system:masters controller-manager:system:masters; do
+    local name=${who%%:*} group=${who#*:}
+    openssl req -newkey rsa:2048 -nodes -subj "/O=$group/CN=$name" -keyout "$d/$name.key" -out "$d/$name.csr" 2>/dev/null
+    openssl x509 -req -in "$d/$name.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial -days 2 -out "$d/$name.crt" 2>/dev/null
+  done
+  openssl genrsa -out "$d/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$d/sa.key" -pubout -out "$d/sa.pub" 2>/dev/null
+}
+
+kubeconfig() { # kubeconfig DIR NAME URL
+  local d=$1 name=$2 url=$3
+  cat > "$d/$name.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters: [{name: e2e, cluster: {server: "$url", certificate-authority: "$d/ca.crt"}}]
+users: [{name: $name, user: {client-certificate: "$d/$name.crt", client-key: "$d/$name.key"}}]
+contexts: [{name: e2e, context: {cluster: e2e, user: $name}}]
+current-context: e2e
+EOF
+}
+
+up() {
+  local d=$1 bin
+  bin=$(build)
+  mkdir -p "$d"
+  d=$(cd "$d" && pwd)
+  certs "$d"
+  local etcd_client etcd_peer api_port
+  etcd_client=$(free_port); etcd_peer=$(free_port); api_port=$(free_port)
+  local url="https://127.0.0.1:$api_port"
+  kubeconfig "$d" admin "$url"
+  kubeconfig "$d" controller-manager "$url"
+  : > "$d/pids"
+
+  "$bin/etcd" --data-dir "$d/etcd" --name e2e \
+    --listen-client-urls "http://127.0.0.1:$etcd_client" --advertise-client-urls "http://127.0.0.1:$etcd_client" \
+    --listen-peer-urls "http://127.0.0.1:$etcd_peer" --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer" \
+    --initial-cluster "e2e=http://127.0.0.1:$etcd_peer" --log-level warn > "$d/etcd.log" 2>&1 &
+  echo $! >> "$d/pids"
+  wait_for etcd 30 curl -sf "http://127.0.0.1:$etcd_client/health"
+
+  "$bin/kube-apiserver" \
+    --etcd-servers "http://127.0.0.1:$etcd_client" \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
+    --tls-cert-file "$d/apiserver.crt" --tls-private-key-file "$d/apiserver.key" \
+    --client-ca-file "$d/ca.crt" \
+    --service-account-key-file "$d/sa.pub" --service-account-signing-key-file "$d/sa.key" \
+    --service-account-issuer https://kubernetes.default.svc \
+    --service-cluster-ip-range 10.96.0.0/16 \
+    --authorization-mode Node,RBAC \
+    --cert-dir "$d/apiserver-certs" \
+    --v 1 > "$d/kube-apiserver.log" 2>&1 &
+  echo $! >> "$d/pids"
+  wait_for kube-apiserver 120 "$bin/kubectl" --kubeconfig "$d/admin.kubeconfig" get --raw /readyz
+
+  "$bin/kube-controller-manager" \
+    --kubeconfig "$d/controller-manager.kubeconfig" \
+    --authentication-kubeconfig "$d/controller-manager.kubeconfig" \
+    --authorization-kubeconfig "$d/controller-manager.kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port "$(free_port)" \
+    --leader-elect=false \
+    --service-account-private-key-file "$d/sa.key" --root-ca-file "$d/ca.crt" \
+    --cluster-signing-cert-file "$d/ca.crt" --cluster-signing-key-file "$d/ca.key" \
+    --controllers '*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle,-route,-service,-persistentvolume-binder' \
+    --v 1 > "$d/kube-controller-manager.log" 2>&1 &
+  echo $! >> "$d/pids"
+  # The default service account appears once the controllers run.
+  wait_for kube-controller-manager 120 "$bin/kubectl" --kubeconfig "$d/admin.kubeconfig" -n default get serviceaccount default
+
+  cat > "$d/env" <<EOF
+export KUBECONFIG="$d/admin.kubeconfig"
+export BIN="$bin"
+export APISERVER="$url"
+EOF
+  log "up: $url (state in $d)"
+}
+
+down() {
+  local d=$1
+  [ -f "$d/pids" ] || return 0
+  tac "$d/pids" | while read -r pid; do kill "$pid" 2>/dev/null || true; done
+  sleep 1
+  tac "$d/pids" | while read -r pid; do kill -9 "$pid" 2>/dev/null || true; done
+  rm -f "$d/pids"
+  log "down"
+}
+
+case "${1:-}" in
+  build) build ;;
+  up) up "${2:?state directory}" ;;
+  down) down "${2:?state directory}" ;;
+  *) echo "usage: $0 build | up DIR | down DIR" >&2; exit 2 ;;
+esac

@@ -1,0 +1,90 @@
+//! A cluster as scenario checks see it: the replay cluster, or the objects
+//! read back from a real API server. The checks (`effectiveConfig`, `count`,
+//! `invariants`, …) are the same either way, so a scenario's assertions
+//! judge replay and a real control plane alike.
+
+use std::collections::HashSet;
+
+use serde_json::Value;
+
+use crate::lifecycle::resync::Key;
+use crate::memory::controllers::REVISION_ANNOTATION;
+use crate::memory::Simulator;
+
+pub trait View {
+    fn get(&self, kind: &str, namespace: &str, name: &str) -> Option<Value>;
+    fn objects(&self) -> Vec<Value>;
+    /// The pod template of the workload's current revision: what its pods run.
+    fn current_revision_template(&self, kind: &str, namespace: &str, name: &str) -> Option<Value>;
+    /// Snapshots pending effects are about to use.
+    fn awaited(&self) -> HashSet<Key> {
+        HashSet::new()
+    }
+}
+
+impl View for Simulator {
+    fn get(&self, kind: &str, namespace: &str, name: &str) -> Option<Value> {
+        Simulator::get(self, kind, namespace, name)
+    }
+    fn objects(&self) -> Vec<Value> {
+        Simulator::objects(self)
+    }
+    fn current_revision_template(&self, kind: &str, namespace: &str, name: &str) -> Option<Value> {
+        Simulator::current_revision_template(self, kind, namespace, name)
+    }
+    fn awaited(&self) -> HashSet<Key> {
+        self.awaited_snapshots()
+    }
+}
+
+/// Objects read from somewhere else (a real API server).
+pub struct Objects(pub Vec<Value>);
+
+impl View for Objects {
+    fn get(&self, kind: &str, namespace: &str, name: &str) -> Option<Value> {
+        self.0
+            .iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["namespace"] == namespace && o["metadata"]["name"] == name)
+            .cloned()
+    }
+    fn objects(&self) -> Vec<Value> {
+        self.0.clone()
+    }
+    fn current_revision_template(&self, kind: &str, namespace: &str, name: &str) -> Option<Value> {
+        let workload = self.get(kind, namespace, name)?;
+        let uid = &workload["metadata"]["uid"];
+        let (revision_kind, path) = if kind == "Deployment" {
+            ("ReplicaSet", "/spec/template")
+        } else {
+            ("ControllerRevision", "/data/spec/template")
+        };
+        let number = |r: &Value| -> i64 {
+            if kind == "Deployment" {
+                r["metadata"]["annotations"][REVISION_ANNOTATION]
+                    .as_str()
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0)
+            } else {
+                r["revision"].as_i64().unwrap_or(0)
+            }
+        };
+        let current = self
+            .0
+            .iter()
+            .filter(|o| o["kind"] == revision_kind && o["metadata"]["namespace"] == namespace)
+            .filter(|o| {
+                o["metadata"]["ownerReferences"]
+                    .as_array()
+                    .is_some_and(|refs| refs.iter().any(|r| r["uid"] == *uid))
+            })
+            .max_by_key(|r| number(r))?;
+        let mut template = current.pointer(path)?.clone();
+        if let Some(t) = template.as_object_mut() {
+            t.remove("$patch");
+        }
+        if let Some(labels) = template.pointer_mut("/metadata/labels").and_then(Value::as_object_mut) {
+            labels.remove("pod-template-hash");
+        }
+        Some(template)
+    }
+}
