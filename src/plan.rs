@@ -241,8 +241,9 @@ impl<'a> Planner<'a> {
             // Revisions that differ only in renewals differ only in
             // `renewed-at`: one put back is a rollback too.
             let renewal = |t: &Value| template::template_annotation(t, keys::RENEWED_AT).map(str::to_string);
-            let renewed_at_restored =
-                renewal(self.template()).is_some() && renewal(self.template()) != renewal(old_template);
+            // (Put back, or gone: a revision made before its first renewal
+            // has none.)
+            let renewed_at_restored = renewal(self.template()) != renewal(old_template);
             if !moved && !renewed_at_restored {
                 Change::NoOp
             } else if WatchRollout::made(self.object, old) {

@@ -8,6 +8,7 @@
 # server-side dry run).
 #
 #   control-plane.sh build        builds the binaries into the cache (reused), prints its path
+#   control-plane.sh cached       succeeds if they are built already
 #   control-plane.sh up DIR       starts a control plane with its state in DIR; writes DIR/env
 #   control-plane.sh down DIR     stops it (by pid)
 #
@@ -143,8 +144,13 @@ down() {
   log "down"
 }
 
+cached() {
+  for b in etcd kube-apiserver kube-controller-manager kubectl; do [ -x "$CACHE/$b" ] || return 1; done
+}
+
 case "${1:-}" in
   build) build ;;
+  cached) cached ;;
   up) up "${2:?state directory}" ;;
   down) down "${2:?state directory}" ;;
   *) echo "usage: $0 build | up DIR | down DIR" >&2; exit 2 ;;

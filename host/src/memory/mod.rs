@@ -430,7 +430,7 @@ impl Simulator {
             if let Some(m) = mutated {
                 self.note(format!(
                     "{operation} {kind}/{name} admitted and mutated: {}",
-                    timeline::describe_rewrite(&object, &m)
+                    timeline::describe_rewrite(&object, &m, old.as_ref())
                 ));
                 object = m;
             } else {

@@ -3,8 +3,9 @@
 use config_snapshot_policy::{keys, references, template};
 use serde_json::Value;
 
-/// Which references a mutation rewrote.
-pub fn describe_rewrite(before: &Value, after: &Value) -> String {
+/// Which references a mutation rewrote, and whether it recorded a rollback
+/// (a record that differs from the live object's).
+pub fn describe_rewrite(before: &Value, after: &Value, live: Option<&Value>) -> String {
     let (Some(b), Some(a)) = (before.pointer("/spec/template"), after.pointer("/spec/template")) else {
         return "changed".into();
     };
@@ -30,7 +31,8 @@ pub fn describe_rewrite(before: &Value, after: &Value) -> String {
         parts.push("config checksums stamped".into());
     }
     let records = |o: &Value, k: &str| o.pointer("/metadata/annotations").and_then(|a| a.get(k)).cloned();
-    if records(after, keys::ROLLBACK) != records(before, keys::ROLLBACK) && records(after, keys::ROLLBACK).is_some() {
+    let recorded = records(after, keys::ROLLBACK);
+    if recorded.is_some() && live.and_then(|l| records(l, keys::ROLLBACK)) != recorded {
         parts.push("rollback recorded".into());
     }
     if parts.is_empty() {

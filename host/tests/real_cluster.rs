@@ -1,0 +1,652 @@
+//! serve meets the real Kubernetes control plane: etcd, kube-apiserver and
+//! kube-controller-manager built from their Go modules and run on loopback
+//! (e2e-tests/cluster/control-plane.sh), serve registered from the shipped
+//! webhook configuration and running with the shipped RBAC under its own
+//! service account, and the user stories driven with the real `kubectl`.
+//!
+//! Without Go (and without binaries built before), the test says so and
+//! skips; under `CI=true` it must run.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use config_snapshot::invariants;
+use config_snapshot::replay;
+use config_snapshot::scenario::EffectiveConfig;
+use config_snapshot::view::{Objects, View};
+use serde_json::{json, Value};
+use support::process::{root, ServeProcess};
+
+/// Planted in a Secret; must never leave it.
+const CANARY: &str = "canary-real-cluster-51c2-do-not-log";
+const INTERVAL_SECS: u64 = 3;
+
+struct ControlPlane {
+    dir: PathBuf,
+    kubeconfig: PathBuf,
+    bin: PathBuf,
+    url: String,
+}
+
+fn script() -> PathBuf {
+    root().join("e2e-tests/cluster/control-plane.sh")
+}
+
+impl ControlPlane {
+    /// Starts a control plane, building its binaries first if needed.
+    /// `None`: no way to, and not under CI.
+    fn start() -> Option<ControlPlane> {
+        let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+        let go = Command::new("go")
+            .arg("version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        let built = Command::new(script())
+            .arg("cached")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !go && !built {
+            assert!(!ci, "CI=true: the real-cluster tests must run, and Go is not installed");
+            eprintln!("SKIPPED: no Go toolchain to build the control plane (see e2e-tests/cluster/control-plane.sh)");
+            return None;
+        }
+        let dir = std::env::temp_dir().join(format!("config-snapshot-control-plane-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let status = Command::new(script())
+            .arg("up")
+            .arg(&dir)
+            .status()
+            .expect("control-plane.sh runs");
+        if !status.success() {
+            let logs: String = ["etcd.log", "kube-apiserver.log", "kube-controller-manager.log"]
+                .iter()
+                .map(|f| format!("--- {f}\n{}", tail(&dir.join(f), 40)))
+                .collect();
+            let _ = Command::new(script()).arg("down").arg(&dir).status();
+            panic!("the control plane did not start:\n{logs}");
+        }
+        let env = std::fs::read_to_string(dir.join("env")).unwrap();
+        let var = |name: &str| {
+            env.lines()
+                .find_map(|l| l.strip_prefix(&format!("export {name}=")))
+                .map(|v| v.trim_matches('"').to_string())
+                .unwrap()
+        };
+        Some(ControlPlane {
+            kubeconfig: PathBuf::from(var("KUBECONFIG")),
+            bin: PathBuf::from(var("BIN")),
+            url: var("APISERVER"),
+            dir,
+        })
+    }
+
+    /// Runs kubectl as the cluster admin; `Err` carries its stderr.
+    fn try_kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
+        let mut child = Command::new(self.bin.join("kubectl"))
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kubectl runs");
+        if let Some(input) = stdin {
+            child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        }
+        drop(child.stdin.take());
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        if out.status.success() {
+            Ok(text)
+        } else {
+            Err(format!(
+                "kubectl {args:?}: {}{text}",
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    }
+
+    fn kubectl(&self, args: &[&str]) -> String {
+        self.try_kubectl(args, None).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn apply(&self, ns: &str, object: &Value) -> String {
+        self.try_kubectl(&["apply", "-n", ns, "-f", "-"], Some(&object.to_string()))
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn namespace(&self, ns: &str) {
+        self.kubectl(&["create", "namespace", ns]);
+        // Wait for the default service account, or pods cannot be created.
+        eventually(&format!("namespace {ns}"), 30, || {
+            self.try_kubectl(&["-n", ns, "get", "serviceaccount", "default"], None)
+                .ok()
+        });
+    }
+
+    fn get(&self, ns: &str, kind: &str, name: &str) -> Option<Value> {
+        let out = self
+            .try_kubectl(&["-n", ns, "get", kind, name, "-o", "json"], None)
+            .ok()?;
+        serde_json::from_str(&out).ok()
+    }
+
+    /// Every object of the kinds config-snapshot touches, in `ns`.
+    fn objects(&self, ns: &str) -> Objects {
+        let out = self.kubectl(&[
+            "-n",
+            ns,
+            "get",
+            "configmaps,secrets,pods,deployments.apps,statefulsets.apps,daemonsets.apps,replicasets.apps,controllerrevisions.apps",
+            "-o",
+            "json",
+        ]);
+        let list: Value = serde_json::from_str(&out).unwrap();
+        Objects(list["items"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// A kubeconfig for serve's service account, with a fresh token.
+    fn serve_kubeconfig(&self) -> PathBuf {
+        let token = self.kubectl(&[
+            "-n",
+            "config-snapshot",
+            "create",
+            "token",
+            "config-snapshot",
+            "--duration=2h",
+        ]);
+        let path = self.dir.join("serve.kubeconfig");
+        let config = format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: e2e, cluster: {{server: \"{}\", certificate-authority: \"{}\"}}}}]\n\
+             users: [{{name: serve, user: {{token: \"{}\"}}}}]\ncontexts: [{{name: e2e, context: {{cluster: e2e, user: serve}}}}]\ncurrent-context: e2e\n",
+            self.url,
+            self.dir.join("ca.crt").display(),
+            token.trim()
+        );
+        std::fs::write(&path, config).unwrap();
+        path
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        let _ = Command::new(script()).arg("down").arg(&self.dir).status();
+    }
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Polls `check` every 200 ms until it answers, for at most `secs`.
+fn eventually<T>(what: &str, secs: u64, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out after {secs}s waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn yaml(path: &str) -> Vec<Value> {
+    let text = std::fs::read_to_string(root().join(path)).unwrap();
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .filter(|v: &Value| !v.is_null())
+        .collect()
+}
+
+/// serve with the shipped RBAC and settings, registered from the shipped
+/// webhook configuration with only its clientConfig pointed at loopback.
+fn start_serve(cp: &ControlPlane) -> (ServeProcess, PathBuf) {
+    for object in yaml("deploy/serve/namespace.yaml")
+        .into_iter()
+        .chain(yaml("deploy/serve/rbac.yaml"))
+        .chain(yaml("deploy/serve/settings.yaml"))
+    {
+        cp.apply("config-snapshot", &object);
+    }
+    let settings = yaml("deploy/serve/settings.yaml")[0]["data"]["settings.json"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let kubeconfig = cp.serve_kubeconfig();
+    let mut serve = ServeProcess::start(&kubeconfig, &serve_flags(&settings));
+    serve.wait_ready();
+    let mut webhook = yaml("deploy/serve/webhook.yaml").remove(0);
+    webhook["metadata"].as_object_mut().unwrap().remove("annotations");
+    let ca = base64::engine::general_purpose::STANDARD.encode(&serve.cert_pem);
+    for hook in webhook["webhooks"].as_array_mut().unwrap() {
+        hook["clientConfig"] = json!({"url": format!("https://{}/mutate", serve.webhook), "caBundle": ca});
+    }
+    cp.try_kubectl(&["apply", "-f", "-"], Some(&webhook.to_string()))
+        .unwrap_or_else(|e| panic!("{e}"));
+    (serve, kubeconfig)
+}
+
+fn serve_flags(settings: &str) -> Vec<&str> {
+    let settings: &'static str = Box::leak(settings.to_string().into_boxed_str());
+    vec![
+        "--settings-json",
+        settings,
+        "--watch-min-interval",
+        "3s",
+        "--resync-interval",
+        "5s",
+        "--effect-wait",
+        "10s",
+    ]
+}
+
+fn config_map(name: &str, data: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": data})
+}
+
+fn workload(kind: &str, name: &str, annotations: Value, image: &str, env_from: Value, history: u32) -> Value {
+    let mut spec = json!({
+        "revisionHistoryLimit": history,
+        "selector": {"matchLabels": {"app": name}},
+        "template": {"metadata": {"labels": {"app": name}},
+                     "spec": {"containers": [{"name": "main", "image": image, "envFrom": env_from}]}},
+    });
+    if kind == "StatefulSet" {
+        spec["serviceName"] = json!(name);
+        spec["replicas"] = json!(1);
+    }
+    if kind == "Deployment" {
+        spec["replicas"] = json!(1);
+    }
+    json!({"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name, "annotations": annotations}, "spec": spec})
+}
+
+fn env_ref(workload: &Value) -> String {
+    workload["spec"]["template"]["spec"]["containers"][0]["envFrom"][0]["configMapRef"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn snapshots(view: &Objects) -> BTreeSet<String> {
+    view.0
+        .iter()
+        .filter(|o| config_snapshot_policy::keys::is_snapshot(o))
+        .map(|o| o["metadata"]["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn count(view: &Objects, kind: &str) -> usize {
+    view.0.iter().filter(|o| o["kind"] == kind).count()
+}
+
+fn effective(view: &Objects, kind: &str, name: &str, ns: &str, source: &str) -> Value {
+    let ec = EffectiveConfig {
+        kind: kind.into(),
+        name: name.into(),
+        namespace: ns.into(),
+        source: source.into(),
+        data: json!({}),
+    };
+    match replay::effective_config(view, &ec) {
+        Ok((_, data)) => json!(data),
+        Err(e) => json!(e),
+    }
+}
+
+fn no_dangling(view: &Objects, when: &str) {
+    let broken = invariants::nothing_dangles(&view.objects());
+    assert!(broken.is_empty(), "{when}: {broken:?}");
+}
+
+/// The KEP story on the Deployment controller: snapshots owned by the real
+/// ReplicaSets, a watch rollout (once), `rollout undo` with no new snapshot,
+/// pruning past revisionHistoryLimit, server-side dry run.
+fn deployment_story(cp: &ControlPlane) {
+    let ns = "story-deployment";
+    cp.namespace(ns);
+    cp.apply(ns, &config_map("app", json!({"mode": "blue"})));
+    let annotations = json!({"config-snapshot.io/watch": "app"});
+    let env = json!([{"configMapRef": {"name": "app"}}]);
+    cp.apply(
+        ns,
+        &workload("Deployment", "web", annotations.clone(), "nginx:1", env.clone(), 2),
+    );
+    let web = cp.get(ns, "deployment", "web").unwrap();
+    let blue = env_ref(&web);
+    assert!(
+        blue.starts_with("app-") && blue.len() == 14,
+        "the Deployment was admitted with a snapshot: {web}"
+    );
+    // The ReplicaSet the real controller made owns the snapshot.
+    eventually("adoption by the ReplicaSet", 30, || {
+        let snap = cp.get(ns, "configmap", &blue)?;
+        let owners = snap["metadata"]["ownerReferences"].as_array()?;
+        owners.iter().any(|o| o["kind"] == "ReplicaSet").then_some(())
+    });
+    let view = cp.objects(ns);
+    assert_eq!(
+        effective(&view, "Deployment", "web", ns, "configmap/app"),
+        json!({"mode": "blue"})
+    );
+
+    // A source edit rolls out a new ReplicaSet, once.
+    cp.kubectl(&[
+        "-n",
+        ns,
+        "patch",
+        "configmap",
+        "app",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"data":{"mode":"green"}}"#,
+    ]);
+    let green = eventually("the watch rollout", 30, || {
+        let name = env_ref(&cp.get(ns, "deployment", "web")?);
+        (name != blue).then_some(name)
+    });
+    assert!(green.starts_with("app-"), "{green}");
+    std::thread::sleep(Duration::from_secs(2 * INTERVAL_SECS + 6));
+    let view = cp.objects(ns);
+    assert_eq!(count(&view, "ReplicaSet"), 2, "one rollout, not more");
+    assert_eq!(
+        effective(&view, "Deployment", "web", ns, "configmap/app"),
+        json!({"mode": "green"})
+    );
+
+    // `kubectl rollout undo` brings back the old snapshot and makes none.
+    let before = snapshots(&view);
+    cp.kubectl(&["-n", ns, "rollout", "undo", "deployment/web"]);
+    eventually("the rollback", 30, || {
+        (env_ref(&cp.get(ns, "deployment", "web")?) == blue).then_some(())
+    });
+    // Longer than the storm guard and a resync: nothing rolls it forward.
+    std::thread::sleep(Duration::from_secs(INTERVAL_SECS + 8));
+    let view = cp.objects(ns);
+    assert_eq!(
+        effective(&view, "Deployment", "web", ns, "configmap/app"),
+        json!({"mode": "blue"})
+    );
+    assert_eq!(snapshots(&view), before, "a rollback makes no snapshot");
+    assert_eq!(
+        count(&view, "ReplicaSet"),
+        2,
+        "revision 1's ReplicaSet is current again"
+    );
+    let history = cp.kubectl(&["-n", ns, "rollout", "history", "deployment/web"]);
+    assert!(history.contains('3'), "rollout history shows revision 3: {history}");
+    let web = cp.get(ns, "deployment", "web").unwrap();
+    assert!(
+        web["metadata"]["annotations"]["config-snapshot.io/rollback"].is_string(),
+        "the rollback is recorded: {}",
+        web["metadata"]["annotations"]
+    );
+
+    // Server-side dry run: the same answer, nothing written.
+    let view = cp.objects(ns);
+    let mut preview = workload("Deployment", "preview", annotations.clone(), "nginx:9", env.clone(), 2);
+    preview["metadata"]["namespace"] = json!(ns);
+    let printed = cp
+        .try_kubectl(
+            &["apply", "-n", ns, "--dry-run=server", "-o", "json", "-f", "-"],
+            Some(&preview.to_string()),
+        )
+        .unwrap();
+    let printed: Value = serde_json::from_str(&printed).unwrap();
+    assert!(
+        env_ref(&printed).starts_with("app-"),
+        "the dry run shows the mutation: {printed}"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let after = cp.objects(ns);
+    assert_eq!(snapshots(&after), snapshots(&view), "a dry run created a snapshot");
+    assert!(cp.get(ns, "deployment", "preview").is_none());
+
+    // Past revisionHistoryLimit (2) the controller deletes old ReplicaSets
+    // and the garbage collector the snapshots no revision uses.
+    for (i, mode) in ["red", "yellow", "purple"].iter().enumerate() {
+        cp.kubectl(&[
+            "-n",
+            ns,
+            "patch",
+            "configmap",
+            "app",
+            "--type",
+            "merge",
+            "-p",
+            &format!(r#"{{"data":{{"mode":"{mode}"}}}}"#),
+        ]);
+        eventually("a rollout", 30, || {
+            let view = cp.objects(ns);
+            (effective(&view, "Deployment", "web", ns, "configmap/app") == json!({"mode": mode})).then_some(())
+        });
+        std::thread::sleep(Duration::from_secs(INTERVAL_SECS + 1 + i as u64));
+    }
+    let view = eventually("pruning and garbage collection", 60, || {
+        let view = cp.objects(ns);
+        let used: BTreeSet<String> = view
+            .0
+            .iter()
+            .filter(|o| matches!(o["kind"].as_str(), Some("ReplicaSet" | "Deployment" | "Pod")))
+            .flat_map(|o| {
+                let t = if o["kind"] == "Pod" {
+                    o.clone()
+                } else {
+                    o["spec"]["template"].clone()
+                };
+                config_snapshot_policy::references::collect(&t)
+                    .into_iter()
+                    .map(|r| r.name)
+            })
+            .collect();
+        let kept = snapshots(&view);
+        (count(&view, "ReplicaSet") <= 3 && kept.iter().all(|s| used.contains(s))).then_some(view)
+    });
+    no_dangling(&view, "after pruning");
+}
+
+/// StatefulSet and DaemonSet: the same through ControllerRevisions.
+fn revision_story(cp: &ControlPlane, kind: &str) {
+    let ns = &format!("story-{}", kind.to_lowercase());
+    cp.namespace(ns);
+    cp.apply(ns, &config_map("app", json!({"mode": "blue"})));
+    let env = json!([{"configMapRef": {"name": "app"}}]);
+    cp.apply(
+        ns,
+        &workload(kind, "db", json!({"config-snapshot.io/watch": "app"}), "db:1", env, 10),
+    );
+    let resource = kind.to_lowercase();
+    let blue = env_ref(&cp.get(ns, &resource, "db").unwrap());
+    assert!(blue.starts_with("app-"), "{kind} admitted with a snapshot");
+    eventually("adoption by the ControllerRevision", 30, || {
+        let snap = cp.get(ns, "configmap", &blue)?;
+        let owners = snap["metadata"]["ownerReferences"].as_array()?;
+        owners.iter().any(|o| o["kind"] == "ControllerRevision").then_some(())
+    });
+    cp.kubectl(&[
+        "-n",
+        ns,
+        "patch",
+        "configmap",
+        "app",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"data":{"mode":"green"}}"#,
+    ]);
+    eventually("the watch rollout", 30, || {
+        let view = cp.objects(ns);
+        (effective(&view, kind, "db", ns, "configmap/app") == json!({"mode": "green"})).then_some(())
+    });
+    let before = snapshots(&cp.objects(ns));
+    cp.kubectl(&["-n", ns, "rollout", "undo", &format!("{resource}/db")]);
+    eventually("the rollback", 30, || {
+        let view = cp.objects(ns);
+        (effective(&view, kind, "db", ns, "configmap/app") == json!({"mode": "blue"})).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(INTERVAL_SECS + 8));
+    let view = cp.objects(ns);
+    assert_eq!(
+        effective(&view, kind, "db", ns, "configmap/app"),
+        json!({"mode": "blue"}),
+        "{kind}: rolled forward again"
+    );
+    assert_eq!(snapshots(&view), before, "{kind}: a rollback makes no snapshot");
+    assert_eq!(
+        count(&view, "ControllerRevision"),
+        2,
+        "{kind}: revision 1 is current again"
+    );
+    no_dangling(&view, kind);
+}
+
+/// A Secret's value never reaches serve's log, an Event, or a message.
+fn secret_story(cp: &ControlPlane, serve: &ServeProcess) {
+    let ns = "story-secret";
+    cp.namespace(ns);
+    let secret =
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds"}, "stringData": {"token": CANARY}});
+    cp.apply(ns, &secret);
+    let env = json!([{"secretRef": {"name": "creds"}}]);
+    cp.apply(
+        ns,
+        &workload(
+            "Deployment",
+            "api",
+            json!({"config-snapshot.io/watch": "secret/creds"}),
+            "api:1",
+            env,
+            10,
+        ),
+    );
+    let mut edited = secret.clone();
+    edited["stringData"]["token"] = json!(format!("{CANARY}-2"));
+    cp.apply(ns, &edited);
+    eventually("the Secret's watch rollout", 30, || {
+        let view = cp.objects(ns);
+        (count(&view, "ReplicaSet") == 2).then_some(())
+    });
+    let events = cp.kubectl(&["get", "events", "-A", "-o", "json"]);
+    let logs = serve.logs();
+    let b64 = base64::engine::general_purpose::STANDARD.encode(CANARY);
+    for (what, text) in [("serve's log", &logs), ("the Events", &events)] {
+        for needle in [CANARY, b64.as_str(), &b64[..16]] {
+            assert!(!text.contains(needle), "the Secret's value ({needle}) is in {what}");
+        }
+    }
+    assert!(logs.contains("creds"), "the log does mention the Secret by name");
+}
+
+/// serve stopped, with the shipped failurePolicy (Ignore): deploys go on
+/// unmutated, nothing dangles; once serve is back, its resync rolls the
+/// watchers out.
+fn outage_story(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path) {
+    let ns = "story-outage";
+    cp.namespace(ns);
+    cp.apply(ns, &config_map("app", json!({"mode": "blue"})));
+    let env = json!([{"configMapRef": {"name": "app"}}]);
+    cp.apply(
+        ns,
+        &workload(
+            "Deployment",
+            "web",
+            json!({"config-snapshot.io/watch": "app"}),
+            "nginx:1",
+            env.clone(),
+            10,
+        ),
+    );
+    let blue = env_ref(&cp.get(ns, "deployment", "web").unwrap());
+    serve.stop();
+    cp.kubectl(&[
+        "-n",
+        ns,
+        "patch",
+        "configmap",
+        "app",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"data":{"mode":"green"}}"#,
+    ]);
+    cp.apply(
+        ns,
+        &workload(
+            "Deployment",
+            "late",
+            json!({"config-snapshot.io/watch": "app"}),
+            "nginx:1",
+            env,
+            10,
+        ),
+    );
+    let late = cp.get(ns, "deployment", "late").unwrap();
+    assert_eq!(
+        env_ref(&late),
+        "app",
+        "admitted unmutated while serve is down (failurePolicy Ignore)"
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let view = cp.objects(ns);
+    assert_eq!(
+        env_ref(&cp.get(ns, "deployment", "web").unwrap()),
+        blue,
+        "no rollout while serve is down"
+    );
+    no_dangling(&view, "during the outage");
+    serve.restart(kubeconfig, &serve_flags("{}"));
+    serve.wait_ready();
+    eventually("the resync after the outage", 60, || {
+        let view = cp.objects(ns);
+        let green = json!({"mode": "green"});
+        (effective(&view, "Deployment", "web", ns, "configmap/app") == green
+            && effective(&view, "Deployment", "late", ns, "configmap/app") == green
+            && env_ref(&cp.get(ns, "deployment", "late")?).starts_with("app-"))
+        .then_some(())
+    });
+    no_dangling(&cp.objects(ns), "after the outage");
+}
+
+#[test]
+fn serve_on_a_real_control_plane() {
+    let Some(cp) = ControlPlane::start() else { return };
+    let started = Instant::now();
+    let (mut serve, kubeconfig) = start_serve(&cp);
+    // The API server picks the webhook configuration up asynchronously.
+    cp.namespace("probe");
+    cp.apply("probe", &config_map("app", json!({"k": "v"})));
+    eventually("the webhook to be called", 30, || {
+        let d = workload(
+            "Deployment",
+            "probe",
+            json!({"config-snapshot.io/snapshot": "*"}),
+            "x:1",
+            json!([{"configMapRef": {"name": "app"}}]),
+            1,
+        );
+        cp.apply("probe", &d);
+        let got = env_ref(&cp.get("probe", "deployment", "probe")?);
+        if got == "app" {
+            cp.kubectl(&["-n", "probe", "delete", "deployment", "probe"]);
+            None
+        } else {
+            Some(())
+        }
+    });
+    deployment_story(&cp);
+    revision_story(&cp, "StatefulSet");
+    revision_story(&cp, "DaemonSet");
+    secret_story(&cp, &serve);
+    outage_story(&cp, &mut serve, &kubeconfig);
+    eprintln!("real control plane: every story held in {:?}", started.elapsed());
+}

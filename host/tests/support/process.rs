@@ -1,0 +1,158 @@
+//! `config-snapshot serve` as a process: the real binary, on loopback, with
+//! a throwaway certificate, its logs captured.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The release policy wasm (`make policy.wasm` builds it).
+pub fn policy() -> PathBuf {
+    let built = root().join("target/wasm32-wasip1/release/config_snapshot_policy.wasm");
+    assert!(built.exists(), "build the policy first: make policy.wasm");
+    built
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub struct ServeProcess {
+    pub child: Child,
+    pub webhook: SocketAddr,
+    pub ops: SocketAddr,
+    /// The serving certificate (PEM): the webhook's caBundle.
+    pub cert_pem: String,
+    logs: Arc<Mutex<String>>,
+    pub dir: PathBuf,
+}
+
+impl ServeProcess {
+    /// Starts serve with `kubeconfig` and `extra` flags; a fresh certificate
+    /// for 127.0.0.1 in a directory of its own.
+    pub fn start(kubeconfig: &Path, extra: &[&str]) -> ServeProcess {
+        let dir = std::env::temp_dir().join(format!("config-snapshot-serve-{}-{}", std::process::id(), free_port()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
+        let cert_pem = cert.cert.pem();
+        std::fs::write(dir.join("tls.crt"), &cert_pem).unwrap();
+        std::fs::write(dir.join("tls.key"), cert.signing_key.serialize_pem()).unwrap();
+        Self::start_in(dir, cert_pem, kubeconfig, extra, free_port())
+    }
+
+    /// Starts serve again with the same certificate and webhook port.
+    pub fn restart(&mut self, kubeconfig: &Path, extra: &[&str]) {
+        self.stop();
+        *self = Self::start_in(
+            self.dir.clone(),
+            self.cert_pem.clone(),
+            kubeconfig,
+            extra,
+            self.webhook.port(),
+        );
+    }
+
+    fn start_in(dir: PathBuf, cert_pem: String, kubeconfig: &Path, extra: &[&str], port: u16) -> ServeProcess {
+        let webhook: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let ops: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_config-snapshot"))
+            .arg("serve")
+            .arg("--policy")
+            .arg(policy())
+            .arg("--tls-cert")
+            .arg(dir.join("tls.crt"))
+            .arg("--tls-key")
+            .arg(dir.join("tls.key"))
+            .args(["--listen", &webhook.to_string(), "--metrics-listen", &ops.to_string()])
+            .args(["--log-format", "json"])
+            .args(extra)
+            .env("KUBECONFIG", kubeconfig)
+            .env("RUST_LOG", "debug")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("serve starts");
+        let logs = Arc::new(Mutex::new(String::new()));
+        for stream in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
+            let logs = logs.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    let mut logs = logs.lock().unwrap();
+                    logs.push_str(&line);
+                    logs.push('\n');
+                }
+            });
+        }
+        ServeProcess {
+            child,
+            webhook,
+            ops,
+            cert_pem,
+            logs,
+            dir,
+        }
+    }
+
+    /// A plain HTTP GET on the ops port: (status, body).
+    pub fn ops_get(&self, path: &str) -> Option<(u16, String)> {
+        let mut stream = TcpStream::connect(self.ops).ok()?;
+        write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).ok()?;
+        let code = text.split_whitespace().nth(1)?.parse().ok()?;
+        Some((code, text.split_once("\r\n\r\n")?.1.to_string()))
+    }
+
+    pub fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Some((200, _)) = self.ops_get("/readyz") {
+                return;
+            }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("serve exited with {status}:\n{}", self.logs());
+            }
+            assert!(Instant::now() < deadline, "serve never became ready:\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn logs(&self) -> String {
+        self.logs.lock().unwrap().clone()
+    }
+
+    pub fn metric(&self, name: &str) -> f64 {
+        let (_, text) = self.ops_get("/metrics").expect("metrics");
+        text.lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
+}
