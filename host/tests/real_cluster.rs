@@ -187,6 +187,22 @@ fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// [`eventually`], printing `state()` when it times out.
+fn eventually_or<T>(what: &str, secs: u64, state: impl Fn() -> String, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {secs}s waiting for {what}:\n{}",
+            state()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// Polls `check` every 200 ms until it answers, for at most `secs`.
 fn eventually<T>(what: &str, secs: u64, mut check: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + Duration::from_secs(secs);
@@ -413,7 +429,11 @@ fn deployment_story(cp: &ControlPlane) {
     assert!(cp.get(ns, "deployment", "preview").is_none());
 
     // Past revisionHistoryLimit (2) the controller deletes old ReplicaSets
-    // and the garbage collector the snapshots no revision uses.
+    // and the garbage collector the snapshots no revision uses. Without a
+    // kubelet no pod becomes ready and a rolling update never completes, so
+    // the controller keeps old ReplicaSets up; scaled to 0, each update
+    // completes at once and the old ones are pruned.
+    cp.kubectl(&["-n", ns, "scale", "deployment/web", "--replicas=0"]);
     for (i, mode) in ["red", "yellow", "purple"].iter().enumerate() {
         cp.kubectl(&[
             "-n",
@@ -432,26 +452,31 @@ fn deployment_story(cp: &ControlPlane) {
         });
         std::thread::sleep(Duration::from_secs(INTERVAL_SECS + 1 + i as u64));
     }
-    let view = eventually("pruning and garbage collection", 60, || {
-        let view = cp.objects(ns);
-        let used: BTreeSet<String> = view
-            .0
-            .iter()
-            .filter(|o| matches!(o["kind"].as_str(), Some("ReplicaSet" | "Deployment" | "Pod")))
-            .flat_map(|o| {
-                let t = if o["kind"] == "Pod" {
-                    o.clone()
-                } else {
-                    o["spec"]["template"].clone()
-                };
-                config_snapshot_policy::references::collect(&t)
-                    .into_iter()
-                    .map(|r| r.name)
-            })
-            .collect();
-        let kept = snapshots(&view);
-        (count(&view, "ReplicaSet") <= 3 && kept.iter().all(|s| used.contains(s))).then_some(view)
-    });
+    let view = eventually_or(
+        "pruning and garbage collection",
+        60,
+        || cp.kubectl(&["-n", ns, "get", "rs,cm", "-o", "wide"]),
+        || {
+            let view = cp.objects(ns);
+            let used: BTreeSet<String> = view
+                .0
+                .iter()
+                .filter(|o| matches!(o["kind"].as_str(), Some("ReplicaSet" | "Deployment" | "Pod")))
+                .flat_map(|o| {
+                    let t = if o["kind"] == "Pod" {
+                        o.clone()
+                    } else {
+                        o["spec"]["template"].clone()
+                    };
+                    config_snapshot_policy::references::collect(&t)
+                        .into_iter()
+                        .map(|r| r.name)
+                })
+                .collect();
+            let kept = snapshots(&view);
+            (count(&view, "ReplicaSet") <= 3 && kept.iter().all(|s| used.contains(s))).then_some(view)
+        },
+    );
     no_dangling(&view, "after pruning");
 }
 
