@@ -286,7 +286,8 @@ fn describe(step: &Step) -> String {
     }
 }
 
-fn expect(last: Option<&Admission>, e: &Expect, checks: &mut Vec<CheckResult>) {
+/// Evaluates an `expect` step against the last admission.
+pub fn expect(last: Option<&Admission>, e: &Expect, checks: &mut Vec<CheckResult>) {
     let Some(a) = last else {
         checks.push(CheckResult {
             check: "expect".into(),

@@ -224,6 +224,8 @@ pub struct Admission {
     pub response: Value,
 }
 
+const ROOT_CA: &str = "kube-root-ca.crt";
+
 /// The service account the host's own writes (watch rollouts, renewals)
 /// are made as.
 pub const HOST_USER: &str = "system:serviceaccount:config-snapshot:config-snapshot";
@@ -298,10 +300,25 @@ impl Simulator {
         lock(&self.shared.faults).push(fault);
     }
 
+    /// What Kubernetes puts in every namespace: the root-CA publisher's
+    /// `kube-root-ca.crt` ConfigMap (which `excludedSources` skips by
+    /// default).
+    fn populate_namespace(&self, namespace: &str) {
+        let mut store = self.shared.store();
+        if store.list("ConfigMap", namespace).next().is_none() && store.get("ConfigMap", namespace, ROOT_CA).is_none() {
+            store.persist(json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": ROOT_CA, "namespace": namespace},
+                "data": {"ca.crt": "-----BEGIN CERTIFICATE-----\nreplay\n-----END CERTIFICATE-----\n"},
+            }));
+        }
+    }
+
     /// Loads an initial object as-is (it predates the policy), then lets the
     /// controllers catch up.
     pub fn load(&mut self, object: Value) -> Result<()> {
         let object = prepare(object, None)?;
+        self.populate_namespace(object["metadata"]["namespace"].as_str().unwrap_or("default"));
         let stored = self.shared.store().persist(object);
         self.reconcile(&stored)?;
         self.settle()
@@ -444,6 +461,7 @@ impl Simulator {
             self.drop_pending(uid.as_deref());
             return Ok(admission);
         }
+        self.populate_namespace(object["metadata"]["namespace"].as_str().unwrap_or("default"));
         let stored = self.shared.store().persist(object);
         if let Some(uid) = uid {
             self.release(&uid);
