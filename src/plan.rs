@@ -238,21 +238,20 @@ impl<'a> Planner<'a> {
                 .iter()
                 .zip(old_refs)
                 .any(|(a, b)| a.name != b.name && known.contains(a.kind, &a.name));
-            // Revisions that differ only in renewals differ only in
-            // `renewed-at`: one put back is a rollback too.
-            let renewal = |t: &Value| template::template_annotation(t, keys::RENEWED_AT).map(str::to_string);
-            // (Put back, or gone: a revision made before its first renewal
-            // has none.)
-            let renewed_at_restored = renewal(self.template()) != renewal(old_template);
-            if !moved && !renewed_at_restored {
+            if self.template() == old_template {
                 Change::NoOp
             } else if WatchRollout::made(self.object, old) {
                 Change::WatchRollout
             } else if matched().exact {
+                // Whatever moved (references, `renewed-at`, names back to a
+                // source): a revision's template put back is a rollback.
                 Change::Rollback
             } else if moved {
                 Change::Repointed
             } else {
+                // A source name written back over its snapshot (server-side
+                // apply of the manifest), or the policy's annotations
+                // changed: nothing a user changed.
                 Change::NoOp
             }
         } else if matched().normalised {

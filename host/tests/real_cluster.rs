@@ -11,16 +11,16 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use config_snapshot::invariants;
-use config_snapshot::replay;
 use config_snapshot::memory::Admission;
+use config_snapshot::replay;
 use config_snapshot::scenario::{EffectiveConfig, Step};
 use config_snapshot::view::{Objects, View};
 use serde_json::{json, Value};
@@ -254,13 +254,18 @@ fn start_serve(cp: &ControlPlane) -> (ServeProcess, PathBuf) {
     (serve, kubeconfig)
 }
 
-fn serve_flags(settings: &str) -> Vec<&str> {
+fn serve_flags(settings: &str) -> Vec<&'static str> {
+    serve_flags_with(settings, "3s")
+}
+
+fn serve_flags_with(settings: &str, interval: &str) -> Vec<&'static str> {
     let settings: &'static str = Box::leak(settings.to_string().into_boxed_str());
+    let interval: &'static str = Box::leak(interval.to_string().into_boxed_str());
     vec![
         "--settings-json",
         settings,
         "--watch-min-interval",
-        "3s",
+        interval,
         "--resync-interval",
         "5s",
         "--effect-wait",
@@ -673,14 +678,27 @@ fn start_kubelet_stand_in(cp: &ControlPlane) -> Arc<AtomicBool> {
                     if ready || pod["metadata"]["deletionTimestamp"].is_string() {
                         continue;
                     }
-                    let (ns, name) = (pod["metadata"]["namespace"].as_str().unwrap_or_default(), pod["metadata"]["name"].as_str().unwrap_or_default());
+                    let (ns, name) = (
+                        pod["metadata"]["namespace"].as_str().unwrap_or_default(),
+                        pod["metadata"]["name"].as_str().unwrap_or_default(),
+                    );
                     let now = "2026-01-01T00:00:00Z";
                     let status = json!({"status": {"phase": "Running", "conditions": [
                         {"type": "Ready", "status": "True", "lastTransitionTime": now},
                         {"type": "ContainersReady", "status": "True", "lastTransitionTime": now},
                         {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
                     ]}});
-                    let _ = run(&["-n", ns, "patch", "pod", name, "--subresource=status", "--type=merge", "-p", &status.to_string()]);
+                    let _ = run(&[
+                        "-n",
+                        ns,
+                        "patch",
+                        "pod",
+                        name,
+                        "--subresource=status",
+                        "--type=merge",
+                        "-p",
+                        &status.to_string(),
+                    ]);
                 }
             }
             std::thread::sleep(Duration::from_millis(300));
@@ -697,7 +715,12 @@ fn settle(cp: &ControlPlane, ns: &str) {
             .objects(ns)
             .0
             .iter()
-            .map(|o| format!("{}/{}@{}", o["kind"], o["metadata"]["name"], o["metadata"]["resourceVersion"]))
+            .map(|o| {
+                format!(
+                    "{}/{}@{}",
+                    o["kind"], o["metadata"]["name"], o["metadata"]["resourceVersion"]
+                )
+            })
             .collect();
         v.sort();
         v
@@ -781,19 +804,54 @@ impl ControlPlane {
 
 /// Runs a scenario's steps with kubectl in namespace `ns`; returns the
 /// failed checks and the objects left (as in `default`).
-fn run_on_cluster(cp: &ControlPlane, path: &Path, ns: &str) -> (Vec<String>, Objects) {
+fn run_on_cluster(
+    cp: &ControlPlane,
+    serve: &mut ServeProcess,
+    kubeconfig: &Path,
+    path: &Path,
+    ns: &str,
+) -> (Vec<String>, Objects) {
     let scenario = replay::load(path).unwrap();
     cp.namespace(ns);
+    // A scenario's objects predate the policy. With the shipped
+    // failurePolicy (Ignore), objects created while serve is down are
+    // exactly that.
+    let predating = scenario
+        .objects
+        .iter()
+        .any(|o| matches!(o["kind"].as_str(), Some("Deployment" | "StatefulSet" | "DaemonSet")));
+    // serve runs with the scenario's settings and storm guard.
+    let settings = if scenario.settings.is_null() {
+        json!({})
+    } else {
+        scenario.settings.clone()
+    };
+    let flags = serve_flags_with(
+        &settings.to_string(),
+        scenario.watch_min_interval.as_deref().unwrap_or("30s"),
+    );
+    if predating {
+        serve.stop();
+    } else {
+        serve.restart(kubeconfig, &flags);
+        serve.wait_ready();
+    }
     for object in &scenario.objects {
         let mut o = object.clone();
         o["metadata"].as_object_mut().unwrap().remove("namespace");
         cp.apply(ns, &o);
     }
+    if predating {
+        settle(cp, ns);
+        serve.restart(kubeconfig, &flags);
+        serve.wait_ready();
+    }
     settle(cp, ns);
     let mut failures = Vec::new();
     let mut last: Option<Admission> = None;
     let steps: Vec<Step> = scenario.steps.clone();
-    let mut queue: std::collections::VecDeque<(usize, Step)> = steps.into_iter().enumerate().map(|(i, s)| (i + 1, s)).collect();
+    let mut queue: std::collections::VecDeque<(usize, Step)> =
+        steps.into_iter().enumerate().map(|(i, s)| (i + 1, s)).collect();
     while let Some((index, step)) = queue.pop_front() {
         let kind = |k: &str| k.to_lowercase();
         match &step {
@@ -808,7 +866,20 @@ fn run_on_cluster(cp: &ControlPlane, path: &Path, ns: &str) -> (Vec<String>, Obj
             }
             Step::Edit(e) => {
                 let set = e.set.to_string();
-                last = Some(admission(cp.kubectl_warned(&["-n", ns, "patch", &kind(&e.kind), &e.name, "--type", "merge", "-p", &set], None)));
+                last = Some(admission(cp.kubectl_warned(
+                    &[
+                        "-n",
+                        ns,
+                        "patch",
+                        &kind(&e.kind),
+                        &e.name,
+                        "--type",
+                        "merge",
+                        "-p",
+                        &set,
+                    ],
+                    None,
+                )));
             }
             Step::Delete(r) => {
                 cp.kubectl(&["-n", ns, "delete", &kind(&r.kind), &r.name]);
@@ -825,7 +896,9 @@ fn run_on_cluster(cp: &ControlPlane, path: &Path, ns: &str) -> (Vec<String>, Obj
             }
             Step::RolloutRestart(r) => {
                 let target = format!("{}/{}", kind(&r.kind), r.name);
-                last = Some(admission(cp.kubectl_warned(&["-n", ns, "rollout", "restart", &target], None)));
+                last = Some(admission(
+                    cp.kubectl_warned(&["-n", ns, "rollout", "restart", &target], None),
+                ));
             }
             Step::Repeat(r) => {
                 let mut expanded = Vec::new();
@@ -843,7 +916,12 @@ fn run_on_cluster(cp: &ControlPlane, path: &Path, ns: &str) -> (Vec<String>, Obj
             Step::Expect(e) => {
                 let mut checks = Vec::new();
                 replay::expect(last.as_ref(), e, &mut checks);
-                failures.extend(checks.into_iter().filter(|c| !c.ok).map(|c| format!("step {index}: {}: {}", c.check, c.detail)));
+                failures.extend(
+                    checks
+                        .into_iter()
+                        .filter(|c| !c.ok)
+                        .map(|c| format!("step {index}: {}: {}", c.check, c.detail)),
+                );
                 continue;
             }
             Step::Assert(list) => {
@@ -868,21 +946,48 @@ fn run_on_cluster(cp: &ControlPlane, path: &Path, ns: &str) -> (Vec<String>, Obj
 /// the snapshots there are, and what each revision runs (by number).
 fn outcome(view: &Objects) -> Value {
     let mut out = serde_json::Map::new();
-    for w in view.0.iter().filter(|o| matches!(o["kind"].as_str(), Some("Deployment" | "StatefulSet" | "DaemonSet"))) {
-        let name = format!("{}/{}", w["kind"].as_str().unwrap(), w["metadata"]["name"].as_str().unwrap());
-        let refs: Vec<String> = config_snapshot_policy::references::collect(&w["spec"]["template"]).into_iter().map(|r| r.name).collect();
+    for w in view
+        .0
+        .iter()
+        .filter(|o| matches!(o["kind"].as_str(), Some("Deployment" | "StatefulSet" | "DaemonSet")))
+    {
+        let name = format!(
+            "{}/{}",
+            w["kind"].as_str().unwrap(),
+            w["metadata"]["name"].as_str().unwrap()
+        );
+        let refs: Vec<String> = config_snapshot_policy::references::collect(&w["spec"]["template"])
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
         let uid = &w["metadata"]["uid"];
         let mut revisions: Vec<(i64, Vec<String>)> = view
             .0
             .iter()
-            .filter(|o| o["metadata"]["ownerReferences"].as_array().is_some_and(|r| r.iter().any(|r| r["uid"] == *uid)))
+            .filter(|o| {
+                o["metadata"]["ownerReferences"]
+                    .as_array()
+                    .is_some_and(|r| r.iter().any(|r| r["uid"] == *uid))
+            })
             .filter_map(|r| {
                 let (n, t) = match r["kind"].as_str()? {
-                    "ReplicaSet" => (r["metadata"]["annotations"]["deployment.kubernetes.io/revision"].as_str()?.parse().ok()?, &r["spec"]["template"]),
+                    "ReplicaSet" => (
+                        r["metadata"]["annotations"]["deployment.kubernetes.io/revision"]
+                            .as_str()?
+                            .parse()
+                            .ok()?,
+                        &r["spec"]["template"],
+                    ),
                     "ControllerRevision" => (r["revision"].as_i64()?, &r["data"]["spec"]["template"]),
                     _ => return None,
                 };
-                Some((n, config_snapshot_policy::references::collect(t).into_iter().map(|r| r.name).collect()))
+                Some((
+                    n,
+                    config_snapshot_policy::references::collect(t)
+                        .into_iter()
+                        .map(|r| r.name)
+                        .collect(),
+                ))
             })
             .collect();
         revisions.sort();
@@ -895,7 +1000,7 @@ fn outcome(view: &Objects) -> Value {
 /// The e2e scenarios that need no clock jump and reach into nothing but
 /// the API, run on the control plane and under replay: each scenario's
 /// assertions hold on both, and the outcomes agree.
-fn scenarios_agree_with_replay(cp: &ControlPlane) {
+fn scenarios_agree_with_replay(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path) {
     let engine = Arc::new(config_snapshot::engine::Engine::load(&support::process::policy()).unwrap());
     let mut compared = Vec::new();
     let mut scenarios: Vec<PathBuf> = std::fs::read_dir(root().join("e2e-tests"))
@@ -908,24 +1013,36 @@ fn scenarios_agree_with_replay(cp: &ControlPlane) {
         let scenario = replay::load(&path).unwrap();
         let runnable = scenario.steps.iter().all(|s| match s {
             Step::AdvanceTime(_) | Step::Fault(_) | Step::Together(_) | Step::Review(_) => false,
-            Step::Repeat(r) => r.steps.iter().all(|v| ["edit", "apply", "expect", "assert"].iter().any(|k| v.get(*k).is_some())),
+            Step::Repeat(r) => r.steps.iter().all(|v| {
+                ["edit", "apply", "expect", "assert"]
+                    .iter()
+                    .any(|k| v.get(*k).is_some())
+            }),
             _ => true,
-        }) && scenario.settings.as_object().is_none_or(|s| s.is_empty())
-            && scenario.watch_min_interval.is_none();
+        });
         if !runnable {
             continue;
         }
         let stem = path.file_stem().unwrap().to_string_lossy().to_string();
         let ns = format!("scenario-{stem}");
-        let (failures, real) = run_on_cluster(cp, &path, &ns);
-        assert!(failures.is_empty(), "{stem} on the control plane:\n{}", failures.join("\n"));
-        let mut session = replay::Session::new(engine.clone(), &scenario, path.parent().unwrap().to_path_buf()).unwrap();
+        let (failures, real) = run_on_cluster(cp, serve, kubeconfig, &path, &ns);
+        assert!(
+            failures.is_empty(),
+            "{stem} on the control plane:\n{}",
+            failures.join("\n")
+        );
+        let mut session =
+            replay::Session::new(engine.clone(), &scenario, path.parent().unwrap().to_path_buf()).unwrap();
         session.load(&scenario.objects);
         for (i, step) in scenario.steps.iter().enumerate() {
             session.step(i + 1, step);
         }
         let replayed = Objects(session.sim.objects());
-        assert_eq!(outcome(&real), outcome(&replayed), "{stem}: the control plane and replay disagree");
+        assert_eq!(
+            outcome(&real),
+            outcome(&replayed),
+            "{stem}: the control plane and replay disagree"
+        );
         compared.push(stem);
     }
     eprintln!("scenarios that agree on the control plane and under replay: {compared:?}");
@@ -974,7 +1091,7 @@ fn serve_on_a_real_control_plane() {
         return;
     }
     let kubelet = start_kubelet_stand_in(&cp);
-    scenarios_agree_with_replay(&cp);
+    scenarios_agree_with_replay(&cp, &mut serve, &kubeconfig);
     kubelet.store(true, Ordering::SeqCst);
     eprintln!("real control plane: every story held in {:?}", started.elapsed());
 }
