@@ -294,6 +294,8 @@ impl<'a> Planner<'a> {
             // A record copied from another object speaks of its generations.
             Change::Create => None,
             Change::Rollback => Some(Rollback {
+                // Settled by the admission once the written spec is known
+                // (`records::generation_after`).
                 generation: self.old.map(generation).unwrap_or(0) + 1,
                 at: self.ctx.cluster.now(),
                 sources: groups

@@ -68,6 +68,14 @@ pub fn owner_of(kind: &str, workload: &Value) -> Value {
     })
 }
 
+/// The `metadata.generation` the API server gives `new` when it replaces
+/// `old`: it bumps the generation on a spec change only. A rollback whose
+/// rewritten template is the one already running changes no spec, and a
+/// record claiming the next generation would void every later watch patch.
+pub fn generation_after(old: &Value, new: &Value) -> i64 {
+    generation(old) + i64::from(old.get("spec") != new.get("spec"))
+}
+
 /// A workload's `metadata.generation` (0 when absent).
 pub fn generation(object: &Value) -> i64 {
     object
@@ -176,6 +184,15 @@ mod tests {
         );
         assert_eq!(Rollback::of(&with(keys::ROLLBACK, text, 8)), Some(r));
         assert_eq!(Rollback::of(&with(keys::ROLLBACK, "garbage".into(), 8)), None);
+    }
+
+    #[test]
+    fn only_a_spec_change_makes_a_new_generation() {
+        let old = json!({"metadata": {"generation": 4}, "spec": {"template": {"a": 1}}});
+        let relabelled = json!({"metadata": {"generation": 4, "labels": {"x": "y"}}, "spec": {"template": {"a": 1}}});
+        let changed = json!({"metadata": {"generation": 4}, "spec": {"template": {"a": 2}}});
+        assert_eq!(generation_after(&old, &relabelled), 4);
+        assert_eq!(generation_after(&old, &changed), 5);
     }
 
     #[test]

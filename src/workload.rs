@@ -190,6 +190,12 @@ pub fn admit(
     let original = object.clone();
     let template = object.pointer_mut("/spec/template").expect("checked above");
     apply(template, &groups, &targets, &optin, renewed_at);
+    let rollback = rollback.map(|mut r| {
+        if let Some(old) = &old {
+            r.generation = crate::records::generation_after(old, &object);
+        }
+        r
+    });
     set_rollback(&mut object, rollback.as_ref());
     // The watch-rollout record changes only with the host's own rollout.
     // Copied from another object on CREATE, it speaks of that object's
