@@ -297,6 +297,7 @@ impl<'a> Planner<'a> {
                 // Settled by the admission once the written spec is known
                 // (`records::generation_after`).
                 generation: self.old.map(generation).unwrap_or(0) + 1,
+                count: self.old.map_or(0, Rollback::count_of) + 1,
                 at: self.ctx.cluster.now(),
                 sources: groups
                     .iter()

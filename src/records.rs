@@ -3,11 +3,13 @@
 //! policy admitted and the last watch rollout the host applied. See
 //! docs/design.md, "A rollback always wins".
 //!
-//! Both carry the `metadata.generation` their write produced. The API
-//! server bumps the generation on every spec change, so it orders a
-//! workload's changes exactly, where clocks (whole seconds, several
-//! replicas) cannot: a watch patch decided at generation 7 is void once a
-//! rollback has produced generation 8.
+//! Both carry the `metadata.generation` their write produced. The rollback
+//! record also counts the workload's rollbacks: a watch patch remembers the
+//! count it saw when it was decided, and is void once the count has grown.
+//! A count orders exactly where clocks (whole seconds, several replicas)
+//! cannot, and where generations cannot either: an undo whose rewritten
+//! template is the running one changes no spec and bumps no generation,
+//! yet it is a rollback the user asked for.
 
 use serde_json::Value;
 
@@ -21,6 +23,8 @@ use crate::kind::{SourceId, SourceKind};
 pub struct Rollback {
     /// The generation the rollback produced.
     pub generation: i64,
+    /// How many rollbacks the workload has had, this one included.
+    pub count: u64,
     /// When it was admitted (unix seconds): a fresh renew period starts here.
     pub at: i64,
     /// For each watched source: the snapshot its content had at the
@@ -93,6 +97,7 @@ impl Rollback {
         let raw: Value = serde_json::from_str(annotation(object, keys::ROLLBACK)?).ok()?;
         Some(Rollback {
             generation: raw.get("generation")?.as_i64()?,
+            count: raw.get("count").and_then(Value::as_u64).unwrap_or(1),
             at: parse_rfc3339(raw.get("at")?.as_str()?)?,
             sources: raw
                 .get("sources")
@@ -109,10 +114,16 @@ impl Rollback {
         self.sources.iter().find(|(s, _)| s == id).map(|(_, d)| d.as_str())
     }
 
+    /// How many rollbacks `workload` has had (0 without a record).
+    pub fn count_of(workload: &Value) -> u64 {
+        Rollback::of(workload).map_or(0, |r| r.count)
+    }
+
     pub fn to_annotation(&self) -> String {
         let mut out = format!(
-            r#"{{"generation":{},"at":"{}""#,
+            r#"{{"generation":{},"count":{},"at":"{}""#,
             self.generation,
+            self.count,
             format_rfc3339(self.at)
         );
         if !self.sources.is_empty() {
@@ -171,6 +182,7 @@ mod tests {
     fn rollback_round_trips() {
         let r = Rollback {
             generation: 8,
+            count: 2,
             at: 1_800_000_000,
             sources: vec![(
                 SourceId::new(SourceKind::ConfigMap, "app"),
@@ -180,7 +192,7 @@ mod tests {
         let text = r.to_annotation();
         assert_eq!(
             text,
-            r#"{"generation":8,"at":"2027-01-15T08:00:00Z","sources":{"configmap/app":"app-0123456789"}}"#
+            r#"{"generation":8,"count":2,"at":"2027-01-15T08:00:00Z","sources":{"configmap/app":"app-0123456789"}}"#
         );
         assert_eq!(Rollback::of(&with(keys::ROLLBACK, text, 8)), Some(r));
         assert_eq!(Rollback::of(&with(keys::ROLLBACK, "garbage".into(), 8)), None);

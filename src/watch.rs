@@ -17,7 +17,7 @@ use crate::keys;
 use crate::kind::{SourceId, SourceKind};
 use crate::optin::OptIn;
 use crate::plan::SA_TOKEN;
-use crate::records::{generation, Rollback};
+use crate::records::Rollback;
 use crate::references;
 use crate::request::{Outcome, SAY};
 use crate::template::{self, Mapping, Snapshots};
@@ -210,8 +210,8 @@ fn roll_out_one(
         "kind": kind.kind(),
         "name": workload_name,
         "resourceVersion": workload.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or_default(),
-        // The generation this was decided at: a rollback after it voids it.
-        "generation": generation(workload),
+        // The rollbacks this was decided after: one more voids it.
+        "rollbacks": Rollback::count_of(workload),
         "patch": patch,
         // Lets the host hold the patch until this very content is persisted,
         // and drop it once the source has moved on (a newer patch supersedes it).
@@ -490,7 +490,7 @@ mod rollback_tests {
     #[test]
     fn the_patch_says_when_it_was_decided_and_what_the_source_was() {
         let host = FakeHost::with(vec![cm("app", json!({"mode": "blue"}))]);
-        watcher(&host, None);
+        watcher(&host, Some(r#"{"generation":5,"count":3,"at":"2026-01-01T00:00:00Z"}"#));
         let old = cm("app", json!({"mode": "blue"}));
         let new = cm("app", json!({"mode": "green"}));
         run(
@@ -498,7 +498,7 @@ mod rollback_tests {
             &payload("ConfigMap", "UPDATE", &new, Some(&old), false, json!({})),
         );
         let p = &host.ops("patch_workload")[0];
-        assert_eq!(p["generation"], 6);
+        assert_eq!(p["rollbacks"], 3, "the rollbacks it was decided after");
         assert_eq!(p["source"]["resourceVersion"], "7");
         assert_eq!(p["snapshot"], name_of(json!({"mode": "green"})).as_str());
     }

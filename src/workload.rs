@@ -14,7 +14,7 @@ use crate::host::{Cluster, WriteError};
 use crate::keys;
 use crate::kind::SourceId;
 use crate::optin::OptIn;
-use crate::plan::{Plan, Planner, Target};
+use crate::plan::{Change, Plan, Planner, Target};
 use crate::reads::Reads;
 use crate::records::{Rollback, WatchRollout};
 use crate::references::{self, SourceRefs};
@@ -148,7 +148,7 @@ pub fn admit(
         mut warnings,
         renewed_at,
         rollback,
-        ..
+        change,
     } = plan;
 
     // Create every snapshot before rewriting anything: a reference to a
@@ -190,8 +190,10 @@ pub fn admit(
     let original = object.clone();
     let template = object.pointer_mut("/spec/template").expect("checked above");
     apply(template, &groups, &targets, &optin, renewed_at);
+    // A record carried from the live object keeps its generation; one this
+    // write makes gets the generation the write really produces.
     let rollback = rollback.map(|mut r| {
-        if let Some(old) = &old {
+        if let (Change::Rollback, Some(old)) = (change, &old) {
             r.generation = crate::records::generation_after(old, &object);
         }
         r

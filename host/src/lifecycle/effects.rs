@@ -10,8 +10,9 @@
 //! 2. the source must hold the content the patch was made for; while it
 //!    still has the version it had at admission, the change is not
 //!    persisted yet (wait); once it has another, the patch is superseded;
-//! 3. a rollback that produced a later generation than the one the patch
-//!    was decided at voids it: a rollback always wins;
+//! 3. a rollback admitted after the patch was decided voids it (the
+//!    workload's rollback record counts more rollbacks than the patch saw):
+//!    a rollback always wins;
 //! 4. at most one watch rollout per workload per interval, counted from the
 //!    rollout recorded on the workload itself (so replicas and restarts
 //!    share the guard);
@@ -91,8 +92,8 @@ pub struct PatchIntent {
     /// source created by it).
     pub source_version: String,
     pub snapshot: String,
-    /// The workload's generation when the patch was decided.
-    pub generation: i64,
+    /// How many rollbacks the workload had had when the patch was decided.
+    pub rollbacks: u64,
 }
 
 impl PatchIntent {
@@ -111,7 +112,7 @@ impl PatchIntent {
             content_hash: text(&request["source"]["contentHash"]),
             source_version: text(&request["source"]["resourceVersion"]),
             snapshot: snapshot.to_string(),
-            generation: request["generation"].as_i64().unwrap_or(0),
+            rollbacks: request["rollbacks"].as_u64().unwrap_or(0),
         })
     }
 }
@@ -185,10 +186,10 @@ pub fn decide_patch(intent: &PatchIntent, seen: &Observed, now: i64, rules: &Rul
     if !watches {
         return void(format!("patch of {who} dropped: it no longer watches {id}"));
     }
-    if let Some(rollback) = Rollback::of(workload).filter(|r| r.generation > intent.generation) {
+    if let Some(rollback) = Rollback::of(workload).filter(|r| r.count > intent.rollbacks) {
         return void(format!(
-            "patch of {who} to {} dropped: a rollback came first (generation {} after {})",
-            intent.snapshot, rollback.generation, intent.generation
+            "patch of {who} to {} dropped: a rollback came first (rollback {} after the patch saw {})",
+            intent.snapshot, rollback.count, intent.rollbacks
         ));
     }
     let template = &workload["spec"]["template"];
@@ -319,7 +320,7 @@ mod tests {
                 "spec": {"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": on}}]}]}}}})
     }
 
-    fn intent(data: Value, generation: i64) -> PatchIntent {
+    fn intent(data: Value, rollbacks: u64) -> PatchIntent {
         let c = Content::from_object(SourceKind::ConfigMap, &json!({ "data": data.clone() })).unwrap();
         PatchIntent {
             kind: "Deployment".into(),
@@ -329,7 +330,7 @@ mod tests {
             content_hash: c.hash(),
             source_version: "7".into(),
             snapshot: snapshot_name(data),
-            generation,
+            rollbacks,
         }
     }
 
@@ -385,11 +386,13 @@ mod tests {
         let old = snapshot_name(json!({"v": "1"}));
         let i = intent(json!({"v": "2"}), 3);
         let landed = source(json!({"v": "2"}), "8");
-        let rolled = |generation: i64| {
+        // The generation does not order them: an undo to a template equal
+        // to the running one bumps none.
+        let rolled = |count: u64| {
             workload(
                 &old,
-                generation,
-                json!({"config-snapshot.io/rollback": format!(r#"{{"generation":{generation},"at":"2026-01-01T00:00:00Z"}}"#)}),
+                7,
+                json!({"config-snapshot.io/rollback": format!(r#"{{"generation":7,"count":{count},"at":"2026-01-01T00:00:00Z"}}"#)}),
             )
         };
         let verdict = judge(&i, Some(&rolled(4)), Some(&landed), 0);
