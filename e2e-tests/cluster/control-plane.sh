@@ -24,6 +24,11 @@ log() { printf '[control-plane] %s\n' "$*" >&2; }
 
 build() {
   mkdir -p "$CACHE"
+  # One build at a time: CI starts one in the background while Rust
+  # compiles, and the tests' `up` waits for it here.
+  exec 9>"$CACHE/.lock"
+  flock 9
+  if cached; then echo "$CACHE"; return 0; fi
   command -v go >/dev/null || { log "Go is not installed"; exit 3; }
   local started=$SECONDS
   if [ ! -x "$CACHE/etcd" ]; then

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{anyhow, Context as _, Result};
+use anyhow::{anyhow, bail, Context as _, Result};
 use base64::Engine as _;
 use config_snapshot_policy::content::Content;
 use config_snapshot_policy::duration::{parse_go_duration, parse_rfc3339};
@@ -181,8 +181,23 @@ pub fn run_step(
         Step::Apply(object) => *last = Some(sim.apply(object.clone(), false, "kubectl")?),
         Step::DryRunApply(object) => *last = Some(sim.apply(object.clone(), true, "kubectl")?),
         Step::Edit(e) => *last = Some(sim.edit(&e.kind, &e.namespace, &e.name, &e.set, "kubectl")?),
-        Step::Delete(r) => {
-            sim.delete(&r.kind, &r.namespace, &r.name)?;
+        Step::Delete(d) => {
+            let names: Vec<String> = match (&d.name, &d.selector) {
+                (Some(name), None) => vec![name.clone()],
+                (None, Some(selector)) => {
+                    let selector = Selector::parse(selector).map_err(|e| anyhow!(e))?;
+                    sim.objects()
+                        .iter()
+                        .filter(|o| o["kind"] == d.kind.as_str() && o["metadata"]["namespace"] == d.namespace.as_str())
+                        .filter(|o| selector.matches(o))
+                        .filter_map(|o| o["metadata"]["name"].as_str().map(str::to_string))
+                        .collect()
+                }
+                _ => bail!("delete needs a name or a selector, not both"),
+            };
+            for name in names {
+                sim.delete(&d.kind, &d.namespace, &name)?;
+            }
             *last = None;
         }
         Step::RolloutUndo(u) => *last = Some(sim.rollout_undo(&u.kind, &u.namespace, &u.name, u.to_revision)?),
@@ -270,7 +285,10 @@ fn describe(step: &Step) -> String {
         Step::Apply(o) => format!("apply {}", obj(o)),
         Step::DryRunApply(o) => format!("apply --dry-run=server {}", obj(o)),
         Step::Edit(e) => format!("edit {}/{}", e.kind, e.name),
-        Step::Delete(r) => format!("delete {}/{}", r.kind, r.name),
+        Step::Delete(d) => match (&d.name, &d.selector) {
+            (Some(name), _) => format!("delete {}/{name}", d.kind),
+            (None, selector) => format!("delete {} -l {}", d.kind, selector.as_deref().unwrap_or("")),
+        },
         Step::RolloutUndo(u) => match u.to_revision {
             Some(n) => format!("rollout undo {}/{} --to-revision={n}", u.kind, u.name),
             None => format!("rollout undo {}/{}", u.kind, u.name),

@@ -30,7 +30,7 @@ pub enum Step {
     /// `apply` with `dryRun: All`.
     DryRunApply(Value),
     Edit(Edit),
-    Delete(Ref),
+    Delete(Deletion),
     RolloutUndo(Undo),
     RolloutRestart(Ref),
     AdvanceTime(String),
@@ -50,6 +50,20 @@ pub enum Step {
 pub struct Repeat {
     pub times: u32,
     pub steps: Vec<Value>,
+}
+
+/// `delete: {kind, name}`, or `{kind, selector}` for every object of the
+/// kind that matches (for objects whose names a controller makes up).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Deletion {
+    pub kind: String,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub selector: Option<String>,
+    #[serde(default = "default_ns")]
+    pub namespace: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -881,8 +881,18 @@ fn run_on_cluster(
                     None,
                 )));
             }
-            Step::Delete(r) => {
-                cp.kubectl(&["-n", ns, "delete", &kind(&r.kind), &r.name]);
+            Step::Delete(d) => {
+                match (&d.name, &d.selector) {
+                    (Some(name), _) => cp.kubectl(&["-n", ns, "delete", &kind(&d.kind), name]),
+                    (None, selector) => cp.kubectl(&[
+                        "-n",
+                        ns,
+                        "delete",
+                        &kind(&d.kind),
+                        "-l",
+                        selector.as_deref().unwrap_or(""),
+                    ]),
+                };
                 last = None;
             }
             Step::RolloutUndo(u) => {

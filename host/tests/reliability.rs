@@ -108,7 +108,7 @@ fn faults_on_every_write_leave_nothing_half_done() {
         // the garbage collector take its snapshots when an older revision is
         // pruned), the controller retries, and then it owns them.
         let yaml = format!(
-            "watchMinInterval: 0s\n{THREE_REFS}steps:\n  - fault: {{operation: adopt, error: {error:?}, times: 1}}{}\n  - expect: {{allowed: true}}\n  - advanceTime: 1m\n  - assert:\n      - effectiveConfig: {{kind: Deployment, name: web, source: configmap/one, data: {{k: \"1\"}}}}\n      - count: {{kind: ReplicaSet, equals: 1}}\n      - jsonPath: {{kind: ConfigMap, name: one-db518a583c, path: \"metadata.ownerReferences[0].kind\", equals: ReplicaSet}}\n",
+            "watchMinInterval: 0s\n{THREE_REFS}steps:\n  - fault: {{operation: adopt, error: {error:?}, times: 1}}{}\n  - expect: {{allowed: true}}\n  - advanceTime: 1m\n  - assert:\n      - effectiveConfig: {{kind: Deployment, name: web, source: configmap/one, data: {{k: \"1\"}}}}\n      - count: {{kind: ReplicaSet, equals: 1}}\n      - jsonPath: {{kind: ConfigMap, name: one-db518a583c, path: \"metadata.ownerReferences[*].kind\", equals: [Deployment, ReplicaSet]}}\n",
             web("")
         );
         let result = run_scenario(&engine, &format!("adopt-once-{i}"), &yaml);

@@ -249,10 +249,13 @@ fn annotate(object: &Value, key: &str, value: &str) -> Value {
 
 /// The JSON Patch that makes `owner` an owner of `snapshot`, or `None` if
 /// it already is one or `snapshot` is not ours. Pinned to the snapshot's
-/// resourceVersion. A revision that adopts a snapshot also takes over from
-/// its workload's bridge (the workload's own ownerReference, added when an
-/// admission made it name a snapshot that other revisions owned): the
-/// bridge goes in the same write.
+/// resourceVersion. A revision that adopts a snapshot makes its workload
+/// (its controller) an owner too, in the same write: a user who deletes the
+/// revision (`kubectl delete rs` to force new pods) leaves the workload
+/// naming the snapshot, and its controller re-creates the revision; with
+/// the revision as the only owner, the garbage collector would take the
+/// snapshot first. The periodic pass drops the workload's ownership once
+/// its template no longer names the snapshot.
 pub fn adopt_ops(owner: &Value, snapshot: &Value) -> Option<Vec<Value>> {
     if !keys::is_snapshot(snapshot) {
         return None;
@@ -264,18 +267,16 @@ pub fn adopt_ops(owner: &Value, snapshot: &Value) -> Option<Vec<Value>> {
     let controller = owner["metadata"]["ownerReferences"]
         .as_array()
         .and_then(|refs| refs.iter().find(|r| r["controller"] == true))
-        .map(|r| r["uid"].clone());
+        .map(|r| json!({"apiVersion": r["apiVersion"], "kind": r["kind"], "name": r["name"], "uid": r["uid"]}));
     let current: Vec<Value> = snapshot["metadata"]["ownerReferences"]
         .as_array()
         .cloned()
         .unwrap_or_default();
-    let mut wanted: Vec<Value> = current
-        .iter()
-        .filter(|r| controller.as_ref() != Some(&r["uid"]))
-        .cloned()
-        .collect();
-    if !wanted.iter().any(|r| r["uid"] == reference["uid"]) {
-        wanted.push(reference);
+    let mut wanted = current.clone();
+    for r in controller.into_iter().chain([reference]) {
+        if !wanted.iter().any(|w| w["uid"] == r["uid"]) {
+            wanted.push(r);
+        }
     }
     if wanted == current {
         return None;
@@ -478,7 +479,7 @@ mod tests {
     }
 
     #[test]
-    fn a_revision_takes_over_from_its_workloads_bridge() {
+    fn a_revision_adopts_for_its_workload_too() {
         let c = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"a": "1"}})).unwrap();
         let (_, mut snap) = snapshot_object(&SourceId::new(SourceKind::ConfigMap, "app"), "ns", "", &c);
         snap["metadata"]["resourceVersion"] = json!("5");
@@ -497,6 +498,17 @@ mod tests {
             .iter()
             .map(|r| r["uid"].as_str().unwrap())
             .collect();
-        assert_eq!(uids, ["other", "rs-uid"], "the bridge went, the other owner stayed");
+        assert_eq!(uids, ["other", "web-uid", "rs-uid"], "the workload stays an owner");
+        // A snapshot adopted afresh gets the workload as well.
+        snap["metadata"]["ownerReferences"] = json!([]);
+        let ops = adopt_ops(&rs, &snap).unwrap();
+        apply_ops(&mut snap, &ops).unwrap();
+        let kinds: Vec<&str> = snap["metadata"]["ownerReferences"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["kind"].as_str().unwrap())
+            .collect();
+        assert_eq!(kinds, ["Deployment", "ReplicaSet"]);
     }
 }

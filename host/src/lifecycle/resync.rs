@@ -85,30 +85,16 @@ pub fn missing_adoptions(objects: &[&Value]) -> Vec<Effect> {
     out
 }
 
-/// Bridge upkeep: the patches that make each snapshot a workload names, and
-/// that other revisions own, owned by that workload too until one of its
-/// own revisions owns it (so the garbage collector cannot take it while it
-/// is named), and that drop a workload's ownership once a revision of it
-/// took over or the workload no longer names the snapshot.
+/// Workload ownership upkeep: the patches that make each owned snapshot a
+/// workload names owned by that workload too (so the garbage collector
+/// cannot take it while it is named, whatever happens to the revisions),
+/// and that drop a workload's ownership once it no longer names the
+/// snapshot (so its revisions alone decide how long it lives).
 pub fn bridges(objects: &[&Value]) -> Vec<(Key, Vec<Value>)> {
     let workloads: Vec<&Value> = objects
         .iter()
         .filter(|o| WorkloadKind::from_kind(kind_of(o)).is_some())
         .copied()
-        .collect();
-    // A revision's uid → the uid of the workload that controls it.
-    let controller_of: HashMap<&str, &str> = objects
-        .iter()
-        .filter(|o| matches!(kind_of(o), "ReplicaSet" | "ControllerRevision"))
-        .filter_map(|r| {
-            let uid = r["metadata"]["uid"].as_str()?;
-            let owner = r["metadata"]["ownerReferences"]
-                .as_array()?
-                .iter()
-                .find(|o| o["controller"] == true)?["uid"]
-                .as_str()?;
-            Some((uid, owner))
-        })
         .collect();
     // A workload's uid → the snapshots its template names.
     let mut named: HashMap<&str, HashSet<Key>> = HashMap::new();
@@ -132,13 +118,6 @@ pub fn bridges(objects: &[&Value]) -> Vec<(Key, Vec<Value>)> {
             .as_array()
             .cloned()
             .unwrap_or_default();
-        let revision_of = |workload: &str| {
-            current.iter().any(|r| {
-                r["uid"]
-                    .as_str()
-                    .is_some_and(|u| controller_of.get(u) == Some(&workload))
-            })
-        };
         let names = |workload: &str| named.get(workload).is_some_and(|n| n.contains(&k));
         let mut wanted: Vec<Value> = current
             .iter()
@@ -149,7 +128,7 @@ pub fn bridges(objects: &[&Value]) -> Vec<(Key, Vec<Value>)> {
                 {
                     return true;
                 }
-                names(uid) && !revision_of(uid)
+                names(uid)
             })
             .cloned()
             .collect();
@@ -158,7 +137,7 @@ pub fn bridges(objects: &[&Value]) -> Vec<(Key, Vec<Value>)> {
                 let Some(uid) = w["metadata"]["uid"].as_str() else {
                     continue;
                 };
-                if names(uid) && !revision_of(uid) && !wanted.iter().any(|r| r["uid"] == uid) {
+                if names(uid) && !wanted.iter().any(|r| r["uid"] == uid) {
                     wanted.push(json!({
                         "apiVersion": "apps/v1", "kind": w["kind"],
                         "name": w["metadata"]["name"], "uid": uid,
@@ -177,6 +156,17 @@ pub fn bridges(objects: &[&Value]) -> Vec<(Key, Vec<Value>)> {
         }
     }
     out
+}
+
+/// The workload controlling `revision`: kind, name and uid from its
+/// controller ownerReference.
+pub fn controller_of(revision: &Value) -> Option<(String, String, String)> {
+    let r = revision["metadata"]["ownerReferences"]
+        .as_array()?
+        .iter()
+        .find(|r| r["controller"] == true)?;
+    let text = |v: &Value| v.as_str().map(str::to_string);
+    Some((text(&r["kind"])?, text(&r["name"])?, text(&r["uid"])?))
 }
 
 /// The workloads to re-admit for renew-duration.
@@ -395,7 +385,7 @@ mod tests {
     }
 
     #[test]
-    fn a_workload_bridges_a_named_snapshot_others_own_until_its_revision_does() {
+    fn a_workload_owns_an_owned_snapshot_while_it_names_it() {
         let mut snap = snap("shared", 0);
         snap["metadata"]["ownerReferences"] =
             json!([{"kind": "ControllerRevision", "name": "agent-1", "uid": "cr-uid"}]);
@@ -421,17 +411,17 @@ mod tests {
         apply(&mut snap, patches);
         assert_eq!(owners(&snap), ["cr-uid", "web-uid"]);
         assert!(bridges(&[&snap, &web]).is_empty(), "stable");
-        // Web's own ReplicaSet owns it too: the bridge goes.
+        // Web's own ReplicaSet owns it too: web stays an owner while it
+        // names it, so deleting the ReplicaSet cannot take it.
         let rs = json!({"kind": "ReplicaSet", "metadata": {"name": "web-1", "namespace": "ns", "uid": "rs-uid",
             "ownerReferences": [{"kind": "Deployment", "uid": "web-uid", "controller": true}]}});
         snap["metadata"]["ownerReferences"]
             .as_array_mut()
             .unwrap()
             .push(json!({"kind": "ReplicaSet", "uid": "rs-uid"}));
-        let patches = bridges(&[&snap, &web, &rs]);
-        apply(&mut snap, patches);
-        assert_eq!(owners(&snap), ["cr-uid", "rs-uid"]);
-        // A bridge of a workload that no longer names it goes too.
+        assert!(bridges(&[&snap, &web, &rs]).is_empty());
+        assert_eq!(owners(&snap), ["cr-uid", "web-uid", "rs-uid"]);
+        // A workload that no longer names it stops owning it.
         let mut other = web.clone();
         other["spec"]["template"] = json!({"spec": {"containers": [{"name": "c"}]}});
         snap["metadata"]["ownerReferences"] =

@@ -97,6 +97,9 @@ impl Simulator {
 
     /// The Deployment controller: one ReplicaSet per distinct template, the
     /// newest scaled up, old ones scaled to 0 and pruned past the limit.
+    /// Paused (`spec.paused`), it makes no ReplicaSet and scales nothing: a
+    /// template that matches an existing ReplicaSet makes it current again,
+    /// but the pods stay where they are until the Deployment is resumed.
     fn reconcile_deployment(&mut self, deployment: &Value) -> Result<()> {
         let ns = deployment["metadata"]["namespace"]
             .as_str()
@@ -105,6 +108,7 @@ impl Simulator {
         let name = deployment["metadata"]["name"].as_str().unwrap_or_default().to_string();
         let template = deployment["spec"]["template"].clone();
         let replicas = deployment["spec"]["replicas"].as_i64().unwrap_or(1);
+        let paused = deployment["spec"]["paused"].as_bool().unwrap_or(false);
         let sets = self.owned("ReplicaSet", deployment);
         let max_revision = sets.iter().map(revision_of_rs).max().unwrap_or(0);
         let current = sets
@@ -123,12 +127,15 @@ impl Simulator {
                     ));
                 }
                 copy_annotations(deployment, &mut rs);
-                rs["spec"]["replicas"] = json!(replicas);
+                if !paused {
+                    rs["spec"]["replicas"] = json!(replicas);
+                }
                 if rs != before {
                     self.shared.store().persist(rs);
                 }
                 rs_name
             }
+            None if paused => String::new(),
             None => {
                 let hash = &template_hash(&template)[..10];
                 let rs_name = format!("{name}-{hash}");
@@ -164,7 +171,8 @@ impl Simulator {
                 rs_name
             }
         };
-        // Scale the others down and prune past revisionHistoryLimit.
+        // Scale the others down and prune past revisionHistoryLimit; only a
+        // ReplicaSet scaled to 0 counts as history.
         let limit = deployment["spec"]["revisionHistoryLimit"].as_i64().unwrap_or(10).max(0) as usize;
         let mut old: Vec<Value> = self
             .owned("ReplicaSet", deployment)
@@ -172,11 +180,12 @@ impl Simulator {
             .filter(|rs| rs["metadata"]["name"] != current_name.as_str())
             .collect();
         for rs in &mut old {
-            if rs["spec"]["replicas"] != 0 {
+            if !paused && rs["spec"]["replicas"] != 0 {
                 rs["spec"]["replicas"] = json!(0);
                 *rs = self.shared.store().persist(rs.clone());
             }
         }
+        old.retain(|rs| rs["spec"]["replicas"] == 0);
         self.prune_history("ReplicaSet", &ns, old, limit, revision_of_rs);
         Ok(())
     }
@@ -247,16 +256,52 @@ impl Simulator {
                 cr_name
             }
         };
+        let running = self.statefulset_status(workload, &current_name);
         let limit = workload["spec"]["revisionHistoryLimit"].as_i64().unwrap_or(10).max(0) as usize;
         let old: Vec<Value> = self
             .owned("ControllerRevision", workload)
             .into_iter()
             .filter(|r| r["metadata"]["name"] != current_name.as_str())
+            .filter(|r| running.as_deref() != r["metadata"]["name"].as_str())
             .collect();
         self.prune_history("ControllerRevision", &ns, old, limit, |r| {
             r["revision"].as_i64().unwrap_or(0)
         });
         Ok(())
+    }
+
+    /// A StatefulSet's `status.currentRevision`: the revision its pods not
+    /// yet updated run, which its controller never truncates. A rolling
+    /// update moves every pod, and then the current revision, to the update
+    /// revision; a partition keeps the pods below it (and the current
+    /// revision) where they are, and so does `OnDelete`. Pods are not
+    /// simulated: they are taken to become ready. Returns the current
+    /// revision when it is not the update revision.
+    fn statefulset_status(&mut self, workload: &Value, update: &str) -> Option<String> {
+        if workload["kind"] != "StatefulSet" || update.is_empty() {
+            return None;
+        }
+        let strategy = &workload["spec"]["updateStrategy"];
+        let partition = strategy["rollingUpdate"]["partition"].as_i64().unwrap_or(0);
+        let replicas = workload["spec"]["replicas"].as_i64().unwrap_or(1);
+        let rolls_all = strategy["type"] != "OnDelete" && (partition == 0 || replicas == 0);
+        let (kind, ns, name) = super::store::key_of(workload);
+        let live = self.get(&kind, &ns, &name)?;
+        let previous = live["status"]["currentRevision"]
+            .as_str()
+            .filter(|p| self.get("ControllerRevision", &ns, p).is_some())
+            .map(str::to_string);
+        let current = match previous {
+            Some(p) if !rolls_all => p,
+            _ => update.to_string(),
+        };
+        if live["status"]["currentRevision"] != current.as_str() || live["status"]["updateRevision"] != update {
+            let mut written = live.clone();
+            written["status"]["currentRevision"] = json!(current);
+            written["status"]["updateRevision"] = json!(update);
+            self.shared.store().persist(written);
+        }
+        (current != update).then_some(current)
     }
 
     /// Deletes the oldest of a workload's past revisions beyond

@@ -8,8 +8,9 @@ use config_snapshot_policy::keys;
 use serde_json::Value;
 
 use super::{Simulator, HOST_USER};
+use crate::backend::Backend;
 use crate::lifecycle::effects::{adopt_ops, apply_ops, decide_patch, Observed};
-use crate::lifecycle::resync::orphans;
+use crate::lifecycle::resync::{bridges, controller_of, orphans};
 use crate::lifecycle::{Effect, PatchIntent, Verdict};
 
 /// A deferred effect and the admission it waits for.
@@ -151,9 +152,44 @@ impl Simulator {
                         self.note(format!("{kind}/{name} adopted by {owner_kind}/{owner_name}"));
                     }
                 }
+                self.release_unnamed(&owner, namespace);
                 Ok(Progress::Done)
             }
             Effect::Patch { namespace, request } => self.run_patch(namespace, request),
+        }
+    }
+
+    /// A new revision is the moment its workload's template moved on: the
+    /// workload stops owning the snapshots it no longer names, so that
+    /// pruning their revisions collects them at once, not a pass later.
+    fn release_unnamed(&self, revision: &Value, namespace: &str) {
+        let Some((kind, name, uid)) = controller_of(revision) else {
+            return;
+        };
+        let Some(workload) = self
+            .get(&kind, namespace, &name)
+            .filter(|w| w["metadata"]["uid"] == uid.as_str())
+        else {
+            return;
+        };
+        let snapshots: Vec<Value> = {
+            let store = self.shared.store();
+            ["ConfigMap", "Secret"]
+                .iter()
+                .flat_map(|k| {
+                    store
+                        .list(k, namespace)
+                        .filter(|o| keys::is_snapshot(o))
+                        .cloned()
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        };
+        let objects: Vec<&Value> = std::iter::once(&workload).chain(&snapshots).collect();
+        for ((k, ns, n), ops) in bridges(&objects) {
+            if Backend::patch(self.shared.as_ref(), &k, &ns, &n, ops).is_ok() {
+                self.note(format!("{k}/{n}'s owners brought up to date for {kind}/{name}"));
+            }
         }
     }
 

@@ -106,6 +106,13 @@ impl Store {
                 let generation = old["metadata"]["generation"].as_i64().unwrap_or(1);
                 let spec_changed = old.get("spec") != object.get("spec");
                 object["metadata"]["generation"] = json!(generation + i64::from(spec_changed));
+                // Status is a subresource: a write of the object without it
+                // (an apply, an edit) keeps what the controller wrote.
+                if object.get("status").is_none() {
+                    if let Some(status) = old.get("status") {
+                        object["status"] = status.clone();
+                    }
+                }
             }
             None => {
                 meta.entry("uid")

@@ -17,15 +17,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use config_snapshot_policy::keys;
 use serde_json::Value;
 use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 
 use super::cluster::KubeCluster;
-use crate::backend::BackendError;
+use crate::backend::{BackendError, Selector};
 use crate::capability::delete_guarded;
 use crate::lifecycle::effects::{adopt_ops, decide_patch, Observed, Rules};
-use crate::lifecycle::resync::{orphans, Key};
+use crate::lifecycle::resync::{bridges, controller_of, orphans, Key};
 use crate::lifecycle::{Effect, PatchIntent, Verdict};
 
 #[derive(Debug, Clone)]
@@ -306,7 +307,38 @@ impl Runner {
                 Err(e) => return Step::Retry(e.to_string()),
             }
         }
+        self.release_unnamed(&owner, ns).await;
         Step::Done
+    }
+
+    /// A new revision is the moment its workload's template moved on: the
+    /// workload stops owning the snapshots it no longer names, so that
+    /// pruning their revisions collects them at once. Best effort: the
+    /// periodic pass makes the same decisions.
+    async fn release_unnamed(&self, revision: &Value, ns: &str) {
+        let Some((kind, name, uid)) = controller_of(revision) else {
+            return;
+        };
+        let workload = match self.cluster.fetch(&kind, ns, &name).await {
+            Ok(Some(w)) if w["metadata"]["uid"] == uid.as_str() => w,
+            _ => return,
+        };
+        let mut snapshots = Vec::new();
+        for k in ["ConfigMap", "Secret"] {
+            let selector =
+                Selector::parse(&format!("{}={}", keys::MANAGED_BY, keys::MANAGED_BY_VALUE)).expect("a valid selector");
+            let _ = self
+                .cluster
+                .cache
+                .list(k, ns, &selector, &mut |o| snapshots.push(o.clone()));
+        }
+        let objects: Vec<&Value> = std::iter::once(&workload).chain(&snapshots).collect();
+        for ((k, ns, n), ops) in bridges(&objects) {
+            match self.cluster.patch(&k, &ns, &n, ops).await {
+                Ok(()) => tracing::info!("{k}/{n}'s owners brought up to date for {kind}/{name}"),
+                Err(e) => tracing::debug!("{k}/{n}: {e}; the periodic pass will"),
+            }
+        }
     }
 
     /// `patch_workload`, judged by the shared rules on the workload and the
