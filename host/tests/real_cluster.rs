@@ -1019,6 +1019,11 @@ fn scenarios_agree_with_replay(cp: &ControlPlane, serve: &mut ServeProcess, kube
         .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
         .collect();
     scenarios.sort();
+    // REAL_CLUSTER_SCENARIOS=controller- runs only the scenarios whose file
+    // name contains it (while working on one).
+    let only = std::env::var("REAL_CLUSTER_SCENARIOS").ok();
+    let everything = only.is_none();
+    scenarios.retain(|p| only.as_deref().is_none_or(|o| p.to_string_lossy().contains(o)));
     for path in scenarios {
         let scenario = replay::load(&path).unwrap();
         let runnable = scenario.steps.iter().all(|s| match s {
@@ -1056,7 +1061,7 @@ fn scenarios_agree_with_replay(cp: &ControlPlane, serve: &mut ServeProcess, kube
         compared.push(stem);
     }
     eprintln!("scenarios that agree on the control plane and under replay: {compared:?}");
-    assert!(compared.len() >= 10, "{compared:?}");
+    assert!(!everything || compared.len() >= 10, "{compared:?}");
 }
 
 #[test]
