@@ -12,6 +12,7 @@ pub mod duration;
 pub mod host;
 pub mod keys;
 pub mod kind;
+pub mod kinds;
 pub mod optin;
 pub mod plan;
 pub mod reads;
@@ -35,19 +36,6 @@ use kind::SourceKind;
 use request::{Outcome, Payload, SAY};
 use settings::Settings;
 use workload::{Context, WorkloadKind};
-
-/// Every (API group, kind, operation) the policy acts on; anything else is
-/// accepted untouched. `policy-metadata.yml`'s rules must say exactly this,
-/// which the host's tests check both ways.
-pub const HANDLED: &[(&str, &str, &[&str])] = &[
-    ("apps", "Deployment", &["CREATE", "UPDATE"]),
-    ("apps", "StatefulSet", &["CREATE", "UPDATE"]),
-    ("apps", "DaemonSet", &["CREATE", "UPDATE"]),
-    ("", "ConfigMap", &["CREATE", "UPDATE"]),
-    ("", "Secret", &["CREATE", "UPDATE"]),
-    ("apps", "ReplicaSet", &["CREATE"]),
-    ("apps", "ControllerRevision", &["CREATE"]),
-];
 
 /// Evaluates one validate payload (`{"request": …, "settings": …}`) and
 /// returns the Kubewarden response. Never panics on bad input: every parse
@@ -82,10 +70,7 @@ pub fn evaluate(payload: &[u8], host: &dyn Host) -> Outcome {
         dry_run: req.dry_run,
     };
     let (group, kind, op) = (req.kind.group.as_str(), req.kind.kind.as_str(), req.operation.as_str());
-    if !HANDLED
-        .iter()
-        .any(|(g, k, ops)| *g == group && *k == kind && ops.contains(&op))
-    {
+    if !kinds::handles(group, kind, op) {
         return Outcome::accept();
     }
     if let Some(w) = WorkloadKind::from_kind(kind) {

@@ -17,17 +17,6 @@ use crate::kind::{SourceId, SourceKind};
 use crate::references;
 use crate::workload::Context;
 
-/// Objects whose pod templates may hold a snapshot name, with where the
-/// template sits.
-pub const HOLDERS: [(&str, &str, &str); 6] = [
-    ("apps/v1", "Deployment", "/spec/template"),
-    ("apps/v1", "StatefulSet", "/spec/template"),
-    ("apps/v1", "DaemonSet", "/spec/template"),
-    ("apps/v1", "ReplicaSet", "/spec/template"),
-    ("apps/v1", "ControllerRevision", "/data/spec/template"),
-    ("v1", "Pod", ""),
-];
-
 /// The field masks that fetch a holder's reference fields and nothing else.
 pub fn holder_masks(template_path: &str) -> Vec<String> {
     references::masks(match template_path {
@@ -48,7 +37,7 @@ pub const SNAPSHOT_MASKS: [&str; 7] = [
     "metadata.creationTimestamp",
 ];
 
-/// Adds the names of `kind` that `holder` (an object of a [`HOLDERS`] kind
+/// Adds the names of `kind` that `holder` (an object of a [`crate::kinds::holders`] kind
 /// whose template sits at `template_path`) references.
 pub fn add_references(names: &mut BTreeSet<String>, holder: &Value, template_path: &str, kind: SourceKind) {
     let template = if template_path.is_empty() {
@@ -138,7 +127,7 @@ pub fn sweep(ctx: &Context, source: &SourceId, keep: &str) {
 /// references. `None` if any list failed: then nothing may be deleted.
 fn referenced_names(ctx: &Context, kind: SourceKind) -> Option<BTreeSet<String>> {
     let mut names = BTreeSet::new();
-    for (api_version, holder, path) in HOLDERS {
+    for (api_version, holder, path) in crate::kinds::holders() {
         let masks = holder_masks(path);
         let masks: Vec<&str> = masks.iter().map(String::as_str).collect();
         let items = ctx

@@ -31,7 +31,7 @@ pub struct Scope {
 }
 
 /// A host call's answer: a value, or bytes already serialised.
-enum Answer {
+enum Reply {
     Json(Value),
     Raw(Vec<u8>),
 }
@@ -48,12 +48,12 @@ impl CallHandler for Capability {
         }
         let answer = match (binding, namespace) {
             ("kubewarden", "kubernetes") => self.read(operation, payload)?,
-            ("config-snapshot", "v1") => Answer::Json(self.write(operation, payload)?),
+            ("config-snapshot", "v1") => Reply::Json(self.write(operation, payload)?),
             _ => return Err(format!("unknown binding {binding}/{namespace}")),
         };
         match answer {
-            Answer::Raw(bytes) => Ok(bytes),
-            Answer::Json(value) => serde_json::to_vec(&value).map_err(|e| e.to_string()),
+            Reply::Raw(bytes) => Ok(bytes),
+            Reply::Json(value) => serde_json::to_vec(&value).map_err(|e| e.to_string()),
         }
     }
 }
@@ -97,7 +97,7 @@ pub fn api_version_of(kind: &str) -> &'static str {
 }
 
 impl Capability {
-    fn read(&self, operation: &str, payload: &[u8]) -> Result<Answer, String> {
+    fn read(&self, operation: &str, payload: &[u8]) -> Result<Reply, String> {
         match operation {
             "get_resource" => {
                 let req: GetRequest = parse(operation, payload)?;
@@ -111,10 +111,7 @@ impl Capability {
                 .map_err(|e| e.to_string())?;
                 let object =
                     object.ok_or_else(|| format!("{} {:?} not found (NotFound)", plural(&req.kind), req.name))?;
-                Ok(Answer::Json(masks::prune(
-                    &object,
-                    &req.field_masks.unwrap_or_default(),
-                )))
+                Ok(Reply::Json(masks::prune(&object, &req.field_masks.unwrap_or_default())))
             }
             "list_resources_by_namespace" => {
                 let req: ListRequest = parse(operation, payload)?;
@@ -147,11 +144,11 @@ impl Capability {
                     return Err(e);
                 }
                 out.extend_from_slice(b"]}");
-                Ok(Answer::Raw(out))
+                Ok(Reply::Raw(out))
             }
             // The replay and serve hosts act with their own RBAC; the policy
             // never needs to ask, but a call must not fail.
-            "can_i" => Ok(Answer::Json(json!({"allowed": true, "reason": "config-snapshot host"}))),
+            "can_i" => Ok(Reply::Json(json!({"allowed": true, "reason": "config-snapshot host"}))),
             other => Err(format!("unknown operation kubewarden/kubernetes/{other}")),
         }
     }
@@ -303,7 +300,7 @@ impl Capability {
         };
         let kind = owner["kind"].as_str().unwrap_or_default();
         let name = owner["name"].as_str().unwrap_or_default();
-        if !matches!(kind, "Deployment" | "StatefulSet" | "DaemonSet") || name.is_empty() {
+        if config_snapshot_policy::workload::WorkloadKind::from_kind(kind).is_none() || name.is_empty() {
             return Err(format!(
                 "refused: a snapshot's owner must be a Deployment, StatefulSet or DaemonSet, not {kind:?}"
             ));
@@ -385,7 +382,9 @@ impl Capability {
 
     fn patch_workload(&self, request: Value) -> Result<Value, String> {
         let kind = request["kind"].as_str().unwrap_or_default();
-        if !matches!(kind, "Deployment" | "StatefulSet" | "DaemonSet") || request["apiVersion"] != "apps/v1" {
+        if config_snapshot_policy::workload::WorkloadKind::from_kind(kind).is_none()
+            || request["apiVersion"] != "apps/v1"
+        {
             return Err(format!(
                 "refused: patch_workload applies to apps/v1 workloads, not {kind:?}"
             ));

@@ -7,7 +7,6 @@ use std::collections::HashSet;
 
 use config_snapshot_policy::keys;
 use config_snapshot_policy::references;
-use config_snapshot_policy::sweep::HOLDERS;
 use config_snapshot_policy::template::Snapshots;
 use serde_json::Value;
 
@@ -15,7 +14,7 @@ use crate::lifecycle::resync::{key, Key};
 
 fn template_of(object: &Value) -> Option<&Value> {
     let kind = object["kind"].as_str()?;
-    let (_, _, path) = HOLDERS.iter().find(|(_, k, _)| *k == kind)?;
+    let path = config_snapshot_policy::kinds::find(kind)?.template?;
     if path.is_empty() {
         Some(object)
     } else {

@@ -153,8 +153,9 @@ mod tests {
 /// in use.
 #[cfg(test)]
 mod reference_tests {
+    use config_snapshot_policy::kinds::holders;
     use config_snapshot_policy::references;
-    use config_snapshot_policy::sweep::{holder_masks, HOLDERS};
+    use config_snapshot_policy::sweep::holder_masks;
     use serde_json::{json, Value};
 
     fn every_kind() -> Value {
@@ -166,7 +167,7 @@ mod reference_tests {
         let template = every_kind();
         let all = references::collect(&template);
         assert!(all.len() >= 9, "the fixture has every kind: {all:?}");
-        for (_, kind, path) in HOLDERS {
+        for (_, kind, path) in holders() {
             // The holder as the API server has it, with the template where
             // that kind keeps it, and unrelated fields around it.
             let mut holder = json!({"kind": kind, "metadata": {"name": "h"}, "status": {"x": 1}});

@@ -281,7 +281,7 @@ fn rbac_grants_exactly_what_serve_uses() {
     // The serve cache watches exactly these kinds.
     let cached: BTreeSet<String> = config_snapshot::serve::cache::KINDS
         .iter()
-        .map(|(g, _, _, plural)| format!("{g}/{plural}:watch"))
+        .map(|k| format!("{}/{}:watch", k.group(), k.plural))
         .collect();
     let watched: BTreeSet<String> = grants.iter().filter(|g| g.ends_with(":watch")).cloned().collect();
     assert_eq!(cached, watched);
@@ -297,4 +297,59 @@ fn rbac_grants_exactly_what_serve_uses() {
         deployment.spec.unwrap().template.spec.unwrap().service_account_name,
         account.metadata.name
     );
+}
+
+/// deploy/kubewarden: the ClusterAdmissionPolicy asks for what the policy's
+/// metadata declares (rules, context-aware kinds, mutating, no background
+/// audit), its settings are ones the policy accepts, and the reader RBAC
+/// grants exactly read access to the context-aware kinds, to the account
+/// it binds.
+#[test]
+fn the_kubewarden_policy_matches_the_metadata_and_its_rbac() {
+    let kubewarden = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubewarden");
+    let policy = config_snapshot::review::read_objects(&kubewarden.join("policy.yaml")).unwrap();
+    assert_eq!(policy.len(), 1);
+    let policy = &policy[0];
+    assert_eq!(policy["apiVersion"], "policies.kubewarden.io/v1");
+    assert_eq!(policy["kind"], "ClusterAdmissionPolicy");
+    let metadata: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(dir().join("../../policy-metadata.yml")).unwrap()).unwrap();
+    let spec = &policy["spec"];
+    assert_eq!(spec["rules"], metadata["rules"]);
+    assert_eq!(spec["contextAwareResources"], metadata["contextAwareResources"]);
+    assert_eq!(spec["mutating"], metadata["mutating"]);
+    assert_eq!(spec["backgroundAudit"], metadata["backgroundAudit"]);
+    assert_eq!(spec["mode"], "protect");
+    let settings = serde_json::to_vec(&spec["settings"]).unwrap();
+    config_snapshot_policy::settings::Settings::from_json(&settings)
+        .unwrap_or_else(|e| panic!("deploy/kubewarden's settings are refused: {e}"));
+
+    let rbac = config_snapshot::review::read_objects(&kubewarden.join("rbac.yaml")).unwrap();
+    let role: ClusterRole = typed(rbac.iter().find(|o| o["kind"] == "ClusterRole").unwrap());
+    let binding: ClusterRoleBinding = typed(rbac.iter().find(|o| o["kind"] == "ClusterRoleBinding").unwrap());
+    assert_eq!(binding.role_ref.name, role.metadata.name.clone().unwrap());
+    let mut granted = BTreeSet::new();
+    for rule in role.rules.unwrap() {
+        assert_eq!(rule.verbs, ["get", "list", "watch"], "read access only");
+        for group in rule.api_groups.unwrap() {
+            for resource in rule.resources.clone().unwrap() {
+                granted.insert((group.clone(), resource));
+            }
+        }
+    }
+    let wanted: BTreeSet<(String, String)> = metadata["contextAwareResources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let group = r["apiVersion"]
+                .as_str()
+                .unwrap()
+                .rsplit_once('/')
+                .map_or("", |(g, _)| g);
+            let plural = format!("{}s", r["kind"].as_str().unwrap().to_lowercase());
+            (group.to_string(), plural)
+        })
+        .collect();
+    assert_eq!(granted, wanted);
 }

@@ -43,16 +43,20 @@ fn expand(rules: &Value) -> BTreeSet<(String, String, String)> {
 }
 
 fn handled() -> BTreeSet<(String, String, String)> {
-    config_snapshot_policy::HANDLED
+    config_snapshot_policy::kinds::KINDS
         .iter()
-        .flat_map(|(g, k, ops)| ops.iter().map(move |o| (g.to_string(), plural(k), o.to_string())))
+        .flat_map(|k| {
+            k.handled
+                .iter()
+                .map(move |o| (k.group().to_string(), plural(k.kind), o.to_string()))
+        })
         .collect()
 }
 
 #[test]
 fn metadata_rules_are_exactly_what_the_policy_handles() {
     let metadata = yaml("policy-metadata.yml");
-    assert_eq!(expand(&metadata["rules"]), handled(), "rules and HANDLED differ");
+    assert_eq!(expand(&metadata["rules"]), handled(), "rules and kinds::KINDS differ");
     // The host's own reading of the rules agrees.
     let rules = Rules::embedded();
     for (g, r, o) in handled() {
@@ -85,8 +89,7 @@ fn metadata_has_what_kubewarden_needs() {
         })
         .collect();
     // Every kind the policy reads: sources, workloads and whatever the sweep lists.
-    let mut expected: BTreeSet<(String, String)> = config_snapshot_policy::sweep::HOLDERS
-        .iter()
+    let mut expected: BTreeSet<(String, String)> = config_snapshot_policy::kinds::holders()
         .map(|(v, k, _)| (v.to_string(), k.to_string()))
         .collect();
     expected.insert(("v1".into(), "ConfigMap".into()));

@@ -88,7 +88,8 @@ impl Served {
     /// Whether serve's caches hold exactly what the store holds.
     fn synced(&self) -> bool {
         let shared = self.sim.lock().unwrap().shared.clone();
-        KINDS.iter().all(|(_, _, kind, _)| {
+        KINDS.iter().all(|k| {
+            let kind = k.kind;
             let version = |o: &Value| {
                 (
                     o["metadata"]["namespace"].as_str().unwrap_or_default().to_string(),

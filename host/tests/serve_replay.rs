@@ -32,21 +32,10 @@ fn policy() -> PathBuf {
     built
 }
 
-const SERVED: [&str; 8] = [
-    "ConfigMap",
-    "Secret",
-    "Pod",
-    "Deployment",
-    "StatefulSet",
-    "DaemonSet",
-    "ReplicaSet",
-    "ControllerRevision",
-];
-
 fn keys(objects: &[Value]) -> BTreeSet<(String, String, String)> {
     objects
         .iter()
-        .filter(|o| SERVED.contains(&o["kind"].as_str().unwrap_or_default()))
+        .filter(|o| config_snapshot_policy::kinds::find(o["kind"].as_str().unwrap_or_default()).is_some())
         .map(|o| {
             (
                 o["kind"].as_str().unwrap().to_string(),
@@ -120,7 +109,7 @@ async fn every_scenario_admission_answers_the_same_through_the_kube_backend() {
             for o in rec
                 .before
                 .iter()
-                .filter(|o| SERVED.contains(&o["kind"].as_str().unwrap_or_default()))
+                .filter(|o| config_snapshot_policy::kinds::find(o["kind"].as_str().unwrap_or_default()).is_some())
             {
                 state.cluster.cache.observe(o.clone());
             }
@@ -145,7 +134,7 @@ async fn every_scenario_admission_answers_the_same_through_the_kube_backend() {
             let mut after: BTreeSet<_> = api.keys().into_iter().collect();
             let before = keys(&rec.before);
             let want_after = keys(&rec.after);
-            after.retain(|k| SERVED.contains(&k.0.as_str()));
+            after.retain(|k| config_snapshot_policy::kinds::find(&k.0).is_some());
             assert_eq!(after, want_after, "{at}: objects after the admission");
             compared += 1;
             mutated += usize::from(want.is_some());

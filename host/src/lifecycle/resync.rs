@@ -15,11 +15,12 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use config_snapshot_policy::keys;
 use config_snapshot_policy::kind::{SourceId, SourceKind};
+use config_snapshot_policy::kinds;
 use config_snapshot_policy::optin::OptIn;
 use config_snapshot_policy::references;
 use config_snapshot_policy::revision::used_snapshots;
 use config_snapshot_policy::settings::Settings;
-use config_snapshot_policy::sweep::{self, HOLDERS};
+use config_snapshot_policy::sweep;
 use config_snapshot_policy::template::Snapshots;
 use config_snapshot_policy::workload::WorkloadKind;
 use serde_json::{json, Value};
@@ -212,7 +213,7 @@ pub struct Doomed {
 pub fn orphans(objects: &[&Value], pending: &HashSet<Key>, now: i64, grace: u64) -> Vec<Doomed> {
     let mut referenced: HashSet<Key> = HashSet::new();
     for holder in objects {
-        let Some((_, _, path)) = HOLDERS.iter().find(|(_, k, _)| *k == kind_of(holder)) else {
+        let Some(path) = kinds::find(kind_of(holder)).and_then(|k| k.template) else {
             continue;
         };
         let ns = holder["metadata"]["namespace"].as_str().unwrap_or_default();

@@ -29,8 +29,6 @@ pub const NOT_COPIED: [&str; 6] = [
     "deprecated.deployment.rollback.to",
 ];
 
-const WORKLOADS: [&str; 3] = ["Deployment", "StatefulSet", "DaemonSet"];
-
 fn revision_of_rs(rs: &Value) -> i64 {
     rs["metadata"]["annotations"][REVISION_ANNOTATION]
         .as_str()
@@ -55,7 +53,10 @@ impl Simulator {
             .shared
             .store()
             .all()
-            .filter(|o| WORKLOADS.contains(&o["kind"].as_str().unwrap_or_default()))
+            .filter(|o| {
+                config_snapshot_policy::workload::WorkloadKind::from_kind(o["kind"].as_str().unwrap_or_default())
+                    .is_some()
+            })
             .cloned()
             .collect();
         for w in workloads {

@@ -102,7 +102,8 @@ fn parse_path(path: &str) -> Option<Path> {
         [plural, name] => (*plural, Some(name.to_string())),
         _ => return None,
     };
-    let (g, v, kind, _) = KINDS.iter().find(|(_, _, _, p)| *p == plural)?;
+    let found = KINDS.iter().find(|k| k.plural == plural)?;
+    let (g, v, kind) = (found.group(), found.version(), &found.kind);
     let expected = if g.is_empty() {
         v.to_string()
     } else {
@@ -170,11 +171,7 @@ async fn handle(State(served): State<Served>, request: Request) -> Response {
 }
 
 fn plural_of(kind: &str) -> &'static str {
-    KINDS
-        .iter()
-        .find(|(_, _, k, _)| *k == kind)
-        .map(|(_, _, _, p)| *p)
-        .unwrap_or("")
+    config_snapshot_policy::kinds::find(kind).map_or("", |k| k.plural)
 }
 
 fn list(shared: &Shared, path: &Path) -> Response {

@@ -20,23 +20,12 @@ use tokio::task::JoinHandle;
 
 use crate::capability::Selector;
 
-/// (group, version, kind, plural) of every kind the policy reads.
-pub const KINDS: [(&str, &str, &str, &str); 8] = [
-    ("", "v1", "ConfigMap", "configmaps"),
-    ("", "v1", "Secret", "secrets"),
-    ("", "v1", "Pod", "pods"),
-    ("apps", "v1", "Deployment", "deployments"),
-    ("apps", "v1", "StatefulSet", "statefulsets"),
-    ("apps", "v1", "DaemonSet", "daemonsets"),
-    ("apps", "v1", "ReplicaSet", "replicasets"),
-    ("apps", "v1", "ControllerRevision", "controllerrevisions"),
-];
+/// Every kind the policy reads, from the policy's one table.
+pub use config_snapshot_policy::kinds::KINDS;
 
 pub fn api_resource(kind: &str) -> Option<ApiResource> {
-    KINDS
-        .iter()
-        .find(|(_, _, k, _)| *k == kind)
-        .map(|(g, v, k, p)| ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(g, v, k), p))
+    config_snapshot_policy::kinds::find(kind)
+        .map(|k| ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(k.group(), k.version(), k.kind), k.plural))
 }
 
 type Objects = HashMap<String, BTreeMap<String, Value>>;
@@ -55,7 +44,7 @@ pub struct Cache {
 impl Cache {
     pub fn new() -> Cache {
         Cache {
-            kinds: KINDS.iter().map(|(_, _, k, _)| (*k, KindCache::default())).collect(),
+            kinds: KINDS.iter().map(|k| (k.kind, KindCache::default())).collect(),
         }
     }
 
@@ -64,7 +53,8 @@ impl Cache {
     pub fn start(self: &Arc<Self>, client: Client) -> Vec<JoinHandle<()>> {
         KINDS
             .iter()
-            .map(|(_, _, kind, _)| {
+            .map(|k| {
+                let kind = k.kind;
                 let cache = self.clone();
                 let client = client.clone();
                 tokio::spawn(async move { cache.run(client, kind).await })

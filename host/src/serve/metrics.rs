@@ -128,16 +128,10 @@ impl Metrics {
 
 /// A request's kind as a label: one of the kinds the webhook handles.
 pub fn kind_label(kind: &str) -> &'static str {
-    const KINDS: [&str; 7] = [
-        "Deployment",
-        "StatefulSet",
-        "DaemonSet",
-        "ConfigMap",
-        "Secret",
-        "ReplicaSet",
-        "ControllerRevision",
-    ];
-    KINDS.into_iter().find(|k| *k == kind).unwrap_or("other")
+    config_snapshot_policy::kinds::KINDS
+        .iter()
+        .find(|k| k.kind == kind && !k.handled.is_empty())
+        .map_or("other", |k| k.kind)
 }
 
 pub fn operation_label(operation: &str) -> &'static str {

@@ -30,10 +30,7 @@ pub struct Pass {
 }
 
 fn cached(state: &State) -> Vec<Value> {
-    KINDS
-        .iter()
-        .flat_map(|(_, _, kind, _)| state.cluster.cache.all(kind))
-        .collect()
+    KINDS.iter().flat_map(|k| state.cluster.cache.all(k.kind)).collect()
 }
 
 pub async fn once(state: &Arc<State>) -> Pass {

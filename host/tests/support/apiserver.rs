@@ -21,16 +21,7 @@ use axum::Router;
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
-const KINDS: [(&str, &str, &str); 8] = [
-    ("v1", "ConfigMap", "configmaps"),
-    ("v1", "Secret", "secrets"),
-    ("v1", "Pod", "pods"),
-    ("apps/v1", "Deployment", "deployments"),
-    ("apps/v1", "StatefulSet", "statefulsets"),
-    ("apps/v1", "DaemonSet", "daemonsets"),
-    ("apps/v1", "ReplicaSet", "replicasets"),
-    ("apps/v1", "ControllerRevision", "controllerrevisions"),
-];
+use config_snapshot_policy::kinds::KINDS;
 
 type Key = (String, String, String); // plural, namespace, name
 
@@ -62,15 +53,16 @@ struct Inner {
 }
 
 fn plural_of(kind: &str) -> String {
-    KINDS
-        .iter()
-        .find(|(_, k, _)| *k == kind)
-        .map(|(_, _, p)| p.to_string())
+    config_snapshot_policy::kinds::find(kind)
+        .map(|k| k.plural.to_string())
         .unwrap_or_else(|| panic!("stand-in does not serve {kind}"))
 }
 
 fn type_of(plural: &str) -> Option<(&'static str, &'static str)> {
-    KINDS.iter().find(|(_, _, p)| *p == plural).map(|(v, k, _)| (*v, *k))
+    KINDS
+        .iter()
+        .find(|k| k.plural == plural)
+        .map(|k| (k.api_version, k.kind))
 }
 
 fn status(code: u16, reason: &str, message: String) -> Response {
@@ -112,8 +104,8 @@ impl ApiServer {
         for object in objects {
             let Some(plural) = object["kind"]
                 .as_str()
-                .and_then(|k| KINDS.iter().find(|(_, kind, _)| *kind == k))
-                .map(|(_, _, p)| p.to_string())
+                .and_then(config_snapshot_policy::kinds::find)
+                .map(|k| k.plural.to_string())
             else {
                 continue;
             };
