@@ -4,6 +4,16 @@
 //! Go's syntax is what Kubernetes users type everywhere, so we accept exactly
 //! it rather than a Rust crate's dialect.
 
+/// The system clock in unix seconds (0 before 1970). The one place that
+/// reads it: the policy's fallback when the host has no clock, `review`'s
+/// default, and serve.
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
 /// Parses a Go duration into whole seconds. Sub-second units are accepted but
 /// the total is truncated, because everything downstream is second-grained.
 pub fn parse_go_duration(input: &str) -> Result<u64, String> {

@@ -171,10 +171,7 @@ impl<'h> Cluster<'h> {
                 return t;
             }
         }
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs() as i64)
-            .unwrap_or(0)
+        crate::duration::unix_now()
     }
 }
 

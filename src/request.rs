@@ -15,27 +15,26 @@ pub struct Payload<'a> {
     pub settings: Option<&'a RawValue>,
 }
 
+/// The fields of `request.kind` the policy decides on. The version is not
+/// one of them: every handled kind has a single served version.
 #[derive(Deserialize, Default, Debug)]
 #[serde(default)]
 pub struct Gvk {
     pub group: String,
-    pub version: String,
     pub kind: String,
 }
 
+/// The fields of an AdmissionRequest the policy reads; the rest (uid, name,
+/// userInfo, …) is skipped unparsed.
 #[derive(Deserialize, Debug)]
 #[serde(rename_all = "camelCase")]
 pub struct Request<'a> {
-    #[serde(default)]
-    pub uid: String,
     #[serde(default)]
     pub kind: Gvk,
     #[serde(default)]
     pub operation: String,
     #[serde(default)]
     pub namespace: String,
-    #[serde(default)]
-    pub name: String,
     #[serde(default)]
     pub dry_run: bool,
     #[serde(borrow, default)]

@@ -129,7 +129,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             if let Err(message) = engine.validate_settings(&settings)? {
                 return Err(anyhow!("invalid settings: {message}"));
             }
-            let mut sim = Simulator::new(engine, settings, now());
+            let mut sim = Simulator::new(engine, settings, config_snapshot_policy::duration::unix_now());
             if let Some(path) = objects {
                 for object in review::read_objects(&path)? {
                     sim.load(object)?;
@@ -171,13 +171,6 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
-}
-
-fn now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
 }
 
 /// `--policy`, else `$CONFIG_SNAPSHOT_POLICY`, else the workspace's build.

@@ -253,3 +253,58 @@ fn design_references_name_sections_that_exist() {
     );
     assert!(cited >= 15, "only {cited} citations found: the scan is broken");
 }
+
+/// The settings tables (README and design.md), as (name, documented default).
+fn documented_settings(path: &Path) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut rows = Vec::new();
+    let mut in_table = false;
+    for line in text.lines() {
+        if line.starts_with("| setting | default |") {
+            in_table = true;
+            continue;
+        }
+        if !line.starts_with('|') {
+            in_table = false;
+        }
+        if in_table && line.starts_with("| `") {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let unquote = |c: &str| c.trim_matches('`').to_string();
+            rows.push((unquote(cells[1]), unquote(cells[2])));
+        }
+    }
+    rows
+}
+
+/// Every documented setting exists, with the default it really has, and
+/// every setting is documented: names from the policy's own refusal of an
+/// unknown key, defaults by parsing each documented one.
+#[test]
+fn the_settings_tables_name_every_setting_with_its_real_default() {
+    use config_snapshot_policy::settings::RawSettings;
+    let refusal = serde_json::from_str::<RawSettings>(r#"{"probe": 1}"#)
+        .unwrap_err()
+        .to_string();
+    let expected = refusal.split_once("expected one of").expect("serde names the fields").1;
+    let real: BTreeSet<String> = expected
+        .split(',')
+        .map(|f| f.trim().trim_matches('`').split('`').next().unwrap().to_string())
+        .filter(|f| !f.is_empty())
+        .collect();
+    for doc in ["README.md", "docs/design.md"] {
+        let rows = documented_settings(&root().join(doc));
+        let names: BTreeSet<String> = rows.iter().map(|(n, _)| n.clone()).collect();
+        assert_eq!(names, real, "{doc}'s settings table");
+        for (name, default) in rows {
+            let value: serde_json::Value =
+                serde_json::from_str(&default).unwrap_or(serde_json::Value::String(default.clone()));
+            let parsed: RawSettings = serde_json::from_value(serde_json::json!({ name.clone(): value }))
+                .unwrap_or_else(|e| panic!("{doc}: {name} = {default}: {e}"));
+            assert_eq!(
+                format!("{parsed:?}"),
+                format!("{:?}", RawSettings::default()),
+                "{doc}: {name}'s documented default {default} is not its default"
+            );
+        }
+    }
+}

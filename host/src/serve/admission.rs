@@ -96,7 +96,7 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
                 dry_run: head.dry_run.unwrap_or(false),
             },
         },
-        state: state.metrics.clone(),
+        metrics: state.metrics.clone(),
     });
     let mut payload = Vec::with_capacity(request.get().len() + state.settings_json.len() + 32);
     payload.extend_from_slice(br#"{"request":"#);
@@ -184,7 +184,7 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
 /// text is logged, never a payload: payloads carry Secret data.
 struct Counted {
     inner: Capability,
-    state: Arc<metrics::Metrics>,
+    metrics: Arc<metrics::Metrics>,
 }
 
 impl CallHandler for Counted {
@@ -194,7 +194,7 @@ impl CallHandler for Counted {
             let operation = metrics::host_operation_label(operation);
             // A missing object is an answer, not a failure.
             if !(operation == "get_resource" && e.contains("NotFound")) {
-                self.state
+                self.metrics
                     .host_call_errors
                     .get_or_create(&OperationLabels { operation })
                     .inc();

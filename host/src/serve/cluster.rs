@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
 use kube::Client;
@@ -66,10 +66,7 @@ impl KubeCluster {
         if fixed != 0 {
             return fixed;
         }
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs() as i64)
-            .unwrap_or(0)
+        config_snapshot_policy::duration::unix_now()
     }
 
     pub fn api(&self, kind: &str, namespace: &str) -> backend::Result<Api<DynamicObject>> {

@@ -56,7 +56,7 @@ struct Job {
 
 /// What one run of an effect came to.
 #[derive(Debug, PartialEq)]
-enum Step {
+enum Attempt {
     Done,
     /// Nothing to do any more (superseded, a rollback came first, target
     /// gone); logged, not retried. `collect`: the snapshot made for it, to
@@ -234,11 +234,11 @@ impl Runner {
         let metrics = &self.cluster.metrics;
         let step = self.run(&job.effect).await;
         match &step {
-            Step::Done => {
+            Attempt::Done => {
                 metrics.effect(name, "done");
                 queue.finish(&job);
             }
-            Step::Dropped { why, collect } => {
+            Attempt::Dropped { why, collect } => {
                 metrics.effect(name, "dropped");
                 tracing::info!(effect = name, "{why}");
                 queue.finish(&job);
@@ -246,9 +246,9 @@ impl Runner {
                     self.collect_unused(key.clone());
                 }
             }
-            Step::Later(at) => queue.parked().push((*at, job)),
-            Step::Wait(why) | Step::Retry(why) if job.since.elapsed() >= self.settings.wait_for => {
-                if matches!(step, Step::Wait(_)) {
+            Attempt::Later(at) => queue.parked().push((*at, job)),
+            Attempt::Wait(why) | Attempt::Retry(why) if job.since.elapsed() >= self.settings.wait_for => {
+                if matches!(step, Attempt::Wait(_)) {
                     metrics.effect(name, "dropped");
                     tracing::info!(effect = name, "dropped after {:?}: {why}", self.settings.wait_for);
                 } else {
@@ -262,7 +262,7 @@ impl Runner {
                     self.collect_unused(key);
                 }
             }
-            Step::Wait(why) | Step::Retry(why) => {
+            Attempt::Wait(why) | Attempt::Retry(why) => {
                 job.attempts += 1;
                 metrics.effect(name, "retried");
                 tracing::debug!(effect = name, attempts = job.attempts, "will retry: {why}");
@@ -272,7 +272,7 @@ impl Runner {
         }
     }
 
-    async fn run(&self, effect: &Effect) -> Step {
+    async fn run(&self, effect: &Effect) -> Attempt {
         match effect {
             Effect::Adopt {
                 namespace,
@@ -284,17 +284,17 @@ impl Runner {
         }
     }
 
-    async fn adopt(&self, ns: &str, owner_kind: &str, owner_name: &str, snapshots: &[(String, String)]) -> Step {
+    async fn adopt(&self, ns: &str, owner_kind: &str, owner_name: &str, snapshots: &[(String, String)]) -> Attempt {
         let owner = match self.read(owner_kind, ns, owner_name).await {
             Ok(Some(owner)) => owner,
-            Ok(None) => return Step::Wait(format!("{owner_kind}/{owner_name} is not visible yet")),
-            Err(e) => return Step::Retry(e.to_string()),
+            Ok(None) => return Attempt::Wait(format!("{owner_kind}/{owner_name} is not visible yet")),
+            Err(e) => return Attempt::Retry(e.to_string()),
         };
         for (kind, name) in snapshots {
             let snapshot = match self.cluster.fetch(kind, ns, name).await {
                 Ok(Some(s)) => s,
                 Ok(None) => continue,
-                Err(e) => return Step::Retry(e.to_string()),
+                Err(e) => return Attempt::Retry(e.to_string()),
             };
             let Some(ops) = adopt_ops(&owner, &snapshot) else {
                 continue;
@@ -304,11 +304,11 @@ impl Runner {
                     self.cluster.metrics.adoptions.inc();
                     tracing::info!("{kind}/{name} adopted by {owner_kind}/{owner_name}");
                 }
-                Err(e) => return Step::Retry(e.to_string()),
+                Err(e) => return Attempt::Retry(e.to_string()),
             }
         }
         self.release_unnamed(&owner, ns).await;
-        Step::Done
+        Attempt::Done
     }
 
     /// A new revision is the moment its workload's template moved on: the
@@ -343,11 +343,11 @@ impl Runner {
 
     /// `patch_workload`, judged by the shared rules on the workload and the
     /// source as the API server has them now.
-    async fn patch(&self, ns: &str, request: &Value) -> Step {
+    async fn patch(&self, ns: &str, request: &Value) -> Attempt {
         let intent = match PatchIntent::parse(ns, request) {
             Ok(i) => i,
             Err(e) => {
-                return Step::Dropped {
+                return Attempt::Dropped {
                     why: format!("dropped a patch: {e}"),
                     collect: None,
                 }
@@ -360,7 +360,7 @@ impl Runner {
             self.read(source_kind, ns, &intent.snapshot),
         ) {
             Ok(read) => read,
-            Err(e) => return Step::Retry(e.to_string()),
+            Err(e) => return Attempt::Retry(e.to_string()),
         };
         let seen = Observed {
             workload: workload.as_ref(),
@@ -377,16 +377,16 @@ impl Runner {
                         intent.name,
                         intent.snapshot
                     );
-                    Step::Done
+                    Attempt::Done
                 }
                 // The workload moved since it was read: judge it again.
-                Err(BackendError::Conflict(e)) => Step::Retry(format!("conflict: {e}")),
-                Err(e) => Step::Retry(format!("patching {}/{}: {e}", intent.kind, intent.name)),
+                Err(BackendError::Conflict(e)) => Attempt::Retry(format!("conflict: {e}")),
+                Err(e) => Attempt::Retry(format!("patching {}/{}: {e}", intent.kind, intent.name)),
             },
-            Verdict::Done(_) => Step::Done,
-            Verdict::Wait(why) => Step::Wait(why),
-            Verdict::Later(at) => Step::Later(at),
-            Verdict::Drop { reason, collect } => Step::Dropped {
+            Verdict::Done(_) => Attempt::Done,
+            Verdict::Wait(why) => Attempt::Wait(why),
+            Verdict::Later(at) => Attempt::Later(at),
+            Verdict::Drop { reason, collect } => Attempt::Dropped {
                 why: reason,
                 collect: collect.then(|| (source_kind.to_string(), ns.to_string(), intent.snapshot.clone())),
             },
@@ -397,7 +397,7 @@ impl Runner {
     /// nothing owns, references or awaits it.
     fn collect_unused(&self, (kind, ns, name): Key) {
         let mut objects = Vec::new();
-        for (_, holder, _) in config_snapshot_policy::sweep::HOLDERS {
+        for (_, holder, _) in config_snapshot_policy::kinds::holders() {
             let _ = self
                 .cluster
                 .cache
