@@ -10,14 +10,13 @@ use std::collections::BTreeSet;
 use kubewarden_policy_sdk::host_capabilities::kubernetes::{GetResourceRequest, ListResourcesByNamespaceRequest};
 use serde_json::{json, Value};
 
+use crate::operation::Operation;
+
 /// One waPC host call. Errors cross waPC as text only, so that is all a
 /// host can give us.
 pub trait Host {
     fn call(&self, binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, String>;
 }
-
-pub const WRITE_BINDING: &str = "config-snapshot";
-pub const WRITE_NAMESPACE: &str = "v1";
 
 /// Why a write failed, as far as the policy must distinguish.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,6 +63,11 @@ impl<'h> Cluster<'h> {
         Cluster { host }
     }
 
+    fn call(&self, operation: Operation, payload: &[u8]) -> Result<Vec<u8>, String> {
+        let (binding, namespace) = operation.binding();
+        self.host.call(binding, namespace, operation.name(), payload)
+    }
+
     /// Reads one object fresh from the API server (`disable_cache`): a
     /// snapshot must capture the content being admitted now, not 5 s ago.
     pub fn get(&self, api_version: &str, kind: &str, namespace: &str, name: &str) -> Result<Option<Value>, String> {
@@ -76,7 +80,7 @@ impl<'h> Cluster<'h> {
             field_masks: None,
         };
         let payload = serde_json::to_vec(&req).map_err(|e| e.to_string())?;
-        match self.host.call("kubewarden", "kubernetes", "get_resource", &payload) {
+        match self.call(Operation::GetResource, &payload) {
             Ok(bytes) => serde_json::from_slice(&bytes)
                 .map(Some)
                 .map_err(|e| format!("get_resource answered invalid JSON: {e}")),
@@ -103,9 +107,7 @@ impl<'h> Cluster<'h> {
             field_masks: (!masks.is_empty()).then(|| masks.iter().map(|m| m.to_string()).collect::<BTreeSet<_>>()),
         };
         let payload = serde_json::to_vec(&req).map_err(|e| e.to_string())?;
-        let bytes = self
-            .host
-            .call("kubewarden", "kubernetes", "list_resources_by_namespace", &payload)?;
+        let bytes = self.call(Operation::ListResourcesByNamespace, &payload)?;
         let mut list: Value = serde_json::from_slice(&bytes).map_err(|e| format!("list answered invalid JSON: {e}"))?;
         match list.get_mut("items").map(Value::take) {
             Some(Value::Array(items)) => Ok(items),
@@ -114,14 +116,11 @@ impl<'h> Cluster<'h> {
         }
     }
 
-    fn write(&self, operation: &str, payload: &Value) -> Result<Value, WriteError> {
+    fn write(&self, operation: Operation, payload: &Value) -> Result<Value, WriteError> {
         let bytes = serde_json::to_vec(payload).map_err(|e| WriteError::Failed(e.to_string()))?;
-        let answer = self
-            .host
-            .call(WRITE_BINDING, WRITE_NAMESPACE, operation, &bytes)
-            .map_err(WriteError::classify)?;
+        let answer = self.call(operation, &bytes).map_err(WriteError::classify)?;
         serde_json::from_slice(&answer)
-            .map_err(|e| WriteError::Failed(format!("{operation} answered invalid JSON: {e}")))
+            .map_err(|e| WriteError::Failed(format!("{} answered invalid JSON: {e}", operation.name())))
     }
 
     /// Creates a snapshot for the workload `owner` will name it in;
@@ -129,12 +128,12 @@ impl<'h> Cluster<'h> {
     /// makes sure it outlives the reference: see docs/design.md, "Garbage
     /// collection").
     pub fn create_snapshot(&self, object: &Value, owner: &Value) -> Result<bool, WriteError> {
-        let answer = self.write("create_snapshot", &json!({ "object": object, "owner": owner }))?;
+        let answer = self.write(Operation::CreateSnapshot, &json!({ "object": object, "owner": owner }))?;
         Ok(answer.get("created").and_then(Value::as_bool).unwrap_or(false))
     }
 
     pub fn adopt(&self, owner: Value, snapshots: Vec<Value>) -> Result<(), WriteError> {
-        self.write("adopt", &json!({ "owner": owner, "snapshots": snapshots }))
+        self.write(Operation::Adopt, &json!({ "owner": owner, "snapshots": snapshots }))
             .map(drop)
     }
 
@@ -153,17 +152,17 @@ impl<'h> Cluster<'h> {
         if let Some(rv) = resource_version {
             request["resourceVersion"] = json!(rv);
         }
-        self.write("delete_snapshot", &request).map(drop)
+        self.write(Operation::DeleteSnapshot, &request).map(drop)
     }
 
     pub fn patch_workload(&self, request: Value) -> Result<(), WriteError> {
-        self.write("patch_workload", &request).map(drop)
+        self.write(Operation::PatchWorkload, &request).map(drop)
     }
 
     /// The current time in unix seconds. Our host answers `now` so replay can
     /// drive the clock; elsewhere the WASI clock is the truth.
     pub fn now(&self) -> i64 {
-        if let Ok(bytes) = self.host.call(WRITE_BINDING, WRITE_NAMESPACE, "now", b"{}") {
+        if let Ok(bytes) = self.call(Operation::Now, b"{}") {
             if let Some(t) = serde_json::from_slice::<Value>(&bytes)
                 .ok()
                 .and_then(|v| v.get("unix").and_then(Value::as_i64))

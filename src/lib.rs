@@ -13,6 +13,7 @@ pub mod host;
 pub mod keys;
 pub mod kind;
 pub mod kinds;
+pub mod operation;
 pub mod optin;
 pub mod plan;
 pub mod reads;

@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 use crate::content::{self, Content};
 use crate::keys;
 use crate::kind::{SourceId, SourceKind};
+use crate::operation::Operation;
 use crate::optin::OptIn;
 use crate::plan::SA_TOKEN;
 use crate::records::Rollback;
@@ -201,7 +202,7 @@ fn roll_out_one(
     let created = ctx
         .cluster
         .create_snapshot(&snapshot, &crate::records::owner_of(kind.kind(), workload))
-        .map_err(|e| fail("create_snapshot", e.message()))?;
+        .map_err(|e| fail(Operation::CreateSnapshot.name(), e.message()))?;
     let Some(patch) = retarget_ops(template, id, &name) else {
         return Ok(());
     };
@@ -225,7 +226,7 @@ fn roll_out_one(
     });
     ctx.cluster
         .patch_workload(request)
-        .map_err(|e| fail("patch_workload", e.message()))?;
+        .map_err(|e| fail(Operation::PatchWorkload.name(), e.message()))?;
     if created {
         crate::sweep::sweep(ctx, id, &name);
     }

@@ -12,6 +12,7 @@ use config_snapshot_policy::content::Content;
 use config_snapshot_policy::duration::format_rfc3339;
 use config_snapshot_policy::keys;
 use config_snapshot_policy::kind::SourceKind;
+use config_snapshot_policy::operation::{Operation, CONFIG_SNAPSHOT, KUBEWARDEN};
 use config_snapshot_policy::workload::escape;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -46,10 +47,27 @@ impl CallHandler for Capability {
         if let Some(error) = self.backend.fault(operation) {
             return Err(error);
         }
-        let answer = match (binding, namespace) {
-            ("kubewarden", "kubernetes") => self.read(operation, payload)?,
-            ("config-snapshot", "v1") => Reply::Json(self.write(operation, payload)?),
-            _ => return Err(format!("unknown binding {binding}/{namespace}")),
+        let Some(op) = Operation::parse(binding, namespace, operation) else {
+            return Err(if [KUBEWARDEN, CONFIG_SNAPSHOT].contains(&(binding, namespace)) {
+                format!("unknown operation {binding}/{namespace}/{operation}")
+            } else {
+                format!("unknown binding {binding}/{namespace}")
+            });
+        };
+        if op.writes() && self.scope.dry_run {
+            return Err(format!("refused {operation}: no writes during a dry-run request"));
+        }
+        let answer = match op {
+            Operation::GetResource => self.get_resource(payload)?,
+            Operation::ListResourcesByNamespace => self.list_resources(payload)?,
+            // The replay and serve hosts act with their own RBAC; the policy
+            // never needs to ask, but a call must not fail.
+            Operation::CanI => Reply::Json(json!({"allowed": true, "reason": "config-snapshot host"})),
+            Operation::Now => Reply::Json(json!({"unix": self.backend.now()})),
+            Operation::CreateSnapshot => Reply::Json(self.create_snapshot(parse(operation, payload)?)?),
+            Operation::Adopt => Reply::Json(self.adopt(parse(operation, payload)?)?),
+            Operation::DeleteSnapshot => Reply::Json(self.delete_snapshot(parse(operation, payload)?)?),
+            Operation::PatchWorkload => Reply::Json(self.patch_workload(parse(operation, payload)?)?),
         };
         match answer {
             Reply::Raw(bytes) => Ok(bytes),
@@ -97,82 +115,52 @@ pub fn api_version_of(kind: &str) -> &'static str {
 }
 
 impl Capability {
-    fn read(&self, operation: &str, payload: &[u8]) -> Result<Reply, String> {
-        match operation {
-            "get_resource" => {
-                let req: GetRequest = parse(operation, payload)?;
-                check_api_version(&req.api_version, &req.kind)?;
-                let ns = req.namespace.unwrap_or_default();
-                let object = if req.disable_cache {
-                    self.backend.get_fresh(&req.kind, &ns, &req.name)
-                } else {
-                    self.backend.get(&req.kind, &ns, &req.name)
-                }
-                .map_err(|e| e.to_string())?;
-                let object =
-                    object.ok_or_else(|| format!("{} {:?} not found (NotFound)", plural(&req.kind), req.name))?;
-                Ok(Reply::Json(masks::prune(&object, &req.field_masks.unwrap_or_default())))
-            }
-            "list_resources_by_namespace" => {
-                let req: ListRequest = parse(operation, payload)?;
-                check_api_version(&req.api_version, &req.kind)?;
-                let selector = Selector::parse(req.label_selector.as_deref().unwrap_or(""))?;
-                let masks = req.field_masks.unwrap_or_default();
-                let split: Vec<Vec<&str>> = masks.iter().map(|m| m.split('.').collect()).collect();
-                // Written by hand around the items so each is serialised
-                // straight from the store, pruned on the fly.
-                let mut out = format!(
-                    r#"{{"apiVersion":{},"kind":"{}List","metadata":{{}},"items":["#,
-                    json!(req.api_version),
-                    req.kind
-                )
-                .into_bytes();
-                let mut first = true;
-                let mut failed = None;
-                self.backend
-                    .list(&req.kind, &req.namespace, &selector, &mut |object| {
-                        if !first {
-                            out.push(b',');
-                        }
-                        first = false;
-                        if let Err(e) = serde_json::to_writer(&mut out, &masks::Masked::new(object, &split)) {
-                            failed = Some(e.to_string());
-                        }
-                    })
-                    .map_err(|e| e.to_string())?;
-                if let Some(e) = failed {
-                    return Err(e);
-                }
-                out.extend_from_slice(b"]}");
-                Ok(Reply::Raw(out))
-            }
-            // The replay and serve hosts act with their own RBAC; the policy
-            // never needs to ask, but a call must not fail.
-            "can_i" => Ok(Reply::Json(json!({"allowed": true, "reason": "config-snapshot host"}))),
-            other => Err(format!("unknown operation kubewarden/kubernetes/{other}")),
+    fn get_resource(&self, payload: &[u8]) -> Result<Reply, String> {
+        let req: GetRequest = parse(Operation::GetResource.name(), payload)?;
+        check_api_version(&req.api_version, &req.kind)?;
+        let ns = req.namespace.unwrap_or_default();
+        let object = if req.disable_cache {
+            self.backend.get_fresh(&req.kind, &ns, &req.name)
+        } else {
+            self.backend.get(&req.kind, &ns, &req.name)
         }
+        .map_err(|e| e.to_string())?;
+        let object = object.ok_or_else(|| format!("{} {:?} not found (NotFound)", plural(&req.kind), req.name))?;
+        Ok(Reply::Json(masks::prune(&object, &req.field_masks.unwrap_or_default())))
     }
 
-    fn write(&self, operation: &str, payload: &[u8]) -> Result<Value, String> {
-        if operation == "now" {
-            return Ok(json!({"unix": self.backend.now()}));
+    fn list_resources(&self, payload: &[u8]) -> Result<Reply, String> {
+        let req: ListRequest = parse(Operation::ListResourcesByNamespace.name(), payload)?;
+        check_api_version(&req.api_version, &req.kind)?;
+        let selector = Selector::parse(req.label_selector.as_deref().unwrap_or(""))?;
+        let masks = req.field_masks.unwrap_or_default();
+        let split: Vec<Vec<&str>> = masks.iter().map(|m| m.split('.').collect()).collect();
+        // Written by hand around the items so each is serialised
+        // straight from the store, pruned on the fly.
+        let mut out = format!(
+            r#"{{"apiVersion":{},"kind":"{}List","metadata":{{}},"items":["#,
+            json!(req.api_version),
+            req.kind
+        )
+        .into_bytes();
+        let mut first = true;
+        let mut failed = None;
+        self.backend
+            .list(&req.kind, &req.namespace, &selector, &mut |object| {
+                if !first {
+                    out.push(b',');
+                }
+                first = false;
+                if let Err(e) = serde_json::to_writer(&mut out, &masks::Masked::new(object, &split)) {
+                    failed = Some(e.to_string());
+                }
+            })
+            .map_err(|e| e.to_string())?;
+        if let Some(e) = failed {
+            return Err(e);
         }
-        if !matches!(
-            operation,
-            "create_snapshot" | "adopt" | "delete_snapshot" | "patch_workload"
-        ) {
-            return Err(format!("unknown operation config-snapshot/v1/{operation}"));
-        }
-        if self.scope.dry_run {
-            return Err(format!("refused {operation}: no writes during a dry-run request"));
-        }
-        let request: Value = parse(operation, payload)?;
-        match operation {
-            "create_snapshot" => self.create_snapshot(request),
-            "adopt" => self.adopt(request),
-            "delete_snapshot" => self.delete_snapshot(request),
-            _ => self.patch_workload(request),
-        }
+        out.extend_from_slice(b"]}");
+        Ok(Reply::Raw(out))
     }
 
     fn create_snapshot(&self, request: Value) -> Result<Value, String> {

@@ -187,3 +187,34 @@ fn the_module_is_within_its_size_budget() {
         "policy.wasm is {size} bytes, over the 512 KiB budget"
     );
 }
+
+/// The metadata's hostCapabilities name exactly the calls the policy makes,
+/// under the binding each is made with (`can_i` is answered by our hosts
+/// but never called).
+#[test]
+fn host_capabilities_are_the_operation_enum() {
+    use config_snapshot_policy::operation::Operation;
+    let metadata = yaml("policy-metadata.yml");
+    let mut listed = BTreeSet::new();
+    for capability in metadata["hostCapabilities"].as_array().unwrap() {
+        for op in capability["operations"].as_array().unwrap() {
+            listed.insert((
+                capability["binding"].as_str().unwrap().to_string(),
+                capability["namespace"].as_str().unwrap().to_string(),
+                op.as_str().unwrap().to_string(),
+            ));
+        }
+    }
+    let called: BTreeSet<(String, String, String)> = Operation::ALL
+        .into_iter()
+        .filter(|o| *o != Operation::CanI)
+        .map(|o| {
+            (
+                o.binding().0.to_string(),
+                o.binding().1.to_string(),
+                o.name().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(listed, called);
+}

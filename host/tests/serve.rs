@@ -6,6 +6,7 @@
 
 mod support;
 
+use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
@@ -44,7 +45,13 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// One serve process at a time in this file: the tests run in parallel
+/// threads, and two of them once disagreed about objects neither made
+/// (picked-free ports are not reserved between the pick and serve's bind).
+static SERIAL: Mutex<()> = Mutex::new(());
+
 struct Serve {
+    _serial: std::sync::MutexGuard<'static, ()>,
     child: Child,
     webhook: SocketAddr,
     ops: SocketAddr,
@@ -56,6 +63,7 @@ struct Serve {
 
 impl Serve {
     fn start(api: &ApiServer, extra: &[&str]) -> Serve {
+        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let dir = std::env::temp_dir().join(format!("config-snapshot-serve-{}-{}", std::process::id(), free_port()));
         std::fs::create_dir_all(&dir).unwrap();
         let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
@@ -115,6 +123,7 @@ impl Serve {
             .enable_http1()
             .build();
         Serve {
+            _serial: serial,
             child,
             webhook,
             ops,
@@ -325,6 +334,20 @@ async fn serve_admits_snapshots_adopts_and_rolls_out_over_https() {
     let web = api.put(web);
 
     // 2. A dry run writes nothing.
+    let names = || -> BTreeSet<String> {
+        api.list("ConfigMap")
+            .iter()
+            .chain(api.list("Secret").iter())
+            .map(|o| {
+                format!(
+                    "{}/{}",
+                    o["kind"].as_str().unwrap_or_default(),
+                    o["metadata"]["name"].as_str().unwrap_or_default()
+                )
+            })
+            .collect()
+    };
+    let before_names = names();
     let before = api.list("ConfigMap").len() + api.list("Secret").len();
     let mut preview_config = config_map("preview");
     preview_config["metadata"]["name"] = json!("preview-config");
@@ -336,7 +359,9 @@ async fn serve_admits_snapshots_adopts_and_rolls_out_over_https() {
     assert_eq!(
         api.list("ConfigMap").len() + api.list("Secret").len(),
         before,
-        "a dry run created objects"
+        "a dry run created objects: before {before_names:?}, after {:?}; serve's log:\n{}",
+        names(),
+        serve.logs()
     );
 
     // 3. The controller's ReplicaSet is admitted; serve adopts the snapshots.

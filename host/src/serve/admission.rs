@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use config_snapshot_policy::operation::Operation;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -193,7 +194,7 @@ impl CallHandler for Counted {
         if let Err(e) = &result {
             let operation = metrics::host_operation_label(operation);
             // A missing object is an answer, not a failure.
-            if !(operation == "get_resource" && e.contains("NotFound")) {
+            if !(operation == Operation::GetResource.name() && e.contains("NotFound")) {
                 self.metrics
                     .host_call_errors
                     .get_or_create(&OperationLabels { operation })

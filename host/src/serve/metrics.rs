@@ -143,19 +143,10 @@ pub fn operation_label(operation: &str) -> &'static str {
 
 /// A host call's operation as a label.
 pub fn host_operation_label(operation: &str) -> &'static str {
-    [
-        "get_resource",
-        "list_resources_by_namespace",
-        "can_i",
-        "now",
-        "create_snapshot",
-        "adopt",
-        "delete_snapshot",
-        "patch_workload",
-    ]
-    .into_iter()
-    .find(|o| *o == operation)
-    .unwrap_or("other")
+    config_snapshot_policy::operation::Operation::ALL
+        .into_iter()
+        .find(|o| o.name() == operation)
+        .map_or("other", |o| o.name())
 }
 
 #[cfg(test)]

@@ -1,0 +1,101 @@
+//! The host calls the policy makes, named once. The policy calls them by
+//! this enum, the host dispatches on it (a `match` the compiler checks for
+//! every operation), serve labels its metrics with it, and the metadata's
+//! `hostCapabilities` is checked against it (`host/tests/packaging.rs`).
+//! See docs/design.md, "Host capability contract".
+
+/// One host call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Operation {
+    /// Kubewarden's: read one object.
+    GetResource,
+    /// Kubewarden's: list a kind in a namespace.
+    ListResourcesByNamespace,
+    /// Kubewarden's: an RBAC check (the policy never needs one; our hosts
+    /// answer it so a call cannot fail).
+    CanI,
+    /// Ours: the host's clock, so replay can drive time.
+    Now,
+    /// Ours: write a snapshot, or make an existing one outlive the reference.
+    CreateSnapshot,
+    /// Ours: make a revision an owner of the snapshots it uses.
+    Adopt,
+    /// Ours: delete an unused snapshot, guarded by uid and version.
+    DeleteSnapshot,
+    /// Ours: a deferred watch rollout.
+    PatchWorkload,
+}
+
+/// Kubewarden's binding and namespace for cluster reads.
+pub const KUBEWARDEN: (&str, &str) = ("kubewarden", "kubernetes");
+/// This project's capability: stock Kubewarden answers `unknown binding`.
+pub const CONFIG_SNAPSHOT: (&str, &str) = ("config-snapshot", "v1");
+
+impl Operation {
+    pub const ALL: [Operation; 8] = [
+        Operation::GetResource,
+        Operation::ListResourcesByNamespace,
+        Operation::CanI,
+        Operation::Now,
+        Operation::CreateSnapshot,
+        Operation::Adopt,
+        Operation::DeleteSnapshot,
+        Operation::PatchWorkload,
+    ];
+
+    /// The name on the wire.
+    pub fn name(self) -> &'static str {
+        match self {
+            Operation::GetResource => "get_resource",
+            Operation::ListResourcesByNamespace => "list_resources_by_namespace",
+            Operation::CanI => "can_i",
+            Operation::Now => "now",
+            Operation::CreateSnapshot => "create_snapshot",
+            Operation::Adopt => "adopt",
+            Operation::DeleteSnapshot => "delete_snapshot",
+            Operation::PatchWorkload => "patch_workload",
+        }
+    }
+
+    /// The (binding, namespace) the operation is called under.
+    pub fn binding(self) -> (&'static str, &'static str) {
+        match self {
+            Operation::GetResource | Operation::ListResourcesByNamespace | Operation::CanI => KUBEWARDEN,
+            Operation::Now
+            | Operation::CreateSnapshot
+            | Operation::Adopt
+            | Operation::DeleteSnapshot
+            | Operation::PatchWorkload => CONFIG_SNAPSHOT,
+        }
+    }
+
+    /// The operation a call names, if it is one under that binding.
+    pub fn parse(binding: &str, namespace: &str, name: &str) -> Option<Operation> {
+        Operation::ALL
+            .into_iter()
+            .find(|o| o.name() == name && o.binding() == (binding, namespace))
+    }
+
+    /// Whether it changes the cluster (refused during a dry run).
+    pub fn writes(self) -> bool {
+        matches!(
+            self,
+            Operation::CreateSnapshot | Operation::Adopt | Operation::DeleteSnapshot | Operation::PatchWorkload
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_under_their_binding_only() {
+        for op in Operation::ALL {
+            let (b, n) = op.binding();
+            assert_eq!(Operation::parse(b, n, op.name()), Some(op));
+        }
+        assert_eq!(Operation::parse("kubewarden", "kubernetes", "adopt"), None);
+        assert_eq!(Operation::parse("config-snapshot", "v1", "nope"), None);
+    }
+}
