@@ -89,31 +89,11 @@ impl ControlPlane {
         })
     }
 
-    /// Runs kubectl as the cluster admin; `Err` carries its stderr.
+    /// Runs kubectl as the cluster admin; `Err` carries its output.
     fn try_kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
-        let mut child = Command::new(self.bin.join("kubectl"))
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("kubectl runs");
-        if let Some(input) = stdin {
-            child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
-        }
-        drop(child.stdin.take());
-        let out = child.wait_with_output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string();
-        if out.status.success() {
-            Ok(text)
-        } else {
-            Err(format!(
-                "kubectl {args:?}: {}{text}",
-                String::from_utf8_lossy(&out.stderr)
-            ))
-        }
+        self.kubectl_warned(args, stdin)
+            .map(|(stdout, _)| stdout)
+            .map_err(|e| format!("kubectl {args:?}: {e}"))
     }
 
     fn kubectl(&self, args: &[&str]) -> String {
@@ -797,7 +777,7 @@ impl ControlPlane {
         if out.status.success() {
             Ok((stdout, stderr))
         } else {
-            Err(stderr)
+            Err(format!("{stderr}{stdout}"))
         }
     }
 }
@@ -1013,12 +993,7 @@ fn outcome(view: &Objects) -> Value {
 fn scenarios_agree_with_replay(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path) {
     let engine = Arc::new(config_snapshot::engine::Engine::load(&support::process::policy()).unwrap());
     let mut compared = Vec::new();
-    let mut scenarios: Vec<PathBuf> = std::fs::read_dir(root().join("e2e-tests"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-        .collect();
-    scenarios.sort();
+    let mut scenarios = support::process::scenario_files();
     // REAL_CLUSTER_SCENARIOS=controller- runs only the scenarios whose file
     // name contains it (while working on one).
     let only = std::env::var("REAL_CLUSTER_SCENARIOS").ok();

@@ -9,7 +9,6 @@ mod support;
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -27,15 +26,7 @@ const NS: &str = "shop";
 /// Planted in a Secret; must never leave it.
 const CANARY: &str = "canary-7f3a9c-do-not-log";
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn policy() -> PathBuf {
-    let built = root().join("target/wasm32-wasip1/release/config_snapshot_policy.wasm");
-    assert!(built.exists(), "build the policy first: make policy.wasm");
-    built
-}
+use support::process::policy;
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

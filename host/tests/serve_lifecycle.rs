@@ -27,15 +27,9 @@ use config_snapshot_policy::duration::{parse_go_duration, parse_rfc3339};
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+mod support;
 
-fn policy() -> PathBuf {
-    let built = root().join("target/wasm32-wasip1/release/config_snapshot_policy.wasm");
-    assert!(built.exists(), "build the policy first: make policy.wasm");
-    built
-}
+use support::process::policy;
 
 fn options(settings: &Value, interval: &str) -> serve::Options {
     serve::Options {
@@ -288,12 +282,7 @@ async fn run_served(engine: Arc<Engine>, path: &Path) -> Result<(Vec<String>, Ve
 async fn every_scenario_leaves_the_same_cluster_under_replay_and_serve() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let engine = Arc::new(Engine::load(&policy()).unwrap());
-    let mut scenarios: Vec<PathBuf> = std::fs::read_dir(root().join("e2e-tests"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-        .collect();
-    scenarios.sort();
+    let scenarios = support::process::scenario_files();
     let (mut compared, mut skipped) = (Vec::new(), Vec::new());
     for path in &scenarios {
         let name = path.file_name().unwrap().to_string_lossy().to_string();

@@ -12,7 +12,6 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use config_snapshot::engine::Engine;
@@ -22,15 +21,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use support::apiserver::ApiServer;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn policy() -> PathBuf {
-    let built = root().join("target/wasm32-wasip1/release/config_snapshot_policy.wasm");
-    assert!(built.exists(), "build the policy first: make policy.wasm");
-    built
-}
+use support::process::policy;
 
 fn keys(objects: &[Value]) -> BTreeSet<(String, String, String)> {
     objects
@@ -74,12 +65,7 @@ async fn every_scenario_admission_answers_the_same_through_the_kube_backend() {
     let api = ApiServer::start().await;
     let client = kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap();
     let engine = Arc::new(Engine::load(&policy()).unwrap());
-    let mut scenarios: Vec<PathBuf> = std::fs::read_dir(root().join("e2e-tests"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-        .collect();
-    scenarios.sort();
+    let scenarios = support::process::scenario_files();
     assert!(scenarios.len() >= 16);
     let (mut compared, mut skipped, mut mutated, mut created) = (0, 0, 0, 0);
     for path in &scenarios {

@@ -21,6 +21,17 @@ pub fn policy() -> PathBuf {
     built
 }
 
+/// Every e2e scenario file, in name order.
+pub fn scenario_files() -> Vec<PathBuf> {
+    let mut scenarios: Vec<PathBuf> = std::fs::read_dir(root().join("e2e-tests"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    scenarios.sort();
+    scenarios
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
