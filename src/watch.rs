@@ -140,7 +140,6 @@ fn watcher_masks() -> Vec<String> {
             "metadata.name",
             "metadata.uid",
             "metadata.resourceVersion",
-            "metadata.generation",
             "metadata.annotations",
             "spec.template.metadata.annotations",
         ]
