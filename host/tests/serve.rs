@@ -7,9 +7,7 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -26,15 +24,7 @@ const NS: &str = "shop";
 /// Planted in a Secret; must never leave it.
 const CANARY: &str = "canary-7f3a9c-do-not-log";
 
-use support::process::policy;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use support::process::ServeProcess;
 
 /// One serve process at a time in this file: the tests run in parallel
 /// threads, and two of them once disagreed about objects neither made
@@ -42,67 +32,39 @@ fn free_port() -> u16 {
 static SERIAL: Mutex<()> = Mutex::new(());
 
 struct Serve {
-    _serial: std::sync::MutexGuard<'static, ()>,
-    child: Child,
-    webhook: SocketAddr,
-    ops: SocketAddr,
-    logs: Arc<Mutex<String>>,
+    /// The process, from the shared test support (certificate, ports, logs).
+    process: ServeProcess,
     client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
     /// Every AdmissionReview response body, for the canary check.
     responses: Vec<String>,
+    /// Last, so the process is killed before the next test may start one.
+    _serial: std::sync::MutexGuard<'static, ()>,
 }
 
 impl Serve {
     fn start(api: &ApiServer, extra: &[&str]) -> Serve {
         let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        let dir = std::env::temp_dir().join(format!("config-snapshot-serve-{}-{}", std::process::id(), free_port()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
-        std::fs::write(dir.join("tls.crt"), cert.cert.pem()).unwrap();
-        std::fs::write(dir.join("tls.key"), cert.signing_key.serialize_pem()).unwrap();
-        let kubeconfig = format!(
+        let kubeconfig = std::env::temp_dir().join(format!(
+            "config-snapshot-standin-{}-{}.kubeconfig",
+            std::process::id(),
+            support::process::free_port()
+        ));
+        let text = format!(
             "apiVersion: v1\nkind: Config\nclusters: [{{name: standin, cluster: {{server: \"{}\"}}}}]\n\
              users: [{{name: test, user: {{}}}}]\n\
              contexts: [{{name: standin, context: {{cluster: standin, user: test}}}}]\ncurrent-context: standin\n",
             api.url()
         );
-        std::fs::write(dir.join("kubeconfig"), kubeconfig).unwrap();
-        let webhook: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let ops: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_config-snapshot"))
-            .arg("serve")
-            .arg("--policy")
-            .arg(policy())
-            .arg("--tls-cert")
-            .arg(dir.join("tls.crt"))
-            .arg("--tls-key")
-            .arg(dir.join("tls.key"))
-            .args(["--listen", &webhook.to_string(), "--metrics-listen", &ops.to_string()])
-            .args(["--log-format", "json", "--watch-min-interval", "1s"])
-            .args(extra)
-            .env("KUBECONFIG", dir.join("kubeconfig"))
-            .env("RUST_LOG", "debug")
-            .env_remove("KUBERNETES_SERVICE_HOST")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("serve starts");
-        let logs = Arc::new(Mutex::new(String::new()));
-        for stream in [
-            Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
-            Box::new(child.stderr.take().unwrap()),
-        ] {
-            let logs = logs.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                    let mut logs = logs.lock().unwrap();
-                    logs.push_str(&line);
-                    logs.push('\n');
-                }
-            });
-        }
+        std::fs::write(&kubeconfig, text).unwrap();
+        let flags: Vec<&str> = ["--watch-min-interval", "1s"]
+            .into_iter()
+            .chain(extra.iter().copied())
+            .collect();
+        let process = ServeProcess::start(&kubeconfig, &flags);
         let mut roots = rustls::RootCertStore::empty();
-        roots.add(cert.cert.der().clone()).unwrap();
+        use rustls::pki_types::pem::PemObject;
+        let cert = rustls::pki_types::CertificateDer::from_pem_slice(process.cert_pem.as_bytes()).unwrap();
+        roots.add(cert).unwrap();
         let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
             .with_safe_default_protocol_versions()
             .unwrap()
@@ -114,24 +76,15 @@ impl Serve {
             .enable_http1()
             .build();
         Serve {
-            _serial: serial,
-            child,
-            webhook,
-            ops,
-            logs,
+            process,
             client: Client::builder(TokioExecutor::new()).build(https),
             responses: Vec::new(),
+            _serial: serial,
         }
     }
 
-    /// A plain HTTP GET on the ops port: (status, body).
     fn ops_get(&self, path: &str) -> Option<(u16, String)> {
-        let mut stream = TcpStream::connect(self.ops).ok()?;
-        write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
-        let mut text = String::new();
-        stream.read_to_string(&mut text).ok()?;
-        let code = text.split_whitespace().nth(1)?.parse().ok()?;
-        Some((code, text.split_once("\r\n\r\n")?.1.to_string()))
+        self.process.ops_get(path)
     }
 
     async fn wait_ready(&mut self) {
@@ -140,7 +93,7 @@ impl Serve {
             if let Some((200, _)) = self.ops_get("/readyz") {
                 return;
             }
-            if let Some(status) = self.child.try_wait().unwrap() {
+            if let Some(status) = self.process.child.try_wait().unwrap() {
                 panic!("serve exited with {status}:\n{}", self.logs());
             }
             assert!(Instant::now() < deadline, "serve never became ready:\n{}", self.logs());
@@ -149,7 +102,7 @@ impl Serve {
     }
 
     async fn post(&mut self, body: Vec<u8>) -> (u16, String) {
-        let request = axum::http::Request::post(format!("https://{}/mutate", self.webhook))
+        let request = axum::http::Request::post(format!("https://{}/mutate", self.process.webhook))
             .header("content-type", "application/json")
             .body(Full::new(Bytes::from(body)))
             .unwrap();
@@ -201,34 +154,24 @@ impl Serve {
     }
 
     fn logs(&self) -> String {
-        self.logs.lock().unwrap().clone()
+        self.process.logs()
     }
 
     fn metric(&self, name: &str) -> f64 {
-        let (_, text) = self.ops_get("/metrics").expect("metrics");
-        text.lines()
-            .filter(|l| l.starts_with(name))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        self.process.metric(name)
     }
 
     fn terminate(&mut self) -> std::process::ExitStatus {
-        let pid = self.child.id().to_string();
+        let pid = self.process.child.id().to_string();
         Command::new("kill").args(["-TERM", &pid]).status().unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
+            if let Some(status) = self.process.child.try_wait().unwrap() {
                 return status;
             }
             assert!(Instant::now() < deadline, "serve did not stop on SIGTERM");
             std::thread::sleep(Duration::from_millis(50));
         }
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
     }
 }
 
@@ -477,7 +420,7 @@ async fn serve_refuses_invalid_settings_at_start() {
     let mut serve = Serve::start(&api, &["--settings-json", r#"{"noSuchSetting": 1}"#]);
     let deadline = Instant::now() + Duration::from_secs(120);
     let status = loop {
-        if let Some(status) = serve.child.try_wait().unwrap() {
+        if let Some(status) = serve.process.child.try_wait().unwrap() {
             break status;
         }
         assert!(Instant::now() < deadline, "serve kept running with invalid settings");
