@@ -28,8 +28,9 @@ pub mod template;
 pub mod watch;
 pub mod workload;
 
-/// An in-memory host for tests, benchmarks and fuzzing; never in the wasm.
-#[cfg(not(target_arch = "wasm32"))]
+/// An in-memory host for unit tests and the fuzz targets (feature `fake`);
+/// never in a release build or the wasm.
+#[cfg(any(test, feature = "fake"))]
 pub mod fake;
 
 use host::{Cluster, Host};
@@ -126,3 +127,6 @@ mod guest {
         Ok(crate::validate_settings(payload))
     }
 }
+
+#[cfg(test)]
+mod properties_tests;

@@ -4,10 +4,13 @@
 //! host exactly as `replay` and `serve` do: a fresh instance per request
 //! from a precompiled module, answering host calls from an in-memory store.
 
+#[path = "../tests/support/paths.rs"]
+mod paths;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use config_snapshot::capability::{Capability, Scope};
+use config_snapshot::capability::{Caller, Capability};
 use config_snapshot::engine::{CallHandler, Engine};
 use config_snapshot::memory::Shared;
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
@@ -36,7 +39,7 @@ impl config_snapshot_policy::host::Host for Native {
 fn capability(store: &Arc<Shared>) -> Capability {
     Capability {
         backend: store.clone(),
-        scope: Scope {
+        caller: Caller {
             uid: "bench".into(),
             namespace: "default".into(),
             dry_run: false,
@@ -99,10 +102,7 @@ fn payload(req: &Value) -> Vec<u8> {
 }
 
 fn engine() -> Engine {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../target/wasm32-wasip1/release/config_snapshot_policy.wasm"
-    );
+    let path = paths::policy();
     let bytes = std::fs::read(path).expect("make policy.wasm first");
     let precompiled = Engine::precompile(&bytes).unwrap();
     Engine::from_precompiled(&precompiled, Engine::DEFAULT_TIMEOUT).unwrap()
@@ -256,10 +256,7 @@ fn b5(c: &mut Criterion) {
 }
 
 fn b6(c: &mut Criterion) {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../target/wasm32-wasip1/release/config_snapshot_policy.wasm"
-    );
+    let path = paths::policy();
     let bytes = std::fs::read(path).unwrap();
     let precompiled = Engine::precompile(&bytes).unwrap();
     let mut group = c.benchmark_group("cold start");

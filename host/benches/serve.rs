@@ -8,6 +8,9 @@
 #[path = "../tests/support/apiserver.rs"]
 mod apiserver;
 
+#[path = "../tests/support/paths.rs"]
+mod paths;
+
 use std::sync::Arc;
 
 use config_snapshot::engine::Engine;
@@ -16,10 +19,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use serde_json::{json, Value};
 
 fn engine() -> Arc<Engine> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../target/wasm32-wasip1/release/config_snapshot_policy.wasm"
-    );
+    let path = paths::policy();
     let bytes = std::fs::read(path).expect("make policy.wasm first");
     let precompiled = Engine::precompile(&bytes).unwrap();
     Arc::new(Engine::from_precompiled(&precompiled, Engine::DEFAULT_TIMEOUT).unwrap())

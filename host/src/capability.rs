@@ -23,9 +23,11 @@ use crate::lifecycle::effects::{adopt_ops, precondition};
 pub use crate::lifecycle::Effect;
 use crate::masks;
 
-/// The admission request a set of host calls belongs to.
+/// The admission request a set of host calls belongs to: whose namespace
+/// they may write in, under which uid effects are deferred, and whether
+/// writes are refused (dry run).
 #[derive(Debug, Clone)]
-pub struct Scope {
+pub struct Caller {
     pub uid: String,
     pub namespace: String,
     pub dry_run: bool,
@@ -39,7 +41,7 @@ enum Reply {
 
 pub struct Capability {
     pub backend: Arc<dyn Backend>,
-    pub scope: Scope,
+    pub caller: Caller,
 }
 
 impl CallHandler for Capability {
@@ -54,7 +56,7 @@ impl CallHandler for Capability {
                 format!("unknown binding {binding}/{namespace}")
             });
         };
-        if op.writes() && self.scope.dry_run {
+        if op.writes() && self.caller.dry_run {
             return Err(format!("refused {operation}: no writes during a dry-run request"));
         }
         let answer = match op {
@@ -177,12 +179,12 @@ impl Capability {
             .ok_or("refused: a snapshot needs a name")?
             .to_string();
         match object["metadata"]["namespace"].as_str() {
-            None => object["metadata"]["namespace"] = json!(self.scope.namespace),
-            Some(ns) if ns == self.scope.namespace => {}
+            None => object["metadata"]["namespace"] = json!(self.caller.namespace),
+            Some(ns) if ns == self.caller.namespace => {}
             Some(ns) => {
                 return Err(format!(
                     "refused: snapshot {name} is in namespace {ns}, the request is in {}",
-                    self.scope.namespace
+                    self.caller.namespace
                 ))
             }
         }
@@ -198,7 +200,7 @@ impl Capability {
             return Err(format!("refused: snapshot {name} does not match its content hash"));
         }
         let owner = self.owner(&request)?;
-        let ns = self.scope.namespace.clone();
+        let ns = self.caller.namespace.clone();
         let existing = self.backend.get(kind.kind(), &ns, &name).map_err(|e| e.to_string())?;
         let mut existing = match existing {
             Some(found) => Some(found),
@@ -242,7 +244,7 @@ impl Capability {
                     // A workload being created has no uid yet: it becomes
                     // an owner once it exists.
                     self.backend.defer(
-                        &self.scope.uid,
+                        &self.caller.uid,
                         Effect::Adopt {
                             namespace: ns.clone(),
                             owner_kind: owner["kind"].as_str().unwrap_or_default().to_string(),
@@ -297,7 +299,7 @@ impl Capability {
         if let Some(uid) = uid {
             let live = self
                 .backend
-                .get(kind, &self.scope.namespace, name)
+                .get(kind, &self.caller.namespace, name)
                 .map_err(|e| e.to_string())?;
             if live.as_ref().map(|l| &l["metadata"]["uid"]) != Some(&json!(uid)) {
                 return Err(format!("refused: owner {kind}/{name} with uid {uid} does not exist"));
@@ -334,9 +336,9 @@ impl Capability {
             snapshots.push((kind.to_string(), name.to_string()));
         }
         self.backend.defer(
-            &self.scope.uid,
+            &self.caller.uid,
             Effect::Adopt {
-                namespace: self.scope.namespace.clone(),
+                namespace: self.caller.namespace.clone(),
                 owner_kind,
                 owner_name,
                 snapshots,
@@ -357,7 +359,7 @@ impl Capability {
         if SourceKind::from_kind(kind).is_none() {
             return Err(format!("refused: cannot delete a {kind}"));
         }
-        let ns = &self.scope.namespace;
+        let ns = &self.caller.namespace;
         let existing = self
             .backend
             .get(kind, ns, name)
@@ -393,9 +395,9 @@ impl Capability {
         }
         json_patch::Patch::deserialize(&request["patch"]).map_err(|e| format!("refused: invalid JSON Patch: {e}"))?;
         self.backend.defer(
-            &self.scope.uid,
+            &self.caller.uid,
             Effect::Patch {
-                namespace: self.scope.namespace.clone(),
+                namespace: self.caller.namespace.clone(),
                 request,
             },
         );
@@ -478,9 +480,11 @@ mod invariant_tests {
     use config_snapshot_policy::kind::SourceId;
     use std::sync::Mutex;
 
+    /// The in-memory cluster, with every write that lands written down and
+    /// deferred effects kept here instead of queued.
     #[derive(Default)]
     struct Recorder {
-        objects: Mutex<Vec<Value>>,
+        cluster: crate::memory::Shared,
         writes: Mutex<Vec<String>>,
         deferred: Mutex<Vec<Effect>>,
         /// Plays a cache that has not seen another replica's write yet:
@@ -488,62 +492,47 @@ mod invariant_tests {
         stale_cache: bool,
     }
 
+    impl Recorder {
+        fn put(&self, object: Value) {
+            self.cluster.store().persist(object);
+        }
+
+        fn landed(&self, result: crate::backend::Result<()>, what: String) -> crate::backend::Result<()> {
+            if result.is_ok() {
+                self.writes.lock().unwrap().push(what);
+            }
+            result
+        }
+    }
+
     impl Backend for Recorder {
         fn get(&self, kind: &str, ns: &str, name: &str) -> crate::backend::Result<Option<Value>> {
             if self.stale_cache {
                 return Ok(None);
             }
-            self.get_fresh(kind, ns, name)
+            self.cluster.get(kind, ns, name)
         }
         fn get_fresh(&self, kind: &str, ns: &str, name: &str) -> crate::backend::Result<Option<Value>> {
-            Ok(self
-                .objects
-                .lock()
-                .unwrap()
-                .iter()
-                .find(|o| o["kind"] == kind && o["metadata"]["namespace"] == ns && o["metadata"]["name"] == name)
-                .cloned())
+            self.cluster.get(kind, ns, name)
         }
         fn list(
             &self,
             kind: &str,
-            _: &str,
+            ns: &str,
             selector: &Selector,
             visit: &mut dyn FnMut(&Value),
         ) -> crate::backend::Result<()> {
-            self.objects
-                .lock()
-                .unwrap()
-                .iter()
-                .filter(|o| o["kind"] == kind && selector.matches(o))
-                .for_each(visit);
-            Ok(())
+            self.cluster.list(kind, ns, selector, visit)
         }
         fn create(&self, object: Value) -> crate::backend::Result<()> {
-            let (kind, ns, name) = (
-                object["kind"].as_str().unwrap_or_default(),
-                object["metadata"]["namespace"].as_str().unwrap_or_default(),
-                object["metadata"]["name"].as_str().unwrap_or_default(),
-            );
-            if self.get_fresh(kind, ns, name)?.is_some() {
-                return Err(BackendError::AlreadyExists(format!(
-                    "configmaps {name:?} already exists"
-                )));
-            }
-            self.writes
-                .lock()
-                .unwrap()
-                .push(format!("create {}", object["metadata"]["name"]));
-            self.objects.lock().unwrap().push(object);
-            Ok(())
+            let what = format!("create {}", object["metadata"]["name"]);
+            self.landed(self.cluster.create(object), what)
         }
-        fn delete(&self, _: &str, _: &str, name: &str, _: &str, _: Option<&str>) -> crate::backend::Result<()> {
-            self.writes.lock().unwrap().push(format!("delete {name}"));
-            Ok(())
+        fn delete(&self, kind: &str, ns: &str, name: &str, uid: &str, rv: Option<&str>) -> crate::backend::Result<()> {
+            self.landed(self.cluster.delete(kind, ns, name, uid, rv), format!("delete {name}"))
         }
-        fn patch(&self, _: &str, _: &str, name: &str, _: Vec<Value>) -> crate::backend::Result<()> {
-            self.writes.lock().unwrap().push(format!("annotate {name}"));
-            Ok(())
+        fn patch(&self, kind: &str, ns: &str, name: &str, ops: Vec<Value>) -> crate::backend::Result<()> {
+            self.landed(self.cluster.patch(kind, ns, name, ops), format!("annotate {name}"))
         }
         fn defer(&self, _: &str, effect: Effect) {
             self.deferred.lock().unwrap().push(effect);
@@ -555,15 +544,11 @@ mod invariant_tests {
 
     fn capability(dry_run: bool) -> (Arc<Recorder>, Capability) {
         let backend = Arc::new(Recorder::default());
-        backend
-            .objects
-            .lock()
-            .unwrap()
-            .push(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        backend.put(json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "plain", "namespace": "team-a", "uid": "u1"}, "data": {"a": "1"}}));
         let cap = Capability {
             backend: backend.clone(),
-            scope: Scope {
+            caller: Caller {
                 uid: "r".into(),
                 namespace: "team-a".into(),
                 dry_run,
@@ -620,10 +605,10 @@ mod invariant_tests {
             stale_cache: true,
             ..Recorder::default()
         });
-        backend.objects.lock().unwrap().push(good_snapshot("team-a"));
+        backend.put(good_snapshot("team-a"));
         let cap = Capability {
             backend: backend.clone(),
-            scope: Scope {
+            caller: Caller {
                 uid: "r".into(),
                 namespace: "team-a".into(),
                 dry_run: false,
@@ -638,7 +623,7 @@ mod invariant_tests {
         // Another object under the snapshot's name is not ours to reuse.
         let mut other = good_snapshot("team-a");
         other["data"]["k"] = json!("different");
-        *backend.objects.lock().unwrap() = vec![other];
+        backend.put(other);
         let err = write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap_err();
         assert!(err.contains("a different ConfigMap"), "{err}");
     }
@@ -693,7 +678,7 @@ mod invariant_tests {
         let obj = good_snapshot("team-a");
         let mut squatter = obj.clone();
         squatter["metadata"]["labels"] = json!({});
-        backend.objects.lock().unwrap().push(squatter);
+        backend.put(squatter);
         assert_refused(
             write(&cap, "create_snapshot", json!({"object": obj})),
             &backend,

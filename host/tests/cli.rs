@@ -1,22 +1,12 @@
 //! The `config-snapshot` binary as a user runs it, against the built policy.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use base64::Engine as _;
 use serde_json::Value;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// The policy must be built first (`make policy.wasm`); a missing wasm is a
-/// failure, not a skip.
-fn policy() -> PathBuf {
-    let built = root().join("target/wasm32-wasip1/release/config_snapshot_policy.wasm");
-    assert!(built.exists(), "build the policy first: make policy.wasm");
-    built
-}
+mod support;
+use support::paths::{policy, root};
 
 fn cli(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_config-snapshot"))

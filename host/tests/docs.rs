@@ -3,9 +3,8 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+mod support;
+use support::paths::root;
 
 /// The string literals of a Rust file's non-test code.
 fn literals(path: &Path) -> Vec<String> {

@@ -20,6 +20,8 @@
 //! histories; `MODEL_SECONDS` keeps generating new ones until that much time
 //! has passed (`make soak`).
 
+mod support;
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
@@ -337,12 +339,7 @@ fn expected_error(e: &str) -> bool {
 fn engine() -> Arc<Engine> {
     static ENGINE: OnceLock<Arc<Engine>> = OnceLock::new();
     ENGINE
-        .get_or_init(|| {
-            let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../target/wasm32-wasip1/release/config_snapshot_policy.wasm");
-            assert!(path.exists(), "build the policy first: make policy.wasm");
-            Arc::new(Engine::load(&path).unwrap())
-        })
+        .get_or_init(|| Arc::new(Engine::load(&support::paths::policy()).unwrap()))
         .clone()
 }
 

@@ -2,24 +2,21 @@
 //! module agree with each other and with what the policy really handles.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 
 use config_snapshot::annotate;
 use config_snapshot::capability::plural;
 use config_snapshot::rules::Rules;
 use serde_json::Value;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+mod support;
+use support::paths::{policy, root};
 
 fn yaml(path: &str) -> Value {
     serde_yaml::from_str(&std::fs::read_to_string(root().join(path)).unwrap()).unwrap()
 }
 
 fn policy_wasm() -> Vec<u8> {
-    let path = root().join("target/wasm32-wasip1/release/config_snapshot_policy.wasm");
-    std::fs::read(&path).expect("build the policy first: make policy.wasm")
+    std::fs::read(policy()).unwrap()
 }
 
 /// (group, resource, operation) triples.

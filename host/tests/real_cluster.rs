@@ -24,7 +24,8 @@ use config_snapshot::replay;
 use config_snapshot::scenario::{EffectiveConfig, Step};
 use config_snapshot::view::{Objects, View};
 use serde_json::{json, Value};
-use support::process::{root, ServeProcess};
+use support::paths::root;
+use support::process::ServeProcess;
 
 /// Planted in a Secret; must never leave it.
 const CANARY: &str = "canary-real-cluster-51c2-do-not-log";
@@ -991,9 +992,9 @@ fn outcome(view: &Objects) -> Value {
 /// the API, run on the control plane and under replay: each scenario's
 /// assertions hold on both, and the outcomes agree.
 fn scenarios_agree_with_replay(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path) {
-    let engine = Arc::new(config_snapshot::engine::Engine::load(&support::process::policy()).unwrap());
+    let engine = Arc::new(config_snapshot::engine::Engine::load(&support::paths::policy()).unwrap());
     let mut compared = Vec::new();
-    let mut scenarios = support::process::scenario_files();
+    let mut scenarios = support::paths::scenario_files();
     // REAL_CLUSTER_SCENARIOS=controller- runs only the scenarios whose file
     // name contains it (while working on one).
     let only = std::env::var("REAL_CLUSTER_SCENARIOS").ok();

@@ -2,13 +2,12 @@
 //! concurrency, against the release policy wasm.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use config_snapshot::capability::{Capability, Scope};
+use config_snapshot::capability::{Caller, Capability};
 use config_snapshot::engine::Engine;
 use config_snapshot::memory::{Shared, Simulator};
 use config_snapshot::replay;
@@ -17,18 +16,11 @@ use config_snapshot_policy::kind::SourceKind;
 use config_snapshot_policy::{keys, references, template};
 use serde_json::{json, Value};
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn wasm_path() -> PathBuf {
-    let p = root().join("target/wasm32-wasip1/release/config_snapshot_policy.wasm");
-    assert!(p.exists(), "build the policy first: make policy.wasm");
-    p
-}
+mod support;
+use support::paths::policy;
 
 fn engine() -> Arc<Engine> {
-    Arc::new(Engine::load(&wasm_path()).unwrap())
+    Arc::new(Engine::load(&policy()).unwrap())
 }
 
 fn run_scenario(engine: &Arc<Engine>, name: &str, yaml: &str) -> replay::ScenarioResult {
@@ -188,7 +180,7 @@ steps:
     std::fs::write(&path, yaml).unwrap();
     for json_flag in [false, true] {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_config-snapshot"));
-        cmd.arg("replay").arg("--policy").arg(wasm_path()).arg(&path);
+        cmd.arg("replay").arg("--policy").arg(policy()).arg(&path);
         if json_flag {
             cmd.arg("--json");
         }
@@ -220,7 +212,7 @@ fn bad_input_gets_a_clear_answer_within_the_deadline() {
     let handler = || {
         Arc::new(Capability {
             backend: shared.clone(),
-            scope: Scope {
+            caller: Caller {
                 uid: "r".into(),
                 namespace: "default".into(),
                 dry_run: false,
@@ -293,7 +285,7 @@ fn the_deadline_stops_a_runaway_guest() {
             b"{}",
             Arc::new(Capability {
                 backend: Arc::new(Shared::default()),
-                scope: Scope {
+                caller: Caller {
                     uid: "r".into(),
                     namespace: "default".into(),
                     dry_run: false,
@@ -378,7 +370,7 @@ fn racing_admissions_of_the_same_deployment_make_one_snapshot() {
             std::thread::spawn(move || {
                 let cap = Arc::new(Capability {
                     backend: racing,
-                    scope: Scope {
+                    caller: Caller {
                         uid: format!("r{t}"),
                         namespace: "default".into(),
                         dry_run: false,
@@ -633,7 +625,7 @@ fn a_hostile_wasm_guest_cannot_break_the_host_invariants() {
         let engine = Engine::from_bytes(guest(operation, &payload).as_bytes(), Duration::from_secs(2)).unwrap();
         let cap = Arc::new(Capability {
             backend: shared.clone(),
-            scope: Scope {
+            caller: Caller {
                 uid: "r".into(),
                 namespace: "team-a".into(),
                 dry_run,

@@ -29,7 +29,7 @@ use serde_json::{json, Value};
 
 mod support;
 
-use support::process::policy;
+use support::paths::policy;
 
 fn options(settings: &Value, interval: &str) -> serve::Options {
     serve::Options {
@@ -282,7 +282,7 @@ async fn run_served(engine: Arc<Engine>, path: &Path) -> Result<(Vec<String>, Ve
 async fn every_scenario_leaves_the_same_cluster_under_replay_and_serve() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let engine = Arc::new(Engine::load(&policy()).unwrap());
-    let scenarios = support::process::scenario_files();
+    let scenarios = support::paths::scenario_files();
     let (mut compared, mut skipped) = (Vec::new(), Vec::new());
     for path in &scenarios {
         let name = path.file_name().unwrap().to_string_lossy().to_string();

@@ -21,7 +21,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use support::apiserver::ApiServer;
 
-use support::process::policy;
+use support::paths::policy;
 
 fn keys(objects: &[Value]) -> BTreeSet<(String, String, String)> {
     objects
@@ -65,7 +65,7 @@ async fn every_scenario_admission_answers_the_same_through_the_kube_backend() {
     let api = ApiServer::start().await;
     let client = kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap();
     let engine = Arc::new(Engine::load(&policy()).unwrap());
-    let scenarios = support::process::scenario_files();
+    let scenarios = support::paths::scenario_files();
     assert!(scenarios.len() >= 16);
     let (mut compared, mut skipped, mut mutated, mut created) = (0, 0, 0, 0);
     for path in &scenarios {

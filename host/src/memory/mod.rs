@@ -29,7 +29,7 @@ use config_snapshot_policy::settings::Settings;
 use serde_json::{json, Value};
 
 use crate::backend::{self, Backend, BackendError, Selector};
-use crate::capability::{api_version_of, plural, Capability, Scope};
+use crate::capability::{api_version_of, plural, Caller, Capability};
 use crate::engine::Engine;
 use crate::lifecycle::effects::{apply_ops, Rules as EffectRules};
 use crate::lifecycle::Effect;
@@ -367,14 +367,14 @@ impl Simulator {
 
     /// Sends one AdmissionRequest to the policy, with this cluster as host.
     pub fn review(&mut self, request: &Value) -> Result<(Admission, Option<Value>)> {
-        let scope = Scope {
+        let caller = Caller {
             uid: request["uid"].as_str().unwrap_or_default().to_string(),
             namespace: request["namespace"].as_str().unwrap_or("default").to_string(),
             dry_run: request["dryRun"].as_bool().unwrap_or(false),
         };
         let handler = Arc::new(Capability {
             backend: self.shared.clone(),
-            scope,
+            caller,
         });
         let before = self.recorder.as_ref().map(|_| (self.objects(), self.now()));
         let faulted = self.shared.faults_armed();

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use super::cluster::RequestScope;
 use super::metrics::{self, DecisionLabels, OperationLabels, RequestLabels};
 use super::State;
-use crate::capability::{Capability, Scope};
+use crate::capability::{Caller, Capability};
 use crate::engine::CallHandler;
 
 #[derive(Deserialize)]
@@ -91,7 +91,7 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
     let handler = Arc::new(Counted {
         inner: Capability {
             backend: scope.clone(),
-            scope: Scope {
+            caller: Caller {
                 uid: head.uid.clone(),
                 namespace: head.namespace.clone().unwrap_or_default(),
                 dry_run: head.dry_run.unwrap_or(false),

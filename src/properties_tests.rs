@@ -1,10 +1,10 @@
 //! Properties of workload admission over arbitrary workloads, sources and
 //! settings, against the in-memory fake host.
 
-use config_snapshot_policy::content::Content;
-use config_snapshot_policy::fake::FakeHost;
-use config_snapshot_policy::kind::SourceKind;
-use config_snapshot_policy::{evaluate, keys, references, template};
+use crate::content::Content;
+use crate::fake::FakeHost;
+use crate::kind::SourceKind;
+use crate::{evaluate, keys, references, template};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
