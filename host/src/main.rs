@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use config_snapshot::engine::Engine;
 use config_snapshot::memory::Simulator;
-use config_snapshot::{annotate, replay, review, serve};
+use config_snapshot::{annotate, interactions, replay, review, serve};
 
 #[derive(Parser)]
 #[command(
@@ -52,6 +52,14 @@ enum Command {
         /// Policy settings as JSON.
         #[arg(long, default_value = "{}")]
         settings_json: String,
+        /// Answer the policy's host calls from a kwctl interactions file,
+        /// as stock Kubewarden (`kwctl run --replay-host-capabilities-interactions`).
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["objects", "record_host_capabilities_interactions"])]
+        replay_host_capabilities_interactions: Option<PathBuf>,
+        /// Answer Kubewarden's reads from `--objects`, as stock Kubewarden,
+        /// and write the exchanges to FILE in kwctl's format.
+        #[arg(long, value_name = "FILE")]
+        record_host_capabilities_interactions: Option<PathBuf>,
     },
     /// Run the mutating admission webhook against the cluster (HTTPS).
     Serve(serve::Options),
@@ -123,23 +131,58 @@ fn run(cli: Cli) -> Result<ExitCode> {
             policy,
             objects,
             settings_json,
+            replay_host_capabilities_interactions: replay_from,
+            record_host_capabilities_interactions: record_to,
         } => {
             let settings: Value = serde_json::from_str(&settings_json).context("--settings-json is not JSON")?;
             let engine = Arc::new(Engine::load(&policy_path(policy)?)?);
             if let Err(message) = engine.validate_settings(&settings)? {
                 return Err(anyhow!("invalid settings: {message}"));
             }
-            let mut sim = Simulator::new(engine, settings, config_snapshot_policy::duration::unix_now());
+            if let Some(file) = replay_from {
+                let replayer = Arc::new(interactions::Replayer::new(interactions::read(&file)?));
+                for path in &reviews {
+                    let request = review::read_request(path)?;
+                    let response = review::on_host(&engine, &settings, &request, replayer.clone())?;
+                    println!("{}", serde_json::to_string(&response)?);
+                }
+                if replayer.leftovers() > 0 {
+                    eprintln!(
+                        "config-snapshot: {} recorded exchanges were not replayed",
+                        replayer.leftovers()
+                    );
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            let mut sim = Simulator::new(
+                engine.clone(),
+                settings.clone(),
+                config_snapshot_policy::duration::unix_now(),
+            );
             if let Some(path) = objects {
                 for object in review::read_objects(&path)? {
                     sim.load(object)?;
                 }
             }
+            let mut recorded = Vec::new();
             for path in &reviews {
                 let request = review::read_request(path)?;
-                let (admission, mutated) = sim.review_only(&request)?;
-                let response = review::response(&request, &admission.response, mutated.as_ref())?;
+                let response = match &record_to {
+                    Some(_) => {
+                        let recorder = Arc::new(interactions::Recorder::new(review::cluster_host(&sim, &request)));
+                        let response = review::on_host(&engine, &settings, &request, recorder.clone())?;
+                        recorded.extend(recorder.exchanges());
+                        response
+                    }
+                    None => {
+                        let (admission, mutated) = sim.review_only(&request)?;
+                        review::response(&request, &admission.response, mutated.as_ref())?
+                    }
+                };
                 println!("{}", serde_json::to_string(&response)?);
+            }
+            if let Some(file) = record_to {
+                interactions::write(&file, &recorded)?;
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -3,10 +3,38 @@
 //! expects it (like `kwctl run`).
 
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::{anyhow, Context as _, Result};
 use base64::Engine as _;
 use serde_json::{json, Value};
+
+use crate::capability::{Caller, Capability};
+use crate::engine::{CallHandler, Engine};
+use crate::memory::Simulator;
+
+/// Evaluates one request with `host` answering the policy's calls, as
+/// stock Kubewarden would (see `crate::interactions`): nothing is
+/// persisted and no effect is queued.
+pub fn on_host(engine: &Engine, settings: &Value, request: &Value, host: Arc<dyn CallHandler>) -> Result<Value> {
+    let validation = engine.validate(request, settings, host)?;
+    let mutated = validation.get("mutated_object").filter(|v| !v.is_null());
+    response(request, &validation, mutated)
+}
+
+/// This project's full host over the simulator's cluster, for a request
+/// whose calls are being recorded: the recorder lets only Kubewarden's
+/// reads through.
+pub fn cluster_host(sim: &Simulator, request: &Value) -> Arc<dyn CallHandler> {
+    Arc::new(Capability {
+        backend: sim.shared.clone(),
+        caller: Caller {
+            uid: request["uid"].as_str().unwrap_or_default().to_string(),
+            namespace: request["namespace"].as_str().unwrap_or("default").to_string(),
+            dry_run: true,
+        },
+    })
+}
 
 /// Reads an AdmissionReview v1 file, or a bare AdmissionRequest as kwctl
 /// takes them, in JSON or YAML.

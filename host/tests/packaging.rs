@@ -99,6 +99,7 @@ fn metadata_has_what_kubewarden_needs() {
         "io.kubewarden.policy.description",
         "io.kubewarden.policy.author",
         "io.kubewarden.policy.url",
+        "io.kubewarden.policy.ociUrl",
         "io.kubewarden.policy.source",
         "io.kubewarden.policy.license",
         "io.kubewarden.policy.category",
@@ -140,6 +141,47 @@ fn artifacthub_package_agrees_with_the_metadata() {
     );
     let version = format!("v{}", env!("CARGO_PKG_VERSION"));
     assert!(a["containersImages"][0]["image"].as_str().unwrap().ends_with(&version));
+}
+
+/// The metadata says where the policy lives (kwctl's `scaffold artifacthub`
+/// refuses metadata without it); the release pushes there, and the Artifact
+/// Hub package tells users to pull from there.
+#[test]
+fn oci_url_is_where_the_release_pushes_and_users_pull() {
+    let m = yaml("policy-metadata.yml");
+    let oci_url = m["annotations"]["io.kubewarden.policy.ociUrl"]
+        .as_str()
+        .expect("io.kubewarden.policy.ociUrl");
+    assert!(
+        !oci_url.contains(':') && !oci_url.contains("://"),
+        "a repository, without tag or scheme: {oci_url}"
+    );
+    let tagged = format!("{oci_url}:v{}", env!("CARGO_PKG_VERSION"));
+
+    let a = yaml("artifacthub-pkg.yml");
+    assert_eq!(a["containersImages"][0]["image"], tagged.as_str());
+    let install = a["install"].as_str().unwrap();
+    assert!(install.contains(&format!("kwctl pull {tagged}")), "{install}");
+    assert!(install.contains(&format!("registry://{tagged}")), "{install}");
+
+    // The release reads the ociUrl from the metadata rather than naming a
+    // repository of its own.
+    let workflow = std::fs::read_to_string(root().join(".github/workflows/release.yml")).unwrap();
+    let push: Vec<&str> = workflow.lines().filter(|l| l.contains("kwctl push")).collect();
+    assert_eq!(push.len(), 1, "{push:?}");
+    assert!(push[0].contains("${oci_url}:${GITHUB_REF_NAME}"), "{}", push[0]);
+    assert!(
+        workflow.contains("s/^ *io.kubewarden.policy.ociUrl: *//p' policy-metadata.yml"),
+        "the release takes the ociUrl from policy-metadata.yml"
+    );
+    // …and that extraction yields the value the metadata holds.
+    let text = std::fs::read_to_string(root().join("policy-metadata.yml")).unwrap();
+    let extracted: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("io.kubewarden.policy.ociUrl:"))
+        .map(str::trim)
+        .collect();
+    assert_eq!(extracted, [oci_url]);
 }
 
 #[test]
