@@ -28,6 +28,8 @@ fn engine() -> Arc<Engine> {
 fn options() -> serve::Options {
     serve::Options {
         policy: "unused".into(),
+        policy_digest: None,
+        registry: Default::default(),
         settings_json: "{}".into(),
         tls_cert: "unused".into(),
         tls_key: "unused".into(),

@@ -12,6 +12,7 @@ pub mod invariants;
 pub mod lifecycle;
 pub mod masks;
 pub mod memory;
+pub mod registry;
 pub mod replay;
 pub mod review;
 pub mod rules;

@@ -61,6 +61,33 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         record_host_capabilities_interactions: Option<PathBuf>,
     },
+    /// Push a policy module to an OCI registry in Kubewarden's layout (what
+    /// `kwctl pull` fetches); prints the reference with its digest.
+    Push {
+        /// The (annotated) policy wasm.
+        wasm: PathBuf,
+        /// HOST/REPO:TAG, with or without `registry://`.
+        reference: String,
+        /// Sign the pushed module with this cosign private key (its
+        /// password from COSIGN_PASSWORD, as cosign reads it).
+        #[arg(long, value_name = "FILE")]
+        sign_key: Option<PathBuf>,
+        #[command(flatten)]
+        registry: config_snapshot::registry::Access,
+    },
+    /// Pull a policy module from an OCI registry (by tag, or by digest,
+    /// which is then verified); prints the reference with its digest.
+    Pull {
+        /// HOST/REPO:TAG or HOST/REPO@sha256:…, with or without `registry://`.
+        reference: String,
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Refuse the module unless its manifest digest is this one.
+        #[arg(long)]
+        digest: Option<String>,
+        #[command(flatten)]
+        registry: config_snapshot::registry::Access,
+    },
     /// Run the mutating admission webhook against the cluster (HTTPS).
     Serve(serve::Options),
     /// Embed policy metadata in the wasm, as `kwctl annotate` does.
@@ -186,13 +213,45 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Push {
+            wasm,
+            reference,
+            sign_key,
+            registry,
+        } => {
+            let module = std::fs::read(&wasm).with_context(|| format!("reading {}", wasm.display()))?;
+            let target = config_snapshot::registry::reference(&reference)?;
+            let runtime = runtime()?;
+            let digest = runtime.block_on(config_snapshot::registry::push(&registry, &module, &target))?;
+            if let Some(key) = sign_key {
+                let pem = std::fs::read(&key).with_context(|| format!("reading {}", key.display()))?;
+                let password = std::env::var("COSIGN_PASSWORD").unwrap_or_default();
+                runtime.block_on(config_snapshot::registry::sign(
+                    &registry,
+                    &target,
+                    &digest,
+                    &pem,
+                    password.as_bytes(),
+                ))?;
+            }
+            println!("{target}@{digest}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Pull {
+            reference,
+            output,
+            digest,
+            registry,
+        } => {
+            let source = config_snapshot::registry::reference(&reference)?;
+            let module = runtime()?.block_on(config_snapshot::registry::pull(&registry, &source, digest.as_deref()))?;
+            std::fs::write(&output, &module.bytes).with_context(|| format!("writing {}", output.display()))?;
+            println!("{source}@{}", module.digest);
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Serve(options) => {
             serve::init_logging(&options.log_format);
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
-            runtime.block_on(serve::run(options))?;
+            runtime()?.block_on(serve::run(options))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Annotate {
@@ -231,4 +290,11 @@ fn policy_path(explicit: Option<PathBuf>) -> Result<PathBuf> {
         .into_iter()
         .find(|p| p.exists())
         .ok_or_else(|| anyhow!("no policy wasm found: run `make policy.wasm` or pass --policy"))
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
 }

@@ -44,18 +44,7 @@ struct Serve {
 impl Serve {
     fn start(api: &ApiServer, extra: &[&str]) -> Serve {
         let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        let kubeconfig = std::env::temp_dir().join(format!(
-            "config-snapshot-standin-{}-{}.kubeconfig",
-            std::process::id(),
-            support::process::free_port()
-        ));
-        let text = format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: standin, cluster: {{server: \"{}\"}}}}]\n\
-             users: [{{name: test, user: {{}}}}]\n\
-             contexts: [{{name: standin, context: {{cluster: standin, user: test}}}}]\ncurrent-context: standin\n",
-            api.url()
-        );
-        std::fs::write(&kubeconfig, text).unwrap();
+        let kubeconfig = api.kubeconfig();
         let flags: Vec<&str> = ["--watch-min-interval", "1s"]
             .into_iter()
             .chain(extra.iter().copied())

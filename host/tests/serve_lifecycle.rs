@@ -33,7 +33,9 @@ use support::paths::policy;
 
 fn options(settings: &Value, interval: &str) -> serve::Options {
     serve::Options {
-        policy: policy(),
+        policy: policy().display().to_string(),
+        policy_digest: None,
+        registry: Default::default(),
         settings_json: settings.to_string(),
         tls_cert: "unused".into(),
         tls_key: "unused".into(),

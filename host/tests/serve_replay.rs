@@ -39,7 +39,9 @@ fn keys(objects: &[Value]) -> BTreeSet<(String, String, String)> {
 
 fn options(settings: &Value) -> serve::Options {
     serve::Options {
-        policy: policy(),
+        policy: policy().display().to_string(),
+        policy_digest: None,
+        registry: Default::default(),
         settings_json: settings.to_string(),
         tls_cert: "unused".into(),
         tls_key: "unused".into(),

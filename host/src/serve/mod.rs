@@ -37,9 +37,16 @@ use crate::engine::Engine;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Options {
-    /// The policy wasm.
+    /// The policy wasm: a file, or `registry://HOST/REPO:TAG` (or
+    /// `@sha256:…`), pulled at start.
     #[arg(long, env = "CONFIG_SNAPSHOT_POLICY")]
-    pub policy: PathBuf,
+    pub policy: String,
+    /// The manifest digest the registry module must have (`sha256:…`);
+    /// any other is refused and serve does not start.
+    #[arg(long, env = "CONFIG_SNAPSHOT_POLICY_DIGEST")]
+    pub policy_digest: Option<String>,
+    #[command(flatten)]
+    pub registry: crate::registry::Access,
     /// Policy settings as JSON (see policy-metadata.yml).
     #[arg(long, default_value = "{}", env = "CONFIG_SNAPSHOT_SETTINGS")]
     pub settings_json: String,
@@ -113,11 +120,11 @@ fn duration(flag: &str, text: &str) -> Result<u64> {
     parse_go_duration(text).map_err(|e| anyhow!("--{flag}: {e}"))
 }
 
-/// Everything `serve` needs that does not involve sockets.
-pub fn build(options: &Options, client: Client) -> Result<(Arc<State>, effects::Worker)> {
-    let bytes = std::fs::read(&options.policy).with_context(|| format!("reading {}", options.policy.display()))?;
+/// Everything `serve` needs that does not involve sockets, for the module
+/// `--policy` named (already read or pulled).
+pub fn build(options: &Options, client: Client, module: &[u8]) -> Result<(Arc<State>, effects::Worker)> {
     let engine = Engine::from_bytes(
-        &bytes,
+        module,
         Duration::from_secs(duration("policy-timeout", &options.policy_timeout)?),
     )?;
     build_with_engine(options, client, Arc::new(engine))
@@ -170,10 +177,15 @@ pub async fn run(options: Options) -> Result<()> {
     // One crypto provider for rustls, chosen here rather than by feature
     // unification: ring, the one kube-rs uses too.
     let _ = rustls::crypto::ring::default_provider().install_default();
+    // The module first: a refused digest must stop serve before it joins
+    // the cluster.
+    let (module, origin) =
+        crate::registry::load(&options.registry, &options.policy, options.policy_digest.as_deref()).await?;
+    tracing::info!(policy = %origin, "policy loaded");
     let client = Client::try_default()
         .await
         .context("connecting to the API server (in-cluster config or KUBECONFIG)")?;
-    let (state, worker) = build(&options, client.clone())?;
+    let (state, worker) = build(&options, client.clone(), &module)?;
     state.cluster.cache.start(client);
     tokio::spawn(worker.run());
     let interval = Duration::from_secs(duration("resync-interval", &options.resync_interval)?);

@@ -89,6 +89,23 @@ impl ApiServer {
         format!("http://{}", self.addr)
     }
 
+    /// A kubeconfig for this server, written to a fresh file.
+    pub fn kubeconfig(&self) -> std::path::PathBuf {
+        let path = std::env::temp_dir().join(format!(
+            "config-snapshot-standin-{}-{}.kubeconfig",
+            std::process::id(),
+            self.addr.port()
+        ));
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: standin, cluster: {{server: \"{}\"}}}}]\n\
+             users: [{{name: test, user: {{}}}}]\n\
+             contexts: [{{name: standin, context: {{cluster: standin, user: test}}}}]\ncurrent-context: standin\n",
+            self.url()
+        );
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
     /// Creates or replaces an object, as a user's `kubectl apply` lands.
     pub fn put(&self, object: Value) -> Value {
         self.inner.write(object, "MODIFIED")

@@ -58,10 +58,15 @@ impl ServeProcess {
     fn start_in(dir: PathBuf, cert_pem: String, kubeconfig: &Path, extra: &[&str], port: u16) -> ServeProcess {
         let webhook: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let ops: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        // The built policy, unless the caller names another module.
+        let policy_args = if extra.contains(&"--policy") {
+            vec![]
+        } else {
+            vec!["--policy".into(), policy().into_os_string()]
+        };
         let mut child = Command::new(env!("CARGO_BIN_EXE_config-snapshot"))
             .arg("serve")
-            .arg("--policy")
-            .arg(policy())
+            .args(policy_args)
             .arg("--tls-cert")
             .arg(dir.join("tls.crt"))
             .arg("--tls-key")
