@@ -30,6 +30,9 @@ annotated-policy.wasm: policy.wasm
 ## demo: replay KEP user story 1 on the in-memory cluster and print the timeline
 demo: policy.wasm
 	$(HOST) replay e2e-tests/kep-story-configmap.yaml e2e-tests/kep-story-watch.yaml
+	@echo; echo "Which config does each revision run? (config-snapshot history, on the cluster the story left)"
+	$(HOST) history deploy/web --scenario e2e-tests/kep-story-configmap.yaml
+	$(HOST) diff deploy/web 3 4 --scenario e2e-tests/kep-story-configmap.yaml || true
 
 ## test: everything CI runs — format, lint, unit tests, e2e scenarios
 test: fmt-check lint unit-tests e2e-tests

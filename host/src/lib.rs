@@ -7,6 +7,7 @@ pub mod annotate;
 pub mod backend;
 pub mod capability;
 pub mod engine;
+pub mod history;
 pub mod interactions;
 pub mod invariants;
 pub mod lifecycle;

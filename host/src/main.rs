@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use config_snapshot::engine::Engine;
 use config_snapshot::memory::Simulator;
-use config_snapshot::{annotate, interactions, replay, review, serve};
+use config_snapshot::{annotate, history, interactions, replay, review, serve};
 
 #[derive(Parser)]
 #[command(
@@ -88,6 +88,27 @@ enum Command {
         #[command(flatten)]
         registry: config_snapshot::registry::Access,
     },
+    /// Which config each revision of a workload runs: every revision its
+    /// controller keeps, oldest first, with its images and, per source, the
+    /// snapshot it pins and the keys changed since the revision before.
+    History {
+        /// The workload: deploy/NAME, sts/NAME or ds/NAME.
+        workload: String,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+    /// A unified diff of two revisions' config (Secrets by key name only)
+    /// and pod templates; exits 1 when they differ, as diff does.
+    Diff {
+        /// The workload: deploy/NAME, sts/NAME or ds/NAME.
+        workload: String,
+        /// The older revision number.
+        from: i64,
+        /// The newer revision number.
+        to: i64,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
     /// Run the mutating admission webhook against the cluster (HTTPS).
     Serve(serve::Options),
     /// Embed policy metadata in the wasm, as `kwctl annotate` does.
@@ -102,6 +123,63 @@ enum Command {
         #[arg(short, long)]
         output: PathBuf,
     },
+}
+
+/// Where `history` and `diff` read the cluster.
+#[derive(Debug, clap::Args)]
+struct ClusterArgs {
+    /// The workload's namespace (default: the kubeconfig context's, or
+    /// `default` with --scenario).
+    #[arg(short, long)]
+    namespace: Option<String>,
+    /// Read the cluster a replay of this scenario leaves behind instead of
+    /// the current kubeconfig's.
+    #[arg(long, value_name = "FILE")]
+    scenario: Option<PathBuf>,
+    /// With --scenario: the policy wasm.
+    #[arg(long)]
+    policy: Option<PathBuf>,
+    /// text (aligned, colour on a terminal unless NO_COLOR) or json.
+    #[arg(short, long, default_value = "text", value_parser = ["text", "json"])]
+    output: String,
+}
+
+impl ClusterArgs {
+    fn history(&self, workload: &str) -> Result<history::History> {
+        let target = history::Target::parse(workload)?;
+        match &self.scenario {
+            Some(path) => {
+                let engine = Arc::new(Engine::load(&policy_path(self.policy.clone())?)?);
+                let (result, sim) = replay::run_to_end(engine, path)?;
+                if let Some(failure) = result.failure() {
+                    eprintln!("config-snapshot: the scenario did not pass ({failure}); showing the cluster it left");
+                }
+                let namespace = self.namespace.clone().unwrap_or_else(|| "default".into());
+                history::history(&sim, &target, &namespace, sim.now())
+            }
+            None => runtime()?.block_on(async {
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                let client = kube::Client::try_default()
+                    .await
+                    .context("connecting to the API server (KUBECONFIG or in-cluster config)")?;
+                let namespace = self
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| client.default_namespace().to_string());
+                let objects = history::fetch(client, &target, &namespace).await?;
+                history::history(
+                    &objects,
+                    &target,
+                    &namespace,
+                    config_snapshot_policy::duration::unix_now(),
+                )
+            }),
+        }
+    }
+
+    fn json(&self) -> bool {
+        self.output == "json"
+    }
 }
 
 fn main() -> ExitCode {
@@ -248,6 +326,34 @@ fn run(cli: Cli) -> Result<ExitCode> {
             std::fs::write(&output, &module.bytes).with_context(|| format!("writing {}", output.display()))?;
             println!("{source}@{}", module.digest);
             Ok(ExitCode::SUCCESS)
+        }
+        Command::History { workload, cluster } => {
+            let history = cluster.history(&workload)?;
+            if cluster.json() {
+                println!("{}", serde_json::to_string_pretty(&history)?);
+            } else {
+                print!("{}", history::render_history(&history, history::Style::for_stdout()));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Diff {
+            workload,
+            from,
+            to,
+            cluster,
+        } => {
+            let history = cluster.history(&workload)?;
+            let diff = history::diff(&history, from, to)?;
+            if cluster.json() {
+                println!("{}", serde_json::to_string_pretty(&diff)?);
+            } else {
+                print!("{}", history::render_diff(&diff, history::Style::for_stdout()));
+            }
+            Ok(if diff.differs() {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            })
         }
         Command::Serve(options) => {
             serve::init_logging(&options.log_format);

@@ -77,6 +77,18 @@ pub fn run(engine: Arc<Engine>, path: &Path) -> Result<ScenarioResult> {
 /// Runs a scenario and, if `record`, returns every admission it made with
 /// the cluster state around it (see [`Recorded`]).
 pub fn run_recorded(engine: Arc<Engine>, path: &Path, record: bool) -> Result<(ScenarioResult, Vec<Recorded>)> {
+    let (result, mut session) = run_session(engine, path, record)?;
+    Ok((result, session.sim.recorder.take().unwrap_or_default()))
+}
+
+/// Runs a scenario and hands back the cluster it leaves behind (`history
+/// --scenario`).
+pub fn run_to_end(engine: Arc<Engine>, path: &Path) -> Result<(ScenarioResult, Simulator)> {
+    let (result, session) = run_session(engine, path, false)?;
+    Ok((result, session.sim))
+}
+
+fn run_session(engine: Arc<Engine>, path: &Path, record: bool) -> Result<(ScenarioResult, Session)> {
     let scenario = load(path)?;
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let mut session = Session::new(engine, &scenario, base)?;
@@ -98,7 +110,7 @@ pub fn run_recorded(engine: Arc<Engine>, path: &Path, record: bool) -> Result<(S
         }
     }
     result.passed = result.failure().is_none();
-    Ok((result, session.sim.recorder.take().unwrap_or_default()))
+    Ok((result, session))
 }
 
 /// A scenario being run: the cluster, and the admission the last step made

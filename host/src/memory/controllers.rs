@@ -16,6 +16,9 @@ use super::store::key_of;
 use super::Simulator;
 
 pub const REVISION_ANNOTATION: &str = "deployment.kubernetes.io/revision";
+/// The revisions a ReplicaSet had before it became current again (a
+/// rollback), comma-separated, as the Deployment controller keeps them.
+pub const REVISION_HISTORY_ANNOTATION: &str = "deployment.kubernetes.io/revision-history";
 
 /// Deployment annotations the controller does not copy to its ReplicaSets,
 /// and `kubectl rollout undo` does not copy back (kubectl's
@@ -23,7 +26,7 @@ pub const REVISION_ANNOTATION: &str = "deployment.kubernetes.io/revision";
 pub const NOT_COPIED: [&str; 6] = [
     "kubectl.kubernetes.io/last-applied-configuration",
     REVISION_ANNOTATION,
-    "deployment.kubernetes.io/revision-history",
+    REVISION_HISTORY_ANNOTATION,
     "deployment.kubernetes.io/desired-replicas",
     "deployment.kubernetes.io/max-replicas",
     "deprecated.deployment.rollback.to",
@@ -121,6 +124,12 @@ impl Simulator {
                 let rs_name = rs["metadata"]["name"].as_str().unwrap_or_default().to_string();
                 let before = rs.clone();
                 if revision_of_rs(&rs) != max_revision {
+                    let old = revision_of_rs(&rs).to_string();
+                    let history = match rs["metadata"]["annotations"][REVISION_HISTORY_ANNOTATION].as_str() {
+                        Some(h) if !h.is_empty() => format!("{h},{old}"),
+                        _ => old,
+                    };
+                    rs["metadata"]["annotations"][REVISION_HISTORY_ANNOTATION] = json!(history);
                     rs["metadata"]["annotations"][REVISION_ANNOTATION] = json!((max_revision + 1).to_string());
                     self.note(format!(
                         "ReplicaSet/{rs_name} is current again (revision {})",
