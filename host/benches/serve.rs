@@ -29,6 +29,10 @@ fn options() -> serve::Options {
     serve::Options {
         policy: "unused".into(),
         policy_digest: None,
+        leader_elect: false,
+        lease_name: "config-snapshot".into(),
+        lease_namespace: "default".into(),
+        lease_duration: "15s".into(),
         registry: Default::default(),
         settings_json: "{}".into(),
         tls_cert: "unused".into(),

@@ -13,7 +13,7 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -68,6 +68,8 @@ fn every_object_is_valid_for_its_kubernetes_type() {
             "PodDisruptionBudget" => drop(typed::<PodDisruptionBudget>(&object)),
             "ClusterRole" => drop(typed::<ClusterRole>(&object)),
             "ClusterRoleBinding" => drop(typed::<ClusterRoleBinding>(&object)),
+            "Role" => drop(typed::<Role>(&object)),
+            "RoleBinding" => drop(typed::<RoleBinding>(&object)),
             "MutatingWebhookConfiguration" => drop(typed::<MutatingWebhookConfiguration>(&object)),
             // cert-manager's CRDs have no k8s-openapi type; checked below.
             "Issuer" | "Certificate" => assert_eq!(object["apiVersion"], "cert-manager.io/v1", "{file}"),
@@ -75,7 +77,7 @@ fn every_object_is_valid_for_its_kubernetes_type() {
         }
         kinds.insert(kind);
     }
-    assert_eq!(kinds.len(), 11, "{kinds:?}");
+    assert_eq!(kinds.len(), 13, "{kinds:?}");
 }
 
 #[test]
@@ -229,7 +231,13 @@ fn the_deployment_runs_serve_as_the_cli_parses_it_with_probes_on_real_endpoints(
     assert_eq!(security.allow_privilege_escalation, Some(false));
     // Settings come from the ConfigMap the manifests ship.
     let settings = find("ConfigMap");
-    let env = &container.env.as_ref().unwrap()[0];
+    let env = container
+        .env
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|e| e.name == "CONFIG_SNAPSHOT_SETTINGS")
+        .unwrap();
     assert_eq!(env.name, "CONFIG_SNAPSHOT_SETTINGS");
     let key = env.value_from.as_ref().unwrap().config_map_key_ref.as_ref().unwrap();
     assert_eq!(settings["metadata"]["name"].as_str(), Some(key.name.as_str()));
@@ -245,6 +253,45 @@ fn the_deployment_runs_serve_as_the_cli_parses_it_with_probes_on_real_endpoints(
     let pdb_spec = pdb.spec.unwrap();
     assert!(matches(pdb_spec.selector.unwrap().match_labels.as_ref().unwrap()));
     assert!(pdb_spec.min_available.is_some() || pdb_spec.max_unavailable.is_some());
+    assert!(pod.topology_spread_constraints.as_ref().is_some_and(|t| !t.is_empty()));
+
+    // Two replicas elect one to run the periodic pass; the Lease lives in
+    // the pod's own namespace, named by the downward API.
+    assert!(options.leader_elect);
+    let field = |name: &str| {
+        container
+            .env
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value_from.as_ref()?.field_ref.as_ref())
+            .map(|f| f.field_path.clone())
+    };
+    assert_eq!(field("POD_NAME").as_deref(), Some("metadata.name"));
+    assert_eq!(field("POD_NAMESPACE").as_deref(), Some("metadata.namespace"));
+}
+
+#[test]
+fn the_lease_is_the_only_namespaced_grant_and_stays_in_serves_namespace() {
+    let role: Role = typed(&find("Role"));
+    let namespace = find("Namespace")["metadata"]["name"].as_str().unwrap().to_string();
+    assert_eq!(role.metadata.namespace.as_deref(), Some(namespace.as_str()));
+    let rules = role.rules.unwrap();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(
+        rules[0].api_groups.as_deref(),
+        Some(&["coordination.k8s.io".to_string()][..])
+    );
+    assert_eq!(rules[0].resources.as_deref(), Some(&["leases".to_string()][..]));
+    let mut verbs = rules[0].verbs.clone();
+    verbs.sort();
+    assert_eq!(verbs, ["create", "get", "patch"]);
+    let binding: RoleBinding = typed(&find("RoleBinding"));
+    assert_eq!(binding.metadata.namespace.as_deref(), Some(namespace.as_str()));
+    assert_eq!(binding.role_ref.name, role.metadata.name.unwrap());
+    let account: ServiceAccount = typed(&find("ServiceAccount"));
+    assert_eq!(binding.subjects.unwrap()[0].name, account.metadata.name.unwrap());
 }
 
 #[test]

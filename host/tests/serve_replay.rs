@@ -41,6 +41,10 @@ fn options(settings: &Value) -> serve::Options {
     serve::Options {
         policy: policy().display().to_string(),
         policy_digest: None,
+        leader_elect: false,
+        lease_name: "config-snapshot".into(),
+        lease_namespace: "default".into(),
+        lease_duration: "15s".into(),
         registry: Default::default(),
         settings_json: settings.to_string(),
         tls_cert: "unused".into(),

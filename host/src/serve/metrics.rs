@@ -47,6 +47,10 @@ pub struct Metrics {
     pub host_call_errors: Family<OperationLabels, Counter>,
     pub effects: Family<EffectLabels, Counter>,
     pub queue_depth: Gauge,
+    /// 1 while this replica holds the Lease (or leads alone), else 0.
+    pub leader: Gauge,
+    /// Periodic passes this replica ran (only the leader runs them).
+    pub resync_passes: Counter,
 }
 
 fn latency_buckets() -> Histogram {
@@ -69,6 +73,18 @@ impl Default for Metrics {
         let host_call_errors = Family::<OperationLabels, Counter>::default();
         let effects = Family::<EffectLabels, Counter>::default();
         let queue_depth = Gauge::default();
+        let leader = Gauge::default();
+        let resync_passes = Counter::default();
+        registry.register(
+            "leader",
+            "1 while this replica runs the resync and the sweep",
+            leader.clone(),
+        );
+        registry.register(
+            "resync_passes",
+            "Periodic passes run by this replica",
+            resync_passes.clone(),
+        );
         registry.register(
             "admission_duration_seconds",
             "Time to answer one AdmissionReview",
@@ -109,6 +125,8 @@ impl Default for Metrics {
             host_call_errors,
             effects,
             queue_depth,
+            leader,
+            resync_passes,
         }
     }
 }

@@ -10,6 +10,7 @@ pub mod cache;
 pub mod cluster;
 pub mod effects;
 mod http;
+pub mod leader;
 pub mod metrics;
 pub mod resync;
 
@@ -83,6 +84,19 @@ pub struct Options {
     /// The policy's deadline per request (Go duration).
     #[arg(long, default_value = "2s")]
     pub policy_timeout: String,
+    /// Compete for a Lease so that one replica runs the resync and the
+    /// sweep; every replica serves admissions either way.
+    #[arg(long)]
+    pub leader_elect: bool,
+    /// The Lease's name.
+    #[arg(long, default_value = "config-snapshot")]
+    pub lease_name: String,
+    /// The Lease's namespace (the pod's, from the downward API).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub lease_namespace: String,
+    /// How long a Lease unrenewed stays held: the longest failover (Go duration).
+    #[arg(long, default_value = "15s")]
+    pub lease_duration: String,
     /// Grace period for in-flight requests on shutdown (Go duration).
     #[arg(long, default_value = "20s")]
     pub shutdown_grace: String,
@@ -99,6 +113,8 @@ pub struct State {
     pub queue: Queue,
     pub metrics: Arc<Metrics>,
     pub shutting_down: AtomicBool,
+    /// Whether this replica runs the periodic pass (see `leader`).
+    pub leadership: Arc<leader::Leadership>,
     /// Admissions evaluating at once. The wasm pool has a fixed number of
     /// instance slots; past it a request would fail, so it waits here
     /// instead. One slot stays free for the resync.
@@ -158,7 +174,13 @@ pub fn build_with_engine(
             watch_min_interval: duration("watch-min-interval", &options.watch_min_interval)? as i64,
         },
     );
+    let leadership = Arc::new(if options.leader_elect {
+        leader::Leadership::contender(metrics.clone())
+    } else {
+        leader::Leadership::alone(metrics.clone())
+    });
     let state = Arc::new(State {
+        leadership,
         engine,
         settings_json,
         settings: parsed,
@@ -186,9 +208,19 @@ pub async fn run(options: Options) -> Result<()> {
         .await
         .context("connecting to the API server (in-cluster config or KUBECONFIG)")?;
     let (state, worker) = build(&options, client.clone(), &module)?;
-    state.cluster.cache.start(client);
+    state.cluster.cache.start(client.clone());
     tokio::spawn(worker.run());
     let interval = Duration::from_secs(duration("resync-interval", &options.resync_interval)?);
+    if options.leader_elect {
+        let election = leader::Election {
+            namespace: options.lease_namespace.clone(),
+            lease: options.lease_name.clone(),
+            holder: leader::default_holder(),
+            duration: Duration::from_secs(duration("lease-duration", &options.lease_duration)?.max(1)),
+        };
+        tracing::info!(lease = %election.lease, namespace = %election.namespace, holder = %election.holder, "leader election on");
+        tokio::spawn(leader::compete(client.clone(), election, state.leadership.clone()));
+    }
     tokio::spawn(resync_loop(state.clone(), interval));
     http::serve(state, &options).await
 }
@@ -198,7 +230,10 @@ async fn resync_loop(state: Arc<State>, interval: Duration) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     loop {
-        resync::once(&state).await;
+        if state.leadership.leading() {
+            resync::once(&state).await;
+            state.metrics.resync_passes.inc();
+        }
         tokio::time::sleep(interval.max(Duration::from_secs(1))).await;
     }
 }

@@ -55,14 +55,32 @@ struct Inner {
 fn plural_of(kind: &str) -> String {
     config_snapshot_policy::kinds::find(kind)
         .map(|k| k.plural.to_string())
+        .or_else(|| {
+            SERVE_KINDS
+                .iter()
+                .find(|(_, _, k)| *k == kind)
+                .map(|(p, _, _)| p.to_string())
+        })
         .unwrap_or_else(|| panic!("stand-in does not serve {kind}"))
 }
+
+/// Kinds serve uses beyond the policy's table: its Lease and its Events.
+const SERVE_KINDS: [(&str, &str, &str); 2] = [
+    ("leases", "coordination.k8s.io/v1", "Lease"),
+    ("events", "events.k8s.io/v1", "Event"),
+];
 
 fn type_of(plural: &str) -> Option<(&'static str, &'static str)> {
     KINDS
         .iter()
         .find(|k| k.plural == plural)
         .map(|k| (k.api_version, k.kind))
+        .or_else(|| {
+            SERVE_KINDS
+                .iter()
+                .find(|(p, _, _)| *p == plural)
+                .map(|(_, api_version, kind)| (*api_version, *kind))
+        })
 }
 
 fn status(code: u16, reason: &str, message: String) -> Response {
