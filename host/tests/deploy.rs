@@ -324,6 +324,9 @@ fn rbac_grants_exactly_what_serve_uses() {
             expected.insert(format!("{group}/{resource}:{verb}"));
         }
     }
+    // Events on the workloads serve changes: exactly create and patch.
+    expected.insert("events.k8s.io/events:create".to_string());
+    expected.insert("events.k8s.io/events:patch".to_string());
     assert_eq!(grants, expected);
     // The serve cache watches exactly these kinds.
     let cached: BTreeSet<String> = config_snapshot::serve::cache::KINDS

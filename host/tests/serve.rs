@@ -385,6 +385,23 @@ async fn serve_admits_snapshots_adopts_and_rolls_out_over_https() {
     assert!(serve.metric("config_snapshot_admission_duration_seconds_count") >= 6.0);
     assert!(serve.metric("config_snapshot_deferred_effects_total{effect=\"patch_workload\",outcome=\"done\"") >= 1.0);
 
+    // `kubectl describe` tells the story: an Event on the Deployment names
+    // the source that changed and the snapshot it rolled out.
+    let rolled = eventually("the rollout Event", &serve, || {
+        api.list("Event")
+            .into_iter()
+            .find(|e| e["reason"] == "ConfigRolledOut" && e["regarding"]["name"] == "web")
+    })
+    .await;
+    assert_eq!(rolled["regarding"]["kind"], "Deployment");
+    assert_eq!(rolled["type"], "Normal");
+    assert_eq!(rolled["reportingController"], "config-snapshot.io/serve");
+    let note = rolled["note"].as_str().unwrap();
+    assert!(
+        note.starts_with("configmap/app-config changed: rolling out with snapshot app-config-"),
+        "{note}"
+    );
+
     let metrics = serve.ops_get("/metrics").expect("metrics").1;
 
     // 8. Graceful shutdown on SIGTERM.
@@ -482,6 +499,13 @@ async fn the_resync_renews_a_workload_whose_renewal_is_due() {
         "renewed again"
     );
     assert!(serve.logs().contains("renew: Deployment/edge renewed its snapshots"));
+    let renewed_event = eventually("the renewal Event", &serve, || {
+        api.list("Event")
+            .into_iter()
+            .find(|e| e["reason"] == "ConfigRenewed" && e["regarding"]["name"] == "edge")
+    })
+    .await;
+    assert_eq!(renewed_event["action"], "Renew");
 }
 
 /// RBAC that lost `create` on Secrets: the Deployment is refused with the

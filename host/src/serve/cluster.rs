@@ -35,6 +35,8 @@ pub struct KubeCluster {
     pub cache: Arc<Cache>,
     runtime: Handle,
     pub metrics: Arc<Metrics>,
+    /// Events on the workloads serve changes.
+    pub events: super::events::Events,
     /// Unix seconds to answer `now` with instead of the system clock (0:
     /// the system clock). Replaying a recorded admission needs the clock
     /// it was recorded at.
@@ -47,6 +49,7 @@ pub struct KubeCluster {
 impl KubeCluster {
     pub fn new(client: Client, cache: Arc<Cache>, runtime: Handle, metrics: Arc<Metrics>) -> KubeCluster {
         KubeCluster {
+            events: super::events::Events::new(client.clone(), runtime.clone()),
             client,
             cache,
             runtime,

@@ -23,6 +23,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 
 use super::cluster::KubeCluster;
+use super::events::Reason;
 use crate::backend::{BackendError, Selector};
 use crate::capability::delete_guarded;
 use crate::lifecycle::effects::{adopt_ops, decide_patch, Observed, Rules};
@@ -254,6 +255,13 @@ impl Runner {
                 } else {
                     metrics.effect(name, "failed");
                     tracing::warn!(effect = name, attempts = job.attempts, "gave up: {why}");
+                    if let Some(subject) = self.subject(&job.effect).await {
+                        self.cluster.events.publish(
+                            &subject,
+                            Reason::EffectFailed,
+                            format!("gave up on {name} after {} attempts: {why}", job.attempts + 1),
+                        );
+                    }
                 }
                 queue.finish(&job);
                 // Its source change never landed (or landed and went): the
@@ -377,6 +385,18 @@ impl Runner {
                         intent.name,
                         intent.snapshot
                     );
+                    if let Some(w) = &workload {
+                        self.cluster.events.publish(
+                            w,
+                            Reason::ConfigRolledOut,
+                            format!(
+                                "{}/{} changed: rolling out with snapshot {}",
+                                intent.source.kind.tag(),
+                                intent.source.name,
+                                intent.snapshot
+                            ),
+                        );
+                    }
                     Attempt::Done
                 }
                 // The workload moved since it was read: judge it again.
@@ -386,11 +406,43 @@ impl Runner {
             Verdict::Done(_) => Attempt::Done,
             Verdict::Wait(why) => Attempt::Wait(why),
             Verdict::Later(at) => Attempt::Later(at),
-            Verdict::Drop { reason, collect } => Attempt::Dropped {
-                why: reason,
-                collect: collect.then(|| (source_kind.to_string(), ns.to_string(), intent.snapshot.clone())),
-            },
+            Verdict::Drop { reason, collect } => {
+                if let Some(w) = &workload {
+                    self.cluster.events.publish(
+                        w,
+                        Reason::RolloutDropped,
+                        format!(
+                            "not rolling out {}/{}'s change (snapshot {}): {reason}",
+                            intent.source.kind.tag(),
+                            intent.source.name,
+                            intent.snapshot
+                        ),
+                    );
+                }
+                Attempt::Dropped {
+                    why: reason,
+                    collect: collect.then(|| (source_kind.to_string(), ns.to_string(), intent.snapshot.clone())),
+                }
+            }
         }
+    }
+
+    /// The object an effect's Event is about: the workload a patch moves,
+    /// the revision an adoption waits for.
+    async fn subject(&self, effect: &Effect) -> Option<Value> {
+        let (kind, ns, name) = match effect {
+            Effect::Patch { namespace, request } => {
+                let intent = PatchIntent::parse(namespace, request).ok()?;
+                (intent.kind, namespace.clone(), intent.name)
+            }
+            Effect::Adopt {
+                namespace,
+                owner_kind,
+                owner_name,
+                ..
+            } => (owner_kind.clone(), namespace.clone(), owner_name.clone()),
+        };
+        self.cluster.fetch(&kind, &ns, &name).await.ok().flatten()
     }
 
     /// Deletes a snapshot made for a patch that was dropped, at once, if

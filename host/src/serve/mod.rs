@@ -9,6 +9,7 @@ mod admission;
 pub mod cache;
 pub mod cluster;
 pub mod effects;
+pub mod events;
 mod http;
 pub mod leader;
 pub mod metrics;

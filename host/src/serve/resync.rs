@@ -132,6 +132,11 @@ async fn renew(state: &Arc<State>, workload: &Value) -> Result<bool, String> {
         .await
         .map_err(|e| format!("renewing {kind}/{name}: {e}"))?;
     tracing::info!("renew: {kind}/{name} renewed its snapshots");
+    state.cluster.events.publish(
+        workload,
+        super::events::Reason::ConfigRenewed,
+        "renew-duration passed: re-admitted, so its pods take its sources' current config".into(),
+    );
     Ok(true)
 }
 
