@@ -384,6 +384,8 @@ async fn serve_admits_snapshots_adopts_and_rolls_out_over_https() {
     assert!(serve.metric("config_snapshot_admission_decisions_total{decision=\"mutated\"") >= 2.0);
     assert!(serve.metric("config_snapshot_admission_duration_seconds_count") >= 6.0);
     assert!(serve.metric("config_snapshot_deferred_effects_total{effect=\"patch_workload\",outcome=\"done\"") >= 1.0);
+    assert!(serve.metric("config_snapshot_effect_wait_seconds_count") >= 1.0);
+    assert_eq!(serve.metric("config_snapshot_leader "), 1.0, "one replica leads alone");
 
     // `kubectl describe` tells the story: an Event on the Deployment names
     // the source that changed and the snapshot it rolled out.
@@ -417,6 +419,14 @@ async fn serve_admits_snapshots_adopts_and_rolls_out_over_https() {
         logs.contains("\"admission\""),
         "the logs are JSON lines with admissions:\n{logs}"
     );
+    // Each admission and each deferred effect is a span its lines carry.
+    for span in ["admission", "effect"] {
+        assert!(
+            logs.lines()
+                .any(|l| l.contains("\"span\":{") && l.contains(&format!("\"name\":\"{span}\""))),
+            "no line inside a {span} span:\n{logs}"
+        );
+    }
     assert_canary_absent(&[&logs, &metrics, &serve.responses.join("\n")]);
 }
 

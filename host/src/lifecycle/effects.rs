@@ -65,6 +65,12 @@ impl Effect {
         }
     }
 
+    pub fn namespace(&self) -> &str {
+        match self {
+            Effect::Adopt { namespace, .. } | Effect::Patch { namespace, .. } => namespace,
+        }
+    }
+
     pub fn describe(&self) -> String {
         match self {
             Effect::Adopt {

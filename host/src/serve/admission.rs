@@ -87,6 +87,15 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
         kind: metrics::kind_label(&head.kind.kind),
         operation: metrics::operation_label(&head.operation),
     };
+    // Every log line of this admission, down to its host calls, carries it.
+    let _span = tracing::info_span!(
+        "admission",
+        uid = %head.uid,
+        kind = labels.kind,
+        operation = labels.operation,
+        namespace = head.namespace.as_deref().unwrap_or_default()
+    )
+    .entered();
     let scope = Arc::new(RequestScope::new(state.cluster.clone()));
     let handler = Arc::new(Counted {
         inner: Capability {

@@ -21,6 +21,7 @@ use config_snapshot_policy::keys;
 use serde_json::Value;
 use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
 use super::cluster::KubeCluster;
 use super::events::Reason;
@@ -214,10 +215,19 @@ impl Worker {
                 rules: self.rules.clone(),
             };
             let queue = self.queue.clone();
-            tokio::spawn(async move {
-                runner.handle(job, &queue).await;
-                drop(permit);
-            });
+            let span = tracing::info_span!(
+                "effect",
+                effect = job.effect.label(),
+                namespace = job.effect.namespace(),
+                attempt = job.attempts
+            );
+            tokio::spawn(
+                async move {
+                    runner.handle(job, &queue).await;
+                    drop(permit);
+                }
+                .instrument(span),
+            );
         }
         ticker.abort();
     }
@@ -234,13 +244,18 @@ impl Runner {
         let name = job.effect.label();
         let metrics = &self.cluster.metrics;
         let step = self.run(&job.effect).await;
+        // From enqueue to an end (done, dropped or given up): how long a
+        // user waits for a watch rollout or an adoption.
+        let waited = || metrics.effect_wait.observe(job.since.elapsed().as_secs_f64());
         match &step {
             Attempt::Done => {
                 metrics.effect(name, "done");
+                waited();
                 queue.finish(&job);
             }
             Attempt::Dropped { why, collect } => {
                 metrics.effect(name, "dropped");
+                waited();
                 tracing::info!(effect = name, "{why}");
                 queue.finish(&job);
                 if let Some(key) = collect {
@@ -249,6 +264,7 @@ impl Runner {
             }
             Attempt::Later(at) => queue.parked().push((*at, job)),
             Attempt::Wait(why) | Attempt::Retry(why) if job.since.elapsed() >= self.settings.wait_for => {
+                waited();
                 if matches!(step, Attempt::Wait(_)) {
                     metrics.effect(name, "dropped");
                     tracing::info!(effect = name, "dropped after {:?}: {why}", self.settings.wait_for);

@@ -47,6 +47,8 @@ pub struct Metrics {
     pub host_call_errors: Family<OperationLabels, Counter>,
     pub effects: Family<EffectLabels, Counter>,
     pub queue_depth: Gauge,
+    /// Seconds from a deferred effect's enqueue to its end.
+    pub effect_wait: Histogram,
     /// 1 while this replica holds the Lease (or leads alone), else 0.
     pub leader: Gauge,
     /// Periodic passes this replica ran (only the leader runs them).
@@ -74,6 +76,13 @@ impl Default for Metrics {
         let effects = Family::<EffectLabels, Counter>::default();
         let queue_depth = Gauge::default();
         let leader = Gauge::default();
+        // 10 ms .. ~5 min: a rollout may wait out the storm guard.
+        let effect_wait = Histogram::new([0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 60.0, 120.0, 300.0]);
+        registry.register(
+            "effect_wait_seconds",
+            "Time from a deferred effect's enqueue to its end (done, dropped or given up)",
+            effect_wait.clone(),
+        );
         let resync_passes = Counter::default();
         registry.register(
             "leader",
@@ -125,6 +134,7 @@ impl Default for Metrics {
             host_call_errors,
             effects,
             queue_depth,
+            effect_wait,
             leader,
             resync_passes,
         }
