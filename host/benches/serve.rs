@@ -29,6 +29,7 @@ fn options() -> serve::Options {
     serve::Options {
         policy: "unused".into(),
         policy_digest: None,
+        precompiled: None,
         leader_elect: false,
         lease_name: "config-snapshot".into(),
         lease_namespace: "default".into(),

@@ -62,6 +62,37 @@ impl Engine {
         Engine::from_module(engine, module, timeout)
     }
 
+    /// A precompiled module for `module`, stamped with the module's digest
+    /// so that a stale one (another policy) is never run in its place.
+    pub fn precompile_for(module: &[u8]) -> Result<Vec<u8>> {
+        let mut out = precompiled_header(module).into_bytes();
+        out.extend(Engine::precompile(module)?);
+        Ok(out)
+    }
+
+    /// The engine for `module`, from `precompiled` when that was made for
+    /// this very module by this wasmtime with this configuration (wasmtime
+    /// checks the last two on load); else compiled here. Answers which.
+    pub fn load_prepared(module: &[u8], precompiled: Option<&[u8]>, timeout: Duration) -> Result<(Engine, String)> {
+        if let Some(file) = precompiled {
+            let header = precompiled_header(module);
+            match file.strip_prefix(header.as_bytes()) {
+                Some(body) => match Engine::from_precompiled(body, timeout) {
+                    Ok(engine) => return Ok((engine, "precompiled".into())),
+                    Err(e) => {
+                        let why = format!("compiled at start: the precompiled module does not fit this engine ({e})");
+                        return Ok((Engine::from_bytes(module, timeout)?, why));
+                    }
+                },
+                None => {
+                    let why = "compiled at start: the precompiled module was made for another policy".to_string();
+                    return Ok((Engine::from_bytes(module, timeout)?, why));
+                }
+            }
+        }
+        Ok((Engine::from_bytes(module, timeout)?, "compiled at start".into()))
+    }
+
     pub fn precompile(bytes: &[u8]) -> Result<Vec<u8>> {
         let engine = new_wasmtime_engine()?;
         let module = wasmtime::Module::new(&engine, bytes).map_err(|e| anyhow!("compiling the policy: {e}"))?;
@@ -135,6 +166,15 @@ impl CallHandler for NoCalls {
             "no host calls while validating settings ({binding}/{operation})"
         ))
     }
+}
+
+/// The first line of a precompiled-module file: what it was made from.
+fn precompiled_header(module: &[u8]) -> String {
+    use sha2::Digest as _;
+    format!(
+        "config-snapshot precompiled sha256:{}\n",
+        config_snapshot_policy::content::hex(&sha2::Sha256::digest(module))
+    )
 }
 
 fn new_wasmtime_engine() -> Result<wasmtime::Engine> {

@@ -111,6 +111,14 @@ enum Command {
     },
     /// Run the mutating admission webhook against the cluster (HTTPS).
     Serve(serve::Options),
+    /// Compile the policy ahead of time for `serve --precompiled`: made by
+    /// this build, for this machine's CPU; serve falls back to compiling
+    /// when it does not fit.
+    Precompile {
+        wasm: PathBuf,
+        #[arg(short, long)]
+        output: PathBuf,
+    },
     /// Embed policy metadata in the wasm, as `kwctl annotate` does.
     Annotate {
         /// The policy wasm to annotate.
@@ -358,6 +366,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Serve(options) => {
             serve::init_logging(&options.log_format);
             runtime()?.block_on(serve::run(options))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Precompile { wasm, output } => {
+            let module = std::fs::read(&wasm).with_context(|| format!("reading {}", wasm.display()))?;
+            std::fs::write(&output, Engine::precompile_for(&module)?)
+                .with_context(|| format!("writing {}", output.display()))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Annotate {

@@ -95,3 +95,51 @@ fn a_wrong_expectation_fails_naming_the_step_and_the_check() {
         .collect();
     assert_eq!(failed.len(), 1);
 }
+
+/// `precompile` makes what `serve --precompiled` starts from; a file made
+/// for another policy, or one this engine cannot load, falls back to
+/// compiling rather than running the wrong module or failing.
+#[test]
+fn a_precompiled_module_is_used_only_for_its_own_policy() {
+    use config_snapshot::engine::Engine;
+    let dir = std::env::temp_dir().join(format!("cs-precompile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("policy.cwasm");
+    let (code, _, stderr) =
+        cli_without_policy(&["precompile", policy().to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert_eq!(code, 0, "{stderr}");
+    let precompiled = std::fs::read(&out).unwrap();
+    let module = std::fs::read(policy()).unwrap();
+    let timeout = Engine::DEFAULT_TIMEOUT;
+
+    let (engine, how) = Engine::load_prepared(&module, Some(&precompiled), timeout).unwrap();
+    assert_eq!(how, "precompiled");
+    assert_eq!(engine.validate_settings(&serde_json::json!({})).unwrap(), Ok(()));
+
+    // Another policy: the same code plus a custom section `x`.
+    let mut other = module.clone();
+    other.extend_from_slice(&[0x00, 0x02, 0x01, b'x']);
+    let (_, how) = Engine::load_prepared(&other, Some(&precompiled), timeout).unwrap();
+    assert!(how.contains("made for another policy"), "{how}");
+
+    let mut damaged = precompiled.clone();
+    let cut = damaged.len() / 2;
+    damaged.truncate(cut);
+    let (engine, how) = Engine::load_prepared(&module, Some(&damaged), timeout).unwrap();
+    assert!(how.contains("does not fit this engine"), "{how}");
+    assert_eq!(engine.validate_settings(&serde_json::json!({})).unwrap(), Ok(()));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn cli_without_policy(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_config-snapshot"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}

@@ -35,6 +35,7 @@ fn options(settings: &Value, interval: &str) -> serve::Options {
     serve::Options {
         policy: policy().display().to_string(),
         policy_digest: None,
+        precompiled: None,
         leader_elect: false,
         lease_name: "config-snapshot".into(),
         lease_namespace: "default".into(),

@@ -43,6 +43,11 @@ pub struct Options {
     /// `@sha256:…`), pulled at start.
     #[arg(long, env = "CONFIG_SNAPSHOT_POLICY")]
     pub policy: String,
+    /// A precompiled module (`config-snapshot precompile`) to start from
+    /// without compiling; used only if made from this very policy by this
+    /// build, else serve compiles as usual.
+    #[arg(long, env = "CONFIG_SNAPSHOT_PRECOMPILED")]
+    pub precompiled: Option<PathBuf>,
     /// The manifest digest the registry module must have (`sha256:…`);
     /// any other is refused and serve does not start.
     #[arg(long, env = "CONFIG_SNAPSHOT_POLICY_DIGEST")]
@@ -140,10 +145,17 @@ fn duration(flag: &str, text: &str) -> Result<u64> {
 /// Everything `serve` needs that does not involve sockets, for the module
 /// `--policy` named (already read or pulled).
 pub fn build(options: &Options, client: Client, module: &[u8]) -> Result<(Arc<State>, effects::Worker)> {
-    let engine = Engine::from_bytes(
+    let precompiled = match &options.precompiled {
+        Some(path) => Some(std::fs::read(path).with_context(|| format!("reading {}", path.display()))?),
+        None => None,
+    };
+    let started = std::time::Instant::now();
+    let (engine, how) = Engine::load_prepared(
         module,
+        precompiled.as_deref(),
         Duration::from_secs(duration("policy-timeout", &options.policy_timeout)?),
     )?;
+    tracing::info!(how = %how, millis = started.elapsed().as_millis() as u64, "policy ready");
     build_with_engine(options, client, Arc::new(engine))
 }
 
