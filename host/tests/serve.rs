@@ -8,17 +8,13 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::process::Command;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
 use base64::Engine as _;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 use support::apiserver::ApiServer;
+use support::webhook::Webhook;
 
 const NS: &str = "shop";
 /// Planted in a Secret; must never leave it.
@@ -34,9 +30,8 @@ static SERIAL: Mutex<()> = Mutex::new(());
 struct Serve {
     /// The process, from the shared test support (certificate, ports, logs).
     process: ServeProcess,
-    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
-    /// Every AdmissionReview response body, for the canary check.
-    responses: Vec<String>,
+    /// The webhook's HTTPS client; its `responses` feed the canary check.
+    hook: Webhook,
     /// Last, so the process is killed before the next test may start one.
     _serial: std::sync::MutexGuard<'static, ()>,
 }
@@ -50,24 +45,9 @@ impl Serve {
             .chain(extra.iter().copied())
             .collect();
         let process = ServeProcess::start(&kubeconfig, &flags);
-        let mut roots = rustls::RootCertStore::empty();
-        use rustls::pki_types::pem::PemObject;
-        let cert = rustls::pki_types::CertificateDer::from_pem_slice(process.cert_pem.as_bytes()).unwrap();
-        roots.add(cert).unwrap();
-        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_only()
-            .enable_http1()
-            .build();
         Serve {
+            hook: Webhook::to(&process),
             process,
-            client: Client::builder(TokioExecutor::new()).build(https),
-            responses: Vec::new(),
             _serial: serial,
         }
     }
@@ -91,16 +71,7 @@ impl Serve {
     }
 
     async fn post(&mut self, body: Vec<u8>) -> (u16, String) {
-        let request = axum::http::Request::post(format!("https://{}/mutate", self.process.webhook))
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body)))
-            .unwrap();
-        let response = self.client.request(request).await.expect("HTTPS request");
-        let code = response.status().as_u16();
-        let body = response.into_body().collect().await.unwrap().to_bytes();
-        let text = String::from_utf8_lossy(&body).to_string();
-        self.responses.push(text.clone());
-        (code, text)
+        self.hook.post(body).await
     }
 
     /// Sends an AdmissionRequest; returns the response and the object as
@@ -113,33 +84,10 @@ impl Serve {
         old: Option<&Value>,
         dry_run: bool,
     ) -> (Value, Value) {
-        let kind = object["kind"].as_str().unwrap();
-        let api_version = object["apiVersion"].as_str().unwrap();
-        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
-        let review = json!({
-            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-            "request": {
-                "uid": uid,
-                "kind": {"group": group, "version": version, "kind": kind},
-                "resource": {"group": group, "version": version, "resource": format!("{}s", kind.to_lowercase())},
-                "name": object["metadata"]["name"], "namespace": NS, "operation": operation,
-                "userInfo": {"username": "alice"}, "object": object, "oldObject": old,
-                "dryRun": dry_run, "options": {}
-            }
-        });
-        let (code, text) = self.post(serde_json::to_vec(&review).unwrap()).await;
-        assert_eq!(code, 200, "{text}\n{}", self.logs());
-        let answer: Value = serde_json::from_str(&text).unwrap();
-        let response = answer["response"].clone();
-        assert_eq!(response["uid"], uid);
-        let mut persisted = object.clone();
-        if let Some(patch) = response["patch"].as_str() {
-            assert_eq!(response["patchType"], "JSONPatch");
-            let bytes = base64::engine::general_purpose::STANDARD.decode(patch).unwrap();
-            let patch: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
-            json_patch::patch(&mut persisted, &patch).unwrap();
+        match self.hook.admit(NS, uid, operation, object, old, dry_run).await {
+            Ok(answer) => answer,
+            Err(e) => panic!("{e}\n{}", self.logs()),
         }
-        (response, persisted)
     }
 
     fn logs(&self) -> String {
@@ -427,7 +375,7 @@ async fn serve_admits_snapshots_adopts_and_rolls_out_over_https() {
             "no line inside a {span} span:\n{logs}"
         );
     }
-    assert_canary_absent(&[&logs, &metrics, &serve.responses.join("\n")]);
+    assert_canary_absent(&[&logs, &metrics, &serve.hook.responses.join("\n")]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -564,5 +512,5 @@ async fn a_forbidden_secret_snapshot_is_refused_clearly_and_leaks_nothing() {
 
     let logs = serve.logs();
     assert!(serve.terminate().success());
-    assert_canary_absent(&[&logs, &metrics, &serve.responses.join("\n")]);
+    assert_canary_absent(&[&logs, &metrics, &serve.hook.responses.join("\n")]);
 }

@@ -1,3 +1,4 @@
 pub mod apiserver;
 pub mod paths;
 pub mod process;
+pub mod webhook;
