@@ -7,7 +7,7 @@ POLICY_BUILD := target/$(WASM_TARGET)/release/config_snapshot_policy.wasm
 HOST := cargo run --quiet -p config-snapshot --
 SCENARIOS := $(sort $(wildcard e2e-tests/*.yaml))
 
-.PHONY: soak bench fuzz setup demo test unit-tests e2e-tests fmt fmt-check lint clean policy.wasm annotated-policy.wasm
+.PHONY: soak bench load tools fuzz setup demo test unit-tests e2e-tests fmt fmt-check lint clean policy.wasm annotated-policy.wasm
 
 ## setup: install the pinned toolchain, its wasm target, rustfmt and clippy (idempotent)
 setup:
@@ -51,6 +51,17 @@ soak: policy.wasm
 
 bench: policy.wasm
 	cargo bench -p config-snapshot --bench admission --bench serve
+
+## tools: the load generator oha, pinned, under target/tools (for `load` and the suite's smoke)
+OHA_VERSION := 1.16.0
+tools: setup target/tools/bin/oha
+target/tools/bin/oha:
+	cargo install oha --version $(OHA_VERSION) --locked --root target/tools
+
+## load: serve over TLS under oha at 1, 16 and 64 connections (LOAD_SECONDS each), optimised build
+LOAD_SECONDS ?= 10
+load: policy.wasm tools
+	LOAD_SECONDS=$(LOAD_SECONDS) cargo test --profile bench -p config-snapshot --test load load_table -- --ignored --nocapture
 
 ## fuzz: each cargo-fuzz target for FUZZ_SECONDS (nightly toolchain; not part of `test`)
 FUZZ_SECONDS ?= 600
