@@ -78,10 +78,12 @@ impl Operation {
 
     /// Whether it changes the cluster (refused during a dry run).
     pub fn writes(self) -> bool {
-        matches!(
-            self,
-            Operation::CreateSnapshot | Operation::Adopt | Operation::DeleteSnapshot | Operation::PatchWorkload
-        )
+        // A full match, not `matches!`: a new operation must say whether a
+        // dry run refuses it.
+        match self {
+            Operation::CreateSnapshot | Operation::Adopt | Operation::DeleteSnapshot | Operation::PatchWorkload => true,
+            Operation::GetResource | Operation::ListResourcesByNamespace | Operation::CanI | Operation::Now => false,
+        }
     }
 }
 
