@@ -33,6 +33,17 @@ pub struct Caller {
     pub dry_run: bool,
 }
 
+impl Caller {
+    /// The caller an AdmissionRequest (as JSON) makes.
+    pub fn of(request: &Value) -> Caller {
+        Caller {
+            uid: request["uid"].as_str().unwrap_or_default().to_string(),
+            namespace: request["namespace"].as_str().unwrap_or("default").to_string(),
+            dry_run: request["dryRun"].as_bool().unwrap_or(false),
+        }
+    }
+}
+
 /// A host call's answer: a value, or bytes already serialised.
 enum Reply {
     Json(Value),

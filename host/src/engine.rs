@@ -74,23 +74,15 @@ impl Engine {
     /// this very module by this wasmtime with this configuration (wasmtime
     /// checks the last two on load); else compiled here. Answers which.
     pub fn load_prepared(module: &[u8], precompiled: Option<&[u8]>, timeout: Duration) -> Result<(Engine, String)> {
-        if let Some(file) = precompiled {
-            let header = precompiled_header(module);
-            match file.strip_prefix(header.as_bytes()) {
-                Some(body) => match Engine::from_precompiled(body, timeout) {
-                    Ok(engine) => return Ok((engine, "precompiled".into())),
-                    Err(e) => {
-                        let why = format!("compiled at start: the precompiled module does not fit this engine ({e})");
-                        return Ok((Engine::from_bytes(module, timeout)?, why));
-                    }
-                },
-                None => {
-                    let why = "compiled at start: the precompiled module was made for another policy".to_string();
-                    return Ok((Engine::from_bytes(module, timeout)?, why));
-                }
-            }
-        }
-        Ok((Engine::from_bytes(module, timeout)?, "compiled at start".into()))
+        let why = match precompiled.map(|file| file.strip_prefix(precompiled_header(module).as_bytes())) {
+            None => "compiled at start".to_string(),
+            Some(None) => "compiled at start: the precompiled module was made for another policy".to_string(),
+            Some(Some(body)) => match Engine::from_precompiled(body, timeout) {
+                Ok(engine) => return Ok((engine, "precompiled".into())),
+                Err(e) => format!("compiled at start: the precompiled module does not fit this engine ({e})"),
+            },
+        };
+        Ok((Engine::from_bytes(module, timeout)?, why))
     }
 
     pub fn precompile(bytes: &[u8]) -> Result<Vec<u8>> {

@@ -13,7 +13,7 @@ use anyhow::{anyhow, bail, Result};
 use config_snapshot_policy::checksum::checksum_key;
 use config_snapshot_policy::content::hex;
 use config_snapshot_policy::keys;
-use config_snapshot_policy::kind::{SourceId, SourceKind};
+use config_snapshot_policy::kind::SourceKind;
 use config_snapshot_policy::references;
 use config_snapshot_policy::template::{self, Snapshots};
 use serde::Serialize;
@@ -365,17 +365,13 @@ fn sources_of(cluster: &dyn View, namespace: &str, template: &Value) -> Vec<Sour
                 (State::Live, None)
             };
             SourceConfig {
-                source: source_label(&id),
+                source: id.to_string(),
                 state,
                 keys: None,
                 values,
             }
         })
         .collect()
-}
-
-fn source_label(id: &SourceId) -> String {
-    format!("{}/{}", id.kind.tag(), id.name)
 }
 
 /// What changed between two revisions: each source's values and the
@@ -592,24 +588,14 @@ pub fn render_diff(diff: &Diff, style: Style) -> String {
 /// workload, its revisions, and the ConfigMaps and Secrets they name (each
 /// read by name: nothing else in the namespace is fetched).
 pub async fn fetch(client: kube::Client, target: &Target, namespace: &str) -> Result<crate::view::Objects> {
+    use crate::serve::cache::{api_resource, trim};
     use kube::api::{Api, DynamicObject, ListParams};
-    use kube::discovery::ApiResource;
     let api = |kind: &str| -> Api<DynamicObject> {
-        let row = config_snapshot_policy::kinds::find(kind).expect("a kind of the table");
-        let resource = ApiResource {
-            group: row.group().to_string(),
-            version: row.version().to_string(),
-            api_version: row.api_version.to_string(),
-            kind: row.kind.to_string(),
-            plural: row.plural.to_string(),
-        };
+        let resource = api_resource(kind).expect("a kind of the table");
         Api::namespaced_with(client.clone(), namespace, &resource)
     };
     let as_value = |kind: &str, object: DynamicObject| -> Result<Value> {
-        let mut value = serde_json::to_value(object)?;
-        value["kind"] = Value::from(kind);
-        value["metadata"]["namespace"] = Value::from(namespace);
-        Ok(value)
+        Ok(trim(object, &api_resource(kind).expect("a kind of the table")))
     };
     let workload = api(target.kind)
         .get_opt(&target.name)

@@ -20,3 +20,11 @@ pub mod rules;
 pub mod scenario;
 pub mod serve;
 pub mod view;
+
+/// Chooses rustls's crypto provider for the process: ring, the one kube-rs
+/// uses, rather than whatever feature unification left enabled (sigstore
+/// brings aws-lc-rs too). Every path that opens TLS calls it first; only
+/// the first call takes effect.
+pub fn use_ring_for_tls() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

@@ -166,7 +166,7 @@ impl ClusterArgs {
                 history::history(&sim, &target, &namespace, sim.now())
             }
             None => runtime()?.block_on(async {
-                let _ = rustls::crypto::ring::default_provider().install_default();
+                config_snapshot::use_ring_for_tls();
                 let client = kube::Client::try_default()
                     .await
                     .context("connecting to the API server (KUBECONFIG or in-cluster config)")?;

@@ -72,9 +72,8 @@ pub struct Access {
 
 impl Access {
     fn client(&self) -> Client {
-        // reqwest is built without a crypto provider: use the process's
-        // (ring, as kube-rs does), installed here if nobody has yet.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        // reqwest is built without a crypto provider of its own.
+        crate::use_ring_for_tls();
         Client::new(ClientConfig {
             protocol: ClientProtocol::HttpsExcept(self.insecure.clone()),
             ..Default::default()
@@ -82,7 +81,7 @@ impl Access {
     }
 
     fn cosign(&self) -> Result<sigstore::cosign::Client> {
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        crate::use_ring_for_tls();
         sigstore::cosign::ClientBuilder::default()
             .with_oci_client_config(sigstore::registry::ClientConfig {
                 protocol: sigstore::registry::ClientProtocol::HttpsExcept(self.insecure.clone()),

@@ -29,9 +29,8 @@ pub fn cluster_host(sim: &Simulator, request: &Value) -> Arc<dyn CallHandler> {
     Arc::new(Capability {
         backend: sim.shared.clone(),
         caller: Caller {
-            uid: request["uid"].as_str().unwrap_or_default().to_string(),
-            namespace: request["namespace"].as_str().unwrap_or("default").to_string(),
             dry_run: true,
+            ..Caller::of(request)
         },
     })
 }

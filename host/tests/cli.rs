@@ -9,10 +9,16 @@ mod support;
 use support::paths::{policy, root};
 
 fn cli(args: &[&str]) -> (i32, String, String) {
+    let policy = policy();
+    let mut with_policy = args.to_vec();
+    with_policy.extend(["--policy", policy.to_str().unwrap()]);
+    cli_without_policy(&with_policy)
+}
+
+/// For the commands that take no `--policy`.
+fn cli_without_policy(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_config-snapshot"))
         .args(args)
-        .arg("--policy")
-        .arg(policy())
         .current_dir(root())
         .output()
         .expect("runs");
@@ -129,17 +135,4 @@ fn a_precompiled_module_is_used_only_for_its_own_policy() {
     assert!(how.contains("does not fit this engine"), "{how}");
     assert_eq!(engine.validate_settings(&serde_json::json!({})).unwrap(), Ok(()));
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-fn cli_without_policy(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_config-snapshot"))
-        .args(args)
-        .current_dir(root())
-        .output()
-        .expect("runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
 }

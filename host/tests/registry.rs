@@ -159,6 +159,15 @@ fn key_pair(registry: &Registry, name: &str) -> (PathBuf, PathBuf) {
     (private, public)
 }
 
+/// A module other than the policy (one byte more), written to a file.
+fn another_module(registry: &Registry) -> PathBuf {
+    let other = tempfile(registry, "other.wasm");
+    let mut bytes = module();
+    bytes.extend_from_slice(b"\0");
+    std::fs::write(&other, &bytes).unwrap();
+    other
+}
+
 fn module() -> Vec<u8> {
     std::fs::read(policy()).unwrap()
 }
@@ -201,10 +210,7 @@ fn a_tampered_or_moved_module_is_refused() {
 
     // The tag moves to another module: pinned to the first digest, pull
     // refuses it.
-    let other = tempfile(&registry, "other.wasm");
-    let mut bytes = module();
-    bytes.extend_from_slice(b"\0");
-    std::fs::write(&other, &bytes).unwrap();
+    let other = another_module(&registry);
     let moved = push(&registry, &other, "v1", None);
     assert_ne!(moved, digest);
     let (ok, _, stderr) = pull(&registry, &format!("{repo}:v1"), &["--digest", &digest]);
@@ -246,10 +252,7 @@ fn a_module_runs_only_with_a_signature_by_the_trusted_key() {
     let (_, stranger) = key_pair(&registry, "stranger");
     push(&registry, &policy(), "signed", Some(&signing));
     push(&registry, &policy(), "unsigned-copy", None);
-    let other = tempfile(&registry, "other.wasm");
-    let mut bytes = module();
-    bytes.extend_from_slice(b"\0");
-    std::fs::write(&other, &bytes).unwrap();
+    let other = another_module(&registry);
     push(&registry, &other, "unsigned", None);
     let repo = format!("{}/policies/config-snapshot", registry.host);
     let verify = |tag: &str, key: &Path| {

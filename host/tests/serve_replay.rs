@@ -39,26 +39,11 @@ fn keys(objects: &[Value]) -> BTreeSet<(String, String, String)> {
 
 fn options(settings: &Value) -> serve::Options {
     serve::Options {
-        policy: policy().display().to_string(),
-        policy_digest: None,
-        precompiled: None,
-        leader_elect: false,
-        lease_name: "config-snapshot".into(),
-        lease_namespace: "default".into(),
-        lease_duration: "15s".into(),
-        registry: Default::default(),
         settings_json: settings.to_string(),
-        tls_cert: "unused".into(),
-        tls_key: "unused".into(),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        metrics_listen: "127.0.0.1:0".parse().unwrap(),
-        log_format: "text".into(),
-        resync_interval: "5m".into(),
-        watch_min_interval: "30s".into(),
         queue_capacity: 1 << 16,
         policy_timeout: "10s".into(),
         shutdown_grace: "1s".into(),
-        effect_wait: "30s".into(),
+        ..serve::Options::defaults(&policy().display().to_string())
     }
 }
 

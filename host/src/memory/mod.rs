@@ -367,11 +367,7 @@ impl Simulator {
 
     /// Sends one AdmissionRequest to the policy, with this cluster as host.
     pub fn review(&mut self, request: &Value) -> Result<(Admission, Option<Value>)> {
-        let caller = Caller {
-            uid: request["uid"].as_str().unwrap_or_default().to_string(),
-            namespace: request["namespace"].as_str().unwrap_or("default").to_string(),
-            dry_run: request["dryRun"].as_bool().unwrap_or(false),
-        };
+        let caller = Caller::of(request);
         let handler = Arc::new(Capability {
             backend: self.shared.clone(),
             caller,

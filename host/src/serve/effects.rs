@@ -406,10 +406,8 @@ impl Runner {
                             w,
                             Reason::ConfigRolledOut,
                             format!(
-                                "{}/{} changed: rolling out with snapshot {}",
-                                intent.source.kind.tag(),
-                                intent.source.name,
-                                intent.snapshot
+                                "{} changed: rolling out with snapshot {}",
+                                intent.source, intent.snapshot
                             ),
                         );
                     }
@@ -428,10 +426,8 @@ impl Runner {
                         w,
                         Reason::RolloutDropped,
                         format!(
-                            "not rolling out {}/{}'s change (snapshot {}): {reason}",
-                            intent.source.kind.tag(),
-                            intent.source.name,
-                            intent.snapshot
+                            "not rolling out {}'s change (snapshot {}): {reason}",
+                            intent.source, intent.snapshot
                         ),
                     );
                 }

@@ -108,6 +108,31 @@ pub struct Options {
     pub shutdown_grace: String,
 }
 
+impl Options {
+    /// serve's own defaults (the flags' defaults, read by clap) for the
+    /// module at `policy`: tests and benches that build serve in process
+    /// change only what they need.
+    pub fn defaults(policy: &str) -> Options {
+        #[derive(clap::Parser)]
+        struct Line {
+            #[command(flatten)]
+            options: Options,
+        }
+        let argv = [
+            "serve",
+            "--policy",
+            policy,
+            "--tls-cert",
+            "unused",
+            "--tls-key",
+            "unused",
+        ];
+        <Line as clap::Parser>::try_parse_from(argv)
+            .expect("the defaults parse")
+            .options
+    }
+}
+
 /// Shared by the HTTP handlers, the effect worker and the resync.
 pub struct State {
     pub engine: Arc<Engine>,
@@ -209,9 +234,7 @@ pub fn build_with_engine(
 
 /// Runs the webhook until SIGTERM or Ctrl-C.
 pub async fn run(options: Options) -> Result<()> {
-    // One crypto provider for rustls, chosen here rather than by feature
-    // unification: ring, the one kube-rs uses too.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crate::use_ring_for_tls();
     // The module first: a refused digest must stop serve before it joins
     // the cluster.
     let (module, origin) =
