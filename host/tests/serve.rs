@@ -40,10 +40,13 @@ impl Serve {
     fn start(api: &ApiServer, extra: &[&str]) -> Serve {
         let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let kubeconfig = api.kubeconfig();
-        let flags: Vec<&str> = ["--watch-min-interval", "1s"]
-            .into_iter()
-            .chain(extra.iter().copied())
-            .collect();
+        // A short storm guard unless the test sets its own.
+        let guard: &[&str] = if extra.contains(&"--watch-min-interval") {
+            &[]
+        } else {
+            &["--watch-min-interval", "1s"]
+        };
+        let flags: Vec<&str> = guard.iter().chain(extra).copied().collect();
         let process = ServeProcess::start(&kubeconfig, &flags);
         Serve {
             hook: Webhook::to(&process),
@@ -513,4 +516,153 @@ async fn a_forbidden_secret_snapshot_is_refused_clearly_and_leaks_nothing() {
     let logs = serve.logs();
     assert!(serve.terminate().success());
     assert_canary_absent(&[&logs, &metrics, &serve.hook.responses.join("\n")]);
+}
+
+/// The ReplicaSet the Deployment controller makes for `web`'s current
+/// template, as revision `revision`.
+fn replica_set(web: &Value, revision: u32) -> Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "metadata": {"name": format!("web-{revision}"), "namespace": NS,
+            "labels": web["spec"]["template"]["metadata"]["labels"],
+            "annotations": {"deployment.kubernetes.io/revision": revision.to_string()},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web",
+                                 "uid": web["metadata"]["uid"], "controller": true}]},
+        "spec": {"selector": web["spec"]["selector"], "template": web["spec"]["template"]}
+    })
+}
+
+/// Edits app-config to `mode` as a user would: admitted, then persisted.
+/// Returns the name of the snapshot the admission made of the new content.
+async fn edit_config(serve: &mut Serve, api: &ApiServer, mode: &str) -> String {
+    let stored = api.get("ConfigMap", NS, "app-config").unwrap();
+    let mut edit = stored.clone();
+    edit["data"] = config_map(mode)["data"].clone();
+    let (response, persisted) = serve
+        .admit(&format!("edit-{mode}"), "UPDATE", &edit, Some(&stored), false)
+        .await;
+    assert_eq!(response["allowed"], true, "{response}");
+    api.put(persisted);
+    let snapshot = api
+        .list("ConfigMap")
+        .into_iter()
+        .find(|c| c["data"]["mode"] == mode && c["immutable"] == true)
+        .unwrap_or_else(|| panic!("no snapshot of {mode}\n{}", serve.logs()));
+    snapshot["metadata"]["name"].as_str().unwrap().to_string()
+}
+
+/// `kubectl rollout undo` while a watch rollout waits out the storm guard:
+/// the rollback wins. When the guard lets go, the held rollout is dropped
+/// with a RolloutDropped Event saying why; later passes do not bring the
+/// content back, and the snapshot made for it is collected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_drops_the_rollout_the_storm_guard_held_and_says_so() {
+    let api = ApiServer::start().await;
+    api.put(config_map("blue"));
+    api.put(canary_secret());
+    let mut serve = Serve::start(&api, &["--watch-min-interval", "5s", "--resync-interval", "1s"]);
+    serve.wait_ready().await;
+    let (_, web) = serve.admit("create-web", "CREATE", &deployment(), None, false).await;
+    let web = api.put(web);
+    let blue = env_ref(&web, "MODE", "configMapKeyRef").to_string();
+    let (_, rs1) = serve
+        .admit("create-rs-1", "CREATE", &replica_set(&web, 1), None, false)
+        .await;
+    let rs1 = api.put(rs1);
+
+    // green rolls out at once: the guard is free.
+    let green = edit_config(&mut serve, &api, "green").await;
+    let web = eventually("the green rollout", &serve, || {
+        let w = api.get("Deployment", NS, "web")?;
+        (env_ref(&w, "MODE", "configMapKeyRef") == green).then_some(w)
+    })
+    .await;
+    let (_, rs2) = serve
+        .admit("create-rs-2", "CREATE", &replica_set(&web, 2), None, false)
+        .await;
+    api.put(rs2);
+
+    // red comes within the interval: the guard holds its rollout back.
+    let red = edit_config(&mut serve, &api, "red").await;
+    eventually("the guard to hold the red rollout", &serve, || {
+        serve.logs().contains("held by the storm guard").then_some(())
+    })
+    .await;
+
+    // The user rolls back to revision 1: the controller copies its template.
+    let current = api.get("Deployment", NS, "web").unwrap();
+    let mut undo = current.clone();
+    undo["spec"]["template"] = rs1["spec"]["template"].clone();
+    let (response, undone) = serve.admit("undo", "UPDATE", &undo, Some(&current), false).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    assert!(
+        undone["metadata"]["annotations"]["config-snapshot.io/rollback"].is_string(),
+        "the rollback was not recognised: {undone}"
+    );
+    api.put(undone);
+
+    let dropped = eventually("the RolloutDropped Event", &serve, || {
+        api.list("Event")
+            .into_iter()
+            .find(|e| e["reason"] == "RolloutDropped" && e["regarding"]["name"] == "web")
+    })
+    .await;
+    assert_eq!(dropped["type"], "Normal");
+    assert_eq!(dropped["action"], "Drop");
+    let note = dropped["note"].as_str().unwrap();
+    assert!(
+        note.contains("configmap/app-config") && note.contains(&red) && note.contains("a rollback came first"),
+        "{note}"
+    );
+    assert!(serve.metric("config_snapshot_deferred_effects_total{effect=\"patch_workload\",outcome=\"dropped\"") >= 1.0);
+    // Three passes later the workload still runs what the user rolled back to.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let web = api.get("Deployment", NS, "web").unwrap();
+    assert_eq!(env_ref(&web, "MODE", "configMapKeyRef"), blue, "{}", serve.logs());
+    eventually("red's snapshot to be collected", &serve, || {
+        api.get("ConfigMap", NS, &red).is_none().then_some(())
+    })
+    .await;
+}
+
+/// RBAC without `patch` on Deployments: the watch rollout is retried for
+/// `--effect-wait`, then given up with a Warning Event on the workload that
+/// `kubectl describe` shows, and the snapshot made for it is collected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_effect_given_up_is_a_warning_event_and_leaves_no_snapshot() {
+    let api = ApiServer::start().await;
+    api.put(config_map("blue"));
+    api.put(canary_secret());
+    let mut serve = Serve::start(&api, &["--effect-wait", "2s"]);
+    serve.wait_ready().await;
+    let (_, web) = serve.admit("create-web", "CREATE", &deployment(), None, false).await;
+    let web = api.put(web);
+    let blue = env_ref(&web, "MODE", "configMapKeyRef").to_string();
+    api.forbid(axum::http::Method::PATCH, "Deployment");
+
+    let green = edit_config(&mut serve, &api, "green").await;
+    let failed = eventually("the EffectFailed Event", &serve, || {
+        api.list("Event")
+            .into_iter()
+            .find(|e| e["reason"] == "EffectFailed" && e["regarding"]["name"] == "web")
+    })
+    .await;
+    assert_eq!(failed["type"], "Warning");
+    assert_eq!(failed["action"], "GiveUp");
+    let note = failed["note"].as_str().unwrap();
+    assert!(
+        note.starts_with("gave up on patch_workload after ") && note.contains("forbidden"),
+        "{note}"
+    );
+    assert_eq!(
+        serve.metric("config_snapshot_deferred_effects_total{effect=\"patch_workload\",outcome=\"failed\""),
+        1.0
+    );
+    let web = api.get("Deployment", NS, "web").unwrap();
+    assert_eq!(env_ref(&web, "MODE", "configMapKeyRef"), blue);
+    eventually("the unused snapshot to be collected", &serve, || {
+        api.get("ConfigMap", NS, &green).is_none().then_some(())
+    })
+    .await;
+    assert_canary_absent(&[&serve.logs(), &failed.to_string()]);
 }

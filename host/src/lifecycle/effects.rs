@@ -150,12 +150,24 @@ pub enum Verdict {
     /// Held back by the storm guard until this time (unix seconds).
     Later(i64),
     /// Void. `collect`: the snapshot was made for this patch alone; delete
-    /// it if nothing else references it.
-    Drop { reason: String, collect: bool },
+    /// it if nothing else references it. `notable`: the user would not
+    /// expect it (a rollback came first, the snapshot went), so serve tells
+    /// them with an Event; a change superseded by the next one, or a
+    /// workload that stopped watching, is the ordinary course of things and
+    /// would only flood `kubectl describe` during a storm.
+    Drop {
+        reason: String,
+        collect: bool,
+        notable: bool,
+    },
 }
 
 fn void(reason: String) -> Verdict {
-    Verdict::Drop { reason, collect: true }
+    Verdict::Drop {
+        reason,
+        collect: true,
+        notable: false,
+    }
 }
 
 /// Judges a watch patch against the objects as they are now.
@@ -193,10 +205,14 @@ pub fn decide_patch(intent: &PatchIntent, seen: &Observed, now: i64, rules: &Rul
         return void(format!("patch of {who} dropped: it no longer watches {id}"));
     }
     if let Some(rollback) = Rollback::of(workload).filter(|r| r.count > intent.rollbacks) {
-        return void(format!(
-            "patch of {who} to {} dropped: a rollback came first (rollback {} after the patch saw {})",
-            intent.snapshot, rollback.count, intent.rollbacks
-        ));
+        return Verdict::Drop {
+            reason: format!(
+                "patch of {who} to {} dropped: a rollback came first (rollback {} after the patch saw {})",
+                intent.snapshot, rollback.count, intent.rollbacks
+            ),
+            collect: true,
+            notable: true,
+        };
     }
     let template = &workload["spec"]["template"];
     let Some(ops) = watch::retarget_ops(template, id, &intent.snapshot) else {
@@ -213,6 +229,7 @@ pub fn decide_patch(intent: &PatchIntent, seen: &Observed, now: i64, rules: &Rul
         return Verdict::Drop {
             reason: format!("patch of {who} dropped: snapshot {} is gone", intent.snapshot),
             collect: false,
+            notable: true,
         };
     }
     if let Some(last) = WatchRollout::of(workload) {
@@ -404,7 +421,7 @@ mod tests {
         };
         let verdict = judge(&i, Some(&rolled(4)), Some(&landed), 0);
         assert!(
-            matches!(&verdict, Verdict::Drop { reason, collect: true } if reason.contains("rollback came first")),
+            matches!(&verdict, Verdict::Drop { reason, collect: true, notable: true } if reason.contains("rollback came first")),
             "{verdict:?}"
         );
         // A rollback the decision already saw does not.
@@ -422,7 +439,11 @@ mod tests {
         let moved_on = source(json!({"v": "3"}), "9");
         assert!(matches!(
             judge(&i, Some(&w), Some(&moved_on), 0),
-            Verdict::Drop { collect: true, .. }
+            Verdict::Drop {
+                collect: true,
+                notable: false,
+                ..
+            }
         ));
         assert!(matches!(
             judge(&i, None, Some(&moved_on), 0),
@@ -433,7 +454,7 @@ mod tests {
         unwatched["metadata"]["annotations"] = json!({});
         assert!(matches!(
             judge(&i, Some(&unwatched), Some(&landed), 0),
-            Verdict::Drop { .. }
+            Verdict::Drop { notable: false, .. }
         ));
         let there = workload(&i.snapshot, 4, json!({}));
         assert!(matches!(judge(&i, Some(&there), Some(&landed), 0), Verdict::Done(_)));
@@ -447,7 +468,17 @@ mod tests {
             NOW,
             &rules(0),
         );
-        assert!(matches!(gone, Verdict::Drop { collect: false, .. }), "{gone:?}");
+        assert!(
+            matches!(
+                gone,
+                Verdict::Drop {
+                    collect: false,
+                    notable: true,
+                    ..
+                }
+            ),
+            "{gone:?}"
+        );
     }
 
     #[test]

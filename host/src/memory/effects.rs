@@ -247,7 +247,7 @@ impl Simulator {
                 Ok(Progress::Done)
             }
             Verdict::Later(at) => Ok(Progress::Later(at)),
-            Verdict::Drop { reason, collect } => {
+            Verdict::Drop { reason, collect, .. } => {
                 self.note(reason);
                 if collect {
                     self.collect_unused(intent.source.kind.kind(), namespace, &intent.snapshot);

@@ -262,7 +262,10 @@ impl Runner {
                     self.collect_unused(key.clone());
                 }
             }
-            Attempt::Later(at) => queue.parked().push((*at, job)),
+            Attempt::Later(at) => {
+                tracing::info!(effect = name, "held by the storm guard until {at} (unix seconds)");
+                queue.parked().push((*at, job));
+            }
             Attempt::Wait(why) | Attempt::Retry(why) if job.since.elapsed() >= self.settings.wait_for => {
                 waited();
                 if matches!(step, Attempt::Wait(_)) {
@@ -420,8 +423,12 @@ impl Runner {
             Verdict::Done(_) => Attempt::Done,
             Verdict::Wait(why) => Attempt::Wait(why),
             Verdict::Later(at) => Attempt::Later(at),
-            Verdict::Drop { reason, collect } => {
-                if let Some(w) = &workload {
+            Verdict::Drop {
+                reason,
+                collect,
+                notable,
+            } => {
+                if let Some(w) = workload.as_ref().filter(|_| notable) {
                     self.cluster.events.publish(
                         w,
                         Reason::RolloutDropped,

@@ -186,6 +186,23 @@ impl ApiServer {
             .collect()
     }
 
+    /// Every version `kind` `ns`/`name` has had, oldest first, as its watch
+    /// events carried them: what a controller watching it saw, including
+    /// writes by processes that have since died.
+    pub fn versions(&self, kind: &str, ns: &str, name: &str) -> Vec<Value> {
+        let plural = plural_of(kind);
+        let store = self.inner.store.lock().unwrap();
+        store
+            .history
+            .iter()
+            .filter(|e| e.plural == plural)
+            .filter_map(|e| serde_json::from_slice::<Value>(&e.line).ok())
+            .filter(|e| e["type"] != "DELETED")
+            .map(|e| e["object"].clone())
+            .filter(|o| o["metadata"]["namespace"] == ns && o["metadata"]["name"] == name)
+            .collect()
+    }
+
     /// The requests `serve` made, as "METHOD path".
     /// Refuses `method` on `kind` from now on with 403 Forbidden: the
     /// ClusterRole without that verb.
@@ -225,6 +242,19 @@ impl Inner {
             .unwrap_or_else(|| json!(format!("uid-{rv}")));
         meta.insert("uid".into(), uid);
         meta.entry("creationTimestamp").or_insert(json!("2026-11-22T08:00:00Z"));
+        // As the real registry does for objects with a spec: 1 at creation,
+        // one more for each write that changes the spec; what a client
+        // sends is ignored.
+        if object.get("spec").is_some() {
+            let generation = match &existing {
+                Some(e) => {
+                    let before = e["metadata"]["generation"].as_i64().unwrap_or(1);
+                    before + i64::from(e["spec"] != object["spec"])
+                }
+                None => 1,
+            };
+            object["metadata"]["generation"] = json!(generation);
+        }
         let kind = if existing.is_some() { event } else { "ADDED" };
         store.objects.insert(key, object.clone());
         self.emit(&mut store, &plural, rv, kind, &object);
