@@ -614,7 +614,9 @@ async fn a_rollback_drops_the_rollout_the_storm_guard_held_and_says_so() {
         note.contains("configmap/app-config") && note.contains(&red) && note.contains("a rollback came first"),
         "{note}"
     );
-    assert!(serve.metric("config_snapshot_deferred_effects_total{effect=\"patch_workload\",outcome=\"dropped\"") >= 1.0);
+    assert!(
+        serve.metric("config_snapshot_deferred_effects_total{effect=\"patch_workload\",outcome=\"dropped\"") >= 1.0
+    );
     // Three passes later the workload still runs what the user rolled back to.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let web = api.get("Deployment", NS, "web").unwrap();
