@@ -353,7 +353,11 @@ async fn the_leader_killed_mid_storm_loses_no_rollout_and_repeats_none() {
     // The storm, admitted in turn; the leader admits the last edit.
     const EDITS: usize = 40;
     for n in 1..=EDITS {
-        let by = if (EDITS - n).is_multiple_of(2) { leader } else { survivor };
+        let by = if (EDITS - n).is_multiple_of(2) {
+            leader
+        } else {
+            survivor
+        };
         live = edit(&api, &mut hooks[by], &live, n).await;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

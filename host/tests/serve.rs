@@ -668,3 +668,63 @@ async fn an_effect_given_up_is_a_warning_event_and_leaves_no_snapshot() {
     .await;
     assert_canary_absent(&[&serve.logs(), &failed.to_string()]);
 }
+
+/// An opted-in Deployment's sources are read together before the policy
+/// runs, not one after another: against a slow API server its eight fresh
+/// reads overlap. Each snapshot still holds the content the API server had
+/// when the request came, and a later request reads afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_opted_in_admission_reads_its_sources_together_and_fresh() {
+    const N: usize = 8;
+    let api = ApiServer::start().await;
+    let source = |i: usize, v: &str| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": format!("src-{i}"), "namespace": NS},
+               "data": {"k": format!("{v}-{i}")}})
+    };
+    for i in 0..N {
+        api.put(source(i, "old"));
+    }
+    let mut serve = Serve::start(&api, &[]);
+    serve.wait_ready().await;
+    // Edited after serve's cache has seen the old content: only a fresh
+    // read finds the new one.
+    for i in 0..N {
+        api.put(source(i, "new"));
+    }
+    api.slow_gets(Duration::from_millis(150));
+    let env: Vec<Value> = (0..N)
+        .map(|i| json!({"name": format!("E{i}"), "valueFrom": {"configMapKeyRef": {"name": format!("src-{i}"), "key": "k"}}}))
+        .collect();
+    let workload = |name: &str| {
+        json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": NS, "annotations": {"config-snapshot.io/snapshot": "*"}},
+            "spec": {"selector": {"matchLabels": {"app": name}}, "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "app", "image": "nginx:1.25", "env": env.clone()}]}}}
+        })
+    };
+    let snapshot_values = |w: &Value| -> Vec<String> {
+        (0..N)
+            .map(|i| {
+                let name = env_ref(w, &format!("E{i}"), "configMapKeyRef");
+                let snapshot = api.get("ConfigMap", NS, name).expect("the snapshot exists");
+                snapshot["data"]["k"].as_str().unwrap().to_string()
+            })
+            .collect()
+    };
+    let (response, web) = serve.admit("create-web", "CREATE", &workload("web"), None, false).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    let expected: Vec<String> = (0..N).map(|i| format!("new-{i}")).collect();
+    assert_eq!(snapshot_values(&web), expected);
+    assert!(
+        api.peak_gets_in_flight() >= N,
+        "the sources were read one at a time (at most {} at once)",
+        api.peak_gets_in_flight()
+    );
+
+    // The next request reads again: nothing is kept between requests.
+    api.put(source(3, "newer"));
+    let (_, api_web) = serve.admit("create-api", "CREATE", &workload("api"), None, false).await;
+    assert_eq!(snapshot_values(&api_web)[3], "newer-3");
+}

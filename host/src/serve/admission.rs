@@ -96,7 +96,11 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
         namespace = head.namespace.as_deref().unwrap_or_default()
     )
     .entered();
-    let scope = Arc::new(RequestScope::new(state.cluster.clone()));
+    let scope = Arc::new(RequestScope::new(
+        state.cluster.clone(),
+        head.namespace.as_deref().unwrap_or_default(),
+    ));
+    scope.prefetch(super::prefetch::wanted(request, &state.settings));
     let handler = Arc::new(Counted {
         inner: Capability {
             backend: scope.clone(),

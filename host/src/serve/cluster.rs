@@ -230,14 +230,43 @@ impl Backend for KubeCluster {
 pub struct RequestScope {
     pub cluster: Arc<KubeCluster>,
     staged: Mutex<Vec<Effect>>,
+    /// The request's namespace, and the sources read ahead in it
+    /// (`prefetch`): each answers one fresh read.
+    namespace: String,
+    prefetched: Mutex<super::prefetch::Fetched>,
 }
 
 impl RequestScope {
-    pub fn new(cluster: Arc<KubeCluster>) -> RequestScope {
+    pub fn new(cluster: Arc<KubeCluster>, namespace: &str) -> RequestScope {
         RequestScope {
             cluster,
             staged: Mutex::new(Vec::new()),
+            namespace: namespace.to_string(),
+            prefetched: Mutex::default(),
         }
+    }
+
+    /// Reads `wanted` sources of the request's namespace at once, for the
+    /// policy's fresh reads to take. Blocking, like every backend call.
+    pub fn prefetch(&self, wanted: Vec<super::prefetch::Wanted>) {
+        if wanted.is_empty() {
+            return;
+        }
+        let fetched = self
+            .cluster
+            .runtime
+            .block_on(super::prefetch::fetch(&self.cluster, &self.namespace, wanted));
+        *self.prefetched.lock().unwrap_or_else(|e| e.into_inner()) = fetched;
+    }
+
+    /// A read made ahead for this very object, if one is left.
+    fn take_prefetched(&self, kind: &str, namespace: &str, name: &str) -> Option<backend::Result<Option<Value>>> {
+        if namespace != self.namespace {
+            return None;
+        }
+        let mut prefetched = self.prefetched.lock().unwrap_or_else(|e| e.into_inner());
+        let key = prefetched.keys().find(|(k, n)| *k == kind && n == name).cloned()?;
+        prefetched.remove(&key)
     }
 
     /// Hands the staged effects to the queue (the request was allowed).
@@ -253,7 +282,10 @@ impl Backend for RequestScope {
         self.cluster.get(kind, namespace, name)
     }
     fn get_fresh(&self, kind: &str, namespace: &str, name: &str) -> backend::Result<Option<Value>> {
-        self.cluster.get_fresh(kind, namespace, name)
+        match self.take_prefetched(kind, namespace, name) {
+            Some(read) => read,
+            None => self.cluster.get_fresh(kind, namespace, name),
+        }
     }
     fn list(
         &self,

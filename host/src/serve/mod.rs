@@ -13,6 +13,7 @@ pub mod events;
 mod http;
 pub mod leader;
 pub mod metrics;
+pub mod prefetch;
 pub mod resync;
 
 use std::net::SocketAddr;

@@ -40,6 +40,11 @@ struct Store {
     log: Vec<String>,
     /// (method, plural) pairs answered 403, as RBAC without that verb would.
     forbidden: Vec<(Method, String)>,
+    /// How long a GET of one object takes (`slow_gets`), and how many were
+    /// in flight at once: at most, and now.
+    get_delay: std::time::Duration,
+    gets_in_flight: usize,
+    peak_gets_in_flight: usize,
 }
 
 pub struct ApiServer {
@@ -215,6 +220,17 @@ impl ApiServer {
             .push((method, plural_of(kind)));
     }
 
+    /// Answers each GET of one object after `delay`: an API server across
+    /// a network, slow enough for overlapping reads to show.
+    pub fn slow_gets(&self, delay: std::time::Duration) {
+        self.inner.store.lock().unwrap().get_delay = delay;
+    }
+
+    /// The most GETs of one object that were in flight at the same time.
+    pub fn peak_gets_in_flight(&self) -> usize {
+        self.inner.store.lock().unwrap().peak_gets_in_flight
+    }
+
     pub fn log(&self) -> Vec<String> {
         self.inner.store.lock().unwrap().log.clone()
     }
@@ -373,6 +389,16 @@ async fn handle(State(inner): State<Arc<Inner>>, request: Request) -> Response {
                 path.namespace.clone().unwrap_or_default()
             ),
         );
+    }
+    if method == Method::GET && path.name.is_some() {
+        let delay = {
+            let mut store = inner.store.lock().unwrap();
+            store.gets_in_flight += 1;
+            store.peak_gets_in_flight = store.peak_gets_in_flight.max(store.gets_in_flight);
+            store.get_delay
+        };
+        tokio::time::sleep(delay).await;
+        inner.store.lock().unwrap().gets_in_flight -= 1;
     }
     let body: Value = if body.is_empty() {
         Value::Null
