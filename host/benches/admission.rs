@@ -82,7 +82,7 @@ fn deployment(n: usize, annotations: Value) -> (Value, Vec<Value>) {
     }
     let d = json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "web", "namespace": "default", "uid": "u", "annotations": annotations},
+        "metadata": {"name": "web", "namespace": "default", "annotations": annotations},
         "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}}, "template": {
             "metadata": {"labels": {"app": "web"}},
             "spec": {"containers": [{"name": "app", "image": "nginx:1.25", "env": env, "envFrom": env_from,
@@ -105,8 +105,12 @@ fn engine() -> Engine {
     let path = paths::policy();
     let bytes = std::fs::read(path).expect("make policy.wasm first");
     let precompiled = Engine::precompile(&bytes).unwrap();
-    Engine::from_precompiled(&precompiled, Engine::DEFAULT_TIMEOUT).unwrap()
+    Engine::from_precompiled(&precompiled, BENCH_TIMEOUT).unwrap()
 }
+
+/// Far above any measured figure: the suite also runs every bench once,
+/// unoptimised (`cargo test --benches`), so that none rots unnoticed.
+const BENCH_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A store where the Deployment's snapshots already exist.
 fn warmed(n: usize) -> (Arc<Shared>, Value) {
@@ -270,5 +274,38 @@ fn b6(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, b1_b2, b3, b4, b5, b6);
+/// The floor every figure is divided by (docs/BENCHMARKS.md, "Floors"): the
+/// least a waPC module can cost on this engine, with the same configuration
+/// (pooling, epoch deadlines, WASI) and the policy's initial memory
+/// (17 pages), measured in the same run. Machines differ by 2x or more;
+/// ratios to this floor travel between them.
+const FLOOR_WAT: &str = r#"
+(module
+  (import "wapc" "__guest_request" (func $request (param i32 i32)))
+  (import "wapc" "__guest_response" (func $respond (param i32 i32)))
+  (memory (export "memory") 17)
+  (data (i32.const 1024) "{\"accepted\":true}")
+  (func (export "wapc_init"))
+  ;; F1: copies the operation and the request in, as any policy must.
+  (func (export "__guest_call") (param $op_len i32) (param $msg_len i32) (result i32)
+    (call $request (i32.const 4096) (i32.add (i32.const 4096) (local.get $op_len)))
+    (call $respond (i32.const 1024) (i32.const 17))
+    (i32.const 1)))
+"#;
+
+fn floor(c: &mut Criterion) {
+    let floor_bytes = wat::parse_str(FLOOR_WAT).unwrap();
+    let floor = Engine::from_precompiled(&Engine::precompile(&floor_bytes).unwrap(), BENCH_TIMEOUT).unwrap();
+    let store = store_with(vec![]);
+    let handler: Arc<dyn CallHandler> = Arc::new(capability(&store));
+    let (d, _) = deployment(8, json!({}));
+    let plain = payload(&request("Deployment", "apps", "UPDATE", &d, Some(&d)));
+    let mut group = c.benchmark_group("floor");
+    group.bench_function("F1 empty waPC module, same request", |b| {
+        b.iter(|| floor.call("validate", &plain, handler.clone()).unwrap())
+    });
+    group.finish();
+}
+
+criterion_group!(benches, floor, b1_b2, b3, b4, b5, b6);
 criterion_main!(benches);
