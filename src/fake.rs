@@ -78,7 +78,7 @@ impl Host for FakeHost {
         if let Some(e) = self.failures.borrow().get(operation) {
             return Err(e.clone());
         }
-        if operation == "list_resources_by_namespace" {
+        if operation == "list_resources_by_namespace" || operation == "list_referencing" {
             if let Some(e) = req["kind"]
                 .as_str()
                 .and_then(|k| self.list_failures.borrow().get(k).cloned())
@@ -117,6 +117,25 @@ impl Host for FakeHost {
                     .cloned()
                     .collect();
                 json!({"apiVersion": "v1", "kind": "List", "items": items})
+            }
+            "list_referencing" => {
+                let source = crate::kind::SourceKind::from_kind(req["source_kind"].as_str().unwrap_or_default())
+                    .map(|k| crate::kind::SourceId::new(k, req["source_name"].as_str().unwrap_or_default()));
+                let items: Vec<Value> = self
+                    .objects
+                    .borrow()
+                    .iter()
+                    .filter(|o| o["kind"] == req["kind"] && o["metadata"]["namespace"] == req["namespace"])
+                    .filter(|o| {
+                        let template = &o["spec"]["template"];
+                        let refs = crate::references::collect(template);
+                        crate::template::group_by_source(&refs, &crate::template::Snapshots::of(template))
+                            .iter()
+                            .any(|g| Some(&g.id) == source.as_ref())
+                    })
+                    .cloned()
+                    .collect();
+                json!({"items": items})
             }
             "now" => json!({"unix": self.now}),
             "create_snapshot" => {

@@ -116,6 +116,34 @@ impl<'h> Cluster<'h> {
         }
     }
 
+    /// Lists the workloads of a kind in a namespace whose pod template
+    /// references `source`, pruned to `masks`: a superset of its watchers,
+    /// from the host's index. `Unsupported` on a host without it (stock
+    /// Kubewarden), which then needs [`Cluster::list`].
+    pub fn list_referencing(
+        &self,
+        kind: &str,
+        namespace: &str,
+        source: &crate::kind::SourceId,
+        masks: &[&str],
+    ) -> Result<Vec<Value>, WriteError> {
+        let request = json!({
+            "kind": kind,
+            "namespace": namespace,
+            "source_kind": source.kind.kind(),
+            "source_name": source.name,
+            "field_masks": masks,
+        });
+        let mut list = self.write(Operation::ListReferencing, &request)?;
+        match list.get_mut("items").map(Value::take) {
+            Some(Value::Array(items)) => Ok(items),
+            Some(Value::Null) | None => Ok(Vec::new()),
+            Some(_) => Err(WriteError::Failed(
+                "list_referencing answered items that are not an array".to_string(),
+            )),
+        }
+    }
+
     fn write(&self, operation: Operation, payload: &Value) -> Result<Value, WriteError> {
         let bytes = serde_json::to_vec(payload).map_err(|e| WriteError::Failed(e.to_string()))?;
         let answer = self.call(operation, &bytes).map_err(WriteError::classify)?;

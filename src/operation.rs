@@ -24,6 +24,10 @@ pub enum Operation {
     DeleteSnapshot,
     /// Ours: a deferred watch rollout.
     PatchWorkload,
+    /// Ours: list only the workloads whose template references a source
+    /// (the host's reverse index), so a source update costs its watchers,
+    /// not the namespace. Without it the policy lists them all.
+    ListReferencing,
 }
 
 /// Kubewarden's binding and namespace for cluster reads.
@@ -32,7 +36,7 @@ pub const KUBEWARDEN: (&str, &str) = ("kubewarden", "kubernetes");
 pub const CONFIG_SNAPSHOT: (&str, &str) = ("config-snapshot", "v1");
 
 impl Operation {
-    pub const ALL: [Operation; 8] = [
+    pub const ALL: [Operation; 9] = [
         Operation::GetResource,
         Operation::ListResourcesByNamespace,
         Operation::CanI,
@@ -41,6 +45,7 @@ impl Operation {
         Operation::Adopt,
         Operation::DeleteSnapshot,
         Operation::PatchWorkload,
+        Operation::ListReferencing,
     ];
 
     /// The name on the wire.
@@ -54,6 +59,7 @@ impl Operation {
             Operation::Adopt => "adopt",
             Operation::DeleteSnapshot => "delete_snapshot",
             Operation::PatchWorkload => "patch_workload",
+            Operation::ListReferencing => "list_referencing",
         }
     }
 
@@ -65,7 +71,8 @@ impl Operation {
             | Operation::CreateSnapshot
             | Operation::Adopt
             | Operation::DeleteSnapshot
-            | Operation::PatchWorkload => CONFIG_SNAPSHOT,
+            | Operation::PatchWorkload
+            | Operation::ListReferencing => CONFIG_SNAPSHOT,
         }
     }
 
@@ -82,7 +89,11 @@ impl Operation {
         // dry run refuses it.
         match self {
             Operation::CreateSnapshot | Operation::Adopt | Operation::DeleteSnapshot | Operation::PatchWorkload => true,
-            Operation::GetResource | Operation::ListResourcesByNamespace | Operation::CanI | Operation::Now => false,
+            Operation::GetResource
+            | Operation::ListResourcesByNamespace
+            | Operation::CanI
+            | Operation::Now
+            | Operation::ListReferencing => false,
         }
     }
 }

@@ -13,6 +13,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use crate::content::{self, Content};
+use crate::host::WriteError;
 use crate::keys;
 use crate::kind::{SourceId, SourceKind};
 use crate::operation::Operation;
@@ -113,8 +114,10 @@ fn roll_out(ctx: &Context, id: &SourceId, content: &Content, change: &Change) ->
     let mut warnings = Vec::new();
     let masks = watcher_masks();
     let masks: Vec<&str> = masks.iter().map(String::as_str).collect();
+    // Whether the host has the reverse index; asked once per admission.
+    let mut indexed = true;
     for kind in WorkloadKind::ALL {
-        let workloads = match ctx.cluster.list("apps/v1", kind.kind(), ctx.namespace, None, &masks) {
+        let workloads = match candidates(ctx, kind, id, &masks, &mut indexed) {
             Ok(w) => w,
             Err(e) => {
                 warnings.push(format!(
@@ -131,6 +134,27 @@ fn roll_out(ctx: &Context, id: &SourceId, content: &Content, change: &Change) ->
         }
     }
     warnings
+}
+
+/// The workloads of `kind` that may watch `id`: those whose template
+/// references it, from our host's index; on a host without one (stock
+/// Kubewarden), every workload of the kind. `roll_out_one` decides either
+/// way, so both give the same rollouts.
+fn candidates(
+    ctx: &Context,
+    kind: WorkloadKind,
+    id: &SourceId,
+    masks: &[&str],
+    indexed: &mut bool,
+) -> Result<Vec<Value>, String> {
+    if *indexed {
+        match ctx.cluster.list_referencing(kind.kind(), ctx.namespace, id, masks) {
+            Ok(items) => return Ok(items),
+            Err(WriteError::Unsupported(_)) => *indexed = false,
+            Err(WriteError::Failed(e)) => return Err(e),
+        }
+    }
+    ctx.cluster.list("apps/v1", kind.kind(), ctx.namespace, None, masks)
 }
 
 fn watcher_masks() -> Vec<String> {
@@ -340,12 +364,58 @@ mod tests {
         );
         assert_eq!(last["value"], json!({"configmap/app": snap}).to_string());
         assert_eq!(p["source"]["name"], "app");
-        // The workload list used field masks.
-        let list = &host.ops("list_resources_by_namespace")[0];
+        // Only the workloads that reference the source were asked for,
+        // with field masks; nothing listed the namespace.
+        let list = &host.ops("list_referencing")[0];
+        assert_eq!(
+            (&list["source_kind"], &list["source_name"]),
+            (&json!("ConfigMap"), &json!("app"))
+        );
         assert!(list["field_masks"]
             .as_array()
             .unwrap()
             .contains(&json!("spec.template.spec.containers.envFrom")));
+        assert_eq!(workload_lists(&host), 0);
+    }
+
+    /// Lists of whole workload kinds (the sweep lists snapshots too).
+    fn workload_lists(host: &FakeHost) -> usize {
+        host.ops("list_resources_by_namespace")
+            .iter()
+            .filter(|l| super::WorkloadKind::from_kind(l["kind"].as_str().unwrap_or_default()).is_some())
+            .count()
+    }
+
+    #[test]
+    fn without_the_hosts_index_every_workload_is_listed_and_the_rollout_is_the_same() {
+        let (host, _) = cluster("app", env_from("app"));
+        host.failures.borrow_mut().insert(
+            "list_referencing".into(),
+            "unknown operation config-snapshot/v1/list_referencing".into(),
+        );
+        let out = edit(&host, json!({"mode": "green", "other": "x"}), false);
+        assert!(out.accepted && out.warnings.is_empty(), "{out:?}");
+        assert_eq!(host.ops("patch_workload").len(), 1);
+        // Asked once, then the three kinds are listed whole.
+        assert_eq!(host.ops("list_referencing").len(), 1);
+        assert_eq!(workload_lists(&host), 3);
+    }
+
+    #[test]
+    fn a_failing_index_is_a_warning_not_a_silent_fallback() {
+        let (host, _) = cluster("app", env_from("app"));
+        host.failures
+            .borrow_mut()
+            .insert("list_referencing".into(), "the server timed out (Timeout)".into());
+        let out = edit(&host, json!({"mode": "green", "other": "x"}), false);
+        assert!(out.accepted, "{out:?}");
+        assert!(
+            out.warnings
+                .iter()
+                .any(|w| w.contains("could not list") && w.contains("timed out")),
+            "{out:?}"
+        );
+        assert!(host.ops("patch_workload").is_empty());
     }
 
     #[test]

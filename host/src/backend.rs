@@ -5,6 +5,7 @@
 
 use std::fmt;
 
+use config_snapshot_policy::kind::SourceId;
 use serde_json::Value;
 
 use crate::lifecycle::Effect;
@@ -98,6 +99,20 @@ pub trait Backend: Send + Sync {
     /// Calls `visit` with each matching object, by reference: listing is the
     /// hot path of watch and sweep, so nothing is copied on the way out.
     fn list(&self, kind: &str, namespace: &str, selector: &Selector, visit: &mut dyn FnMut(&Value)) -> Result<()>;
+    /// The `kind` workloads of `namespace` whose pod template references
+    /// `source`: a superset of its watchers (see [`crate::referrers`]). A
+    /// backend without an index visits every workload of the kind, which
+    /// gives the policy the same answer, slower.
+    fn list_referencing(
+        &self,
+        kind: &str,
+        namespace: &str,
+        source: &SourceId,
+        visit: &mut dyn FnMut(&Value),
+    ) -> Result<()> {
+        let _ = source;
+        self.list(kind, namespace, &Selector::default(), visit)
+    }
     /// Creates an object that is believed not to exist.
     fn create(&self, object: Value) -> Result<()>;
     /// Deletes an object if it still has `uid` and, when given, `resource_version`.

@@ -81,6 +81,7 @@ impl CallHandler for Capability {
             Operation::Adopt => Reply::Json(self.adopt(parse(operation, payload)?)?),
             Operation::DeleteSnapshot => Reply::Json(self.delete_snapshot(parse(operation, payload)?)?),
             Operation::PatchWorkload => Reply::Json(self.patch_workload(parse(operation, payload)?)?),
+            Operation::ListReferencing => self.list_referencing(payload)?,
         };
         match answer {
             Reply::Raw(bytes) => Ok(bytes),
@@ -111,8 +112,53 @@ struct ListRequest {
     field_masks: Option<Vec<String>>,
 }
 
+#[derive(Deserialize)]
+struct ReferencingRequest {
+    kind: String,
+    namespace: String,
+    source_kind: String,
+    source_name: String,
+    #[serde(default)]
+    field_masks: Option<Vec<String>>,
+}
+
 fn parse<'a, T: Deserialize<'a>>(operation: &str, payload: &'a [u8]) -> Result<T, String> {
     serde_json::from_slice(payload).map_err(|e| format!("invalid {operation} request: {e}"))
+}
+
+/// A list answer (`{"apiVersion", "kind": "…List", "items"}`) of what
+/// `list` visits, each item pruned to `masks`. Written by hand around the
+/// items so each is serialised straight from the store, pruned on the fly.
+fn masked_list(
+    api_version: &str,
+    kind: &str,
+    masks: Option<Vec<String>>,
+    list: impl FnOnce(&mut dyn FnMut(&Value)) -> crate::backend::Result<()>,
+) -> Result<Reply, String> {
+    let masks = masks.unwrap_or_default();
+    let split: Vec<Vec<&str>> = masks.iter().map(|m| m.split('.').collect()).collect();
+    let mut out = format!(
+        r#"{{"apiVersion":{},"kind":"{kind}List","metadata":{{}},"items":["#,
+        json!(api_version)
+    )
+    .into_bytes();
+    let mut first = true;
+    let mut failed = None;
+    list(&mut |object| {
+        if !first {
+            out.push(b',');
+        }
+        first = false;
+        if let Err(e) = serde_json::to_writer(&mut out, &masks::Masked::new(object, &split)) {
+            failed = Some(e.to_string());
+        }
+    })
+    .map_err(|e| e.to_string())?;
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    out.extend_from_slice(b"]}");
+    Ok(Reply::Raw(out))
 }
 
 /// The API server's plural, for error texts that match kube's.
@@ -146,34 +192,27 @@ impl Capability {
         let req: ListRequest = parse(Operation::ListResourcesByNamespace.name(), payload)?;
         check_api_version(&req.api_version, &req.kind)?;
         let selector = Selector::parse(req.label_selector.as_deref().unwrap_or(""))?;
-        let masks = req.field_masks.unwrap_or_default();
-        let split: Vec<Vec<&str>> = masks.iter().map(|m| m.split('.').collect()).collect();
-        // Written by hand around the items so each is serialised
-        // straight from the store, pruned on the fly.
-        let mut out = format!(
-            r#"{{"apiVersion":{},"kind":"{}List","metadata":{{}},"items":["#,
-            json!(req.api_version),
-            req.kind
-        )
-        .into_bytes();
-        let mut first = true;
-        let mut failed = None;
-        self.backend
-            .list(&req.kind, &req.namespace, &selector, &mut |object| {
-                if !first {
-                    out.push(b',');
-                }
-                first = false;
-                if let Err(e) = serde_json::to_writer(&mut out, &masks::Masked::new(object, &split)) {
-                    failed = Some(e.to_string());
-                }
-            })
-            .map_err(|e| e.to_string())?;
-        if let Some(e) = failed {
-            return Err(e);
+        masked_list(&req.api_version, &req.kind, req.field_masks, |visit| {
+            self.backend.list(&req.kind, &req.namespace, &selector, visit)
+        })
+    }
+
+    /// The workloads referencing a source, from the backend's index, in the
+    /// shape of a list answer (docs/design.md, "Host capability contract").
+    fn list_referencing(&self, payload: &[u8]) -> Result<Reply, String> {
+        let req: ReferencingRequest = parse(Operation::ListReferencing.name(), payload)?;
+        if config_snapshot_policy::workload::WorkloadKind::from_kind(&req.kind).is_none() {
+            return Err(format!(
+                "refused: list_referencing lists Deployments, StatefulSets or DaemonSets, not {}",
+                req.kind
+            ));
         }
-        out.extend_from_slice(b"]}");
-        Ok(Reply::Raw(out))
+        let source_kind = SourceKind::from_kind(&req.source_kind)
+            .ok_or_else(|| format!("refused: a source is a ConfigMap or a Secret, not {}", req.source_kind))?;
+        let source = config_snapshot_policy::kind::SourceId::new(source_kind, &req.source_name);
+        masked_list("apps/v1", &req.kind, req.field_masks, |visit| {
+            self.backend.list_referencing(&req.kind, &req.namespace, &source, visit)
+        })
     }
 
     fn create_snapshot(&self, request: Value) -> Result<Value, String> {

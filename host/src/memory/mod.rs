@@ -131,6 +131,17 @@ impl Backend for Shared {
         Ok(())
     }
 
+    fn list_referencing(
+        &self,
+        kind: &str,
+        namespace: &str,
+        source: &config_snapshot_policy::kind::SourceId,
+        visit: &mut dyn FnMut(&Value),
+    ) -> backend::Result<()> {
+        self.store().referencing(kind, namespace, source).for_each(visit);
+        Ok(())
+    }
+
     fn create(&self, object: Value) -> backend::Result<()> {
         let mut store = self.store();
         let (kind, ns, name) = key_of(&object);

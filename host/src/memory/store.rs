@@ -23,6 +23,8 @@ pub struct Store {
     pub now: i64,
     /// Every change, when something watches the store (see `memory::http`).
     log: Option<Vec<Change>>,
+    /// Which workloads reference which source (`list_referencing`).
+    referrers: crate::referrers::Referrers,
 }
 
 pub fn key_of(object: &Value) -> Key {
@@ -50,6 +52,21 @@ impl Store {
             .range(start..)
             .take_while(move |((k, ns, _), _)| k == kind && ns == namespace)
             .map(|(_, v)| v)
+    }
+
+    /// The `kind` workloads of `namespace` whose template references
+    /// `source`, from the reverse index: the size of the answer, not of the
+    /// namespace.
+    pub fn referencing<'a>(
+        &'a self,
+        kind: &'a str,
+        namespace: &'a str,
+        source: &config_snapshot_policy::kind::SourceId,
+    ) -> impl Iterator<Item = &'a Value> + 'a {
+        self.referrers
+            .names(kind, namespace, source)
+            .into_iter()
+            .filter_map(move |name| self.get(kind, namespace, &name))
     }
 
     pub fn all(&self) -> impl Iterator<Item = &Value> {
@@ -125,6 +142,7 @@ impl Store {
             }
         }
         object["metadata"]["resourceVersion"] = json!(self.counter.to_string());
+        self.referrers.observe(&object);
         self.objects.insert(key, object.clone());
         self.record(if existed { "MODIFIED" } else { "ADDED" }, &object);
         object
@@ -134,6 +152,7 @@ impl Store {
         let removed = self
             .objects
             .remove(&(kind.to_string(), namespace.to_string(), name.to_string()))?;
+        self.referrers.forget(kind, namespace, name);
         self.counter += 1;
         self.record("DELETED", &removed);
         Some(removed)

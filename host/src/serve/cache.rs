@@ -18,7 +18,10 @@ use kube::Client;
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
+use config_snapshot_policy::kind::SourceId;
+
 use crate::capability::Selector;
+use crate::referrers::Referrers;
 
 /// Every kind the policy reads, from the policy's one table.
 pub use config_snapshot_policy::kinds::KINDS;
@@ -30,9 +33,41 @@ pub fn api_resource(kind: &str) -> Option<ApiResource> {
 
 type Objects = HashMap<String, BTreeMap<String, Value>>;
 
+/// One kind's objects by namespace, and (for workloads) which of them
+/// reference which source, kept together under one lock.
+#[derive(Default)]
+struct Indexed {
+    objects: Objects,
+    referrers: Referrers,
+}
+
+impl Indexed {
+    fn of(objects: Objects) -> Indexed {
+        let mut referrers = Referrers::default();
+        objects
+            .values()
+            .flat_map(BTreeMap::values)
+            .for_each(|o| referrers.observe(o));
+        Indexed { objects, referrers }
+    }
+
+    fn insert(&mut self, object: Value) {
+        if let Some(kept) = insert(&mut self.objects, object) {
+            self.referrers.observe(kept);
+        }
+    }
+
+    fn remove(&mut self, kind: &str, namespace: &str, name: &str) {
+        if let Some(names) = self.objects.get_mut(namespace) {
+            names.remove(name);
+        }
+        self.referrers.forget(kind, namespace, name);
+    }
+}
+
 #[derive(Default)]
 struct KindCache {
-    objects: RwLock<Objects>,
+    objects: RwLock<Indexed>,
     synced: AtomicBool,
 }
 
@@ -80,19 +115,17 @@ impl Cache {
                 }
                 Ok(Event::InitDone) => {
                     if let Some(objects) = buffer.take() {
-                        *self.kinds[kind].objects.write().unwrap() = objects;
+                        *self.kinds[kind].objects.write().unwrap() = Indexed::of(objects);
                     }
                     if !self.kinds[kind].synced.swap(true, Ordering::SeqCst) {
                         tracing::info!(kind, "cache synced");
                     }
                 }
-                Ok(Event::Apply(o)) => insert(&mut self.kinds[kind].objects.write().unwrap(), trim(o, &ar)),
+                Ok(Event::Apply(o)) => self.kinds[kind].objects.write().unwrap().insert(trim(o, &ar)),
                 Ok(Event::Delete(o)) => {
                     let ns = o.metadata.namespace.clone().unwrap_or_default();
                     let name = o.metadata.name.clone().unwrap_or_default();
-                    if let Some(names) = self.kinds[kind].objects.write().unwrap().get_mut(&ns) {
-                        names.remove(&name);
-                    }
+                    self.kinds[kind].objects.write().unwrap().remove(kind, &ns, &name);
                 }
                 Err(e) => tracing::warn!(kind, error = %e, "watch failed; retrying with backoff"),
             }
@@ -107,8 +140,30 @@ impl Cache {
 
     pub fn get(&self, kind: &str, namespace: &str, name: &str) -> Result<Option<Value>, String> {
         let cache = self.kind(kind)?;
-        let objects = cache.objects.read().unwrap();
-        Ok(objects.get(namespace).and_then(|n| n.get(name)).cloned())
+        let indexed = cache.objects.read().unwrap();
+        Ok(indexed.objects.get(namespace).and_then(|n| n.get(name)).cloned())
+    }
+
+    /// The `kind` workloads of `namespace` whose template references
+    /// `source`, from the reverse index.
+    pub fn list_referencing(
+        &self,
+        kind: &str,
+        namespace: &str,
+        source: &SourceId,
+        visit: &mut dyn FnMut(&Value),
+    ) -> Result<(), String> {
+        let cache = self.kind(kind)?;
+        let indexed = cache.objects.read().unwrap();
+        let Some(names) = indexed.objects.get(namespace) else {
+            return Ok(());
+        };
+        for name in indexed.referrers.names(kind, namespace, source) {
+            if let Some(object) = names.get(&name) {
+                visit(object);
+            }
+        }
+        Ok(())
     }
 
     pub fn list(
@@ -119,8 +174,8 @@ impl Cache {
         visit: &mut dyn FnMut(&Value),
     ) -> Result<(), String> {
         let cache = self.kind(kind)?;
-        let objects = cache.objects.read().unwrap();
-        for object in objects.get(namespace).into_iter().flat_map(BTreeMap::values) {
+        let indexed = cache.objects.read().unwrap();
+        for object in indexed.objects.get(namespace).into_iter().flat_map(BTreeMap::values) {
             if selector.matches(object) {
                 visit(object);
             }
@@ -136,6 +191,7 @@ impl Cache {
                 c.objects
                     .read()
                     .unwrap()
+                    .objects
                     .values()
                     .flat_map(|n| n.values().cloned())
                     .collect()
@@ -147,22 +203,20 @@ impl Cache {
     /// to the next admission without waiting for the watch event.
     pub fn observe(&self, object: Value) {
         if let Some(cache) = object["kind"].as_str().and_then(|k| self.kinds.get(k)) {
-            insert(&mut cache.objects.write().unwrap(), object);
+            cache.objects.write().unwrap().insert(object);
         }
     }
 
     /// Empties every kind (with `observe`, puts the cache in a known state).
     pub fn clear(&self) {
         for cache in self.kinds.values() {
-            cache.objects.write().unwrap().clear();
+            *cache.objects.write().unwrap() = Indexed::default();
         }
     }
 
     pub fn forget(&self, kind: &str, namespace: &str, name: &str) {
         if let Some(cache) = self.kinds.get(kind) {
-            if let Some(names) = cache.objects.write().unwrap().get_mut(namespace) {
-                names.remove(name);
-            }
+            cache.objects.write().unwrap().remove(kind, namespace, name);
         }
     }
 
@@ -173,17 +227,20 @@ impl Cache {
     }
 }
 
-fn insert(objects: &mut Objects, object: Value) {
+/// Stores `object` unless a later version of it is there; returns it as
+/// stored, or `None` if it was older.
+fn insert(objects: &mut Objects, object: Value) -> Option<&Value> {
     let ns = object["metadata"]["namespace"].as_str().unwrap_or_default().to_string();
     let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
     let names = objects.entry(ns).or_default();
     // Never step back: an Apply can race with `observe` of our own write.
     if let Some(existing) = names.get(&name) {
         if newer(existing, &object) {
-            return;
+            return None;
         }
     }
-    names.insert(name, object);
+    names.insert(name.clone(), object);
+    names.get(&name)
 }
 
 /// Whether `a` is a later version of the same object than `b`.

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use config_snapshot_policy::kind::SourceId;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
 use kube::Client;
 use serde_json::Value;
@@ -149,6 +150,18 @@ impl Backend for KubeCluster {
 
     fn get_fresh(&self, kind: &str, namespace: &str, name: &str) -> backend::Result<Option<Value>> {
         self.runtime.block_on(self.fetch(kind, namespace, name))
+    }
+
+    fn list_referencing(
+        &self,
+        kind: &str,
+        namespace: &str,
+        source: &SourceId,
+        visit: &mut dyn FnMut(&Value),
+    ) -> backend::Result<()> {
+        self.cache
+            .list_referencing(kind, namespace, source, visit)
+            .map_err(BackendError::NotFound)
     }
 
     fn list(
@@ -295,6 +308,15 @@ impl Backend for RequestScope {
         visit: &mut dyn FnMut(&Value),
     ) -> backend::Result<()> {
         self.cluster.list(kind, namespace, selector, visit)
+    }
+    fn list_referencing(
+        &self,
+        kind: &str,
+        namespace: &str,
+        source: &SourceId,
+        visit: &mut dyn FnMut(&Value),
+    ) -> backend::Result<()> {
+        self.cluster.list_referencing(kind, namespace, source, visit)
     }
     fn create(&self, object: Value) -> backend::Result<()> {
         self.cluster.create(object)
