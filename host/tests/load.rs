@@ -117,7 +117,11 @@ async fn setup() -> (ApiServer, ServeProcess, PathBuf, PathBuf) {
     let api = ApiServer::start().await;
     api.put(json!({"apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": "app-config", "namespace": NS}, "data": {"mode": "blue"}}));
-    let mut serve = ServeProcess::start(&api.kubeconfig(), &[]);
+    // The Deployment the requests create, as the API server persists it
+    // after the first: each admission's deferred adoption finds its owner
+    // and ends, as in a cluster, instead of waiting out --effect-wait.
+    api.put(review("first", true)["request"]["object"].clone());
+    let mut serve = ServeProcess::start_logging(&api.kubeconfig(), &[], "info");
     serve.wait_ready();
     let dir = serve.dir.clone();
     let plain = dir.join("pass-through.json");

@@ -34,13 +34,19 @@ impl ServeProcess {
     /// Starts serve with `kubeconfig` and `extra` flags; a fresh certificate
     /// for 127.0.0.1 in a directory of its own.
     pub fn start(kubeconfig: &Path, extra: &[&str]) -> ServeProcess {
+        Self::start_logging(kubeconfig, extra, "debug")
+    }
+
+    /// As [`ServeProcess::start`], logging at `level` (`RUST_LOG`): the load
+    /// test runs at the shipped level, `info`.
+    pub fn start_logging(kubeconfig: &Path, extra: &[&str], level: &str) -> ServeProcess {
         let dir = std::env::temp_dir().join(format!("config-snapshot-serve-{}-{}", std::process::id(), free_port()));
         std::fs::create_dir_all(&dir).unwrap();
         let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
         let cert_pem = cert.cert.pem();
         std::fs::write(dir.join("tls.crt"), &cert_pem).unwrap();
         std::fs::write(dir.join("tls.key"), cert.signing_key.serialize_pem()).unwrap();
-        Self::start_in(dir, cert_pem, kubeconfig, extra, free_port())
+        Self::start_in(dir, cert_pem, kubeconfig, extra, free_port(), level)
     }
 
     /// Starts serve again with the same certificate and webhook port.
@@ -52,10 +58,18 @@ impl ServeProcess {
             kubeconfig,
             extra,
             self.webhook.port(),
+            "debug",
         );
     }
 
-    fn start_in(dir: PathBuf, cert_pem: String, kubeconfig: &Path, extra: &[&str], port: u16) -> ServeProcess {
+    fn start_in(
+        dir: PathBuf,
+        cert_pem: String,
+        kubeconfig: &Path,
+        extra: &[&str],
+        port: u16,
+        level: &str,
+    ) -> ServeProcess {
         let webhook: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let ops: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         // The built policy, unless the caller names another module.
@@ -75,7 +89,7 @@ impl ServeProcess {
             .args(["--log-format", "json"])
             .args(extra)
             .env("KUBECONFIG", kubeconfig)
-            .env("RUST_LOG", "debug")
+            .env("RUST_LOG", level)
             .env_remove("KUBERNETES_SERVICE_HOST")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
