@@ -127,11 +127,9 @@ impl Host for FakeHost {
                     .iter()
                     .filter(|o| o["kind"] == req["kind"] && o["metadata"]["namespace"] == req["namespace"])
                     .filter(|o| {
-                        let template = &o["spec"]["template"];
-                        let refs = crate::references::collect(template);
-                        crate::template::group_by_source(&refs, &crate::template::Snapshots::of(template))
-                            .iter()
-                            .any(|g| Some(&g.id) == source.as_ref())
+                        source
+                            .as_ref()
+                            .is_some_and(|id| crate::template::own_group(&o["spec"]["template"], id).is_some())
                     })
                     .cloned()
                     .collect();

@@ -108,6 +108,19 @@ pub fn looks_like_snapshot(name: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
+/// A template's references grouped by source as the template itself says,
+/// through its mapping annotation, without reading anything: how a watch
+/// rollout, the host's reverse index and serve's prefetch all see it, so
+/// they agree on which workloads reference which source.
+pub fn own_groups(template: &Value) -> Vec<SourceRefs> {
+    group_by_source(&references::collect(template), &Snapshots::of(template))
+}
+
+/// The group of `id` in `template` (see [`own_groups`]), if it references it.
+pub fn own_group(template: &Value, id: &SourceId) -> Option<SourceRefs> {
+    own_groups(template).into_iter().find(|g| g.id == *id)
+}
+
 /// The references of a template grouped by the source they stand for.
 pub fn group_by_source(refs: &[Reference], snapshots: &Snapshots) -> Vec<SourceRefs> {
     let mut groups: Vec<SourceRefs> = Vec::new();

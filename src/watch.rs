@@ -22,7 +22,7 @@ use crate::plan::SA_TOKEN;
 use crate::records::Rollback;
 use crate::references;
 use crate::request::{Outcome, SAY};
-use crate::template::{self, Mapping, Snapshots};
+use crate::template::{self, Mapping};
 use crate::workload::{escape, Context, WorkloadKind};
 
 /// The parts of a source the watch needs; everything else is skipped unparsed.
@@ -190,11 +190,7 @@ fn roll_out_one(
     let Some(template) = workload.pointer("/spec/template") else {
         return Ok(());
     };
-    let refs = references::collect(template);
-    let Some(group) = template::group_by_source(&refs, &Snapshots::of(template))
-        .into_iter()
-        .find(|g| g.id == *id)
-    else {
+    let Some(group) = template::own_group(template, id) else {
         return Ok(());
     };
     let subset = content.subset(group.key_subset().as_ref());
@@ -271,10 +267,7 @@ fn declined_by_rollback(workload: &Value, id: &SourceId, snapshot: &str) -> bool
 /// recomputes it on the fresh object after a conflict.
 pub fn retarget_ops(template: &Value, id: &SourceId, snapshot: &str) -> Option<Vec<Value>> {
     let mut mapping = Mapping::of(template);
-    let refs = references::collect(template);
-    let group = template::group_by_source(&refs, &Snapshots::of(template))
-        .into_iter()
-        .find(|g| g.id == *id)?;
+    let group = template::own_group(template, id)?;
     let mut patch: Vec<Value> = group
         .refs
         .iter()

@@ -4,17 +4,15 @@
 //! workload of the namespace, so its cost follows the watchers, not the
 //! namespace.
 //!
-//! A workload's sources are grouped exactly as the policy groups them when
-//! it rolls watchers out (`template::group_by_source` over the template's
-//! own mapping), so the index returns every workload the policy would have
-//! found in a full list. It may return more (a workload referencing the
+//! A workload's sources are grouped by the policy's own function for it
+//! (`template::own_groups`, which its watch rollout uses too), so the index
+//! returns every workload the policy would have found in a full list. It may return more (a workload referencing the
 //! source without watching it): the policy decides.
 
 use std::collections::{BTreeSet, HashMap};
 
 use config_snapshot_policy::kind::SourceId;
-use config_snapshot_policy::references;
-use config_snapshot_policy::template::{self, Snapshots};
+use config_snapshot_policy::template;
 use config_snapshot_policy::workload::WorkloadKind;
 use serde_json::Value;
 
@@ -73,11 +71,12 @@ impl Referrers {
     }
 
     /// The names of the `kind` workloads in `namespace` referencing `source`.
-    pub fn names(&self, kind: &str, namespace: &str, source: &SourceId) -> Vec<String> {
+    pub fn names(&self, kind: &str, namespace: &str, source: &SourceId) -> impl Iterator<Item = &str> {
         self.by_source
             .get(&(kind.to_string(), namespace.to_string(), source.clone()))
-            .map(|names| names.iter().cloned().collect())
-            .unwrap_or_default()
+            .into_iter()
+            .flatten()
+            .map(String::as_str)
     }
 }
 
@@ -86,11 +85,7 @@ fn sources_of(object: &Value) -> Vec<SourceId> {
     let Some(template) = object.pointer("/spec/template") else {
         return Vec::new();
     };
-    let refs = references::collect(template);
-    template::group_by_source(&refs, &Snapshots::of(template))
-        .into_iter()
-        .map(|g| g.id)
-        .collect()
+    template::own_groups(template).into_iter().map(|g| g.id).collect()
 }
 
 #[cfg(test)]
@@ -104,6 +99,10 @@ mod tests {
                "metadata": {"name": name, "namespace": "shop"},
                "spec": {"template": {"metadata": {"annotations": annotations},
                         "spec": {"containers": [{"name": "c", "envFrom": env_from}]}}}})
+    }
+
+    fn names(index: &Referrers, kind: &str, ns: &str, source: &SourceId) -> Vec<String> {
+        index.names(kind, ns, source).map(String::from).collect()
     }
 
     fn cm(name: &str) -> SourceId {
@@ -123,9 +122,9 @@ mod tests {
             json!([{"configMapRef": {"name": "other"}}]),
             json!({}),
         ));
-        assert_eq!(index.names("Deployment", "shop", &cm("app")), ["web"]);
-        assert!(index.names("StatefulSet", "shop", &cm("app")).is_empty());
-        assert!(index.names("Deployment", "else", &cm("app")).is_empty());
+        assert_eq!(names(&index, "Deployment", "shop", &cm("app")), ["web"]);
+        assert!(names(&index, "StatefulSet", "shop", &cm("app")).is_empty());
+        assert!(names(&index, "Deployment", "else", &cm("app")).is_empty());
 
         // Pinned to a snapshot the template maps back to `app`: still found.
         let pinned = deployment(
@@ -134,7 +133,7 @@ mod tests {
             json!({"config-snapshot.io/snapshots": r#"{"configmap/app":"app-0123456789"}"#}),
         );
         index.observe(&pinned);
-        assert_eq!(index.names("Deployment", "shop", &cm("app")), ["web"]);
+        assert_eq!(names(&index, "Deployment", "shop", &cm("app")), ["web"]);
 
         // Edited to reference another source: gone from `app`.
         index.observe(&deployment(
@@ -142,11 +141,11 @@ mod tests {
             json!([{"configMapRef": {"name": "other"}}]),
             json!({}),
         ));
-        assert!(index.names("Deployment", "shop", &cm("app")).is_empty());
-        assert_eq!(index.names("Deployment", "shop", &cm("other")), ["api", "web"]);
+        assert!(names(&index, "Deployment", "shop", &cm("app")).is_empty());
+        assert_eq!(names(&index, "Deployment", "shop", &cm("other")), ["api", "web"]);
 
         index.forget("Deployment", "shop", "api");
-        assert_eq!(index.names("Deployment", "shop", &cm("other")), ["web"]);
+        assert_eq!(names(&index, "Deployment", "shop", &cm("other")), ["web"]);
         index.forget("Deployment", "shop", "web");
         assert!(index.by_source.is_empty() && index.sources.is_empty());
     }
@@ -189,7 +188,7 @@ mod tests {
                     .filter(|(_, d)| sources_of(d).contains(&cm(source)))
                     .map(|(n, _)| n.clone())
                     .collect();
-                proptest::prop_assert_eq!(index.names("Deployment", "shop", &cm(source)), scan);
+                proptest::prop_assert_eq!(names(&index, "Deployment", "shop", &cm(source)), scan);
             }
         }
     }

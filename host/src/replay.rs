@@ -10,7 +10,7 @@ use base64::Engine as _;
 use config_snapshot_policy::content::Content;
 use config_snapshot_policy::duration::{parse_go_duration, parse_rfc3339};
 use config_snapshot_policy::kind::{SourceId, SourceKind};
-use config_snapshot_policy::{references, template};
+use config_snapshot_policy::template;
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -520,11 +520,8 @@ pub fn effective_config(sim: &dyn View, ec: &EffectiveConfig) -> Result<(String,
     let template = sim
         .current_revision_template(&ec.kind, &ec.namespace, &ec.name)
         .ok_or_else(|| format!("{}/{} has no current revision", ec.kind, ec.name))?;
-    let refs = references::collect(&template);
-    let group = template::group_by_source(&refs, &template::Snapshots::of(&template))
-        .into_iter()
-        .find(|g| g.id == id)
-        .ok_or_else(|| format!("the current revision does not reference {id}"))?;
+    let group =
+        template::own_group(&template, &id).ok_or_else(|| format!("the current revision does not reference {id}"))?;
     let mut names: Vec<&str> = group.refs.iter().map(|r| r.name.as_str()).collect();
     names.dedup();
     if names.len() != 1 {

@@ -65,8 +65,7 @@ impl Store {
     ) -> impl Iterator<Item = &'a Value> + 'a {
         self.referrers
             .names(kind, namespace, source)
-            .into_iter()
-            .filter_map(move |name| self.get(kind, namespace, &name))
+            .filter_map(move |name| self.get(kind, namespace, name))
     }
 
     pub fn all(&self) -> impl Iterator<Item = &Value> {

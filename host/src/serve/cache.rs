@@ -159,7 +159,7 @@ impl Cache {
             return Ok(());
         };
         for name in indexed.referrers.names(kind, namespace, source) {
-            if let Some(object) = names.get(&name) {
+            if let Some(object) = names.get(name) {
                 visit(object);
             }
         }
