@@ -18,12 +18,13 @@ pub trait Host {
     fn call(&self, binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, String>;
 }
 
-/// Why a write failed, as far as the policy must distinguish.
+/// Why a call of our capability (its writes, and `list_referencing`)
+/// failed, as far as the policy must distinguish.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WriteError {
-    /// The host does not offer the write capability (stock Kubewarden).
+    /// The host does not offer the capability (stock Kubewarden).
     Unsupported(String),
-    /// The capability exists but this write failed (forbidden, conflict, …).
+    /// The capability exists but this call failed (forbidden, conflict, …).
     Failed(String),
 }
 
@@ -51,6 +52,15 @@ impl WriteError {
 fn is_not_found(text: &str) -> bool {
     let lower = text.to_ascii_lowercase();
     lower.contains("notfound") || lower.contains("not found") || lower.contains("404")
+}
+
+/// The `items` of a list answer (`what` names the call in the error).
+fn items(mut list: Value, what: &str) -> Result<Vec<Value>, String> {
+    match list.get_mut("items").map(Value::take) {
+        Some(Value::Array(items)) => Ok(items),
+        Some(Value::Null) | None => Ok(Vec::new()),
+        Some(_) => Err(format!("{what} answered items that are not an array")),
+    }
 }
 
 /// Typed access to the host, borrowing the trait object.
@@ -108,12 +118,8 @@ impl<'h> Cluster<'h> {
         };
         let payload = serde_json::to_vec(&req).map_err(|e| e.to_string())?;
         let bytes = self.call(Operation::ListResourcesByNamespace, &payload)?;
-        let mut list: Value = serde_json::from_slice(&bytes).map_err(|e| format!("list answered invalid JSON: {e}"))?;
-        match list.get_mut("items").map(Value::take) {
-            Some(Value::Array(items)) => Ok(items),
-            Some(Value::Null) | None => Ok(Vec::new()),
-            Some(_) => Err("list answered items that are not an array".to_string()),
-        }
+        let list: Value = serde_json::from_slice(&bytes).map_err(|e| format!("list answered invalid JSON: {e}"))?;
+        items(list, "list")
     }
 
     /// Lists the workloads of a kind in a namespace whose pod template
@@ -134,17 +140,14 @@ impl<'h> Cluster<'h> {
             "source_name": source.name,
             "field_masks": masks,
         });
-        let mut list = self.write(Operation::ListReferencing, &request)?;
-        match list.get_mut("items").map(Value::take) {
-            Some(Value::Array(items)) => Ok(items),
-            Some(Value::Null) | None => Ok(Vec::new()),
-            Some(_) => Err(WriteError::Failed(
-                "list_referencing answered items that are not an array".to_string(),
-            )),
-        }
+        let list = self.own(Operation::ListReferencing, &request)?;
+        items(list, Operation::ListReferencing.name()).map_err(WriteError::Failed)
     }
 
-    fn write(&self, operation: Operation, payload: &Value) -> Result<Value, WriteError> {
+    /// A call of this project's capability (`config-snapshot`/`v1`): JSON
+    /// both ways, and a failure classified, so that a host without the
+    /// capability (`Unsupported`) is told from a call that failed.
+    fn own(&self, operation: Operation, payload: &Value) -> Result<Value, WriteError> {
         let bytes = serde_json::to_vec(payload).map_err(|e| WriteError::Failed(e.to_string()))?;
         let answer = self.call(operation, &bytes).map_err(WriteError::classify)?;
         serde_json::from_slice(&answer)
@@ -156,12 +159,12 @@ impl<'h> Cluster<'h> {
     /// makes sure it outlives the reference: see docs/design.md, "Garbage
     /// collection").
     pub fn create_snapshot(&self, object: &Value, owner: &Value) -> Result<bool, WriteError> {
-        let answer = self.write(Operation::CreateSnapshot, &json!({ "object": object, "owner": owner }))?;
+        let answer = self.own(Operation::CreateSnapshot, &json!({ "object": object, "owner": owner }))?;
         Ok(answer.get("created").and_then(Value::as_bool).unwrap_or(false))
     }
 
     pub fn adopt(&self, owner: Value, snapshots: Vec<Value>) -> Result<(), WriteError> {
-        self.write(Operation::Adopt, &json!({ "owner": owner, "snapshots": snapshots }))
+        self.own(Operation::Adopt, &json!({ "owner": owner, "snapshots": snapshots }))
             .map(drop)
     }
 
@@ -180,11 +183,11 @@ impl<'h> Cluster<'h> {
         if let Some(rv) = resource_version {
             request["resourceVersion"] = json!(rv);
         }
-        self.write(Operation::DeleteSnapshot, &request).map(drop)
+        self.own(Operation::DeleteSnapshot, &request).map(drop)
     }
 
     pub fn patch_workload(&self, request: Value) -> Result<(), WriteError> {
-        self.write(Operation::PatchWorkload, &request).map(drop)
+        self.own(Operation::PatchWorkload, &request).map(drop)
     }
 
     /// The current time in unix seconds. Our host answers `now` so replay can

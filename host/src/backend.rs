@@ -107,10 +107,9 @@ pub trait Backend: Send + Sync {
         &self,
         kind: &str,
         namespace: &str,
-        source: &SourceId,
+        _source: &SourceId,
         visit: &mut dyn FnMut(&Value),
     ) -> Result<()> {
-        let _ = source;
         self.list(kind, namespace, &Selector::default(), visit)
     }
     /// Creates an object that is believed not to exist.

@@ -42,10 +42,11 @@ struct Gvk {
     kind: String,
 }
 
+/// The request's object alone: serde skips the rest of the request.
 #[derive(Deserialize)]
-struct ObjectOnly {
+pub(super) struct ObjectOnly {
     #[serde(default)]
-    object: Value,
+    pub object: Value,
 }
 
 /// Why a body got no AdmissionReview answer: the webhook replies with an
@@ -100,7 +101,12 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
         state.cluster.clone(),
         head.namespace.as_deref().unwrap_or_default(),
     ));
-    scope.prefetch(super::prefetch::wanted(request, &state.settings));
+    scope.prefetch(super::prefetch::wanted(
+        &head.kind.kind,
+        &head.operation,
+        request,
+        &state.settings,
+    ));
     let handler = Arc::new(Counted {
         inner: Capability {
             backend: scope.clone(),

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use config_snapshot_policy::kind::SourceId;
+use config_snapshot_policy::kind::{SourceId, SourceKind};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
 use kube::Client;
 use serde_json::Value;
@@ -274,12 +274,11 @@ impl RequestScope {
 
     /// A read made ahead for this very object, if one is left.
     fn take_prefetched(&self, kind: &str, namespace: &str, name: &str) -> Option<backend::Result<Option<Value>>> {
-        if namespace != self.namespace {
-            return None;
-        }
-        let mut prefetched = self.prefetched.lock().unwrap_or_else(|e| e.into_inner());
-        let key = prefetched.keys().find(|(k, n)| *k == kind && n == name).cloned()?;
-        prefetched.remove(&key)
+        let kind = SourceKind::from_kind(kind).filter(|_| namespace == self.namespace)?;
+        self.prefetched
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(kind, name.to_string()))
     }
 
     /// Hands the staged effects to the queue (the request was allowed).

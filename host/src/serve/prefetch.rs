@@ -20,18 +20,18 @@
 //! takes snapshots. A template that already names snapshots (a scale, a
 //! label edit) usually needs no read at all, so nothing is fetched for it.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 
+use config_snapshot_policy::keys;
 use config_snapshot_policy::kind::SourceKind;
 use config_snapshot_policy::optin::OptIn;
 use config_snapshot_policy::settings::Settings;
-use config_snapshot_policy::template::{self, Snapshots};
+use config_snapshot_policy::template;
 use config_snapshot_policy::workload::WorkloadKind;
-use config_snapshot_policy::{keys, references};
-use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+use super::admission::ObjectOnly;
 use super::cluster::KubeCluster;
 use crate::backend;
 
@@ -39,51 +39,31 @@ use crate::backend;
 pub type Wanted = (SourceKind, String);
 
 /// What the prefetch read, by (kind, name), each taken at most once.
-pub type Fetched = HashMap<(&'static str, String), backend::Result<Option<Value>>>;
+pub type Fetched = HashMap<Wanted, backend::Result<Option<Value>>>;
 
-#[derive(Deserialize)]
-struct Request<'a> {
-    #[serde(default)]
-    kind: Kind,
-    #[serde(default)]
-    operation: String,
-    #[serde(borrow)]
-    object: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize, Default)]
-struct Kind {
-    #[serde(default)]
-    kind: String,
-}
-
-/// The sources worth reading ahead for this AdmissionRequest (raw JSON).
-/// A request that cannot opt in costs a substring search and no parse.
-pub fn wanted(request: &RawValue, settings: &Settings) -> Vec<Wanted> {
+/// The sources worth reading ahead for this AdmissionRequest (raw JSON),
+/// whose `kind` and `operation` the caller has already parsed. A request
+/// that cannot opt in costs string compares, or at most a substring
+/// search, and no parse.
+pub fn wanted(kind: &str, operation: &str, request: &RawValue, settings: &Settings) -> Vec<Wanted> {
+    if !matches!(operation, "CREATE" | "UPDATE") || WorkloadKind::from_kind(kind).is_none() {
+        return Vec::new();
+    }
     // Every opt-in annotation carries the prefix; most requests do not.
     if !request.get().contains(keys::PREFIX) {
         return Vec::new();
     }
-    let Ok(head) = serde_json::from_str::<Request>(request.get()) else {
-        return Vec::new();
-    };
-    if !matches!(head.operation.as_str(), "CREATE" | "UPDATE") || WorkloadKind::from_kind(&head.kind.kind).is_none() {
-        return Vec::new();
-    }
-    let Some(object) = head.object.and_then(|o| serde_json::from_str::<Value>(o.get()).ok()) else {
+    let Ok(ObjectOnly { object }) = serde_json::from_str(request.get()) else {
         return Vec::new();
     };
     let annotations = object.pointer("/metadata/annotations").and_then(Value::as_object);
     let Ok(optin) = OptIn::from_annotations(annotations, settings) else {
         return Vec::new();
     };
-    let template = &object["spec"]["template"];
-    let refs = references::collect(template);
-    let mut seen = BTreeSet::new();
-    template::group_by_source(&refs, &Snapshots::of(template))
+    // One group per source: no source is read twice.
+    template::own_groups(&object["spec"]["template"])
         .into_iter()
         .filter(|g| optin.snapshots(&g.id, settings) && g.refs.iter().any(|r| r.name == g.id.name))
-        .filter(|g| seen.insert((g.id.kind, g.id.name.clone())))
         .map(|g| (g.id.kind, g.id.name))
         .collect()
 }
@@ -92,7 +72,7 @@ pub fn wanted(request: &RawValue, settings: &Settings) -> Vec<Wanted> {
 pub async fn fetch(cluster: &KubeCluster, namespace: &str, wanted: Vec<Wanted>) -> Fetched {
     let reads = wanted.into_iter().map(|(kind, name)| async move {
         let read = cluster.fetch(kind.kind(), namespace, &name).await;
-        ((kind.kind(), name), read)
+        ((kind, name), read)
     });
     futures::future::join_all(reads).await.into_iter().collect()
 }
@@ -122,6 +102,16 @@ mod tests {
         )
     }
 
+    /// `wanted`, given the header fields as `admit` parses them.
+    fn ahead(request: &RawValue, settings: &Settings) -> Vec<Wanted> {
+        let head: Value = serde_json::from_str(request.get()).unwrap();
+        let (kind, operation) = (
+            head["kind"]["kind"].as_str().unwrap(),
+            head["operation"].as_str().unwrap(),
+        );
+        wanted(kind, operation, request, settings)
+    }
+
     fn names(wanted: &[Wanted]) -> Vec<&str> {
         wanted.iter().map(|(_, n)| n.as_str()).collect()
     }
@@ -135,35 +125,35 @@ mod tests {
             json!({"config-snapshot.io/snapshot": "configmap/a,configmap/b"}),
             env(&[("A", "a"), ("A2", "a"), ("B", "b"), ("C", "c")]),
         );
-        assert_eq!(names(&wanted(&r, &settings)), ["a", "b"]);
+        assert_eq!(names(&ahead(&r, &settings)), ["a", "b"]);
     }
 
     #[test]
     fn nothing_for_requests_the_policy_reads_no_source_for() {
         let settings = Settings::default();
         let plain = request("Deployment", "CREATE", json!({}), env(&[("A", "a")]));
-        assert!(wanted(&plain, &settings).is_empty(), "no opt-in");
+        assert!(ahead(&plain, &settings).is_empty(), "no opt-in");
         let cm = request(
             "ConfigMap",
             "UPDATE",
             json!({"config-snapshot.io/snapshot": "*"}),
             env(&[("A", "a")]),
         );
-        assert!(wanted(&cm, &settings).is_empty(), "not a workload");
+        assert!(ahead(&cm, &settings).is_empty(), "not a workload");
         let delete = request(
             "Deployment",
             "DELETE",
             json!({"config-snapshot.io/snapshot": "*"}),
             env(&[("A", "a")]),
         );
-        assert!(wanted(&delete, &settings).is_empty(), "a delete");
+        assert!(ahead(&delete, &settings).is_empty(), "a delete");
         let bad = request(
             "Deployment",
             "CREATE",
             json!({"config-snapshot.io/snapshot": "nonsense/kind"}),
             env(&[("A", "a")]),
         );
-        assert!(wanted(&bad, &settings).is_empty(), "an annotation the policy refuses");
+        assert!(ahead(&bad, &settings).is_empty(), "an annotation the policy refuses");
     }
 
     #[test]
@@ -177,13 +167,13 @@ mod tests {
         );
         // `a-0123456789` is snapshot-shaped but unmapped: the policy reads it
         // fresh to learn its source, so it is read ahead too.
-        assert_eq!(names(&wanted(&pinned, &settings)), ["a-0123456789", "b"]);
+        assert_eq!(names(&ahead(&pinned, &settings)), ["a-0123456789", "b"]);
         // Mapped in the template's annotation, it stands for `a`, which
         // the policy need not read: nothing ahead but `b`.
         let mut object: Value = serde_json::from_str(pinned.get()).unwrap();
         object["object"]["spec"]["template"]["metadata"] =
             json!({"annotations": {"config-snapshot.io/snapshots": r#"{"configmap/a":"a-0123456789"}"#}});
         let mapped = RawValue::from_string(object.to_string()).unwrap();
-        assert_eq!(names(&wanted(&mapped, &settings)), ["b"]);
+        assert_eq!(names(&ahead(&mapped, &settings)), ["b"]);
     }
 }
