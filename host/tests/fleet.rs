@@ -86,23 +86,59 @@ fn assert_guarded(rollouts: &[(String, i64)], interval: i64) {
 const LEADER: &str = "config_snapshot_leader ";
 const PASSES: &str = "config_snapshot_resync_passes_total";
 
-fn replica(kubeconfig: &std::path::Path) -> ServeProcess {
-    let mut p = ServeProcess::start(
-        kubeconfig,
-        &[
-            "--leader-elect",
-            "--lease-duration",
-            "2s",
-            "--resync-interval",
-            "1s",
-            "--lease-namespace",
-            "config-snapshot",
-        ],
-    );
-    // The holder name comes from POD_NAME in a cluster; here each process
-    // is named by host and pid, which differ.
+/// Competing for the Lease, with short periods. The holder name comes from
+/// POD_NAME in a cluster; here each process is named by host and pid,
+/// which differ.
+const ELECTION: [&str; 7] = [
+    "--leader-elect",
+    "--lease-duration",
+    "2s",
+    "--resync-interval",
+    "1s",
+    "--lease-namespace",
+    "config-snapshot",
+];
+
+/// A serve process with `flags`, ready.
+fn started(kubeconfig: &std::path::Path, flags: &[&str]) -> ServeProcess {
+    let mut p = ServeProcess::start(kubeconfig, flags);
     p.wait_ready();
     p
+}
+
+/// Waits until exactly one of `replicas` leads; answers which.
+fn one_leader(replicas: &[ServeProcess]) -> usize {
+    wait_for("one leader", Duration::from_secs(20), || {
+        replicas.iter().map(|r| r.metric(LEADER)).sum::<f64>() == 1.0
+    });
+    if replicas[0].metric(LEADER) == 1.0 {
+        0
+    } else {
+        1
+    }
+}
+
+/// The shop: the watched source at edit 0 and the Deployment watching it,
+/// admitted through `hook` and persisted. Returns the stored source.
+async fn open_shop(api: &ApiServer, hook: &mut Webhook) -> Value {
+    let live = api.put(source(0));
+    let (_, web) = hook
+        .admit(NS, "create", "CREATE", &deployment(), None, false)
+        .await
+        .unwrap();
+    api.put(web);
+    live
+}
+
+/// Admits edit `n` of the source through `hook` and persists it, as the API
+/// server does; returns the stored source.
+async fn edit(api: &ApiServer, hook: &mut Webhook, live: &Value, n: usize) -> Value {
+    let (response, persisted) = hook
+        .admit(NS, &format!("edit-{n}"), "UPDATE", &source(n), Some(live), false)
+        .await
+        .unwrap();
+    assert_eq!(response["allowed"], true, "{response}");
+    api.put(persisted)
 }
 
 fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
@@ -117,12 +153,8 @@ fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
 async fn one_replica_runs_the_passes_and_another_takes_over_when_it_dies() {
     let api = ApiServer::start().await;
     let kubeconfig = api.kubeconfig();
-    let mut replicas = [replica(&kubeconfig), replica(&kubeconfig)];
-
-    wait_for("one leader", Duration::from_secs(20), || {
-        replicas.iter().map(|r| r.metric(LEADER)).sum::<f64>() == 1.0
-    });
-    let leader = if replicas[0].metric(LEADER) == 1.0 { 0 } else { 1 };
+    let mut replicas = [started(&kubeconfig, &ELECTION), started(&kubeconfig, &ELECTION)];
+    let leader = one_leader(&replicas);
     let follower = 1 - leader;
     wait_for("the leader's passes", Duration::from_secs(20), || {
         replicas[leader].metric(PASSES) >= 2.0
@@ -169,34 +201,17 @@ async fn two_replicas_share_one_storm_guard() {
     let kubeconfig = api.kubeconfig();
     let interval = format!("{INTERVAL}s");
     let replicas: Vec<ServeProcess> = (0..2)
-        .map(|_| {
-            let mut p = ServeProcess::start(&kubeconfig, &["--watch-min-interval", &interval]);
-            p.wait_ready();
-            p
-        })
+        .map(|_| started(&kubeconfig, &["--watch-min-interval", &interval]))
         .collect();
     let mut hooks: Vec<Webhook> = replicas.iter().map(Webhook::to).collect();
-
-    let mut live = api.put(source(0));
-    let (_, persisted) = hooks[0]
-        .admit(NS, "create", "CREATE", &deployment(), None, false)
-        .await
-        .unwrap();
-    api.put(persisted);
+    let mut live = open_shop(&api, &mut hooks[0]).await;
 
     // The storm: each edit admitted by one replica, then persisted, as the
     // API server does.
     const EDITS: usize = 100;
     let started = Instant::now();
     for n in 1..=EDITS {
-        let edited = source(n);
-        let hook = &mut hooks[n % 2];
-        let (response, persisted) = hook
-            .admit(NS, &format!("edit-{n}"), "UPDATE", &edited, Some(&live), false)
-            .await
-            .unwrap();
-        assert_eq!(response["allowed"], true, "{response}");
-        live = api.put(persisted);
+        live = edit(&api, &mut hooks[n % 2], &live, n).await;
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
     let storm = started.elapsed();
@@ -229,17 +244,6 @@ async fn two_replicas_share_one_storm_guard() {
     );
 }
 
-/// Admits edit `n` of the source through `hook` and persists it, as the API
-/// server does; returns the stored source.
-async fn edit(api: &ApiServer, hook: &mut Webhook, live: &Value, n: usize) -> Value {
-    let (response, persisted) = hook
-        .admit(NS, &format!("edit-{n}"), "UPDATE", &source(n), Some(live), false)
-        .await
-        .unwrap();
-    assert_eq!(response["allowed"], true, "{response}");
-    api.put(persisted)
-}
-
 /// A replica is killed (SIGKILL, no goodbye) while the storm guard holds a
 /// rollout in its in-memory queue. Restarted, it loses nothing: its resync
 /// derives the rollout again from the cluster. The guard lives on the
@@ -251,15 +255,9 @@ async fn a_restarted_replica_loses_no_held_rollout_and_keeps_the_guard() {
     let api = ApiServer::start().await;
     let kubeconfig = api.kubeconfig();
     let flags = ["--watch-min-interval", "8s", "--resync-interval", "1s"];
-    let mut replica = ServeProcess::start(&kubeconfig, &flags);
-    replica.wait_ready();
+    let mut replica = started(&kubeconfig, &flags);
     let mut hook = Webhook::to(&replica);
-    let live = api.put(source(0));
-    let (_, web) = hook
-        .admit(NS, "create", "CREATE", &deployment(), None, false)
-        .await
-        .unwrap();
-    api.put(web);
+    let live = open_shop(&api, &mut hook).await;
 
     let live = edit(&api, &mut hook, &live, 1).await;
     wait_for("edit 1 to roll out at once", Duration::from_secs(10), || {
@@ -318,37 +316,12 @@ async fn the_leader_killed_mid_storm_loses_no_rollout_and_repeats_none() {
     const LEASE: u64 = 2;
     let api = ApiServer::start().await;
     let kubeconfig = api.kubeconfig();
-    let flags = [
-        "--leader-elect",
-        "--lease-duration",
-        "2s",
-        "--resync-interval",
-        "1s",
-        "--lease-namespace",
-        "config-snapshot",
-        "--watch-min-interval",
-        "4s",
-    ];
-    let mut replicas: Vec<ServeProcess> = (0..2)
-        .map(|_| {
-            let mut p = ServeProcess::start(&kubeconfig, &flags);
-            p.wait_ready();
-            p
-        })
-        .collect();
-    wait_for("one leader", Duration::from_secs(20), || {
-        replicas.iter().map(|r| r.metric(LEADER)).sum::<f64>() == 1.0
-    });
-    let leader = if replicas[0].metric(LEADER) == 1.0 { 0 } else { 1 };
+    let flags: Vec<&str> = ELECTION.into_iter().chain(["--watch-min-interval", "4s"]).collect();
+    let mut replicas: Vec<ServeProcess> = (0..2).map(|_| started(&kubeconfig, &flags)).collect();
+    let leader = one_leader(&replicas);
     let survivor = 1 - leader;
     let mut hooks: Vec<Webhook> = replicas.iter().map(Webhook::to).collect();
-
-    let mut live = api.put(source(0));
-    let (_, web) = hooks[survivor]
-        .admit(NS, "create", "CREATE", &deployment(), None, false)
-        .await
-        .unwrap();
-    api.put(web);
+    let mut live = open_shop(&api, &mut hooks[survivor]).await;
 
     // The storm, admitted in turn; the leader admits the last edit.
     const EDITS: usize = 40;

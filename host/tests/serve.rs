@@ -340,12 +340,7 @@ async fn serve_admits_snapshots_adopts_and_rolls_out_over_https() {
 
     // `kubectl describe` tells the story: an Event on the Deployment names
     // the source that changed and the snapshot it rolled out.
-    let rolled = eventually("the rollout Event", &serve, || {
-        api.list("Event")
-            .into_iter()
-            .find(|e| e["reason"] == "ConfigRolledOut" && e["regarding"]["name"] == "web")
-    })
-    .await;
+    let rolled = eventually("the rollout Event", &serve, || event_on(&api, "ConfigRolledOut", "web")).await;
     assert_eq!(rolled["regarding"]["kind"], "Deployment");
     assert_eq!(rolled["type"], "Normal");
     assert_eq!(rolled["reportingController"], "config-snapshot.io/serve");
@@ -460,12 +455,7 @@ async fn the_resync_renews_a_workload_whose_renewal_is_due() {
         "renewed again"
     );
     assert!(serve.logs().contains("renew: Deployment/edge renewed its snapshots"));
-    let renewed_event = eventually("the renewal Event", &serve, || {
-        api.list("Event")
-            .into_iter()
-            .find(|e| e["reason"] == "ConfigRenewed" && e["regarding"]["name"] == "edge")
-    })
-    .await;
+    let renewed_event = eventually("the renewal Event", &serve, || event_on(&api, "ConfigRenewed", "edge")).await;
     assert_eq!(renewed_event["action"], "Renew");
 }
 
@@ -518,6 +508,26 @@ async fn a_forbidden_secret_snapshot_is_refused_clearly_and_leaks_nothing() {
     assert_canary_absent(&[&logs, &metrics, &serve.hook.responses.join("\n")]);
 }
 
+/// The Event with `reason` on the workload `name`, once it is there.
+fn event_on(api: &ApiServer, reason: &str, name: &str) -> Option<Value> {
+    api.list("Event")
+        .into_iter()
+        .find(|e| e["reason"] == reason && e["regarding"]["name"] == name)
+}
+
+/// serve with `extra` flags, app-config at `blue` and the canary Secret,
+/// and `web` admitted and persisted. Returns web and its blue snapshot.
+async fn web_on_blue(api: &ApiServer, extra: &[&str]) -> (Serve, Value, String) {
+    api.put(config_map("blue"));
+    api.put(canary_secret());
+    let mut serve = Serve::start(api, extra);
+    serve.wait_ready().await;
+    let (_, web) = serve.admit("create-web", "CREATE", &deployment(), None, false).await;
+    let web = api.put(web);
+    let blue = env_ref(&web, "MODE", "configMapKeyRef").to_string();
+    (serve, web, blue)
+}
+
 /// The ReplicaSet the Deployment controller makes for `web`'s current
 /// template, as revision `revision`.
 fn replica_set(web: &Value, revision: u32) -> Value {
@@ -558,13 +568,7 @@ async fn edit_config(serve: &mut Serve, api: &ApiServer, mode: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollback_drops_the_rollout_the_storm_guard_held_and_says_so() {
     let api = ApiServer::start().await;
-    api.put(config_map("blue"));
-    api.put(canary_secret());
-    let mut serve = Serve::start(&api, &["--watch-min-interval", "5s", "--resync-interval", "1s"]);
-    serve.wait_ready().await;
-    let (_, web) = serve.admit("create-web", "CREATE", &deployment(), None, false).await;
-    let web = api.put(web);
-    let blue = env_ref(&web, "MODE", "configMapKeyRef").to_string();
+    let (mut serve, web, blue) = web_on_blue(&api, &["--watch-min-interval", "5s", "--resync-interval", "1s"]).await;
     let (_, rs1) = serve
         .admit("create-rs-1", "CREATE", &replica_set(&web, 1), None, false)
         .await;
@@ -602,9 +606,7 @@ async fn a_rollback_drops_the_rollout_the_storm_guard_held_and_says_so() {
     api.put(undone);
 
     let dropped = eventually("the RolloutDropped Event", &serve, || {
-        api.list("Event")
-            .into_iter()
-            .find(|e| e["reason"] == "RolloutDropped" && e["regarding"]["name"] == "web")
+        event_on(&api, "RolloutDropped", "web")
     })
     .await;
     assert_eq!(dropped["type"], "Normal");
@@ -633,20 +635,12 @@ async fn a_rollback_drops_the_rollout_the_storm_guard_held_and_says_so() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_effect_given_up_is_a_warning_event_and_leaves_no_snapshot() {
     let api = ApiServer::start().await;
-    api.put(config_map("blue"));
-    api.put(canary_secret());
-    let mut serve = Serve::start(&api, &["--effect-wait", "2s"]);
-    serve.wait_ready().await;
-    let (_, web) = serve.admit("create-web", "CREATE", &deployment(), None, false).await;
-    let web = api.put(web);
-    let blue = env_ref(&web, "MODE", "configMapKeyRef").to_string();
+    let (mut serve, _, blue) = web_on_blue(&api, &["--effect-wait", "2s"]).await;
     api.forbid(axum::http::Method::PATCH, "Deployment");
 
     let green = edit_config(&mut serve, &api, "green").await;
     let failed = eventually("the EffectFailed Event", &serve, || {
-        api.list("Event")
-            .into_iter()
-            .find(|e| e["reason"] == "EffectFailed" && e["regarding"]["name"] == "web")
+        event_on(&api, "EffectFailed", "web")
     })
     .await;
     assert_eq!(failed["type"], "Warning");
