@@ -574,6 +574,15 @@ mod invariant_tests {
         ) -> crate::backend::Result<()> {
             self.cluster.list(kind, ns, selector, visit)
         }
+        fn list_referencing(
+            &self,
+            kind: &str,
+            ns: &str,
+            source: &SourceId,
+            visit: &mut dyn FnMut(&Value),
+        ) -> crate::backend::Result<()> {
+            self.cluster.list_referencing(kind, ns, source, visit)
+        }
         fn create(&self, object: Value) -> crate::backend::Result<()> {
             let what = format!("create {}", object["metadata"]["name"]);
             self.landed(self.cluster.create(object), what)
@@ -623,6 +632,37 @@ mod invariant_tests {
         assert!(
             backend.deferred.lock().unwrap().is_empty(),
             "{why}: an effect was queued"
+        );
+    }
+
+    /// `list_referencing` answers, even in a dry run, only the workloads
+    /// whose template references the source, pruned to the masks; it
+    /// refuses kinds that are not workloads or sources.
+    #[test]
+    fn list_referencing_answers_the_referrers_only() {
+        let (backend, cap) = capability(true);
+        for (name, source) in [("web", "app"), ("api", "other")] {
+            backend.put(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": name, "namespace": "team-a", "labels": {"team": "a"}},
+                "spec": {"template": {"spec": {"containers": [{"name": "c",
+                    "envFrom": [{"configMapRef": {"name": source}}]}]}}}}));
+        }
+        let ask = |kind: &str, source_kind: &str| {
+            write(
+                &cap,
+                "list_referencing",
+                json!({"kind": kind, "namespace": "team-a", "source_kind": source_kind,
+                       "source_name": "app", "field_masks": ["metadata.name"]}),
+            )
+        };
+        let answer: Value = serde_json::from_slice(&ask("Deployment", "ConfigMap").unwrap()).unwrap();
+        assert_eq!(answer["items"], json!([{"metadata": {"name": "web"}}]));
+        let refused = ask("ReplicaSet", "ConfigMap").unwrap_err();
+        assert!(refused.starts_with("refused: list_referencing lists"), "{refused}");
+        let refused = ask("Deployment", "Pod").unwrap_err();
+        assert!(
+            refused.starts_with("refused: a source is a ConfigMap or a Secret"),
+            "{refused}"
         );
     }
 
