@@ -92,6 +92,7 @@ async fn every_scenario_admission_answers_the_same_through_the_kube_backend() {
                 state.cluster.cache.observe(o.clone());
             }
             state.cluster.fix_clock(rec.now);
+            api.fix_clock(rec.now);
             let raw = RawValue::from_string(rec.request.to_string()).unwrap();
             let answer = {
                 let state = state.clone();

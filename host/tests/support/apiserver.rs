@@ -45,6 +45,8 @@ struct Store {
     get_delay: std::time::Duration,
     gets_in_flight: usize,
     peak_gets_in_flight: usize,
+    /// The clock creations are stamped with (`fix_clock`); 0 is the wall clock.
+    clock: i64,
 }
 
 pub struct ApiServer {
@@ -224,6 +226,12 @@ impl ApiServer {
     /// a network, slow enough for overlapping reads to show.
     pub fn slow_gets(&self, delay: std::time::Duration) {
         self.inner.store.lock().unwrap().get_delay = delay;
+    }
+
+    /// Stamps creations with `unix` from now on, as a server whose clock
+    /// reads that would.
+    pub fn fix_clock(&self, unix: i64) {
+        self.inner.store.lock().unwrap().clock = unix;
     }
 
     /// The most GETs of one object that were in flight at the same time.
@@ -433,6 +441,12 @@ async fn handle(State(inner): State<Arc<Inner>>, request: Request) -> Response {
                 return status(409, "AlreadyExists", format!("{} {name:?} already exists", path.plural));
             }
             let mut object = body;
+            // The registry stamps a creation itself, whatever the client sent.
+            let clock = match inner.store.lock().unwrap().clock {
+                0 => config_snapshot_policy::duration::unix_now(),
+                fixed => fixed,
+            };
+            object["metadata"]["creationTimestamp"] = json!(config_snapshot_policy::duration::format_rfc3339(clock));
             object["metadata"]["namespace"] = json!(ns);
             object["apiVersion"] = json!(api_version);
             object["kind"] = json!(kind);
