@@ -75,6 +75,27 @@ pub fn is_orphan(snapshot: &Value, now: i64, grace: u64) -> bool {
         && last_used(snapshot).is_some_and(|t| now - t >= grace as i64)
 }
 
+/// How much of the grace period a reused snapshot must have left for its
+/// reuse to skip marking it used: longer than an admitted request can take
+/// to be stored (the API server's request timeout, 60 s by default), plus
+/// clock skew between replicas and the lag of the caches a sweep lists
+/// references from.
+pub const REUSE_MARGIN_SECS: u64 = 300;
+
+/// Whether an admission that reuses this unowned snapshot must mark it used
+/// (docs/design.md, "Garbage collection", Reuse). It need not when, in a
+/// read as fresh as the request, the snapshot has more than
+/// [`REUSE_MARGIN_SECS`] of its grace left: no sweep may judge it unused
+/// before that margin has passed, and by then the request that reuses it
+/// is stored, so the sweep sees the reference. Skipping saves one write per
+/// source on the re-applies that make up most opted-in admissions.
+pub fn must_mark_reuse(snapshot: &Value, now: i64, grace: u64) -> bool {
+    let Some(left) = grace.checked_sub(REUSE_MARGIN_SECS) else {
+        return true;
+    };
+    last_used(snapshot).is_none_or(|t| now - t >= left as i64)
+}
+
 /// Deletes the unowned, unreferenced snapshots of `source` unused for the
 /// grace period, except `keep`. Best effort: a failure leaves the orphan
 /// for the next sweep, never fails the admission.
@@ -145,6 +166,7 @@ fn referenced_names(ctx: &Context, kind: SourceKind) -> Option<BTreeSet<String>>
 mod tests {
     use serde_json::{json, Value};
 
+    use super::{must_mark_reuse, REUSE_MARGIN_SECS};
     use crate::content::{snapshot_object, Content};
     use crate::duration::format_rfc3339;
     use crate::fake::FakeHost;
@@ -252,5 +274,28 @@ mod tests {
         host.now = NOW;
         sweep(&host, "x");
         assert!(host.ops("delete_snapshot").is_empty());
+    }
+
+    #[test]
+    fn a_reuse_marks_the_snapshot_unless_the_sweep_is_a_margin_away() {
+        let grace = 600;
+        let fresh = snap("fresh", 0, false);
+        assert!(!must_mark_reuse(&fresh, NOW, grace), "made just now");
+        let edge = grace - REUSE_MARGIN_SECS;
+        assert!(!must_mark_reuse(&snap("young", edge as i64 - 1, false), NOW, grace));
+        assert!(
+            must_mark_reuse(&snap("margin", edge as i64, false), NOW, grace),
+            "within the margin of a sweep"
+        );
+        assert!(must_mark_reuse(&snap("old", 3600, false), NOW, grace));
+        let mut reused = snap("reused", 3600, false);
+        reused["metadata"]["annotations"][crate::keys::LAST_USED_AT] = json!(format_rfc3339(NOW - 10));
+        assert!(!must_mark_reuse(&reused, NOW, grace), "its last reuse counts");
+        // A grace period no longer than the margin leaves no room: always mark.
+        assert!(must_mark_reuse(&fresh, NOW, REUSE_MARGIN_SECS));
+        assert!(must_mark_reuse(&fresh, NOW, 0));
+        let mut undated = fresh.clone();
+        undated["metadata"].as_object_mut().unwrap().remove("creationTimestamp");
+        assert!(must_mark_reuse(&undated, NOW, grace), "no date, no proof");
     }
 }

@@ -44,6 +44,7 @@ fn capability(store: &Arc<Shared>) -> Capability {
             namespace: "default".into(),
             dry_run: false,
         },
+        orphan_grace_secs: 600,
     }
 }
 

@@ -96,6 +96,14 @@ pub trait Backend: Send + Sync {
     fn get_fresh(&self, kind: &str, namespace: &str, name: &str) -> Result<Option<Value>> {
         self.get(kind, namespace, name)
     }
+    /// A read as fresh as the request that is already at hand, costing no
+    /// round trip: a store that is never stale, or what serve read ahead for
+    /// this request. `None` when only a cached read is: the caller must not
+    /// decide on it what needs a fresh one (a reuse that skips marking the
+    /// snapshot used, docs/design.md "Garbage collection").
+    fn get_at_hand(&self, _kind: &str, _namespace: &str, _name: &str) -> Option<Result<Option<Value>>> {
+        None
+    }
     /// Calls `visit` with each matching object, by reference: listing is the
     /// hot path of watch and sweep, so nothing is copied on the way out.
     fn list(&self, kind: &str, namespace: &str, selector: &Selector, visit: &mut dyn FnMut(&Value)) -> Result<()>;

@@ -13,6 +13,7 @@ use config_snapshot_policy::duration::format_rfc3339;
 use config_snapshot_policy::keys;
 use config_snapshot_policy::kind::SourceKind;
 use config_snapshot_policy::operation::{Operation, CONFIG_SNAPSHOT, KUBEWARDEN};
+use config_snapshot_policy::sweep::must_mark_reuse;
 use config_snapshot_policy::workload::escape;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -53,6 +54,9 @@ enum Reply {
 pub struct Capability {
     pub backend: Arc<dyn Backend>,
     pub caller: Caller,
+    /// The policy's `orphanGracePeriod`: how long the sweep leaves an unused
+    /// snapshot, which decides when a reuse must mark it used.
+    pub orphan_grace_secs: u64,
 }
 
 impl CallHandler for Capability {
@@ -251,8 +255,12 @@ impl Capability {
         }
         let owner = self.owner(&request)?;
         let ns = self.caller.namespace.clone();
-        let existing = self.backend.get(kind.kind(), &ns, &name).map_err(|e| e.to_string())?;
-        let mut existing = match existing {
+        // Whether `existing` is as fresh as the request (see below).
+        let (existing, mut fresh) = match self.backend.get_at_hand(kind.kind(), &ns, &name) {
+            Some(read) => (read, true),
+            None => (self.backend.get(kind.kind(), &ns, &name), false),
+        };
+        let mut existing = match existing.map_err(|e| e.to_string())? {
             Some(found) => Some(found),
             None => match self.backend.create(object.clone()) {
                 Ok(()) => {
@@ -262,17 +270,31 @@ impl Capability {
                 // Another replica (or a concurrent admission) created it
                 // first: content addressing makes that the same snapshot,
                 // if it is ours.
-                Err(BackendError::AlreadyExists(_)) => self
-                    .backend
-                    .get_fresh(kind.kind(), &ns, &name)
-                    .map_err(|e| e.to_string())?,
+                Err(BackendError::AlreadyExists(_)) => {
+                    fresh = true;
+                    self.backend
+                        .get_fresh(kind.kind(), &ns, &name)
+                        .map_err(|e| e.to_string())?
+                }
                 Err(e) => return Err(e.to_string()),
             },
         };
+        // Whether an unowned snapshot must be marked is decided on a read as
+        // fresh as the request: a cache could show one since deleted (which
+        // only the write would catch), or one since marked. Read ahead in
+        // serve, this read costs no round trip of its own.
+        if !fresh && existing.as_ref().is_some_and(|found| !owned(found)) {
+            existing = self
+                .backend
+                .get_fresh(kind.kind(), &ns, &name)
+                .map_err(|e| e.to_string())?;
+        }
         // A reused snapshot must outlive this admission's reference to it:
         // - unowned, it is marked used, so a sweep that judged it unused a
         //   moment ago cannot delete it (its delete carries the version it
-        //   judged, which this write changes);
+        //   judged, which this write changes). Unless it was used recently
+        //   enough that no sweep may judge it before this request is stored
+        //   (`sweep::must_mark_reuse`);
         // - owned by revisions (maybe of another workload), the workload
         //   becomes an owner too (a bridge), so the garbage collector cannot
         //   take it when those revisions go before the workload's own
@@ -308,6 +330,9 @@ impl Capability {
                     Some(ops) => ops,
                     None => return Ok(json!({"created": false})),
                 },
+                (_, false) if !must_mark_reuse(&found, self.backend.now(), self.orphan_grace_secs) => {
+                    return Ok(json!({"created": false}));
+                }
                 (_, false) => {
                     let path = format!("/metadata/annotations/{}", escape(keys::LAST_USED_AT));
                     let now = format_rfc3339(self.backend.now());
@@ -540,6 +565,12 @@ mod invariant_tests {
         /// Plays a cache that has not seen another replica's write yet:
         /// `get` misses, `get_fresh` and `create` see the truth.
         stale_cache: bool,
+        /// Plays serve's read ahead (or replay's store): every snapshot
+        /// read is as fresh as the request and at hand.
+        fresh_at_hand: bool,
+        /// A version `get` keeps answering for its name, as a cache that
+        /// missed the object's deletion would.
+        pinned: Mutex<Option<Value>>,
     }
 
     impl Recorder {
@@ -560,10 +591,22 @@ mod invariant_tests {
             if self.stale_cache {
                 return Ok(None);
             }
+            if let Some(pinned) = self
+                .pinned
+                .lock()
+                .unwrap()
+                .as_ref()
+                .filter(|p| p["metadata"]["name"] == name)
+            {
+                return Ok(Some(pinned.clone()));
+            }
             self.cluster.get(kind, ns, name)
         }
         fn get_fresh(&self, kind: &str, ns: &str, name: &str) -> crate::backend::Result<Option<Value>> {
             self.cluster.get(kind, ns, name)
+        }
+        fn get_at_hand(&self, kind: &str, ns: &str, name: &str) -> Option<crate::backend::Result<Option<Value>>> {
+            self.fresh_at_hand.then(|| self.cluster.get(kind, ns, name))
         }
         fn list(
             &self,
@@ -597,7 +640,7 @@ mod invariant_tests {
             self.deferred.lock().unwrap().push(effect);
         }
         fn now(&self) -> i64 {
-            0
+            self.cluster.now()
         }
     }
 
@@ -605,15 +648,19 @@ mod invariant_tests {
         let backend = Arc::new(Recorder::default());
         backend.put(json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "plain", "namespace": "team-a", "uid": "u1"}, "data": {"a": "1"}}));
-        let cap = Capability {
-            backend: backend.clone(),
+        (backend.clone(), capability_on(backend, dry_run))
+    }
+
+    fn capability_on(backend: Arc<Recorder>, dry_run: bool) -> Capability {
+        Capability {
+            backend,
             caller: Caller {
                 uid: "r".into(),
                 namespace: "team-a".into(),
                 dry_run,
             },
-        };
-        (backend, cap)
+            orphan_grace_secs: 600,
+        }
     }
 
     fn good_snapshot(ns: &str) -> Value {
@@ -679,14 +726,97 @@ mod invariant_tests {
             serde_json::from_slice::<Value>(&again).unwrap(),
             json!({"created": false})
         );
-        // Created once; the reuse of an unowned snapshot is marked, so a
-        // sweep that judged it unused cannot take it.
+        // Created once; reused a moment later, with no sweep near, it needs
+        // no mark (see the next test).
         let writes = backend.writes.lock().unwrap().clone();
-        assert_eq!(writes.len(), 2, "{writes:?}");
-        assert!(
-            writes[0].starts_with("create") && writes[1].starts_with("annotate"),
-            "{writes:?}"
+        assert_eq!(writes.len(), 1, "{writes:?}");
+        assert!(writes[0].starts_with("create"), "{writes:?}");
+    }
+
+    /// docs/design.md, "Garbage collection", Reuse: the write that marks a
+    /// reused snapshot is skipped only when a read as fresh as the request
+    /// leaves the sweep more than the margin away.
+    #[test]
+    fn a_reuse_is_marked_unless_a_fresh_read_shows_the_sweep_a_margin_away() {
+        const T0: i64 = 1_800_000_000;
+        let reuse = |cap: &Capability| {
+            let answer = write(cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap();
+            assert_eq!(
+                serde_json::from_slice::<Value>(&answer).unwrap(),
+                json!({"created": false})
+            );
+        };
+        let written = |backend: &Recorder| backend.writes.lock().unwrap().clone();
+
+        let fresh = Arc::new(Recorder {
+            fresh_at_hand: true,
+            ..Recorder::default()
+        });
+        fresh.cluster.store().now = T0;
+        let cap = capability_on(fresh.clone(), false);
+        write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap();
+        fresh.cluster.store().now = T0 + 60;
+        reuse(&cap);
+        assert_eq!(
+            written(&fresh).len(),
+            1,
+            "made a minute ago: nothing to write {:?}",
+            written(&fresh)
         );
+        let margin = config_snapshot_policy::sweep::REUSE_MARGIN_SECS as i64;
+        fresh.cluster.store().now = T0 + 600 - margin;
+        reuse(&cap);
+        assert_eq!(written(&fresh).len(), 2, "a sweep is within the margin: marked");
+        assert!(written(&fresh)[1].starts_with("annotate"));
+        let marked = fresh
+            .cluster
+            .get("ConfigMap", "team-a", &name_of(&good_snapshot("team-a")))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            marked["metadata"]["annotations"][keys::LAST_USED_AT],
+            format_rfc3339(T0 + 600 - margin)
+        );
+        fresh.cluster.store().now += 1;
+        reuse(&cap);
+        assert_eq!(written(&fresh).len(), 2, "the mark counts as a use");
+
+        // On a cached read the decision waits for a fresh one: a snapshot
+        // the cache still shows after its deletion is made again, not named
+        // dangling.
+        let cached = Arc::new(Recorder::default());
+        cached.cluster.store().now = T0;
+        let cap = capability_on(cached.clone(), false);
+        write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap();
+        cached.cluster.store().now = T0 + 60;
+        reuse(&cap);
+        assert_eq!(written(&cached).len(), 1, "{:?}", written(&cached));
+        let gone = good_snapshot("team-a");
+        let stale = cached
+            .cluster
+            .get("ConfigMap", "team-a", &name_of(&gone))
+            .unwrap()
+            .unwrap();
+        let uid = stale["metadata"]["uid"].as_str().unwrap().to_string();
+        cached
+            .cluster
+            .delete("ConfigMap", "team-a", &name_of(&gone), &uid, None)
+            .unwrap();
+        *cached.pinned.lock().unwrap() = Some(stale);
+        let answer = write(&cap, "create_snapshot", json!({"object": gone.clone()})).unwrap();
+        assert_eq!(
+            serde_json::from_slice::<Value>(&answer).unwrap(),
+            json!({"created": true})
+        );
+        assert!(cached
+            .cluster
+            .get("ConfigMap", "team-a", &name_of(&gone))
+            .unwrap()
+            .is_some());
+    }
+
+    fn name_of(object: &Value) -> String {
+        object["metadata"]["name"].as_str().unwrap().to_string()
     }
 
     #[test]
@@ -696,14 +826,7 @@ mod invariant_tests {
             ..Recorder::default()
         });
         backend.put(good_snapshot("team-a"));
-        let cap = Capability {
-            backend: backend.clone(),
-            caller: Caller {
-                uid: "r".into(),
-                namespace: "team-a".into(),
-                dry_run: false,
-            },
-        };
+        let cap = capability_on(backend.clone(), false);
         let answer = write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap();
         assert_eq!(
             serde_json::from_slice::<Value>(&answer).unwrap(),

@@ -32,6 +32,7 @@ pub fn cluster_host(sim: &Simulator, request: &Value) -> Arc<dyn CallHandler> {
             dry_run: true,
             ..Caller::of(request)
         },
+        orphan_grace_secs: sim.effect_rules.settings.orphan_grace_period_secs,
     })
 }
 

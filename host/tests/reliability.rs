@@ -13,6 +13,7 @@ use config_snapshot::memory::{Shared, Simulator};
 use config_snapshot::replay;
 use config_snapshot_policy::content::Content;
 use config_snapshot_policy::kind::SourceKind;
+use config_snapshot_policy::settings::Settings;
 use config_snapshot_policy::{keys, references, template};
 use serde_json::{json, Value};
 
@@ -217,6 +218,7 @@ fn bad_input_gets_a_clear_answer_within_the_deadline() {
                 namespace: "default".into(),
                 dry_run: false,
             },
+            orphan_grace_secs: Settings::default().orphan_grace_period_secs,
         })
     };
     let opted = json!({"config-snapshot.io/snapshot": "*"});
@@ -290,6 +292,7 @@ fn the_deadline_stops_a_runaway_guest() {
                     namespace: "default".into(),
                     dry_run: false,
                 },
+                orphan_grace_secs: Settings::default().orphan_grace_period_secs,
             }),
         )
         .unwrap_err();
@@ -375,6 +378,7 @@ fn racing_admissions_of_the_same_deployment_make_one_snapshot() {
                         namespace: "default".into(),
                         dry_run: false,
                     },
+                    orphan_grace_secs: Settings::default().orphan_grace_period_secs,
                 });
                 let mut request = admission("Deployment", "apps", d);
                 request["uid"] = json!(format!("r{t}"));
@@ -630,6 +634,7 @@ fn a_hostile_wasm_guest_cannot_break_the_host_invariants() {
                 namespace: "team-a".into(),
                 dry_run,
             },
+            orphan_grace_secs: Settings::default().orphan_grace_period_secs,
         });
         engine.call("validate", b"{}", cap).unwrap();
         let objects: Vec<Value> = shared.store.lock().unwrap().all().cloned().collect();

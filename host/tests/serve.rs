@@ -717,6 +717,30 @@ async fn an_opted_in_admission_reads_its_sources_together_and_fresh() {
         api.peak_gets_in_flight()
     );
 
+    // A second Deployment of the same sources reuses the snapshots just
+    // made. Each is read ahead with its source, as fresh, and none is
+    // written: no sweep can judge one unused before this request is stored
+    // (docs/design.md, "Garbage collection").
+    let seen = api.log().len();
+    let (response, blue) = serve
+        .admit("create-blue", "CREATE", &workload("blue"), None, false)
+        .await;
+    assert_eq!(response["allowed"], true, "{response}");
+    assert_eq!(
+        blue["spec"]["template"]["spec"], web["spec"]["template"]["spec"],
+        "the same snapshots"
+    );
+    let during = api.log()[seen..].to_vec();
+    let reads = during
+        .iter()
+        .filter(|l| l.starts_with(&format!("GET /api/v1/namespaces/{NS}/configmaps/")))
+        .count();
+    assert_eq!(reads, 2 * N, "each source and its snapshot, once: {during:?}");
+    assert!(
+        during.iter().all(|l| l.starts_with("GET")),
+        "reusing the snapshots wrote: {during:?}"
+    );
+
     // The next request reads again: nothing is kept between requests.
     api.put(source(3, "newer"));
     let (_, api_web) = serve.admit("create-api", "CREATE", &workload("api"), None, false).await;

@@ -117,6 +117,11 @@ impl Backend for Shared {
         Ok(self.store().get(kind, namespace, name).cloned())
     }
 
+    /// The store is the cluster: every read is as fresh as the request.
+    fn get_at_hand(&self, kind: &str, namespace: &str, name: &str) -> Option<backend::Result<Option<Value>>> {
+        Some(self.get(kind, namespace, name))
+    }
+
     fn list(
         &self,
         kind: &str,
@@ -382,6 +387,7 @@ impl Simulator {
         let handler = Arc::new(Capability {
             backend: self.shared.clone(),
             caller,
+            orphan_grace_secs: self.effect_rules.settings.orphan_grace_period_secs,
         });
         let before = self.recorder.as_ref().map(|_| (self.objects(), self.now()));
         let faulted = self.shared.faults_armed();

@@ -115,6 +115,7 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
                 namespace: head.namespace.clone().unwrap_or_default(),
                 dry_run: head.dry_run.unwrap_or(false),
             },
+            orphan_grace_secs: state.settings.orphan_grace_period_secs,
         },
         metrics: state.metrics.clone(),
     });

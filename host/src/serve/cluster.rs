@@ -246,7 +246,7 @@ pub struct RequestScope {
     /// The request's namespace, and the sources read ahead in it
     /// (`prefetch`): each answers one fresh read.
     namespace: String,
-    prefetched: Mutex<super::prefetch::Fetched>,
+    prefetched: Arc<Mutex<super::prefetch::Fetched>>,
 }
 
 impl RequestScope {
@@ -255,30 +255,43 @@ impl RequestScope {
             cluster,
             staged: Mutex::new(Vec::new()),
             namespace: namespace.to_string(),
-            prefetched: Mutex::default(),
+            prefetched: Arc::default(),
         }
     }
 
-    /// Reads `wanted` sources of the request's namespace at once, for the
-    /// policy's fresh reads to take. Blocking, like every backend call.
+    /// Starts reading `wanted` sources of the request's namespace, and then
+    /// their snapshots, all at once and beside the policy: a read the
+    /// policy takes waits for its own GET only.
     pub fn prefetch(&self, wanted: Vec<super::prefetch::Wanted>) {
-        if wanted.is_empty() {
-            return;
+        let mut pending = self.prefetched.lock().unwrap_or_else(|e| e.into_inner());
+        for w in wanted {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            pending.insert((w.kind, w.name.clone()), rx);
+            self.cluster.runtime.spawn(super::prefetch::read_ahead(
+                self.cluster.clone(),
+                self.namespace.clone(),
+                w,
+                tx,
+                self.prefetched.clone(),
+            ));
         }
-        let fetched = self
-            .cluster
-            .runtime
-            .block_on(super::prefetch::fetch(&self.cluster, &self.namespace, wanted));
-        *self.prefetched.lock().unwrap_or_else(|e| e.into_inner()) = fetched;
     }
 
-    /// A read made ahead for this very object, if one is left.
+    /// A read made ahead for this very object, if one is left: waits for it
+    /// to end.
     fn take_prefetched(&self, kind: &str, namespace: &str, name: &str) -> Option<backend::Result<Option<Value>>> {
         let kind = SourceKind::from_kind(kind).filter(|_| namespace == self.namespace)?;
-        self.prefetched
+        let pending = self
+            .prefetched
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&(kind, name.to_string()))
+            .remove(&(kind, name.to_string()))?;
+        Some(
+            self.cluster
+                .runtime
+                .block_on(pending)
+                .unwrap_or_else(|_| Err(BackendError::Timeout(format!("the read ahead of {name} was lost")))),
+        )
     }
 
     /// Hands the staged effects to the queue (the request was allowed).
@@ -298,6 +311,9 @@ impl Backend for RequestScope {
             Some(read) => read,
             None => self.cluster.get_fresh(kind, namespace, name),
         }
+    }
+    fn get_at_hand(&self, kind: &str, namespace: &str, name: &str) -> Option<backend::Result<Option<Value>>> {
+        self.take_prefetched(kind, namespace, name)
     }
     fn list(
         &self,

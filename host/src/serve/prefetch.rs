@@ -1,27 +1,40 @@
 //! The fresh source reads an opted-in workload admission is about to make,
-//! started together before the policy runs.
+//! started together as the request arrives and run beside the policy.
 //!
 //! The policy reads each source it snapshots fresh (`disable_cache`), one
 //! host call after another: wasm is single-threaded. With eight sources
 //! that is eight API round trips in a row. serve knows the request before
-//! the policy does, so it reads those sources at once and answers the
-//! policy's reads from what came back (docs/serve.md, "How a request is
-//! answered").
+//! the policy does, so it starts those reads at once, and each of the
+//! policy's reads waits for its own (docs/serve.md, "How a request is
+//! answered"). Nothing waits for a read the policy does not take: a
+//! re-applied manifest keeps the snapshots it names, reads no source, and
+//! its answer leaves without the reads ahead. They cost the API server a
+//! GET each.
 //!
-//! Freshness is unchanged: every prefetched read starts after the request
+//! Freshness is unchanged: every read ahead starts after the request
 //! arrived, as the policy's own read would, and each answers one read only
-//! (a second read of the same object goes to the API server). A prefetch the
-//! policy does not use costs one GET and nothing else; a read the prefetch
-//! did not foresee goes to the API server as before.
+//! (a second read of the same object goes to the API server). A read the
+//! prefetch did not foresee goes to the API server as before.
 //!
 //! Which sources: those of the request's template that the workload opts in
-//! and that the template names by their own name (not a snapshot). That is
-//! every source of a CREATE and of a re-applied manifest, where the policy
-//! takes snapshots. A template that already names snapshots (a scale, a
-//! label edit) usually needs no read at all, so nothing is fetched for it.
+//! and that the template names by their own name (not a snapshot): every
+//! source of a CREATE, a roll forward, or a re-applied manifest. A template
+//! that already names snapshots (a scale, a label edit) usually needs no
+//! read at all, so nothing is fetched for it.
+//!
+//! With each source comes the snapshot the policy will make of it: its name
+//! follows from the source's content and the keys the template reads, so
+//! once the source is in, the snapshot is read too. When that snapshot
+//! exists unowned (a second workload of the same sources, a re-created
+//! one), this fresh read lets the host reuse it without a write
+//! (`sweep::must_mark_reuse`): the reads of every source and snapshot run
+//! at once, where the writes would run one after another.
 
-use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 
+use config_snapshot_policy::content::{snapshot_name, Content};
 use config_snapshot_policy::keys;
 use config_snapshot_policy::kind::SourceKind;
 use config_snapshot_policy::optin::OptIn;
@@ -30,16 +43,27 @@ use config_snapshot_policy::template;
 use config_snapshot_policy::workload::WorkloadKind;
 use serde_json::value::RawValue;
 use serde_json::Value;
+use tokio::sync::oneshot;
 
 use super::admission::ObjectOnly;
 use super::cluster::KubeCluster;
 use crate::backend;
 
-/// A source to read: its kind and name, in the request's namespace.
-pub type Wanted = (SourceKind, String);
+/// A source to read, in the request's namespace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Wanted {
+    pub kind: SourceKind,
+    pub name: String,
+    /// The keys the template reads (`None`: all), which the snapshot's
+    /// content, and so its name, is made of.
+    pub keys: Option<BTreeSet<String>>,
+}
 
-/// What the prefetch read, by (kind, name), each taken at most once.
-pub type Fetched = HashMap<Wanted, backend::Result<Option<Value>>>;
+/// A read made ahead, still running or done.
+pub type Pending = oneshot::Receiver<backend::Result<Option<Value>>>;
+
+/// The reads made ahead, by (kind, name), each taken at most once.
+pub type Fetched = HashMap<(SourceKind, String), Pending>;
 
 /// The sources worth reading ahead for this AdmissionRequest (raw JSON),
 /// whose `kind` and `operation` the caller has already parsed. A request
@@ -64,17 +88,56 @@ pub fn wanted(kind: &str, operation: &str, request: &RawValue, settings: &Settin
     template::own_groups(&object["spec"]["template"])
         .into_iter()
         .filter(|g| optin.snapshots(&g.id, settings) && g.refs.iter().any(|r| r.name == g.id.name))
-        .map(|g| (g.id.kind, g.id.name))
+        .map(|g| Wanted {
+            keys: g.key_subset(),
+            kind: g.id.kind,
+            name: g.id.name,
+        })
         .collect()
 }
 
-/// Reads every wanted source of `namespace` at once.
-pub async fn fetch(cluster: &KubeCluster, namespace: &str, wanted: Vec<Wanted>) -> Fetched {
-    let reads = wanted.into_iter().map(|(kind, name)| async move {
-        let read = cluster.fetch(kind.kind(), namespace, &name).await;
-        ((kind, name), read)
+/// The name of the snapshot the policy makes of `source` (as read) for a
+/// template reading its `keys`; `None` for what it makes none of (an
+/// object that is itself a snapshot, content it refuses).
+pub fn snapshot_of(wanted: &Wanted, source: &Value) -> Option<String> {
+    if keys::is_snapshot(source) {
+        return None;
+    }
+    let content = Content::from_object(wanted.kind, source)
+        .ok()?
+        .subset(wanted.keys.as_ref());
+    Some(snapshot_name(&wanted.name, &content.hash()))
+}
+
+/// Reads one wanted source of `namespace`, then its snapshot, answering
+/// `source` as soon as the first read is in. The snapshot's read is
+/// registered in `pending` before that answer: the policy makes a snapshot
+/// only after reading its source, so its `create_snapshot` finds the read.
+pub async fn read_ahead(
+    cluster: Arc<KubeCluster>,
+    namespace: String,
+    wanted: Wanted,
+    source: oneshot::Sender<backend::Result<Option<Value>>>,
+    pending: Arc<Mutex<Fetched>>,
+) {
+    let read = cluster.fetch(wanted.kind.kind(), &namespace, &wanted.name).await;
+    let snapshot = match &read {
+        Ok(Some(object)) => snapshot_of(&wanted, object),
+        _ => None,
+    };
+    let snapshot = snapshot.and_then(|name| {
+        let (tx, rx) = oneshot::channel();
+        let mut pending = pending.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = pending.entry((wanted.kind, name.clone()));
+        matches!(slot, Entry::Vacant(_)).then(|| {
+            slot.or_insert(rx);
+            (name, tx)
+        })
     });
-    futures::future::join_all(reads).await.into_iter().collect()
+    let _ = source.send(read);
+    if let Some((name, tx)) = snapshot {
+        let _ = tx.send(cluster.fetch(wanted.kind.kind(), &namespace, &name).await);
+    }
 }
 
 #[cfg(test)]
@@ -113,7 +176,7 @@ mod tests {
     }
 
     fn names(wanted: &[Wanted]) -> Vec<&str> {
-        wanted.iter().map(|(_, n)| n.as_str()).collect()
+        wanted.iter().map(|w| w.name.as_str()).collect()
     }
 
     #[test]
@@ -126,6 +189,31 @@ mod tests {
             env(&[("A", "a"), ("A2", "a"), ("B", "b"), ("C", "c")]),
         );
         assert_eq!(names(&ahead(&r, &settings)), ["a", "b"]);
+    }
+
+    /// The snapshot read ahead is the one the policy makes: of the keys the
+    /// template reads, named for the source; none of a snapshot.
+    #[test]
+    fn each_source_comes_with_the_snapshot_its_keys_make() {
+        let settings = Settings::default();
+        let r = request(
+            "Deployment",
+            "CREATE",
+            json!({"config-snapshot.io/snapshot": "*"}),
+            env(&[("A", "a")]),
+        );
+        let wanted = ahead(&r, &settings);
+        assert_eq!(wanted[0].keys, Some(BTreeSet::from(["k".to_string()])));
+        let source = json!({"metadata": {"name": "a"}, "data": {"k": "1", "other": "2"}});
+        let only_k = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"k": "1"}})).unwrap();
+        assert_eq!(
+            snapshot_of(&wanted[0], &source),
+            Some(snapshot_name("a", &only_k.hash()))
+        );
+        let mut copy = source.clone();
+        copy["metadata"]["labels"] = json!({keys::MANAGED_BY: keys::MANAGED_BY_VALUE});
+        copy["metadata"]["annotations"] = json!({keys::SOURCE_NAME: "a"});
+        assert_eq!(snapshot_of(&wanted[0], &copy), None, "a snapshot has no snapshot");
     }
 
     #[test]
