@@ -12,6 +12,7 @@ mod apiserver;
 mod paths;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use config_snapshot::engine::Engine;
 use config_snapshot::serve;
@@ -25,8 +26,9 @@ fn engine() -> Arc<Engine> {
     Arc::new(Engine::from_precompiled(&precompiled, Engine::DEFAULT_TIMEOUT).unwrap())
 }
 
-fn options() -> serve::Options {
+fn options(settings: &Value) -> serve::Options {
     serve::Options {
+        settings_json: settings.to_string(),
         queue_capacity: 1 << 20,
         shutdown_grace: "1s".into(),
         ..serve::Options::defaults("unused")
@@ -63,15 +65,28 @@ fn review(object: &Value) -> Vec<u8> {
     .unwrap()
 }
 
+/// How each opted-in run is set up: the API server's latency, and whether
+/// every reuse must write its mark.
+struct Variant {
+    label: &'static str,
+    latency: Duration,
+    settings: Value,
+    /// The writes to the reused snapshots one admission makes, per reference.
+    marks: usize,
+}
+
 fn b7(c: &mut Criterion) {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let api = runtime.block_on(apiserver::ApiServer::start());
     let client =
         runtime.block_on(async { kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap() });
-    let (state, _worker) = runtime
-        .block_on(async { serve::build_with_engine(&options(), client, engine()) })
-        .unwrap();
+    let serve_with = |settings: &Value| {
+        runtime
+            .block_on(async { serve::build_with_engine(&options(settings), client.clone(), engine()) })
+            .unwrap()
+    };
+    let (state, _worker) = serve_with(&json!({}));
     let mut group = c.benchmark_group("serve");
 
     let (plain, _) = deployment(8, json!({}));
@@ -80,38 +95,92 @@ fn b7(c: &mut Criterion) {
         b.iter(|| serve::review(&state, &body).ok().unwrap())
     });
 
-    for n in [1usize, 8] {
-        let (d, sources) = deployment(n, json!({"config-snapshot.io/snapshot": "*"}));
-        for s in sources {
-            state.cluster.cache.observe(api.put(s));
+    // A grace period no longer than the reuse margin leaves no room to
+    // skip the mark: every reuse writes one (docs/design.md, "Garbage
+    // collection"), as every reuse did before the rule.
+    let marking = json!({"orphanGracePeriod": "5m"});
+    let variants = [
+        Variant {
+            label: "B7 serve admission, refs",
+            latency: Duration::ZERO,
+            settings: json!({}),
+            marks: 0,
+        },
+        Variant {
+            label: "B7 serve admission, API 1 ms, refs",
+            latency: Duration::from_millis(1),
+            settings: json!({}),
+            marks: 0,
+        },
+        Variant {
+            label: "B7 serve admission, marking, refs",
+            latency: Duration::ZERO,
+            settings: marking.clone(),
+            marks: 1,
+        },
+        Variant {
+            label: "B7 serve admission, marking, API 1 ms, refs",
+            latency: Duration::from_millis(1),
+            settings: marking,
+            marks: 1,
+        },
+    ];
+    for variant in variants {
+        let (state, _worker) = serve_with(&variant.settings);
+        api.latency(variant.latency);
+        for n in [1usize, 8] {
+            opted_in(&mut group, &state, &api, &variant, n);
         }
-        // The Deployment as the API server persists it after the first
-        // admission: each one's deferred adoption finds its owner and ends,
-        // as in a cluster, instead of piling up retries behind the bench.
-        api.put(d.clone());
-        let body = review(&d);
-        // The first admission creates the snapshots; the measured ones find them.
-        let first = serve::review(&state, &body).ok().unwrap();
-        assert!(first.mutated.is_some(), "{}", first.review);
-        // Each admission defers one adoption per snapshot, which serve runs
-        // in the background. The setup (not timed) waits for the last
-        // admission's to end, so the figure is the admission's latency, not
-        // that plus its predecessors' background work competing for the
-        // cores; the load test (docs/BENCHMARKS.md, "Load") measures the
-        // two together.
-        group.bench_with_input(BenchmarkId::new("B7 serve admission, refs", n), &body, |b, body| {
-            b.iter_batched(
-                || {
-                    while !state.queue.quiet() {
-                        std::thread::sleep(std::time::Duration::from_micros(200));
-                    }
-                },
-                |()| serve::review(&state, body).ok().unwrap(),
-                BatchSize::PerIteration,
-            )
-        });
     }
+    api.latency(Duration::ZERO);
     group.finish();
+}
+
+fn opted_in(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    state: &Arc<serve::State>,
+    api: &apiserver::ApiServer,
+    variant: &Variant,
+    n: usize,
+) {
+    let (d, sources) = deployment(n, json!({"config-snapshot.io/snapshot": "*"}));
+    for s in sources {
+        state.cluster.cache.observe(api.put(s));
+    }
+    // The Deployment as the API server persists it after the first
+    // admission: each one's deferred adoption finds its owner and ends,
+    // as in a cluster, instead of piling up retries behind the bench.
+    api.put(d.clone());
+    let body = review(&d);
+    // The first admission creates the snapshots (or, in a later variant,
+    // finds them); the measured ones find them.
+    let first = serve::review(state, &body).ok().unwrap();
+    assert!(first.mutated.is_some(), "{}", first.review);
+    // Measure what the label says: the reuses write their marks or none.
+    let seen = api.log().len();
+    serve::review(state, &body).ok().unwrap();
+    let marks = api.log()[seen..]
+        .iter()
+        .filter(|l| l.starts_with("PATCH /api/v1/namespaces/default/configmaps/"))
+        .count();
+    assert_eq!(marks, variant.marks * n, "{}: {:?}", variant.label, &api.log()[seen..]);
+    // Each admission defers one adoption per snapshot, which serve runs
+    // in the background. The setup (not timed) waits for the last
+    // admission's to end, so the figure is the admission's latency, not
+    // that plus its predecessors' background work competing for the
+    // cores; the load test (docs/BENCHMARKS.md, "Load") measures the
+    // two together.
+    group.bench_with_input(BenchmarkId::new(variant.label, n), &body, |b, body| {
+        b.iter_batched(
+            || {
+                while !state.queue.quiet() {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            },
+            |()| serve::review(state, body).ok().unwrap(),
+            BatchSize::PerIteration,
+        )
+    });
 }
 
 criterion_group!(benches, b7);

@@ -91,18 +91,12 @@ pub type Result<T> = std::result::Result<T, BackendError>;
 
 pub trait Backend: Send + Sync {
     fn get(&self, kind: &str, namespace: &str, name: &str) -> Result<Option<Value>>;
-    /// A read that bypasses any cache (`disable_cache`, and the re-check
-    /// after a create lost a race).
+    /// A read as fresh as the request, bypassing any cache
+    /// (`disable_cache`, the re-check after a create lost a race, and a
+    /// reuse deciding whether to mark). serve may answer it from a read it
+    /// started after the request arrived.
     fn get_fresh(&self, kind: &str, namespace: &str, name: &str) -> Result<Option<Value>> {
         self.get(kind, namespace, name)
-    }
-    /// A read as fresh as the request that is already at hand, costing no
-    /// round trip: a store that is never stale, or what serve read ahead for
-    /// this request. `None` when only a cached read is: the caller must not
-    /// decide on it what needs a fresh one (a reuse that skips marking the
-    /// snapshot used, docs/design.md "Garbage collection").
-    fn get_at_hand(&self, _kind: &str, _namespace: &str, _name: &str) -> Option<Result<Option<Value>>> {
-        None
     }
     /// Calls `visit` with each matching object, by reference: listing is the
     /// hot path of watch and sweep, so nothing is copied on the way out.

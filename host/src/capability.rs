@@ -255,12 +255,18 @@ impl Capability {
         }
         let owner = self.owner(&request)?;
         let ns = self.caller.namespace.clone();
-        // Whether `existing` is as fresh as the request (see below).
-        let (existing, mut fresh) = match self.backend.get_at_hand(kind.kind(), &ns, &name) {
-            Some(read) => (read, true),
-            None => (self.backend.get(kind.kind(), &ns, &name), false),
-        };
-        let mut existing = match existing.map_err(|e| e.to_string())? {
+        // A cached read first: most snapshots made are new, and most reused
+        // ones are owned, and neither needs more.
+        let existing = self.backend.get(kind.kind(), &ns, &name).map_err(|e| e.to_string())?;
+        let mut existing = match existing {
+            // Whether an unowned snapshot must be marked is decided on a
+            // read as fresh as the request: a cache could show one since
+            // deleted (which only the write would catch), or one since
+            // marked. serve has read it ahead, beside the policy.
+            Some(found) if !owned(&found) => self
+                .backend
+                .get_fresh(kind.kind(), &ns, &name)
+                .map_err(|e| e.to_string())?,
             Some(found) => Some(found),
             None => match self.backend.create(object.clone()) {
                 Ok(()) => {
@@ -270,25 +276,13 @@ impl Capability {
                 // Another replica (or a concurrent admission) created it
                 // first: content addressing makes that the same snapshot,
                 // if it is ours.
-                Err(BackendError::AlreadyExists(_)) => {
-                    fresh = true;
-                    self.backend
-                        .get_fresh(kind.kind(), &ns, &name)
-                        .map_err(|e| e.to_string())?
-                }
+                Err(BackendError::AlreadyExists(_)) => self
+                    .backend
+                    .get_fresh(kind.kind(), &ns, &name)
+                    .map_err(|e| e.to_string())?,
                 Err(e) => return Err(e.to_string()),
             },
         };
-        // Whether an unowned snapshot must be marked is decided on a read as
-        // fresh as the request: a cache could show one since deleted (which
-        // only the write would catch), or one since marked. Read ahead in
-        // serve, this read costs no round trip of its own.
-        if !fresh && existing.as_ref().is_some_and(|found| !owned(found)) {
-            existing = self
-                .backend
-                .get_fresh(kind.kind(), &ns, &name)
-                .map_err(|e| e.to_string())?;
-        }
         // A reused snapshot must outlive this admission's reference to it:
         // - unowned, it is marked used, so a sweep that judged it unused a
         //   moment ago cannot delete it (its delete carries the version it
@@ -565,9 +559,6 @@ mod invariant_tests {
         /// Plays a cache that has not seen another replica's write yet:
         /// `get` misses, `get_fresh` and `create` see the truth.
         stale_cache: bool,
-        /// Plays serve's read ahead (or replay's store): every snapshot
-        /// read is as fresh as the request and at hand.
-        fresh_at_hand: bool,
         /// A version `get` keeps answering for its name, as a cache that
         /// missed the object's deletion would.
         pinned: Mutex<Option<Value>>,
@@ -604,9 +595,6 @@ mod invariant_tests {
         }
         fn get_fresh(&self, kind: &str, ns: &str, name: &str) -> crate::backend::Result<Option<Value>> {
             self.cluster.get(kind, ns, name)
-        }
-        fn get_at_hand(&self, kind: &str, ns: &str, name: &str) -> Option<crate::backend::Result<Option<Value>>> {
-            self.fresh_at_hand.then(|| self.cluster.get(kind, ns, name))
         }
         fn list(
             &self,
@@ -748,10 +736,7 @@ mod invariant_tests {
         };
         let written = |backend: &Recorder| backend.writes.lock().unwrap().clone();
 
-        let fresh = Arc::new(Recorder {
-            fresh_at_hand: true,
-            ..Recorder::default()
-        });
+        let fresh = Arc::new(Recorder::default());
         fresh.cluster.store().now = T0;
         let cap = capability_on(fresh.clone(), false);
         write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap();

@@ -117,11 +117,6 @@ impl Backend for Shared {
         Ok(self.store().get(kind, namespace, name).cloned())
     }
 
-    /// The store is the cluster: every read is as fresh as the request.
-    fn get_at_hand(&self, kind: &str, namespace: &str, name: &str) -> Option<backend::Result<Option<Value>>> {
-        Some(self.get(kind, namespace, name))
-    }
-
     fn list(
         &self,
         kind: &str,

@@ -312,9 +312,6 @@ impl Backend for RequestScope {
             None => self.cluster.get_fresh(kind, namespace, name),
         }
     }
-    fn get_at_hand(&self, kind: &str, namespace: &str, name: &str) -> Option<backend::Result<Option<Value>>> {
-        self.take_prefetched(kind, namespace, name)
-    }
     fn list(
         &self,
         kind: &str,

@@ -28,7 +28,9 @@
 //! exists unowned (a second workload of the same sources, a re-created
 //! one), this fresh read lets the host reuse it without a write
 //! (`sweep::must_mark_reuse`): the reads of every source and snapshot run
-//! at once, where the writes would run one after another.
+//! at once, where the writes would run one after another. The host waits
+//! for a snapshot's read only then: one its cache shows missing (a new
+//! content, created at once) or owned needs no fresh read.
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap};

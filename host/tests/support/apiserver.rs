@@ -47,6 +47,8 @@ struct Store {
     peak_gets_in_flight: usize,
     /// The clock creations are stamped with (`fix_clock`); 0 is the wall clock.
     clock: i64,
+    /// How long every request but a watch takes (`latency`).
+    latency: std::time::Duration,
 }
 
 pub struct ApiServer {
@@ -228,6 +230,13 @@ impl ApiServer {
         self.inner.store.lock().unwrap().get_delay = delay;
     }
 
+    /// Makes every request but a watch take `latency` before it is
+    /// answered, as a network and a real API server's storage would. A
+    /// nonzero sleep takes at least one timer tick (about 1 ms).
+    pub fn latency(&self, latency: std::time::Duration) {
+        self.inner.store.lock().unwrap().latency = latency;
+    }
+
     /// Stamps creations with `unix` from now on, as a server whose clock
     /// reads that would.
     pub fn fix_clock(&self, unix: i64) {
@@ -397,6 +406,10 @@ async fn handle(State(inner): State<Arc<Inner>>, request: Request) -> Response {
                 path.namespace.clone().unwrap_or_default()
             ),
         );
+    }
+    let latency = inner.store.lock().unwrap().latency;
+    if !watching && !latency.is_zero() {
+        tokio::time::sleep(latency).await;
     }
     if method == Method::GET && path.name.is_some() {
         let delay = {
