@@ -71,6 +71,25 @@ impl Effect {
         }
     }
 
+    /// Whether running `self` after `other` could change nothing `other`
+    /// will not: the same adoption, or a patch of the same workload to the
+    /// same snapshot. Two such patches differ at most in the source
+    /// version they wait to see persisted, and a resync derives one only
+    /// from a source already persisted with that content, so the one
+    /// already on its way sees it too.
+    pub fn same_work(&self, other: &Effect) -> bool {
+        match (self, other) {
+            (
+                Effect::Patch { namespace, request },
+                Effect::Patch {
+                    namespace: ns,
+                    request: r,
+                },
+            ) => namespace == ns && ["kind", "name", "snapshot"].iter().all(|f| request[f] == r[f]),
+            _ => self == other,
+        }
+    }
+
     pub fn describe(&self) -> String {
         match self {
             Effect::Adopt {
@@ -356,6 +375,28 @@ mod tests {
             snapshot: snapshot_name(data),
             rollbacks,
         }
+    }
+
+    #[test]
+    fn a_patch_to_the_same_snapshot_is_the_same_work_whatever_source_version_it_waits_for() {
+        let patch = |name: &str, snapshot: &str, source_version: &str| Effect::Patch {
+            namespace: "ns".into(),
+            request: json!({"kind": "Deployment", "name": name, "snapshot": snapshot,
+                            "source": {"kind": "ConfigMap", "name": "app", "resourceVersion": source_version}}),
+        };
+        let admitted = patch("web", "app-green", "7");
+        assert!(patch("web", "app-green", "8").same_work(&admitted));
+        assert!(!patch("web", "app-blue", "7").same_work(&admitted));
+        assert!(!patch("api", "app-green", "7").same_work(&admitted));
+        let adopt = |owner: &str| Effect::Adopt {
+            namespace: "ns".into(),
+            owner_kind: "ReplicaSet".into(),
+            owner_name: owner.into(),
+            snapshots: vec![("ConfigMap".into(), "app-green".into())],
+        };
+        assert!(adopt("web-1").same_work(&adopt("web-1")));
+        assert!(!adopt("web-2").same_work(&adopt("web-1")));
+        assert!(!adopt("web-1").same_work(&admitted));
     }
 
     fn judge(intent: &PatchIntent, workload: Option<&Value>, source: Option<&Value>, interval: i64) -> Verdict {

@@ -121,7 +121,18 @@ impl Cache {
                         tracing::info!(kind, "cache synced");
                     }
                 }
-                Ok(Event::Apply(o)) => self.kinds[kind].objects.write().unwrap().insert(trim(o, &ar)),
+                Ok(Event::Apply(o)) => {
+                    // What the cache has seen, for tracing a decision made
+                    // on a view that lags the API server.
+                    tracing::debug!(
+                        kind,
+                        namespace = o.metadata.namespace.as_deref().unwrap_or_default(),
+                        name = o.metadata.name.as_deref().unwrap_or_default(),
+                        resource_version = o.metadata.resource_version.as_deref().unwrap_or_default(),
+                        "cache applied"
+                    );
+                    self.kinds[kind].objects.write().unwrap().insert(trim(o, &ar))
+                }
                 Ok(Event::Delete(o)) => {
                     let ns = o.metadata.namespace.clone().unwrap_or_default();
                     let name = o.metadata.name.clone().unwrap_or_default();

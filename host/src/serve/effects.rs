@@ -85,6 +85,8 @@ pub struct Queue {
     parked: Arc<Mutex<Vec<(i64, Job)>>>,
     /// Jobs submitted and not yet over (queued, running, retrying, parked).
     in_flight: Arc<AtomicUsize>,
+    /// Their effects, each once: the work already on its way.
+    pending: Arc<Mutex<Vec<Effect>>>,
 }
 
 pub struct Worker {
@@ -105,6 +107,7 @@ impl Queue {
             cluster,
             parked: Arc::default(),
             in_flight: Arc::default(),
+            pending: Arc::default(),
         };
         let worker = Worker {
             rx,
@@ -115,7 +118,24 @@ impl Queue {
         (queue, worker)
     }
 
+    /// Queues `effect`, unless one doing the same work is already on its
+    /// way ([`Effect::same_work`]): a resync pass re-derives the rollouts
+    /// and adoptions it finds undone, and one still retrying is undone too.
+    /// Running both would write once and report a failure twice; a
+    /// controller's work queue holds an item once, too.
     pub fn submit(&self, effect: Effect) {
+        {
+            let mut pending = self.pending();
+            if pending.iter().any(|e| e.same_work(&effect)) {
+                self.cluster.metrics.effect(effect.label(), "coalesced");
+                tracing::debug!(
+                    effect = effect.label(),
+                    "an equal effect is on its way; not queued twice"
+                );
+                return;
+            }
+            pending.push(effect.clone());
+        }
         self.cluster.await_target(&effect, true);
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         self.send(Job {
@@ -140,6 +160,18 @@ impl Queue {
         self.parked.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn pending(&self) -> std::sync::MutexGuard<'_, Vec<Effect>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `effect`'s job is over: an equal one may be queued again.
+    fn forget(&self, effect: &Effect) {
+        let mut pending = self.pending();
+        if let Some(i) = pending.iter().position(|e| e == effect) {
+            pending.swap_remove(i);
+        }
+    }
+
     fn send(&self, job: Job) {
         let metrics = &self.cluster.metrics;
         let name = job.effect.label();
@@ -150,6 +182,7 @@ impl Queue {
             }
             Err(_) => {
                 self.cluster.await_target(&effect, false);
+                self.forget(&effect);
                 self.in_flight.fetch_sub(1, Ordering::SeqCst);
                 metrics.effect(name, "dropped");
                 tracing::warn!(
@@ -171,6 +204,7 @@ impl Queue {
     /// The job is over, whatever came of it.
     fn finish(&self, job: &Job) {
         self.cluster.await_target(&job.effect, false);
+        self.forget(&job.effect);
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 
