@@ -67,7 +67,7 @@ impl WorkloadKind {
 /// the object without building it.
 #[derive(Deserialize, Default)]
 #[serde(default)]
-struct Quick {
+pub(crate) struct Quick {
     metadata: QuickMeta,
     spec: QuickSpec,
 }
@@ -87,17 +87,10 @@ struct QuickTemplate {
     metadata: QuickMeta,
 }
 
-pub fn admit(
-    ctx: &Context,
-    kind: WorkloadKind,
-    operation: &str,
-    raw: &RawValue,
-    old_raw: Option<&RawValue>,
-) -> Outcome {
-    let quick: Quick = match serde_json::from_str(raw.get()) {
-        Ok(q) => q,
-        Err(e) => return Outcome::reject(format!("{SAY}invalid {}: {e}", kind.kind()), 400),
-    };
+/// Whether a workload is ours to look at: it opts in (or the settings opt
+/// every workload in), or its template carries our marks, which must be
+/// kept or cleaned. Anything else passes through untouched.
+pub(crate) fn opts_in(quick: &Quick, settings: &Settings) -> bool {
     let marked = quick
         .spec
         .template
@@ -105,7 +98,21 @@ pub fn admit(
         .annotations
         .as_ref()
         .is_some_and(|a| a.keys().any(|k| keys::is_policy_template_annotation(k)));
-    if !marked && !OptIn::any_opt_in(quick.metadata.annotations.as_ref(), ctx.settings) {
+    marked || OptIn::any_opt_in(quick.metadata.annotations.as_ref(), settings)
+}
+
+pub fn admit(
+    ctx: &Context,
+    kind: WorkloadKind,
+    operation: &str,
+    raw: &RawValue,
+    old_raw: Option<&RawValue>,
+) -> Outcome {
+    let quick: Quick = match serde_json::from_slice(raw.get().as_bytes()) {
+        Ok(q) => q,
+        Err(e) => return Outcome::reject(format!("{SAY}invalid {}: {e}", kind.kind()), 400),
+    };
+    if !opts_in(&quick, ctx.settings) {
         return Outcome::accept();
     }
 

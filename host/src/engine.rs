@@ -190,6 +190,12 @@ fn new_wasmtime_engine() -> Result<wasmtime::Engine> {
         // pass-through request touches a few pages of the policy's 1 MiB.
         .pagemap_scan(wasmtime::Enabled::Auto);
     config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pooling));
+    // `perf` cannot name JIT-compiled code on its own; with this set, the
+    // policy's functions appear by name in `perf report` (docs/BENCHMARKS.md,
+    // "Reproduce"). Off by default: it writes /tmp/perf-<pid>.map.
+    if std::env::var_os("CONFIG_SNAPSHOT_PERF_MAP").is_some() {
+        config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+    }
     wasmtime::Engine::new(&config).map_err(|e| anyhow!("creating the wasm engine: {e}"))
 }
 
