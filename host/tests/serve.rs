@@ -712,7 +712,7 @@ async fn an_opted_in_admission_reads_its_sources_together_and_fresh() {
     for i in 0..N {
         api.put(source(i, "new"));
     }
-    api.slow_gets(Duration::from_millis(150));
+    api.latency(Duration::from_millis(150));
     let env: Vec<Value> = (0..N)
         .map(|i| json!({"name": format!("E{i}"), "valueFrom": {"configMapKeyRef": {"name": format!("src-{i}"), "key": "k"}}}))
         .collect();

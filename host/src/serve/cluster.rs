@@ -8,7 +8,6 @@
 //! blocking thread; each API call is driven to completion on the runtime
 //! from there, with a deadline well inside the webhook timeout.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -42,9 +41,10 @@ pub struct KubeCluster {
     /// the system clock). Replaying a recorded admission needs the clock
     /// it was recorded at.
     fixed_now: AtomicI64,
-    /// Snapshots queued watch rollouts will reference, with how many
-    /// rollouts await each: nothing may delete them meanwhile.
-    awaited: Mutex<HashMap<Key, usize>>,
+    /// The deferred effects on their way (queued, running, retrying or
+    /// held), each piece of work once: the snapshots their watch rollouts
+    /// will reference may not be deleted meanwhile.
+    pending: Mutex<Vec<Effect>>,
 }
 
 impl KubeCluster {
@@ -56,7 +56,7 @@ impl KubeCluster {
             runtime,
             metrics,
             fixed_now: AtomicI64::new(0),
-            awaited: Mutex::default(),
+            pending: Mutex::default(),
         }
     }
 
@@ -118,28 +118,38 @@ impl KubeCluster {
             .map_err(|_| BackendError::Timeout(format!("timeout: {what} took longer than {API_TIMEOUT:?}")))?
     }
 
-    /// A queued effect will (or no longer will) reference its target.
-    pub fn await_target(&self, effect: &Effect, queued: bool) {
-        let Some(key) = effect.target() else { return };
-        let mut awaited = self.awaited.lock().unwrap_or_else(|e| e.into_inner());
-        if queued {
-            *awaited.entry(key).or_default() += 1;
-        } else if let Some(n) = awaited.get_mut(&key) {
-            *n -= 1;
-            if *n == 0 {
-                awaited.remove(&key);
-            }
+    fn pending(&self) -> std::sync::MutexGuard<'_, Vec<Effect>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records `effect` as on its way; `false` when one doing the same work
+    /// ([`Effect::same_work`]) already is, and this one need not run.
+    pub fn begin(&self, effect: &Effect) -> bool {
+        let mut pending = self.pending();
+        if pending.iter().any(|e| e.same_work(effect)) {
+            return false;
+        }
+        pending.push(effect.clone());
+        true
+    }
+
+    /// `effect` is over, whatever came of it: its target is no longer
+    /// awaited by it, and the same work may be queued again.
+    pub fn end(&self, effect: &Effect) {
+        let mut pending = self.pending();
+        if let Some(i) = pending.iter().position(|e| e == effect) {
+            pending.swap_remove(i);
         }
     }
 
-    /// Every snapshot a queued effect awaits.
+    /// How many effects are on their way.
+    pub fn pending_count(&self) -> usize {
+        self.pending().len()
+    }
+
+    /// Every snapshot an effect on its way awaits.
     pub fn awaited_targets(&self) -> std::collections::HashSet<Key> {
-        self.awaited
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .keys()
-            .cloned()
-            .collect()
+        self.pending().iter().filter_map(Effect::target).collect()
     }
 }
 
@@ -222,11 +232,10 @@ impl Backend for KubeCluster {
     }
 
     fn awaited(&self, kind: &str, namespace: &str, name: &str) -> bool {
-        let key = (kind.to_string(), namespace.to_string(), name.to_string());
-        self.awaited
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains_key(&key)
+        self.pending()
+            .iter()
+            .filter_map(Effect::target)
+            .any(|(k, ns, n)| (k.as_str(), ns.as_str(), n.as_str()) == (kind, namespace, name))
     }
 
     fn now(&self) -> i64 {

@@ -13,7 +13,6 @@
 //! patches, adoptions) or collected by the sweep (snapshots), see
 //! docs/serve.md.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -83,10 +82,6 @@ pub struct Queue {
     cluster: Arc<KubeCluster>,
     /// Jobs the storm guard holds, with when to look again.
     parked: Arc<Mutex<Vec<(i64, Job)>>>,
-    /// Jobs submitted and not yet over (queued, running, retrying, parked).
-    in_flight: Arc<AtomicUsize>,
-    /// Their effects, each once: the work already on its way.
-    pending: Arc<Mutex<Vec<Effect>>>,
 }
 
 pub struct Worker {
@@ -106,8 +101,6 @@ impl Queue {
             tx,
             cluster,
             parked: Arc::default(),
-            in_flight: Arc::default(),
-            pending: Arc::default(),
         };
         let worker = Worker {
             rx,
@@ -124,20 +117,11 @@ impl Queue {
     /// Running both would write once and report a failure twice; a
     /// controller's work queue holds an item once, too.
     pub fn submit(&self, effect: Effect) {
-        {
-            let mut pending = self.pending();
-            if pending.iter().any(|e| e.same_work(&effect)) {
-                self.cluster.metrics.effect(effect.label(), "coalesced");
-                tracing::debug!(
-                    effect = effect.label(),
-                    "an equal effect is on its way; not queued twice"
-                );
-                return;
-            }
-            pending.push(effect.clone());
+        if !self.cluster.begin(&effect) {
+            self.cluster.metrics.effect(effect.label(), "coalesced");
+            tracing::debug!(effect = effect.label(), "the same work is on its way; not queued twice");
+            return;
         }
-        self.cluster.await_target(&effect, true);
-        self.in_flight.fetch_add(1, Ordering::SeqCst);
         self.send(Job {
             effect,
             attempts: 0,
@@ -148,7 +132,7 @@ impl Queue {
     /// Whether every job submitted is over or held by the storm guard:
     /// nothing more happens until the clock moves.
     pub fn quiet(&self) -> bool {
-        self.in_flight.load(Ordering::SeqCst) == self.parked().len()
+        self.cluster.pending_count() == self.parked().len()
     }
 
     /// When the earliest job the storm guard holds may run.
@@ -160,18 +144,6 @@ impl Queue {
         self.parked.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn pending(&self) -> std::sync::MutexGuard<'_, Vec<Effect>> {
-        self.pending.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// `effect`'s job is over: an equal one may be queued again.
-    fn forget(&self, effect: &Effect) {
-        let mut pending = self.pending();
-        if let Some(i) = pending.iter().position(|e| e == effect) {
-            pending.swap_remove(i);
-        }
-    }
-
     fn send(&self, job: Job) {
         let metrics = &self.cluster.metrics;
         let name = job.effect.label();
@@ -181,9 +153,7 @@ impl Queue {
                 metrics.queue_depth.inc();
             }
             Err(_) => {
-                self.cluster.await_target(&effect, false);
-                self.forget(&effect);
-                self.in_flight.fetch_sub(1, Ordering::SeqCst);
+                self.cluster.end(&effect);
                 metrics.effect(name, "dropped");
                 tracing::warn!(
                     effect = name,
@@ -203,9 +173,7 @@ impl Queue {
 
     /// The job is over, whatever came of it.
     fn finish(&self, job: &Job) {
-        self.cluster.await_target(&job.effect, false);
-        self.forget(&job.effect);
-        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.cluster.end(&job.effect);
     }
 
     /// Sends on the parked jobs whose time has come.

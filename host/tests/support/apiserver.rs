@@ -40,9 +40,7 @@ struct Store {
     log: Vec<String>,
     /// (method, plural) pairs answered 403, as RBAC without that verb would.
     forbidden: Vec<(Method, String)>,
-    /// How long a GET of one object takes (`slow_gets`), and how many were
-    /// in flight at once: at most, and now.
-    get_delay: std::time::Duration,
+    /// How many GETs of one object were in flight at once: at most, and now.
     gets_in_flight: usize,
     peak_gets_in_flight: usize,
     /// The clock creations are stamped with (`fix_clock`); 0 is the wall clock.
@@ -224,15 +222,10 @@ impl ApiServer {
             .push((method, plural_of(kind)));
     }
 
-    /// Answers each GET of one object after `delay`: an API server across
-    /// a network, slow enough for overlapping reads to show.
-    pub fn slow_gets(&self, delay: std::time::Duration) {
-        self.inner.store.lock().unwrap().get_delay = delay;
-    }
-
     /// Makes every request but a watch take `latency` before it is
-    /// answered, as a network and a real API server's storage would. A
-    /// nonzero sleep takes at least one timer tick (about 1 ms).
+    /// answered, as a network and a real API server's storage would: slow
+    /// enough, overlapping reads show (`peak_gets_in_flight`). A nonzero
+    /// sleep takes at least one timer tick (about 1 ms).
     pub fn latency(&self, latency: std::time::Duration) {
         self.inner.store.lock().unwrap().latency = latency;
     }
@@ -407,21 +400,20 @@ async fn handle(State(inner): State<Arc<Inner>>, request: Request) -> Response {
             ),
         );
     }
-    let latency = inner.store.lock().unwrap().latency;
+    let one_get = method == Method::GET && path.name.is_some();
+    let latency = {
+        let mut store = inner.store.lock().unwrap();
+        if one_get {
+            store.gets_in_flight += 1;
+            store.peak_gets_in_flight = store.peak_gets_in_flight.max(store.gets_in_flight);
+        }
+        store.latency
+    };
+    // A zero sleep still waits for the timer's next tick (about 1 ms).
     if !watching && !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
-    if method == Method::GET && path.name.is_some() {
-        let delay = {
-            let mut store = inner.store.lock().unwrap();
-            store.gets_in_flight += 1;
-            store.peak_gets_in_flight = store.peak_gets_in_flight.max(store.gets_in_flight);
-            store.get_delay
-        };
-        // A zero sleep still waits for the timer's next tick (about 1 ms).
-        if !delay.is_zero() {
-            tokio::time::sleep(delay).await;
-        }
+    if one_get {
         inner.store.lock().unwrap().gets_in_flight -= 1;
     }
     let body: Value = if body.is_empty() {
