@@ -4,7 +4,7 @@
 //! The full path ([`crate::request::Payload`]) keeps the object raw and
 //! then reads its annotations in a second scan, so a pass-through paid for
 //! reading its object twice, most of its time in the policy
-//! (docs/BENCHMARKS.md, "Pass-through against the floor"). The screen reads
+//! (docs/BENCHMARKS.md, "Where pass-through time goes"). The screen reads
 //! the annotations while it reads the payload, and gives up, leaving the
 //! request to the full path, as soon as it cannot answer exactly as that
 //! path would: another kind, a field it did not expect where it expected
