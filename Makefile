@@ -3,7 +3,7 @@
 
 TOOLCHAIN := 1.96.0
 WASM_TARGET := wasm32-wasip1
-POLICY_BUILD := target/$(WASM_TARGET)/release/config_snapshot_policy.wasm
+POLICY_BUILD := target/$(WASM_TARGET)/policy/config_snapshot_policy.wasm
 HOST := cargo run --quiet -p config-snapshot --
 SCENARIOS := $(sort $(wildcard e2e-tests/*.yaml))
 
@@ -14,9 +14,9 @@ setup:
 	@rustup toolchain list | grep -q "^$(TOOLCHAIN)" && rustup target list --installed --toolchain $(TOOLCHAIN) | grep -q $(WASM_TARGET) \
 	  || rustup toolchain install $(TOOLCHAIN) --profile minimal --component rustfmt,clippy --target $(WASM_TARGET)
 
-## policy.wasm: the policy, release-built for wasm32-wasip1
+## policy.wasm: the policy, built for wasm32-wasip1 with the size-tuned `policy` profile
 policy.wasm: setup
-	cargo build --release --target $(WASM_TARGET) -p config-snapshot-policy
+	cargo build --profile policy --target $(WASM_TARGET) -p config-snapshot-policy
 	cp $(POLICY_BUILD) policy.wasm
 
 ## annotated-policy.wasm: the policy with its Kubewarden metadata embedded

@@ -6,23 +6,26 @@ use serde_json::Value;
 use sha2::Digest;
 
 use crate::content::{self, Content};
+use crate::context::Context;
+use crate::host::CallError;
 use crate::keys;
-use crate::kind::SourceId;
+use crate::kinds::WorkloadKind;
 use crate::optin::OptIn;
 use crate::plan::{Target, SA_TOKEN};
-use crate::reads::Reads;
+use crate::reads::{Lookup, Reads};
 use crate::references::SourceRefs;
 use crate::request::{Outcome, SAY};
+use crate::rewrite::{apply, set_marks};
 use crate::settings::WithoutSnapshotCapability;
-use crate::workload::{apply, set_marks, Context};
+use crate::source::SourceId;
 
 pub fn degrade(
     ctx: &Context,
     reads: &Reads,
-    object: &mut Value,
+    (kind, object): (WorkloadKind, &mut Value),
     groups: &[SourceRefs],
     optin: &OptIn,
-    why: &str,
+    why: &CallError,
 ) -> Outcome {
     match ctx.settings.without_snapshot_capability {
         WithoutSnapshotCapability::Reject => Outcome::reject(
@@ -42,7 +45,7 @@ pub fn degrade(
                     continue;
                 }
                 // The planner read this source already: the same answer.
-                match reads.get(group.id.kind, &group.id.name) {
+                match reads.source(group.id.kind, &group.id.name) {
                     Ok(Some(source)) => {
                         if source.get("type").and_then(Value::as_str) == Some(SA_TOKEN) {
                             continue;
@@ -56,7 +59,7 @@ pub fn degrade(
                     Err(e) => warnings.push(format!("{SAY}could not read {}: {e}", group.id)),
                 }
             }
-            let template = object.pointer_mut("/spec/template").expect("checked by caller");
+            let template = object.pointer_mut(kind.template()).expect("checked by caller");
             let original = template.clone();
             let targets = vec![Target::Source; groups.len()];
             apply(template, groups, &targets, &OptIn::default(), None);

@@ -8,7 +8,17 @@ use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
 use crate::keys;
-use crate::kind::{SourceId, SourceKind};
+use crate::source::{SourceId, SourceKind};
+
+/// Why an object's content cannot be read: the API server would not have
+/// stored it, so only a forged or corrupt object gets here.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ContentError {
+    #[error("{field}.{key} is not a string")]
+    NotAString { field: &'static str, key: String },
+    #[error("{field} is not a map")]
+    NotAMap { field: &'static str },
+}
 
 /// What a snapshot holds: the part of a source the hash covers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -30,7 +40,7 @@ impl Content {
     /// Reads the content of a ConfigMap or Secret object. `data` values are
     /// taken as they appear in the API object (base64 for a Secret). A Secret
     /// without `type` is `Opaque`, as the API server defaults it.
-    pub fn from_object(kind: SourceKind, object: &Value) -> Result<Content, String> {
+    pub fn from_object(kind: SourceKind, object: &Value) -> Result<Content, ContentError> {
         let data = string_map(object.get("data"), "data")?;
         let binary_data = string_map(object.get("binaryData"), "binaryData")?;
         let type_ = match kind {
@@ -83,17 +93,17 @@ impl Content {
     }
 }
 
-fn string_map(value: Option<&Value>, field: &str) -> Result<BTreeMap<String, String>, String> {
+fn string_map(value: Option<&Value>, field: &'static str) -> Result<BTreeMap<String, String>, ContentError> {
     match value {
         None | Some(Value::Null) => Ok(BTreeMap::new()),
         Some(Value::Object(map)) => map
             .iter()
             .map(|(k, v)| match v {
                 Value::String(s) => Ok((k.clone(), s.clone())),
-                _ => Err(format!("{field}.{k} is not a string")),
+                _ => Err(ContentError::NotAString { field, key: k.clone() }),
             })
             .collect(),
-        Some(_) => Err(format!("{field} is not a map")),
+        Some(_) => Err(ContentError::NotAMap { field }),
     }
 }
 

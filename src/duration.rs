@@ -14,18 +14,35 @@ pub fn unix_now() -> i64 {
         .unwrap_or(0)
 }
 
+/// Why a Go duration was refused; the text quotes what the user wrote.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    #[error("empty duration")]
+    Empty,
+    #[error("negative duration {0:?}")]
+    Negative(String),
+    #[error("invalid duration {0:?}: expected a number")]
+    NoNumber(String),
+    #[error("invalid duration {0:?}: missing unit")]
+    NoUnit(String),
+    #[error("invalid duration {input:?}: unknown unit {unit:?}")]
+    UnknownUnit { input: String, unit: String },
+    #[error("invalid duration {0:?}: too large")]
+    TooLarge(String),
+}
+
 /// Parses a Go duration into whole seconds. Sub-second units are accepted but
 /// the total is truncated, because everything downstream is second-grained.
-pub fn parse_go_duration(input: &str) -> Result<u64, String> {
+pub fn parse_go_duration(input: &str) -> Result<u64, DurationError> {
     let s = input.trim();
     if s.is_empty() {
-        return Err("empty duration".to_string());
+        return Err(DurationError::Empty);
     }
     if s == "0" {
         return Ok(0);
     }
     if s.starts_with('-') {
-        return Err(format!("negative duration {input:?}"));
+        return Err(DurationError::Negative(input.to_string()));
     }
     let s = s.strip_prefix('+').unwrap_or(s);
     let bytes = s.as_bytes();
@@ -38,7 +55,7 @@ pub fn parse_go_duration(input: &str) -> Result<u64, String> {
         }
         let number = &s[start..i];
         if number.is_empty() || number == "." || number.matches('.').count() > 1 {
-            return Err(format!("invalid duration {input:?}: expected a number"));
+            return Err(DurationError::NoNumber(input.to_string()));
         }
         let unit_start = i;
         while i < bytes.len() && !(bytes[i].is_ascii_digit() || bytes[i] == b'.') {
@@ -52,20 +69,23 @@ pub fn parse_go_duration(input: &str) -> Result<u64, String> {
             "s" => 1_000_000_000,
             "m" => 60_000_000_000,
             "h" => 3_600_000_000_000,
-            "" => return Err(format!("invalid duration {input:?}: missing unit")),
-            other => return Err(format!("invalid duration {input:?}: unknown unit {other:?}")),
+            "" => return Err(DurationError::NoUnit(input.to_string())),
+            other => {
+                return Err(DurationError::UnknownUnit {
+                    input: input.to_string(),
+                    unit: other.to_string(),
+                })
+            }
         };
         let (whole, frac) = number.split_once('.').unwrap_or((number, ""));
         let whole: u128 = if whole.is_empty() {
             0
         } else {
-            whole
-                .parse()
-                .map_err(|_| format!("invalid duration {input:?}: number too large"))?
+            whole.parse().map_err(|_| DurationError::TooLarge(input.to_string()))?
         };
         let mut part = whole
             .checked_mul(nanos_per_unit)
-            .ok_or_else(|| format!("invalid duration {input:?}: too large"))?;
+            .ok_or_else(|| DurationError::TooLarge(input.to_string()))?;
         if !frac.is_empty() {
             let digits = &frac[..frac.len().min(18)];
             let frac_value: u128 = digits.parse().unwrap_or(0);
@@ -73,12 +93,12 @@ pub fn parse_go_duration(input: &str) -> Result<u64, String> {
         }
         total_nanos = total_nanos
             .checked_add(part)
-            .ok_or_else(|| format!("invalid duration {input:?}: too large"))?;
+            .ok_or_else(|| DurationError::TooLarge(input.to_string()))?;
     }
     let secs = total_nanos / 1_000_000_000;
     // Go's time.Duration caps at about 292 years; refuse anything beyond.
     if secs > 9_223_372_036 {
-        return Err(format!("invalid duration {input:?}: too large"));
+        return Err(DurationError::TooLarge(input.to_string()));
     }
     Ok(secs as u64)
 }
@@ -115,7 +135,14 @@ mod tests {
         for bad in ["", "10", "1d", "-5m", "h", "1..5h", "99999999999999999999h", "5 m"] {
             assert!(parse_go_duration(bad).is_err(), "{bad:?} accepted");
         }
-        assert!(parse_go_duration("1d").unwrap_err().contains("unknown unit"));
+        assert!(matches!(
+            parse_go_duration("1d"),
+            Err(DurationError::UnknownUnit { unit, .. }) if unit == "d"
+        ));
+        assert!(parse_go_duration("1d")
+            .unwrap_err()
+            .to_string()
+            .contains("unknown unit"));
     }
 
     #[test]

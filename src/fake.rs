@@ -6,17 +6,19 @@ use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
-use crate::host::Host;
+use crate::host::{CallError, Host};
+use crate::host_error::{Code, HostError};
 
 #[derive(Default)]
 pub struct FakeHost {
     pub objects: RefCell<Vec<Value>>,
     pub calls: RefCell<Vec<(String, Value)>>,
-    /// operation → error text returned by the next calls of it.
-    pub failures: RefCell<HashMap<String, String>>,
-    /// kind → error text returned by lists of that kind.
-    pub list_failures: RefCell<HashMap<String, String>>,
-    /// No write capability at all, like stock Kubewarden.
+    /// operation → the error the next calls of it answer.
+    pub failures: RefCell<HashMap<String, HostError>>,
+    /// kind → the error lists of that kind answer.
+    pub list_failures: RefCell<HashMap<String, HostError>>,
+    /// No write capability at all, like stock Kubewarden: our binding
+    /// answers foreign text, and a missing object is foreign text too.
     pub stock: bool,
     pub now: i64,
     next_uid: RefCell<u64>,
@@ -31,13 +33,20 @@ impl FakeHost {
         }
     }
 
-    pub fn fail(&self, operation: &str, error: &str) {
-        self.failures.borrow_mut().insert(operation.into(), error.into());
+    /// The next calls of `operation` fail as an API server outage would.
+    pub fn fail(&self, operation: &str, message: &str) {
+        self.fail_with(operation, HostError::new(Code::Unavailable, message));
+    }
+
+    pub fn fail_with(&self, operation: &str, error: HostError) {
+        self.failures.borrow_mut().insert(operation.into(), error);
     }
 
     /// Fails every list of `kind`, and only those.
-    pub fn fail_list_of(&self, kind: &str, error: &str) {
-        self.list_failures.borrow_mut().insert(kind.into(), error.into());
+    pub fn fail_list_of(&self, kind: &str, message: &str) {
+        self.list_failures
+            .borrow_mut()
+            .insert(kind.into(), HostError::new(Code::Unavailable, message));
     }
 
     pub fn find(&self, kind: &str, name: &str) -> Option<Value> {
@@ -72,22 +81,26 @@ impl FakeHost {
 }
 
 impl Host for FakeHost {
-    fn call(&self, binding: &str, _ns: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, String> {
-        let req: Value = serde_json::from_slice(payload).map_err(|e| e.to_string())?;
+    fn call(&self, binding: &str, _ns: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, CallError> {
+        let fail = |code: Code, message: String| Err(CallError::Host(HostError::new(code, message)));
+        let req: Value = match serde_json::from_slice(payload) {
+            Ok(v) => v,
+            Err(e) => return fail(Code::BadRequest, e.to_string()),
+        };
         self.calls.borrow_mut().push((operation.to_string(), req.clone()));
         if let Some(e) = self.failures.borrow().get(operation) {
-            return Err(e.clone());
+            return Err(CallError::Host(e.clone()));
         }
         if operation == "list_resources_by_namespace" || operation == "list_referencing" {
             if let Some(e) = req["kind"]
                 .as_str()
                 .and_then(|k| self.list_failures.borrow().get(k).cloned())
             {
-                return Err(e);
+                return Err(CallError::Host(e));
             }
         }
         if binding == "config-snapshot" && self.stock {
-            return Err(format!("unknown binding: {binding}"));
+            return Err(CallError::Foreign(format!("unknown binding: {binding}")));
         }
         let answer = match operation {
             "get_resource" => {
@@ -101,7 +114,13 @@ impl Host for FakeHost {
                             && o["metadata"]["namespace"] == req["namespace"]
                     })
                     .cloned();
-                found.ok_or_else(|| format!("{} {:?} not found", req["kind"], req["name"]))?
+                match found {
+                    Some(found) => found,
+                    None if self.stock => {
+                        return Err(CallError::Foreign(format!("{} {} not found", req["kind"], req["name"])))
+                    }
+                    None => return fail(Code::NotFound, format!("{} {} not found", req["kind"], req["name"])),
+                }
             }
             "list_resources_by_namespace" => {
                 let items: Vec<Value> = self
@@ -113,23 +132,27 @@ impl Host for FakeHost {
                             && o["apiVersion"] == req["api_version"]
                             && o["metadata"]["namespace"] == req["namespace"]
                             && Self::matches_selector(o, req["label_selector"].as_str())
+                            && req["field_selector"]
+                                .as_str()
+                                .and_then(|f| f.strip_prefix("metadata.name="))
+                                .is_none_or(|name| o["metadata"]["name"] == name)
                     })
                     .cloned()
                     .collect();
                 json!({"apiVersion": "v1", "kind": "List", "items": items})
             }
             "list_referencing" => {
-                let source = crate::kind::SourceKind::from_kind(req["source_kind"].as_str().unwrap_or_default())
-                    .map(|k| crate::kind::SourceId::new(k, req["source_name"].as_str().unwrap_or_default()));
+                let source = crate::source::SourceKind::from_kind(req["source_kind"].as_str().unwrap_or_default())
+                    .map(|k| crate::source::SourceId::new(k, req["source_name"].as_str().unwrap_or_default()));
                 let items: Vec<Value> = self
                     .objects
                     .borrow()
                     .iter()
                     .filter(|o| o["kind"] == req["kind"] && o["metadata"]["namespace"] == req["namespace"])
                     .filter(|o| {
-                        source
-                            .as_ref()
-                            .is_some_and(|id| crate::template::own_group(&o["spec"]["template"], id).is_some())
+                        source.as_ref().is_some_and(|id| {
+                            crate::kinds::template_of(o).is_some_and(|t| crate::template::own_group(t, id).is_some())
+                        })
                     })
                     .cloned()
                     .collect();
@@ -141,7 +164,7 @@ impl Host for FakeHost {
                 let name = object["metadata"]["name"].clone();
                 if let Some(existing) = self.find(object["kind"].as_str().unwrap_or(""), name.as_str().unwrap_or("")) {
                     if existing["data"] != object["data"] {
-                        return Err(format!("snapshot {name} exists with different content"));
+                        return fail(Code::Refused, format!("snapshot {name} exists with different content"));
                     }
                     json!({"created": false})
                 } else {
@@ -161,7 +184,7 @@ impl Host for FakeHost {
             }
             "adopt" => json!({"queued": true}),
             "patch_workload" => json!({"queued": true}),
-            other => return Err(format!("unknown operation {other}")),
+            other => return fail(Code::Unsupported, format!("unknown operation {other}")),
         };
         Ok(serde_json::to_vec(&answer).unwrap())
     }

@@ -3,84 +3,109 @@
 //!
 //! Reads use Kubewarden's own capabilities with the SDK's exact payloads;
 //! writes use this project's `config-snapshot`/`v1` capability
-//! (docs/design.md, "Host capability contract").
+//! (docs/design.md, "Host capability contract"). Failures are decided by
+//! structure, never by their text: our hosts answer a [`HostError`] with a
+//! code; anything else is a foreign host's text, shown to users as it is.
 
 use std::collections::BTreeSet;
 
 use kubewarden_policy_sdk::host_capabilities::kubernetes::{GetResourceRequest, ListResourcesByNamespaceRequest};
 use serde_json::{json, Value};
 
+use crate::host_error::{Code, HostError};
 use crate::operation::Operation;
+use crate::source::SourceId;
 
-/// One waPC host call. Errors cross waPC as text only, so that is all a
-/// host can give us.
+/// One waPC host call.
 pub trait Host {
-    fn call(&self, binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, String>;
+    fn call(&self, binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, CallError>;
 }
 
-/// Why a call of our capability (its writes, and `list_referencing`)
-/// failed, as far as the policy must distinguish.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WriteError {
-    /// The host does not offer the capability (stock Kubewarden).
-    Unsupported(String),
-    /// The capability exists but this call failed (forbidden, conflict, …).
-    Failed(String),
+/// Why a host call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    /// Our host's answer, with its code.
+    #[error("{0}")]
+    Host(#[from] HostError),
+    /// The error text of a host that does not speak our error protocol
+    /// (stock Kubewarden's policy-evaluator): shown, never interpreted.
+    #[error("{0}")]
+    Foreign(String),
+    /// The host answered something the operation does not return.
+    #[error("{operation} answered {what}")]
+    Answer { operation: &'static str, what: String },
 }
 
-impl WriteError {
-    fn classify(text: String) -> WriteError {
-        let lower = text.to_ascii_lowercase();
-        let unknown = lower.contains("unknown")
-            && (lower.contains("binding") || lower.contains("operation") || lower.contains("namespace"));
-        if unknown || lower.contains("not implemented") || lower.contains("unsupported") {
-            WriteError::Unsupported(text)
-        } else {
-            WriteError::Failed(text)
-        }
-    }
-
-    pub fn message(&self) -> &str {
+impl CallError {
+    /// The code our host gave, if it is one of ours.
+    pub fn code(&self) -> Option<Code> {
         match self {
-            WriteError::Unsupported(m) | WriteError::Failed(m) => m,
+            CallError::Host(e) => Some(e.code),
+            _ => None,
+        }
+    }
+
+    /// Whether the host lacks our capability: ours says so with its code,
+    /// and a host that answers a call of our binding in a protocol other
+    /// than ours cannot know the binding (stock Kubewarden answers
+    /// `unknown binding`).
+    pub fn unsupported(&self) -> bool {
+        matches!(self, CallError::Foreign(_)) || self.code() == Some(Code::Unsupported)
+    }
+
+    /// Reads what a host wrote for a failed call: ours, or foreign text.
+    pub fn from_host(bytes: &[u8]) -> CallError {
+        match HostError::from_bytes(bytes) {
+            Some(e) => CallError::Host(e),
+            None => CallError::Foreign(String::from_utf8_lossy(bytes).into_owned()),
         }
     }
 }
 
-/// Kubewarden answers a missing object with an error, not null. Its text
-/// carries the API server's NotFound; that is how we tell it from an outage.
-fn is_not_found(text: &str) -> bool {
-    let lower = text.to_ascii_lowercase();
-    lower.contains("notfound") || lower.contains("not found") || lower.contains("404")
-}
-
-/// The `items` of a list answer (`what` names the call in the error).
-fn items(mut list: Value, what: &str) -> Result<Vec<Value>, String> {
+/// The `items` of a list answer.
+fn items(mut list: Value, operation: Operation) -> Result<Vec<Value>, CallError> {
     match list.get_mut("items").map(Value::take) {
         Some(Value::Array(items)) => Ok(items),
         Some(Value::Null) | None => Ok(Vec::new()),
-        Some(_) => Err(format!("{what} answered items that are not an array")),
+        Some(_) => Err(CallError::Answer {
+            operation: operation.name(),
+            what: "items that are not an array".into(),
+        }),
     }
 }
 
-/// Typed access to the host, borrowing the trait object.
-pub struct Cluster<'h> {
+fn decode(operation: Operation, bytes: &[u8]) -> Result<Value, CallError> {
+    serde_json::from_slice(bytes).map_err(|e| CallError::Answer {
+        operation: operation.name(),
+        what: format!("invalid JSON: {e}"),
+    })
+}
+
+/// Typed access to the host, borrowing the trait object: the guest's view
+/// of the cluster.
+pub struct HostApi<'h> {
     host: &'h dyn Host,
 }
 
-impl<'h> Cluster<'h> {
+impl<'h> HostApi<'h> {
     pub fn new(host: &'h dyn Host) -> Self {
-        Cluster { host }
+        HostApi { host }
     }
 
-    fn call(&self, operation: Operation, payload: &[u8]) -> Result<Vec<u8>, String> {
+    fn call(&self, operation: Operation, payload: &[u8]) -> Result<Vec<u8>, CallError> {
         let (binding, namespace) = operation.binding();
         self.host.call(binding, namespace, operation.name(), payload)
     }
 
     /// Reads one object fresh from the API server (`disable_cache`): a
     /// snapshot must capture the content being admitted now, not 5 s ago.
-    pub fn get(&self, api_version: &str, kind: &str, namespace: &str, name: &str) -> Result<Option<Value>, String> {
+    ///
+    /// A missing object is an error on Kubewarden, not null. Our hosts say
+    /// `NotFound` with a code. A foreign host's error text is not ours to
+    /// read, so the same question is asked in a form whose answer has a
+    /// structure: a list of that one name. Empty, the object does not
+    /// exist; failing too, the first error stands (an outage).
+    pub fn get(&self, api_version: &str, kind: &str, namespace: &str, name: &str) -> Result<Option<Value>, CallError> {
         let req = GetResourceRequest {
             api_version: api_version.to_string(),
             kind: kind.to_string(),
@@ -89,12 +114,17 @@ impl<'h> Cluster<'h> {
             disable_cache: true,
             field_masks: None,
         };
-        let payload = serde_json::to_vec(&req).map_err(|e| e.to_string())?;
+        let payload = serde_json::to_vec(&req).unwrap_or_default();
         match self.call(Operation::GetResource, &payload) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| format!("get_resource answered invalid JSON: {e}")),
-            Err(e) if is_not_found(&e) => Ok(None),
+            Ok(bytes) => decode(Operation::GetResource, &bytes).map(Some),
+            Err(e) if e.code() == Some(Code::NotFound) => Ok(None),
+            Err(e @ CallError::Foreign(_)) => {
+                let selector = format!("metadata.name={name}");
+                match self.list_selected(api_version, kind, namespace, None, Some(selector), &[]) {
+                    Ok(mut found) => Ok(found.pop()),
+                    Err(_) => Err(e),
+                }
+            }
             Err(e) => Err(e),
         }
     }
@@ -107,32 +137,46 @@ impl<'h> Cluster<'h> {
         namespace: &str,
         label_selector: Option<String>,
         masks: &[&str],
-    ) -> Result<Vec<Value>, String> {
+    ) -> Result<Vec<Value>, CallError> {
+        self.list_selected(api_version, kind, namespace, label_selector, None, masks)
+    }
+
+    fn list_selected(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: &str,
+        label_selector: Option<String>,
+        field_selector: Option<String>,
+        masks: &[&str],
+    ) -> Result<Vec<Value>, CallError> {
         let req = ListResourcesByNamespaceRequest {
             api_version: api_version.to_string(),
             kind: kind.to_string(),
             namespace: namespace.to_string(),
             label_selector,
-            field_selector: None,
+            field_selector,
             field_masks: (!masks.is_empty()).then(|| masks.iter().map(|m| m.to_string()).collect::<BTreeSet<_>>()),
         };
-        let payload = serde_json::to_vec(&req).map_err(|e| e.to_string())?;
+        let payload = serde_json::to_vec(&req).unwrap_or_default();
         let bytes = self.call(Operation::ListResourcesByNamespace, &payload)?;
-        let list: Value = serde_json::from_slice(&bytes).map_err(|e| format!("list answered invalid JSON: {e}"))?;
-        items(list, "list")
+        items(
+            decode(Operation::ListResourcesByNamespace, &bytes)?,
+            Operation::ListResourcesByNamespace,
+        )
     }
 
     /// Lists the workloads of a kind in a namespace whose pod template
     /// references `source`, pruned to `masks`: a superset of its watchers,
-    /// from the host's index. `Unsupported` on a host without it (stock
-    /// Kubewarden), which then needs [`Cluster::list`].
+    /// from the host's index. [`CallError::unsupported`] on a host without
+    /// it (stock Kubewarden), which then needs [`HostApi::list`].
     pub fn list_referencing(
         &self,
         kind: &str,
         namespace: &str,
-        source: &crate::kind::SourceId,
+        source: &SourceId,
         masks: &[&str],
-    ) -> Result<Vec<Value>, WriteError> {
+    ) -> Result<Vec<Value>, CallError> {
         let request = json!({
             "kind": kind,
             "namespace": namespace,
@@ -141,29 +185,26 @@ impl<'h> Cluster<'h> {
             "field_masks": masks,
         });
         let list = self.own(Operation::ListReferencing, &request)?;
-        items(list, Operation::ListReferencing.name()).map_err(WriteError::Failed)
+        items(list, Operation::ListReferencing)
     }
 
     /// A call of this project's capability (`config-snapshot`/`v1`): JSON
-    /// both ways, and a failure classified, so that a host without the
-    /// capability (`Unsupported`) is told from a call that failed.
-    fn own(&self, operation: Operation, payload: &Value) -> Result<Value, WriteError> {
-        let bytes = serde_json::to_vec(payload).map_err(|e| WriteError::Failed(e.to_string()))?;
-        let answer = self.call(operation, &bytes).map_err(WriteError::classify)?;
-        serde_json::from_slice(&answer)
-            .map_err(|e| WriteError::Failed(format!("{} answered invalid JSON: {e}", operation.name())))
+    /// both ways.
+    fn own(&self, operation: Operation, payload: &Value) -> Result<Value, CallError> {
+        let bytes = serde_json::to_vec(payload).unwrap_or_default();
+        decode(operation, &self.call(operation, &bytes)?)
     }
 
     /// Creates a snapshot for the workload `owner` will name it in;
     /// `Ok(true)` if new, `Ok(false)` if it already existed (the host then
     /// makes sure it outlives the reference: see docs/design.md, "Garbage
     /// collection").
-    pub fn create_snapshot(&self, object: &Value, owner: &Value) -> Result<bool, WriteError> {
+    pub fn create_snapshot(&self, object: &Value, owner: &Value) -> Result<bool, CallError> {
         let answer = self.own(Operation::CreateSnapshot, &json!({ "object": object, "owner": owner }))?;
         Ok(answer.get("created").and_then(Value::as_bool).unwrap_or(false))
     }
 
-    pub fn adopt(&self, owner: Value, snapshots: Vec<Value>) -> Result<(), WriteError> {
+    pub fn adopt(&self, owner: Value, snapshots: Vec<Value>) -> Result<(), CallError> {
         self.own(Operation::Adopt, &json!({ "owner": owner, "snapshots": snapshots }))
             .map(drop)
     }
@@ -178,7 +219,7 @@ impl<'h> Cluster<'h> {
         name: &str,
         uid: &str,
         resource_version: Option<&str>,
-    ) -> Result<(), WriteError> {
+    ) -> Result<(), CallError> {
         let mut request = json!({ "kind": kind, "name": name, "uid": uid });
         if let Some(rv) = resource_version {
             request["resourceVersion"] = json!(rv);
@@ -186,22 +227,18 @@ impl<'h> Cluster<'h> {
         self.own(Operation::DeleteSnapshot, &request).map(drop)
     }
 
-    pub fn patch_workload(&self, request: Value) -> Result<(), WriteError> {
+    pub fn patch_workload(&self, request: Value) -> Result<(), CallError> {
         self.own(Operation::PatchWorkload, &request).map(drop)
     }
 
     /// The current time in unix seconds. Our host answers `now` so replay can
     /// drive the clock; elsewhere the WASI clock is the truth.
     pub fn now(&self) -> i64 {
-        if let Ok(bytes) = self.call(Operation::Now, b"{}") {
-            if let Some(t) = serde_json::from_slice::<Value>(&bytes)
-                .ok()
-                .and_then(|v| v.get("unix").and_then(Value::as_i64))
-            {
-                return t;
-            }
-        }
-        crate::duration::unix_now()
+        self.call(Operation::Now, b"{}")
+            .ok()
+            .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
+            .and_then(|v| v.get("unix").and_then(Value::as_i64))
+            .unwrap_or_else(crate::duration::unix_now)
     }
 }
 
@@ -209,30 +246,66 @@ impl<'h> Cluster<'h> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn classifies_missing_capability() {
-        for text in [
-            "unknown binding: config-snapshot",
-            "Unknown operation create_snapshot",
-            "not implemented",
-        ] {
-            assert!(
-                matches!(WriteError::classify(text.into()), WriteError::Unsupported(_)),
-                "{text}"
-            );
+    /// A host that answers every call with one error, and counts calls.
+    struct Failing {
+        error: Vec<u8>,
+        lists: std::cell::RefCell<Vec<Value>>,
+        list_answer: Option<Vec<u8>>,
+    }
+
+    impl Host for Failing {
+        fn call(&self, _: &str, _: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, CallError> {
+            if operation == Operation::ListResourcesByNamespace.name() {
+                self.lists.borrow_mut().push(serde_json::from_slice(payload).unwrap());
+                if let Some(answer) = &self.list_answer {
+                    return Ok(answer.clone());
+                }
+            }
+            Err(CallError::from_host(&self.error))
         }
-        for text in ["forbidden: quota exceeded", "conflict", "timeout"] {
-            assert!(
-                matches!(WriteError::classify(text.into()), WriteError::Failed(_)),
-                "{text}"
-            );
+    }
+
+    fn failing(error: &[u8], list_answer: Option<&[u8]>) -> Failing {
+        Failing {
+            error: error.to_vec(),
+            lists: Default::default(),
+            list_answer: list_answer.map(<[u8]>::to_vec),
         }
     }
 
     #[test]
-    fn not_found_is_recognised() {
-        assert!(is_not_found(r#"configmaps "app" not found"#));
-        assert!(is_not_found("NotFound (404)"));
-        assert!(!is_not_found("connection refused"));
+    fn our_host_is_read_by_its_code() {
+        let host = failing(&HostError::new(Code::NotFound, "gone").to_bytes(), None);
+        assert_eq!(HostApi::new(&host).get("v1", "ConfigMap", "ns", "app"), Ok(None));
+        assert!(host.lists.borrow().is_empty(), "a coded NotFound needs no second look");
+        let host = failing(&HostError::new(Code::Unavailable, "NotFound").to_bytes(), None);
+        let err = HostApi::new(&host).get("v1", "ConfigMap", "ns", "app").unwrap_err();
+        assert_eq!(
+            err.code(),
+            Some(Code::Unavailable),
+            "the text says NotFound; the code decides"
+        );
+        assert!(!err.unsupported());
+    }
+
+    /// A foreign host's text is never read: a list of the one name decides.
+    #[test]
+    fn a_foreign_missing_object_is_told_by_a_list_of_its_name() {
+        let host = failing(b"configmaps \"app\" not found", Some(br#"{"items":[]}"#));
+        assert_eq!(HostApi::new(&host).get("v1", "ConfigMap", "ns", "app"), Ok(None));
+        assert_eq!(host.lists.borrow()[0]["field_selector"], "metadata.name=app");
+        // The list failing too is an outage: the first error stands.
+        let host = failing(b"connection refused", None);
+        let err = HostApi::new(&host).get("v1", "ConfigMap", "ns", "app").unwrap_err();
+        assert_eq!(err, CallError::Foreign("connection refused".into()));
+    }
+
+    #[test]
+    fn any_foreign_answer_to_our_binding_means_no_capability() {
+        let host = failing(b"unknown binding: config-snapshot", None);
+        let err = HostApi::new(&host).patch_workload(json!({})).unwrap_err();
+        assert!(err.unsupported());
+        let host = failing(&HostError::new(Code::Forbidden, "unknown binding").to_bytes(), None);
+        assert!(!HostApi::new(&host).patch_workload(json!({})).unwrap_err().unsupported());
     }
 }

@@ -1,10 +1,30 @@
-//! The one table of the Kubernetes kinds config-snapshot knows: what the
-//! policy handles, what it reads, and where each kind keeps a pod template.
-//! Everything else derives from it: the policy's dispatch guard and the
-//! sweep's reference holders here, the host's caches, its API server
-//! emulation, its metrics labels and its tests. Adding a kind is one row;
-//! `policy-metadata.yml`'s rules are checked against it
-//! (`host/tests/packaging.rs`).
+//! The one table of the Kubernetes kinds config-snapshot knows: what each
+//! is to the policy (a source, a workload, a revision, a holder of
+//! references), where it keeps a pod template, and for a workload which
+//! kind its revisions are and whether watch applies. Everything else
+//! derives from it: the policy's dispatch, the sweep's reference holders,
+//! the host's caches, API resources, RBAC checks, metrics labels and the
+//! tests. Adding a kind is one row; `policy-metadata.yml`'s rules are
+//! checked against it (`host/tests/packaging.rs`).
+
+use crate::source::SourceKind;
+
+/// What objects of a kind are to config-snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// A ConfigMap or a Secret: its writes are watched, and it is copied
+    /// into snapshots.
+    Source(SourceKind),
+    /// Its pod template's sources are snapshotted on CREATE and UPDATE.
+    /// `revisions`: the kind its controller copies the template into, which
+    /// owns the snapshots. `watch`: a source change may roll it out.
+    Workload { revisions: &'static str, watch: bool },
+    /// Made by a workload's controller with a copy of its template: on
+    /// CREATE it adopts the snapshots the template names.
+    Revision,
+    /// Only read: the snapshots it names are in use (a Pod).
+    Holder,
+}
 
 /// One kind, as the API serves it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -14,12 +34,17 @@ pub struct Kind {
     pub kind: &'static str,
     /// The resource name in URLs.
     pub plural: &'static str,
-    /// The admission operations the policy acts on; empty: only read.
-    pub handled: &'static [&'static str],
-    /// Where the pod template sits, if objects of this kind can name a
-    /// snapshot (`""`: a Pod's own spec).
+    /// kubectl's short names (`deploy`), which the CLI takes too.
+    pub short: &'static [&'static str],
+    /// Where the pod template sits (a JSON pointer), if objects of this
+    /// kind can name a snapshot; `""`: the object is its own template (a
+    /// Pod's metadata and spec).
     pub template: Option<&'static str>,
+    pub role: Role,
 }
+
+const WRITES: &[&str] = &["CREATE", "UPDATE"];
+const CREATES: &[&str] = &["CREATE"];
 
 impl Kind {
     /// The API group (`""` for the core group).
@@ -31,67 +56,98 @@ impl Kind {
     pub fn version(&self) -> &'static str {
         self.api_version.rsplit_once('/').map_or(self.api_version, |(_, v)| v)
     }
-}
 
-const WRITES: &[&str] = &["CREATE", "UPDATE"];
-const CREATES: &[&str] = &["CREATE"];
+    /// The admission operations the policy acts on; empty: only read.
+    pub fn handled(&self) -> &'static [&'static str] {
+        match self.role {
+            Role::Source(_) | Role::Workload { .. } => WRITES,
+            Role::Revision => CREATES,
+            Role::Holder => &[],
+        }
+    }
+
+    /// The object's pod template, if it has one.
+    pub fn template_of<'a>(&self, object: &'a serde_json::Value) -> Option<&'a serde_json::Value> {
+        match self.template? {
+            "" => Some(object),
+            path => object.pointer(path),
+        }
+    }
+}
 
 pub const KINDS: [Kind; 8] = [
     Kind {
         api_version: "apps/v1",
         kind: "Deployment",
         plural: "deployments",
-        handled: WRITES,
+        short: &["deploy"],
         template: Some("/spec/template"),
+        role: Role::Workload {
+            revisions: "ReplicaSet",
+            watch: true,
+        },
     },
     Kind {
         api_version: "apps/v1",
         kind: "StatefulSet",
         plural: "statefulsets",
-        handled: WRITES,
+        short: &["sts"],
         template: Some("/spec/template"),
+        role: Role::Workload {
+            revisions: "ControllerRevision",
+            watch: true,
+        },
     },
     Kind {
         api_version: "apps/v1",
         kind: "DaemonSet",
         plural: "daemonsets",
-        handled: WRITES,
+        short: &["ds"],
         template: Some("/spec/template"),
+        role: Role::Workload {
+            revisions: "ControllerRevision",
+            watch: true,
+        },
     },
     Kind {
         api_version: "v1",
         kind: "ConfigMap",
         plural: "configmaps",
-        handled: WRITES,
+        short: &["cm"],
         template: None,
+        role: Role::Source(SourceKind::ConfigMap),
     },
     Kind {
         api_version: "v1",
         kind: "Secret",
         plural: "secrets",
-        handled: WRITES,
+        short: &[],
         template: None,
+        role: Role::Source(SourceKind::Secret),
     },
     Kind {
         api_version: "apps/v1",
         kind: "ReplicaSet",
         plural: "replicasets",
-        handled: CREATES,
+        short: &["rs"],
         template: Some("/spec/template"),
+        role: Role::Revision,
     },
     Kind {
         api_version: "apps/v1",
         kind: "ControllerRevision",
         plural: "controllerrevisions",
-        handled: CREATES,
+        short: &[],
         template: Some("/data/spec/template"),
+        role: Role::Revision,
     },
     Kind {
         api_version: "v1",
         kind: "Pod",
         plural: "pods",
-        handled: &[],
+        short: &["po"],
         template: Some(""),
+        role: Role::Holder,
     },
 ];
 
@@ -100,18 +156,87 @@ pub fn find(kind: &str) -> Option<&'static Kind> {
     KINDS.iter().find(|k| k.kind == kind)
 }
 
+/// The row for a kind as kubectl takes it on the command line: its name,
+/// plural or short name in any case, or `plural.group`.
+pub fn named(text: &str) -> Option<&'static Kind> {
+    let text = text.to_ascii_lowercase();
+    KINDS.iter().find(|k| {
+        let (plural, group) = (k.plural, k.group());
+        text == k.kind.to_ascii_lowercase()
+            || text == plural
+            || k.short.contains(&text.as_str())
+            || (!group.is_empty()
+                && (text == format!("{plural}.{group}") || text == format!("{}.{group}", k.kind.to_ascii_lowercase())))
+    })
+}
+
 /// Whether the policy acts on this (group, kind, operation); anything else
 /// is accepted untouched.
 pub fn handles(group: &str, kind: &str, operation: &str) -> bool {
     KINDS
         .iter()
-        .any(|k| k.group() == group && k.kind == kind && k.handled.contains(&operation))
+        .any(|k| k.group() == group && k.kind == kind && k.handled().contains(&operation))
 }
 
-/// The kinds whose objects can name a snapshot, with where the template
-/// sits: (apiVersion, kind, template path).
-pub fn holders() -> impl Iterator<Item = (&'static str, &'static str, &'static str)> {
-    KINDS.iter().filter_map(|k| Some((k.api_version, k.kind, k.template?)))
+/// The kinds whose objects can name a snapshot.
+pub fn holders() -> impl Iterator<Item = &'static Kind> {
+    KINDS.iter().filter(|k| k.template.is_some())
+}
+
+/// The pod template of an object of any kind in the table, if it has one.
+pub fn template_of(object: &serde_json::Value) -> Option<&serde_json::Value> {
+    find(object["kind"].as_str()?)?.template_of(object)
+}
+
+/// A kind whose row is a workload: the one type that says what a workload
+/// kind is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkloadKind(&'static Kind);
+
+impl WorkloadKind {
+    pub fn from_kind(kind: &str) -> Option<WorkloadKind> {
+        find(kind)
+            .filter(|k| matches!(k.role, Role::Workload { .. }))
+            .map(WorkloadKind)
+    }
+
+    /// Every workload kind, in the table's order.
+    pub fn all() -> impl Iterator<Item = WorkloadKind> {
+        KINDS
+            .iter()
+            .filter(|k| matches!(k.role, Role::Workload { .. }))
+            .map(WorkloadKind)
+    }
+
+    pub fn row(self) -> &'static Kind {
+        self.0
+    }
+
+    pub fn kind(self) -> &'static str {
+        self.0.kind
+    }
+
+    pub fn api_version(self) -> &'static str {
+        self.0.api_version
+    }
+
+    /// Where its pod template sits.
+    pub fn template(self) -> &'static str {
+        self.0.template.unwrap_or_default()
+    }
+
+    /// The kind of its revisions, with their own template path.
+    pub fn revisions(self) -> &'static Kind {
+        let Role::Workload { revisions, .. } = self.0.role else {
+            unreachable!("a WorkloadKind is made from a workload row")
+        };
+        find(revisions).expect("a workload's revision kind is in the table")
+    }
+
+    /// Whether a change of a source it watches rolls it out.
+    pub fn watches(self) -> bool {
+        matches!(self.0.role, Role::Workload { watch: true, .. })
+    }
 }
 
 #[cfg(test)]
@@ -128,5 +253,30 @@ mod tests {
         assert!(!handles("apps", "ReplicaSet", "UPDATE"));
         assert!(!handles("", "Pod", "CREATE"));
         assert_eq!(holders().count(), 6);
+    }
+
+    /// Every workload's revision kind is a revision row with a template.
+    #[test]
+    fn each_workload_names_a_revision_kind_of_the_table() {
+        for w in WorkloadKind::all() {
+            let r = w.revisions();
+            assert_eq!(r.role, Role::Revision, "{}", w.kind());
+            assert!(r.template.is_some_and(|t| !t.is_empty()), "{}", r.kind);
+            assert!(w.template().starts_with('/'));
+        }
+        assert_eq!(WorkloadKind::from_kind("ReplicaSet"), None);
+        assert_eq!(
+            WorkloadKind::from_kind("StatefulSet").unwrap().revisions().template,
+            Some("/data/spec/template")
+        );
+    }
+
+    #[test]
+    fn a_pod_is_its_own_template() {
+        let pod = serde_json::json!({"kind": "Pod", "spec": {"containers": []}});
+        assert_eq!(template_of(&pod), Some(&pod));
+        let rs = serde_json::json!({"kind": "ReplicaSet", "spec": {"template": {"spec": {}}}});
+        assert_eq!(template_of(&rs), Some(&rs["spec"]["template"]));
+        assert_eq!(template_of(&serde_json::json!({"kind": "ConfigMap"})), None);
     }
 }

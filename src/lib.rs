@@ -8,10 +8,11 @@
 
 pub mod checksum;
 pub mod content;
+pub mod context;
 pub mod duration;
 pub mod host;
+pub mod host_error;
 pub mod keys;
-pub mod kind;
 pub mod kinds;
 pub mod operation;
 pub mod optin;
@@ -21,9 +22,11 @@ pub mod records;
 pub mod references;
 pub mod request;
 pub mod revision;
+pub mod rewrite;
 pub mod screen;
 pub mod selection;
 pub mod settings;
+pub mod source;
 pub mod sweep;
 pub mod template;
 pub mod watch;
@@ -34,11 +37,11 @@ pub mod workload;
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
 
-use host::{Cluster, Host};
-use kind::SourceKind;
+use context::Context;
+use host::{Host, HostApi};
+use kinds::Role;
 use request::{Outcome, Payload, SAY};
 use settings::Settings;
-use workload::{Context, WorkloadKind};
 
 /// Evaluates one validate payload (`{"request": …, "settings": …}`) and
 /// returns the Kubewarden response. Never panics on bad input: every parse
@@ -72,7 +75,7 @@ pub(crate) fn decide(payload: &[u8], host: &dyn Host) -> Outcome {
         return Outcome::accept();
     };
     let ctx = Context {
-        cluster: Cluster::new(host),
+        host: HostApi::new(host),
         settings: &settings,
         namespace: &req.namespace,
         dry_run: req.dry_run,
@@ -81,12 +84,17 @@ pub(crate) fn decide(payload: &[u8], host: &dyn Host) -> Outcome {
     if !kinds::handles(group, kind, op) {
         return Outcome::accept();
     }
-    if let Some(w) = WorkloadKind::from_kind(kind) {
-        workload::admit(&ctx, w, op, object, req.old_object)
-    } else if let Some(k) = SourceKind::from_kind(kind) {
-        watch::admit(&ctx, k, op, object, req.old_object)
-    } else {
-        revision::admit(&ctx, kind, object)
+    let Some(row) = kinds::find(kind) else {
+        return Outcome::accept();
+    };
+    match row.role {
+        Role::Workload { .. } => match kinds::WorkloadKind::from_kind(kind) {
+            Some(w) => workload::admit(&ctx, w, op, object, req.old_object),
+            None => Outcome::accept(),
+        },
+        Role::Source(k) => watch::admit(&ctx, k, op, object, req.old_object),
+        Role::Revision => revision::admit(&ctx, row, object),
+        Role::Holder => Outcome::accept(),
     }
 }
 
@@ -99,7 +107,7 @@ pub fn validate_settings(payload: &[u8]) -> Vec<u8> {
         },
         Err(e) => kubewarden_policy_sdk::settings::SettingsValidationResponse {
             valid: false,
-            message: Some(e),
+            message: Some(e.to_string()),
         },
     };
     serde_json::to_vec(&response).unwrap_or_default()
@@ -112,9 +120,22 @@ mod guest {
     /// The waPC host, as the policy sees it when running in wasm.
     struct WapcHost;
 
+    /// What wapc-guest puts before the bytes a host wrote for a failed
+    /// call (its `Display`); the bytes are the host's.
+    const HOST_ERROR: &str = "Host error: ";
+
     impl crate::host::Host for WapcHost {
-        fn call(&self, binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, String> {
-            wapc_guest::host_call(binding, namespace, operation, payload).map_err(|e| e.to_string())
+        fn call(
+            &self,
+            binding: &str,
+            namespace: &str,
+            operation: &str,
+            payload: &[u8],
+        ) -> Result<Vec<u8>, crate::host::CallError> {
+            wapc_guest::host_call(binding, namespace, operation, payload).map_err(|e| {
+                let text = e.to_string();
+                crate::host::CallError::from_host(text.strip_prefix(HOST_ERROR).unwrap_or(&text).as_bytes())
+            })
         }
     }
 

@@ -5,11 +5,31 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::duration::parse_go_duration;
+use crate::duration::{parse_go_duration, DurationError};
 use crate::keys;
-use crate::kind::SourceId;
-use crate::selection::SourceList;
+use crate::selection::{ListError, SourceList};
 use crate::settings::Settings;
+use crate::source::SourceId;
+
+/// Why a workload's annotations were refused: each names the annotation
+/// and the token.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OptInError {
+    #[error(transparent)]
+    List(#[from] ListError),
+    #[error("{annotation}: bad token {value:?}: {source}")]
+    Renew {
+        annotation: &'static str,
+        value: String,
+        source: DurationError,
+    },
+    #[error("{annotation}: bad token {value:?}: must be at least {min}s")]
+    RenewTooShort {
+        annotation: &'static str,
+        value: String,
+        min: u64,
+    },
+}
 
 #[derive(Debug, Clone, Default)]
 pub struct OptIn {
@@ -30,9 +50,9 @@ impl OptIn {
     pub fn from_annotations(
         annotations: Option<&serde_json::Map<String, Value>>,
         settings: &Settings,
-    ) -> Result<OptIn, String> {
+    ) -> Result<OptIn, OptInError> {
         let get = |key: &str| annotations.and_then(|a| a.get(key)).and_then(Value::as_str);
-        let list = |key: &str, wildcard: bool| -> Result<SourceList, String> {
+        let list = |key: &str, wildcard: bool| -> Result<SourceList, ListError> {
             match get(key) {
                 Some(v) => SourceList::parse(key, v, wildcard),
                 None => Ok(SourceList::default()),
@@ -50,13 +70,17 @@ impl OptIn {
         let renew_secs = match get(keys::RENEW_DURATION) {
             None => None,
             Some(v) => {
-                let secs =
-                    parse_go_duration(v).map_err(|e| format!("{}: bad token {v:?}: {e}", keys::RENEW_DURATION))?;
+                let secs = parse_go_duration(v).map_err(|source| OptInError::Renew {
+                    annotation: keys::RENEW_DURATION,
+                    value: v.to_string(),
+                    source,
+                })?;
                 if secs < MIN_RENEW_SECS {
-                    return Err(format!(
-                        "{}: bad token {v:?}: must be at least {MIN_RENEW_SECS}s",
-                        keys::RENEW_DURATION
-                    ));
+                    return Err(OptInError::RenewTooShort {
+                        annotation: keys::RENEW_DURATION,
+                        value: v.to_string(),
+                        min: MIN_RENEW_SECS,
+                    });
                 }
                 Some(secs)
             }
@@ -95,10 +119,10 @@ impl OptIn {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kind::SourceKind;
+    use crate::source::SourceKind;
     use serde_json::json;
 
-    fn opt(ann: Value, settings: &Settings) -> Result<OptIn, String> {
+    fn opt(ann: Value, settings: &Settings) -> Result<OptIn, OptInError> {
         OptIn::from_annotations(ann.as_object(), settings)
     }
     fn cm(n: &str) -> SourceId {
@@ -132,12 +156,19 @@ mod tests {
     fn bad_values_name_annotation_and_token() {
         let s = Settings::default();
         let e = opt(json!({keys::RENEW_DURATION: "3 days"}), &s).unwrap_err();
-        assert!(e.contains(keys::RENEW_DURATION) && e.contains("3 days"), "{e}");
+        assert!(
+            matches!(&e, OptInError::Renew { value, .. } if value == "3 days"),
+            "{e}"
+        );
+        assert!(e.to_string().contains(keys::RENEW_DURATION), "{e}");
         let e = opt(json!({keys::RENEW_DURATION: "5s"}), &s).unwrap_err();
-        assert!(e.contains("5s"), "{e}");
+        assert!(
+            matches!(&e, OptInError::RenewTooShort { value, .. } if value == "5s"),
+            "{e}"
+        );
         let e = opt(json!({keys::EXCLUDE: "*"}), &s).unwrap_err();
-        assert!(e.contains(keys::EXCLUDE), "{e}");
-        let e = opt(json!({keys::WATCH: "configmap/"}), &s).unwrap_err();
+        assert!(e.to_string().contains(keys::EXCLUDE), "{e}");
+        let e = opt(json!({keys::WATCH: "configmap/"}), &s).unwrap_err().to_string();
         assert!(e.contains(keys::WATCH) && e.contains("configmap/"), "{e}");
         assert_eq!(
             opt(json!({keys::RENEW_DURATION: "1h30m"}), &s).unwrap().renew_secs,

@@ -2,21 +2,26 @@
 //! where its references should point, which snapshots must be created
 //! first, and what the workload's records say afterwards (docs/design.md,
 //! "Workload admission" and "A rollback always wins").
+//!
+//! Planning does no I/O of its own: it gets the request, the settings, the
+//! clock and a [`Lookup`] for the few objects a decision may need (a
+//! source to snapshot, the revisions a rollback is looked up in), which
+//! the admission answers from the host and a test from plain data.
 
 use serde_json::Value;
 
 use crate::content::{self, Content};
 use crate::duration::parse_rfc3339;
 use crate::keys;
-use crate::kind::SourceKind;
+use crate::kinds::WorkloadKind;
 use crate::optin::OptIn;
-use crate::reads::Reads;
+use crate::reads::Lookup;
 use crate::records::{generation, Rollback, WatchRollout};
 use crate::references::{self, Reference, SourceRefs};
 use crate::request::{Rejection, SAY};
-use crate::settings::{OnMissingSource, OnSnapshotFailure};
+use crate::settings::{OnMissingSource, OnSnapshotFailure, Settings};
+use crate::source::SourceKind;
 use crate::template::{self, Mapping, Snapshots};
-use crate::workload::{Context, WorkloadKind};
 
 pub const SA_TOKEN: &str = "kubernetes.io/service-account-token";
 
@@ -83,8 +88,12 @@ pub struct Plan {
 
 /// Decides, for each source the template references, where it should point.
 pub struct Planner<'a> {
-    pub ctx: &'a Context<'a>,
-    pub reads: &'a Reads<'a>,
+    pub settings: &'a Settings,
+    /// The request's namespace, where snapshots are made.
+    pub namespace: &'a str,
+    pub lookup: &'a dyn Lookup,
+    /// The host's clock (unix seconds): renewals and rollbacks are dated.
+    pub now: i64,
     pub kind: WorkloadKind,
     pub object: &'a Value,
     pub old: Option<&'a Value>,
@@ -103,21 +112,21 @@ struct RevisionMatch {
 
 impl<'a> Planner<'a> {
     fn template(&self) -> &'a Value {
-        &self.object["spec"]["template"]
+        self.object.pointer(self.kind.template()).unwrap_or(&Value::Null)
     }
 
     /// What the live object opted in, before this write.
     fn old_optin(&self) -> Option<OptIn> {
         let annotations = self.old?.pointer("/metadata/annotations").and_then(Value::as_object);
-        OptIn::from_annotations(annotations, self.ctx.settings).ok()
+        OptIn::from_annotations(annotations, self.settings).ok()
     }
 
     fn old_template(&self) -> Option<&'a Value> {
-        self.old.and_then(|o| o.pointer("/spec/template"))
+        self.old.and_then(|o| o.pointer(self.kind.template()))
     }
 
     pub fn plan(&self) -> Result<Plan, Rejection> {
-        let settings = self.ctx.settings;
+        let settings = self.settings;
         let template = self.template();
         let old_template = self.old_template();
         let refs = references::collect(template);
@@ -208,7 +217,7 @@ impl<'a> Planner<'a> {
             if known.contains(r.kind, &r.name) || !template::looks_like_snapshot(&r.name) {
                 continue;
             }
-            if let Ok(Some(object)) = self.reads.get(r.kind, &r.name) {
+            if let Ok(Some(object)) = self.lookup.source(r.kind, &r.name) {
                 if let Some(source) = keys::snapshot_source(&object) {
                     known.insert(r.kind, &r.name, source);
                 }
@@ -274,7 +283,7 @@ impl<'a> Planner<'a> {
         }
         let rolled_back = self.old.and_then(Rollback::of).map(|r| r.at);
         let last = renewed.max(rolled_back);
-        let now = self.ctx.cluster.now();
+        let now = self.now;
         match last {
             Some(t) if now.saturating_sub(t) < every as i64 => (false, renewed),
             _ => (true, Some(now)),
@@ -298,10 +307,10 @@ impl<'a> Planner<'a> {
                 // (`records::generation_after`).
                 generation: self.old.map(generation).unwrap_or(0) + 1,
                 count: self.old.map_or(0, Rollback::count_of) + 1,
-                at: self.ctx.cluster.now(),
+                at: self.now,
                 sources: groups
                     .iter()
-                    .filter(|g| self.optin.watches(&g.id, self.ctx.settings))
+                    .filter(|g| self.optin.watches(&g.id, self.settings))
                     .filter_map(|g| Some((g.id.clone(), self.declined(g)?)))
                     .collect(),
             }),
@@ -334,7 +343,7 @@ impl<'a> Planner<'a> {
     /// may roll it forward until its references move); none when it does
     /// not exist (its creation is a change).
     fn declined(&self, group: &SourceRefs) -> Option<String> {
-        match self.reads.get(group.id.kind, &group.id.name) {
+        match self.lookup.source(group.id.kind, &group.id.name) {
             Ok(Some(source)) => Content::from_object(group.id.kind, &source)
                 .ok()
                 .map(|c| content::snapshot_name(&group.id.name, &c.subset(group.key_subset().as_ref()).hash())),
@@ -352,10 +361,10 @@ impl<'a> Planner<'a> {
         warnings: &mut Vec<String>,
     ) -> Result<Option<(String, Value)>, Rejection> {
         let id = &group.id;
-        let source = match self.reads.get(id.kind, &id.name) {
+        let source = match self.lookup.source(id.kind, &id.name) {
             Ok(s) => s,
             Err(e) => {
-                return match self.ctx.settings.on_snapshot_failure {
+                return match self.settings.on_snapshot_failure {
                     OnSnapshotFailure::Reject => Err(Rejection::new(format!("{SAY}could not read {id}: {e}"), 500)),
                     OnSnapshotFailure::Warn => {
                         warnings.push(format!("{SAY}could not read {id}, left its references unchanged: {e}"));
@@ -372,7 +381,7 @@ impl<'a> Planner<'a> {
             if group.all_optional() {
                 return Ok(None);
             }
-            return match self.ctx.settings.on_missing_source {
+            return match self.settings.on_missing_source {
                 OnMissingSource::Warn => {
                     warnings.push(format!(
                         "{SAY}{id} does not exist yet; left the reference to it unchanged"
@@ -405,7 +414,7 @@ impl<'a> Planner<'a> {
             .pointer("/metadata/resourceVersion")
             .and_then(Value::as_str)
             .unwrap_or("");
-        Ok(Some(content::snapshot_object(id, self.ctx.namespace, rv, &content)))
+        Ok(Some(content::snapshot_object(id, self.namespace, rv, &content)))
     }
 
     /// Looks the new template up among this workload's revisions. The
@@ -414,27 +423,19 @@ impl<'a> Planner<'a> {
     fn match_revisions(&self, normalised: &Value, known: &Snapshots, warnings: &mut Vec<String>) -> RevisionMatch {
         let uid = self.object.pointer("/metadata/uid").and_then(Value::as_str);
         let selector = label_selector(self.object.pointer("/spec/selector/matchLabels"));
-        let (kind, masks, path): (&str, &[&str], &str) = match self.kind {
-            WorkloadKind::Deployment => (
-                "ReplicaSet",
-                &["metadata.ownerReferences", "spec.template"],
-                "/spec/template",
-            ),
-            _ => (
-                "ControllerRevision",
-                &["metadata.ownerReferences", "data"],
-                "/data/spec/template",
-            ),
-        };
-        let revisions = match self
-            .ctx
-            .cluster
-            .list("apps/v1", kind, self.ctx.namespace, selector, masks)
-        {
+        let revision = self.kind.revisions();
+        let template_mask = revision
+            .template
+            .unwrap_or_default()
+            .trim_start_matches('/')
+            .replace('/', ".");
+        let masks = ["metadata.ownerReferences", template_mask.as_str()];
+        let revisions = match self.lookup.revisions(revision, selector, &masks) {
             Ok(items) => items,
             Err(e) => {
                 warnings.push(format!(
-                    "{SAY}could not list {kind}s to detect a rollback, treated as a new rollout: {e}"
+                    "{SAY}could not list {}s to detect a rollback, treated as a new rollout: {e}",
+                    revision.kind
                 ));
                 return RevisionMatch::default();
             }
@@ -442,7 +443,7 @@ impl<'a> Planner<'a> {
         let new_raw = template::without_controller_marks(self.template());
         let mut found = RevisionMatch::default();
         for rev in revisions.iter().filter(|r| owned_by(r, uid, self.kind.kind())) {
-            let Some(t) = rev.pointer(path) else { continue };
+            let Some(t) = revision.template_of(rev) else { continue };
             if template::normalise_with(t, known) == *normalised {
                 found.normalised = true;
                 found.exact |= template::without_controller_marks(t) == new_raw;

@@ -3,7 +3,7 @@
 
 use crate::content::Content;
 use crate::fake::FakeHost;
-use crate::kind::SourceKind;
+use crate::source::SourceKind;
 use crate::{evaluate, keys, references, template};
 use proptest::prelude::*;
 use serde_json::{json, Value};

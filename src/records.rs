@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use crate::duration::{format_rfc3339, parse_rfc3339};
 use crate::keys;
-use crate::kind::{SourceId, SourceKind};
+use crate::source::{SourceId, SourceKind};
 
 /// `config-snapshot.io/rollback`: a rollback and the source contents it
 /// declined.
@@ -62,11 +62,11 @@ fn parse_id(text: &str) -> Option<SourceId> {
 
 /// A workload as the owner of a snapshot it names: kind, name, and uid when
 /// it exists already (on CREATE it has none yet).
-pub fn owner_of(kind: &str, workload: &Value) -> Value {
+pub fn owner_of(kind: crate::kinds::WorkloadKind, workload: &Value) -> Value {
     let meta = &workload["metadata"];
     serde_json::json!({
-        "apiVersion": "apps/v1",
-        "kind": kind,
+        "apiVersion": kind.api_version(),
+        "kind": kind.kind(),
         "name": meta["name"],
         "uid": meta["uid"],
     })

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 
-use crate::kind::{SourceId, SourceKind};
+use crate::source::{SourceId, SourceKind};
 
 /// One reference: where it is and what it selects.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,27 +10,23 @@
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use crate::host::WriteError;
+use crate::context::Context;
+use crate::kinds::Kind;
 use crate::references;
 use crate::request::{Outcome, SAY};
 use crate::template::Mapping;
-use crate::workload::Context;
 
-pub fn admit(ctx: &Context, kind: &str, raw: &RawValue) -> Outcome {
+pub fn admit(ctx: &Context, revision: &Kind, raw: &RawValue) -> Outcome {
     if ctx.dry_run || !raw.get().contains(crate::keys::SNAPSHOTS) {
         return Outcome::accept();
     }
     let Ok(object) = serde_json::from_str::<Value>(raw.get()) else {
         return Outcome::accept();
     };
-    let path = if kind == "ReplicaSet" {
-        "/spec/template"
-    } else {
-        "/data/spec/template"
-    };
-    let Some(template) = object.pointer(path) else {
+    let Some(template) = revision.template_of(&object) else {
         return Outcome::accept();
     };
+    let kind = revision.kind;
     let snapshots = used_snapshots(template);
     if snapshots.is_empty() {
         return Outcome::accept();
@@ -39,18 +35,17 @@ pub fn admit(ctx: &Context, kind: &str, raw: &RawValue) -> Outcome {
         .pointer("/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    let owner = json!({"apiVersion": "apps/v1", "kind": kind, "name": name});
-    match ctx.cluster.adopt(owner, snapshots) {
+    let owner = json!({"apiVersion": revision.api_version, "kind": kind, "name": name});
+    match ctx.host.adopt(owner, snapshots) {
         Ok(()) => Outcome::accept(),
         // Stock Kubewarden: nothing adopts, and the snapshots (made by an
         // earlier host) are kept by the sweep while referenced.
-        Err(WriteError::Unsupported(m)) => Outcome::accept_with(vec![format!(
-            "{SAY}this host cannot adopt the snapshots of {kind} {name} ({m}); they are kept while referenced"
+        Err(e) if e.unsupported() => Outcome::accept_with(vec![format!(
+            "{SAY}this host cannot adopt the snapshots of {kind} {name} ({e}); they are kept while referenced"
         )]),
         Err(e) => Outcome::reject(
             format!(
-                "{SAY}could not ask the host to adopt the snapshots of {kind} {name}, so it is refused until it can (the controller retries): {}",
-                e.message()
+                "{SAY}could not ask the host to adopt the snapshots of {kind} {name}, so it is refused until it can (the controller retries): {e}"
             ),
             500,
         ),

@@ -16,9 +16,10 @@ use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::kinds::WorkloadKind;
 use crate::request::{Gvk, Outcome};
 use crate::settings::Settings;
-use crate::workload::{self, Quick, WorkloadKind};
+use crate::workload::{self, Quick};
 
 /// The answer for a workload that neither opts in nor carries our marks:
 /// `None` when the full path must decide.

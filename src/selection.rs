@@ -1,7 +1,7 @@
 //! The source lists in workload annotations and settings:
 //! `*`, or a comma list of `configmap/NAME`, `secret/NAME` or bare `NAME`.
 
-use crate::kind::{SourceId, SourceKind};
+use crate::source::{SourceId, SourceKind};
 
 /// One entry of a source list.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,6 +24,20 @@ impl Pattern {
     }
 }
 
+/// Why a source list was refused: each names the annotation or setting
+/// and quotes the offending token, so users can find it in a long list.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ListError {
+    #[error("{what}: empty source list {value:?}")]
+    Empty { what: String, value: String },
+    #[error("{what}: \"*\" is not allowed here")]
+    Wildcard { what: String },
+    #[error("{what}: bad token {token:?}: kind must be \"configmap\" or \"secret\"")]
+    Kind { what: String, token: String },
+    #[error("{what}: bad token {token:?}: {name:?} is not a valid object name")]
+    Name { what: String, token: String, name: String },
+}
+
 /// A parsed source list.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SourceList(pub Vec<Pattern>);
@@ -43,7 +57,7 @@ impl SourceList {
 
     /// Parses a list. `what` names the annotation or setting in errors, and the
     /// error quotes the offending token, so users can find it in a long list.
-    pub fn parse(what: &str, value: &str, allow_wildcard: bool) -> Result<Self, String> {
+    pub fn parse(what: &str, value: &str, allow_wildcard: bool) -> Result<Self, ListError> {
         let mut patterns = Vec::new();
         for raw in value.split(',') {
             let token = raw.trim();
@@ -53,32 +67,39 @@ impl SourceList {
             patterns.push(parse_token(what, token, allow_wildcard)?);
         }
         if patterns.is_empty() && !value.trim().is_empty() {
-            return Err(format!("{what}: empty source list {value:?}"));
+            return Err(ListError::Empty {
+                what: what.to_string(),
+                value: value.to_string(),
+            });
         }
         Ok(SourceList(patterns))
     }
 }
 
-fn parse_token(what: &str, token: &str, allow_wildcard: bool) -> Result<Pattern, String> {
+fn parse_token(what: &str, token: &str, allow_wildcard: bool) -> Result<Pattern, ListError> {
     if token == "*" {
         return if allow_wildcard {
             Ok(Pattern::All)
         } else {
-            Err(format!("{what}: \"*\" is not allowed here"))
+            Err(ListError::Wildcard { what: what.to_string() })
         };
     }
     let (kind, name) = match token.split_once('/') {
         Some((tag, name)) => {
-            let kind = SourceKind::from_tag(tag)
-                .ok_or_else(|| format!("{what}: bad token {token:?}: kind must be \"configmap\" or \"secret\""))?;
+            let kind = SourceKind::from_tag(tag).ok_or_else(|| ListError::Kind {
+                what: what.to_string(),
+                token: token.to_string(),
+            })?;
             (Some(kind), name)
         }
         None => (None, token),
     };
     if !is_dns_subdomain(name) {
-        return Err(format!(
-            "{what}: bad token {token:?}: {name:?} is not a valid object name"
-        ));
+        return Err(ListError::Name {
+            what: what.to_string(),
+            token: token.to_string(),
+            name: name.to_string(),
+        });
     }
     Ok(match kind {
         Some(kind) => Pattern::Exact(SourceId::new(kind, name)),
@@ -125,13 +146,23 @@ mod tests {
 
     #[test]
     fn errors_name_the_annotation_and_the_token() {
-        let err = SourceList::parse("config-snapshot.io/snapshot", "app,volume/x", true).unwrap_err();
+        let err = SourceList::parse("config-snapshot.io/snapshot", "app,volume/x", true)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("config-snapshot.io/snapshot"), "{err}");
         assert!(err.contains("volume/x"), "{err}");
         let err = SourceList::parse("config-snapshot.io/watch", "Bad_Name", true).unwrap_err();
-        assert!(err.contains("Bad_Name"), "{err}");
+        assert!(
+            matches!(&err, ListError::Name { name, .. } if name == "Bad_Name"),
+            "{err}"
+        );
         let err = SourceList::parse("config-snapshot.io/exclude", "*", false).unwrap_err();
-        assert!(err.contains("config-snapshot.io/exclude") && err.contains('*'), "{err}");
+        assert_eq!(
+            err,
+            ListError::Wildcard {
+                what: "config-snapshot.io/exclude".into()
+            }
+        );
         assert!(SourceList::parse("x", " , ", true).is_err());
         assert!(SourceList::parse("x", &"a".repeat(254), true).is_err());
     }

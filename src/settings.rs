@@ -2,9 +2,22 @@
 
 use serde::Deserialize;
 
-use crate::duration::parse_go_duration;
-use crate::kind::SourceId;
-use crate::selection::SourceList;
+use crate::duration::{parse_go_duration, DurationError};
+use crate::selection::{ListError, SourceList};
+use crate::source::SourceId;
+
+/// Why settings were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SettingsError {
+    /// Not JSON, an unknown key, or a value of the wrong type: serde's
+    /// message names the key and the value.
+    #[error("invalid settings: {0}")]
+    Json(String),
+    #[error(transparent)]
+    Excluded(#[from] ListError),
+    #[error("orphanGracePeriod: {0}")]
+    GracePeriod(#[from] DurationError),
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -75,11 +88,11 @@ impl Default for Settings {
 }
 
 impl TryFrom<RawSettings> for Settings {
-    type Error = String;
+    type Error = SettingsError;
 
-    fn try_from(raw: RawSettings) -> Result<Self, String> {
+    fn try_from(raw: RawSettings) -> Result<Self, SettingsError> {
         let excluded = SourceList::parse("excludedSources", &raw.excluded_sources.join(","), false)?;
-        let grace = parse_go_duration(&raw.orphan_grace_period).map_err(|e| format!("orphanGracePeriod: {e}"))?;
+        let grace = parse_go_duration(&raw.orphan_grace_period)?;
         Ok(Settings {
             snapshot_by_default: raw.snapshot_by_default,
             watch_by_default: raw.watch_by_default,
@@ -94,12 +107,12 @@ impl TryFrom<RawSettings> for Settings {
 
 impl Settings {
     /// Parses settings JSON; `null` or an empty payload means the defaults.
-    pub fn from_json(payload: &[u8]) -> Result<Self, String> {
+    pub fn from_json(payload: &[u8]) -> Result<Self, SettingsError> {
         let trimmed = payload.trim_ascii();
         if trimmed.is_empty() || trimmed == b"null" {
             return Ok(Settings::default());
         }
-        let raw: RawSettings = serde_json::from_slice(trimmed).map_err(|e| format!("invalid settings: {e}"))?;
+        let raw: RawSettings = serde_json::from_slice(trimmed).map_err(|e| SettingsError::Json(e.to_string()))?;
         Settings::try_from(raw)
     }
 
@@ -111,7 +124,7 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kind::SourceKind;
+    use crate::source::SourceKind;
 
     #[test]
     fn defaults_match_the_spec() {
@@ -146,14 +159,22 @@ mod tests {
 
     #[test]
     fn bad_settings_are_refused_with_a_clear_message() {
-        let err = Settings::from_json(br#"{"watchByDefalut":true}"#).unwrap_err();
+        let err = Settings::from_json(br#"{"watchByDefalut":true}"#)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("watchByDefalut"), "{err}");
-        let err = Settings::from_json(br#"{"onMissingSource":"ignore"}"#).unwrap_err();
+        let err = Settings::from_json(br#"{"onMissingSource":"ignore"}"#)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("ignore"), "{err}");
         let err = Settings::from_json(br#"{"orphanGracePeriod":"ten minutes"}"#).unwrap_err();
-        assert!(err.contains("orphanGracePeriod"), "{err}");
+        assert!(matches!(err, SettingsError::GracePeriod(_)), "{err}");
+        assert!(err.to_string().contains("orphanGracePeriod"), "{err}");
         let err = Settings::from_json(br#"{"excludedSources":["*"]}"#).unwrap_err();
-        assert!(err.contains("excludedSources"), "{err}");
+        assert!(
+            matches!(err, SettingsError::Excluded(ListError::Wildcard { .. })),
+            "{err}"
+        );
         assert!(Settings::from_json(b"[1,2]").is_err());
     }
 }

@@ -11,19 +11,22 @@ use std::collections::BTreeSet;
 use serde_json::Value;
 
 use crate::content::source_label;
+use crate::context::Context;
 use crate::duration::parse_rfc3339;
 use crate::keys;
-use crate::kind::{SourceId, SourceKind};
+use crate::kinds::Kind;
 use crate::references;
-use crate::workload::Context;
+use crate::source::{SourceId, SourceKind};
 
 /// The field masks that fetch a holder's reference fields and nothing else.
-pub fn holder_masks(template_path: &str) -> Vec<String> {
-    references::masks(match template_path {
-        "" => "",
-        "/spec/template" => "spec.template.",
-        _ => "data.spec.template.",
-    })
+pub fn holder_masks(holder: &Kind) -> Vec<String> {
+    let path = holder.template.unwrap_or_default();
+    let prefix = if path.is_empty() {
+        String::new()
+    } else {
+        format!("{}.", path.trim_start_matches('/').replace('/', "."))
+    };
+    references::masks(&prefix)
 }
 
 /// The fields of a snapshot the sweep decides on.
@@ -37,15 +40,10 @@ pub const SNAPSHOT_MASKS: [&str; 7] = [
     "metadata.creationTimestamp",
 ];
 
-/// Adds the names of `kind` that `holder` (an object of a [`crate::kinds::holders`] kind
-/// whose template sits at `template_path`) references.
-pub fn add_references(names: &mut BTreeSet<String>, holder: &Value, template_path: &str, kind: SourceKind) {
-    let template = if template_path.is_empty() {
-        Some(holder)
-    } else {
-        holder.pointer(template_path)
-    };
-    if let Some(t) = template {
+/// Adds the names of `kind` that `holder` (an object of a
+/// [`crate::kinds::holders`] kind) references.
+pub fn add_references(names: &mut BTreeSet<String>, holder: &Value, kind: SourceKind) {
+    if let Some(t) = crate::kinds::template_of(holder) {
         names.extend(
             references::collect(t)
                 .into_iter()
@@ -108,7 +106,7 @@ pub fn sweep(ctx: &Context, source: &SourceId, keep: &str) {
         source_label(&source.name)
     );
     let Ok(snapshots) = ctx
-        .cluster
+        .host
         .list("v1", source.kind.kind(), ctx.namespace, Some(selector), &SNAPSHOT_MASKS)
     else {
         return;
@@ -121,7 +119,7 @@ pub fn sweep(ctx: &Context, source: &SourceId, keep: &str) {
                 && keys::snapshot_source(s) == Some(source.name.as_str())
                 && is_orphan(
                     s,
-                    *now.get_or_insert_with(|| ctx.cluster.now()),
+                    *now.get_or_insert_with(|| ctx.host.now()),
                     ctx.settings.orphan_grace_period_secs,
                 )
         })
@@ -139,7 +137,7 @@ pub fn sweep(ctx: &Context, source: &SourceId, keep: &str) {
         };
         if !referenced.contains(name) {
             let rv = meta["resourceVersion"].as_str();
-            let _ = ctx.cluster.delete_snapshot(source.kind.kind(), name, uid, rv);
+            let _ = ctx.host.delete_snapshot(source.kind.kind(), name, uid, rv);
         }
     }
 }
@@ -148,15 +146,15 @@ pub fn sweep(ctx: &Context, source: &SourceId, keep: &str) {
 /// references. `None` if any list failed: then nothing may be deleted.
 fn referenced_names(ctx: &Context, kind: SourceKind) -> Option<BTreeSet<String>> {
     let mut names = BTreeSet::new();
-    for (api_version, holder, path) in crate::kinds::holders() {
-        let masks = holder_masks(path);
+    for holder in crate::kinds::holders() {
+        let masks = holder_masks(holder);
         let masks: Vec<&str> = masks.iter().map(String::as_str).collect();
         let items = ctx
-            .cluster
-            .list(api_version, holder, ctx.namespace, None, &masks)
+            .host
+            .list(holder.api_version, holder.kind, ctx.namespace, None, &masks)
             .ok()?;
         for item in &items {
-            add_references(&mut names, item, path, kind);
+            add_references(&mut names, item, kind);
         }
     }
     Some(names)
@@ -168,12 +166,12 @@ mod tests {
 
     use super::{must_mark_reuse, REUSE_MARGIN_SECS};
     use crate::content::{snapshot_object, Content};
+    use crate::context::Context;
     use crate::duration::format_rfc3339;
     use crate::fake::FakeHost;
-    use crate::host::Cluster;
-    use crate::kind::{SourceId, SourceKind};
+    use crate::host::HostApi;
     use crate::settings::Settings;
-    use crate::workload::Context;
+    use crate::source::{SourceId, SourceKind};
 
     const NOW: i64 = 1_800_000_000;
 
@@ -196,7 +194,7 @@ mod tests {
     fn sweep(host: &FakeHost, keep: &str) {
         let settings = Settings::default();
         let ctx = Context {
-            cluster: Cluster::new(host),
+            host: HostApi::new(host),
             settings: &settings,
             namespace: "default",
             dry_run: false,

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use crate::keys;
-use crate::kind::{SourceId, SourceKind};
 use crate::references::{self, Reference, SourceRefs};
+use crate::source::{SourceId, SourceKind};
 
 /// `config-snapshot.io/snapshots`: source (`configmap/app`) → snapshot name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

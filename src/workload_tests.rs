@@ -372,10 +372,12 @@ fn without_the_capability_checksum_mode_stamps_hashes_with_one_warning() {
     let mutated = out.mutated.unwrap();
     assert_eq!(names(&mutated), ("app".into(), "creds".into(), "extra".into()));
     let ann = &mutated["spec"]["template"]["metadata"]["annotations"];
-    let expected =
-        crate::content::Content::from_object(crate::kind::SourceKind::ConfigMap, &cm("app", json!({"mode": "blue"})))
-            .unwrap()
-            .hash();
+    let expected = crate::content::Content::from_object(
+        crate::source::SourceKind::ConfigMap,
+        &cm("app", json!({"mode": "blue"})),
+    )
+    .unwrap()
+    .hash();
     assert_eq!(ann["config-snapshot.io/checksum-configmap-app"], expected);
     assert!(ann["config-snapshot.io/checksum-secret-creds"].is_string());
     assert!(ann[keys::SNAPSHOTS].is_null());
@@ -401,7 +403,7 @@ fn without_the_capability_checksum_mode_stamps_hashes_with_one_warning() {
 
 #[test]
 fn checksum_keys_are_shortened_past_63() {
-    use crate::kind::{SourceId, SourceKind};
+    use crate::source::{SourceId, SourceKind};
     let short = crate::checksum::checksum_key(&SourceId::new(SourceKind::Secret, "tls"));
     assert_eq!(short, "config-snapshot.io/checksum-secret-tls");
     let long = crate::checksum::checksum_key(&SourceId::new(SourceKind::ConfigMap, "a".repeat(80)));
@@ -618,8 +620,8 @@ fn dropping_the_opt_in_restores_source_names() {
 /// A snapshot object as the host would have created it for `source`.
 fn snapshot_of_cm(source: &str, data: Value) -> (String, Value) {
     let content =
-        crate::content::Content::from_object(crate::kind::SourceKind::ConfigMap, &json!({"data": data})).unwrap();
-    let id = crate::kind::SourceId::new(crate::kind::SourceKind::ConfigMap, source);
+        crate::content::Content::from_object(crate::source::SourceKind::ConfigMap, &json!({"data": data})).unwrap();
+    let id = crate::source::SourceId::new(crate::source::SourceKind::ConfigMap, source);
     let (name, mut object) = crate::content::snapshot_object(&id, "default", "7", &content);
     object["metadata"]["uid"] = json!(format!("uid-{name}"));
     object["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
@@ -752,7 +754,7 @@ fn a_watch_rollout_back_to_an_old_revision_is_not_a_rollback() {
     let record = |generation: i64| crate::records::WatchRollout {
         generation,
         at: 1_800_000_000,
-        source: crate::kind::SourceId::new(crate::kind::SourceKind::ConfigMap, "app"),
+        source: crate::source::SourceId::new(crate::source::SourceKind::ConfigMap, "app"),
         snapshot: snap_a.clone(),
     };
     let mut back_to_a = on_b.clone();
@@ -796,11 +798,14 @@ fn a_rollback_records_the_watched_content_it_declined_until_references_move() {
     let record = crate::records::Rollback::of(&undone).unwrap();
     let green = crate::content::snapshot_name(
         "app",
-        &crate::content::Content::from_object(crate::kind::SourceKind::ConfigMap, &json!({"data": {"mode": "green"}}))
-            .unwrap()
-            .hash(),
+        &crate::content::Content::from_object(
+            crate::source::SourceKind::ConfigMap,
+            &json!({"data": {"mode": "green"}}),
+        )
+        .unwrap()
+        .hash(),
     );
-    let id = crate::kind::SourceId::new(crate::kind::SourceKind::ConfigMap, "app");
+    let id = crate::source::SourceId::new(crate::source::SourceKind::ConfigMap, "app");
     assert_eq!(record.declined(&id), Some(green.as_str()));
     // A scale keeps the record whole; a roll-forward clears what it declined.
     let mut live = undone.clone();

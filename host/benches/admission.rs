@@ -11,15 +11,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use config_snapshot::capability::{Caller, Capability};
-use config_snapshot::engine::{CallHandler, Engine};
+use config_snapshot::engine::{CallFailure, CallHandler, Engine};
+use config_snapshot::lifecycle::Silent;
 use config_snapshot::memory::Shared;
+use config_snapshot_policy::host::CallError;
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
 use serde_json::{json, Value};
 
-/// The replay cluster's store, without deferred effects: a bench must not
-/// accumulate state across iterations.
+/// The replay cluster's store. Deferred effects stay staged in each
+/// request's capability and are never run: a bench must not accumulate
+/// state across iterations.
 fn store_with(objects: Vec<Value>) -> Arc<Shared> {
-    let shared = Shared::discarding_effects();
+    let shared = Shared::default();
     shared.store().now = 1_800_000_000;
     for o in objects {
         shared.store().persist(o);
@@ -31,21 +34,23 @@ fn store_with(objects: Vec<Value>) -> Arc<Shared> {
 /// payload encoding as the wasm, minus wasm.
 struct Native(Capability);
 impl config_snapshot_policy::host::Host for Native {
-    fn call(&self, b: &str, n: &str, o: &str, p: &[u8]) -> Result<Vec<u8>, String> {
-        self.0.call(b, n, o, p)
+    fn call(&self, b: &str, n: &str, o: &str, p: &[u8]) -> Result<Vec<u8>, CallError> {
+        self.0.answer(b, n, o, p).map_err(CallError::Host)
     }
 }
 
 fn capability(store: &Arc<Shared>) -> Capability {
-    Capability {
-        backend: store.clone(),
-        caller: Caller {
+    Capability::new(
+        store.clone(),
+        Caller {
             uid: "bench".into(),
             namespace: "default".into(),
             dry_run: false,
         },
-        orphan_grace_secs: 600,
-    }
+        600,
+        Arc::default(),
+        Arc::new(Silent),
+    )
 }
 
 fn cm(name: &str, data: Value) -> Value {
@@ -209,12 +214,12 @@ fn b5(c: &mut Criterion) {
     // An old, unowned snapshot of `app`, referenced by one ReplicaSet: a sweep
     // candidate that must be kept, so the sweep lists everything every time.
     let content = config_snapshot_policy::content::Content::from_object(
-        config_snapshot_policy::kind::SourceKind::ConfigMap,
+        config_snapshot_policy::source::SourceKind::ConfigMap,
         &json!({"data": {"k": "old"}}),
     )
     .unwrap();
     let (old_name, mut old_snap) = config_snapshot_policy::content::snapshot_object(
-        &config_snapshot_policy::kind::SourceId::new(config_snapshot_policy::kind::SourceKind::ConfigMap, "app"),
+        &config_snapshot_policy::source::SourceId::new(config_snapshot_policy::source::SourceKind::ConfigMap, "app"),
         "default",
         "1",
         &content,
@@ -240,11 +245,11 @@ fn b5(c: &mut Criterion) {
     d["spec"]["template"]["spec"]["containers"][0]["envFrom"] = json!([{"configMapRef": {"name": "app"}}]);
     let p = payload(&request("Deployment", "apps", "CREATE", &d, None));
     let made = config_snapshot_policy::content::snapshot_object(
-        &config_snapshot_policy::kind::SourceId::new(config_snapshot_policy::kind::SourceKind::ConfigMap, "app"),
+        &config_snapshot_policy::source::SourceId::new(config_snapshot_policy::source::SourceKind::ConfigMap, "app"),
         "default",
         "1",
         &config_snapshot_policy::content::Content::from_object(
-            config_snapshot_policy::kind::SourceKind::ConfigMap,
+            config_snapshot_policy::source::SourceKind::ConfigMap,
             &json!({"data": {"k": "v"}}),
         )
         .unwrap(),
@@ -258,7 +263,7 @@ fn b5(c: &mut Criterion) {
     // figure would be a lie.
     struct ListsReplicaSets(Capability, std::sync::atomic::AtomicBool);
     impl CallHandler for ListsReplicaSets {
-        fn call(&self, b: &str, n: &str, o: &str, p: &[u8]) -> Result<Vec<u8>, String> {
+        fn call(&self, b: &str, n: &str, o: &str, p: &[u8]) -> Result<Vec<u8>, CallFailure> {
             if o == "list_resources_by_namespace" && String::from_utf8_lossy(p).contains("\"ReplicaSet\"") {
                 self.1.store(true, std::sync::atomic::Ordering::SeqCst);
             }

@@ -5,9 +5,6 @@
 //! loopback HTTP to the in-process API server stand-in. The TLS and HTTP
 //! layers in front are not included.
 
-#[path = "../tests/support/apiserver.rs"]
-mod apiserver;
-
 #[path = "../tests/support/paths.rs"]
 mod paths;
 
@@ -16,6 +13,7 @@ use std::time::Duration;
 
 use config_snapshot::engine::Engine;
 use config_snapshot::serve;
+use config_snapshot_testing::standin::ApiServer;
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
 use serde_json::{json, Value};
 
@@ -78,7 +76,7 @@ struct Variant {
 fn b7(c: &mut Criterion) {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let api = runtime.block_on(apiserver::ApiServer::start());
+    let api = runtime.block_on(ApiServer::start());
     let client =
         runtime.block_on(async { kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap() });
     let serve_with = |settings: &Value| {
@@ -139,7 +137,7 @@ fn b7(c: &mut Criterion) {
 fn opted_in(
     group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
     state: &Arc<serve::State>,
-    api: &apiserver::ApiServer,
+    api: &ApiServer,
     variant: &Variant,
     n: usize,
 ) {

@@ -9,7 +9,9 @@ use serde_json::{json, Value};
 use wasm_encoder::{CustomSection, RawSection, Section};
 use wasmparser::{Parser, Payload};
 
-use crate::engine::{CallHandler, Engine};
+use config_snapshot_policy::host_error::{Code, HostError};
+
+use crate::engine::{CallFailure, CallHandler, Engine};
 
 pub const METADATA_SECTION: &str = "io.kubewarden.metadata";
 pub const USAGE_ANNOTATION: &str = "io.kubewarden.policy.usage";
@@ -90,7 +92,10 @@ pub fn imports(wasm: &[u8]) -> Result<Vec<String>> {
 
 struct NoHost;
 impl CallHandler for NoHost {
-    fn call(&self, _: &str, _: &str, op: &str, _: &[u8]) -> Result<Vec<u8>, String> {
-        Err(format!("no host calls while annotating ({op})"))
+    fn call(&self, _: &str, _: &str, op: &str, _: &[u8]) -> Result<Vec<u8>, CallFailure> {
+        Err(CallFailure::Ours(HostError::new(
+            Code::Unsupported,
+            format!("no host calls while annotating ({op})"),
+        )))
     }
 }

@@ -3,12 +3,14 @@
 //! trapped or timed-out evaluation cannot leak state (or locks) into the
 //! next. An epoch ticker stops a runaway policy.
 
+use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context as _, Result};
+use config_snapshot_policy::host_error::{Code, HostError};
 use serde_json::Value;
 use wapc::WapcHost;
 use wasmtime_provider::wasmtime;
@@ -16,8 +18,50 @@ use wasmtime_provider::{EpochDeadlines, WasmtimeEngineProviderBuilder, WasmtimeE
 
 /// Answers the guest's host calls for one request.
 pub trait CallHandler: Send + Sync {
-    fn call(&self, binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, String>;
+    fn call(&self, binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, CallFailure>;
 }
+
+/// What a failed host call hands the guest.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CallFailure {
+    /// Our hosts' answer: a code and a message, as JSON.
+    #[error("{0}")]
+    Ours(#[from] HostError),
+    /// Another host's text, as it writes it: stock Kubewarden, which
+    /// `interactions` plays.
+    #[error("{0}")]
+    Foreign(String),
+}
+
+/// Why a call of the policy gave no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("instantiating the policy: {0}")]
+    Instantiate(String),
+    #[error("initialising the policy: {0}")]
+    Init(String),
+    /// Stopped by the epoch deadline: its instance is discarded.
+    #[error("policy {function} ran past its deadline of {deadline:?} and was stopped")]
+    Deadline { function: String, deadline: Duration },
+    #[error("policy {function} failed: {message}")]
+    Guest { function: String, message: String },
+}
+
+/// A host error on its way to the guest: waPC carries its `Display`, so
+/// ours is the JSON the guest reads its code from.
+#[derive(Debug)]
+struct Wire(CallFailure);
+
+impl fmt::Display for Wire {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            CallFailure::Ours(e) => f.write_str(&String::from_utf8_lossy(&e.to_bytes())),
+            CallFailure::Foreign(text) => f.write_str(text),
+        }
+    }
+}
+
+impl std::error::Error for Wire {}
 
 /// Instances alive at once per engine (concurrent requests).
 pub const MAX_CONCURRENT_INSTANCES: u32 = 64;
@@ -33,6 +77,7 @@ const TICK: Duration = Duration::from_millis(10);
 pub struct Engine {
     pre: WasmtimeEngineProviderPre,
     deadlines: EpochDeadlines,
+    timeout: Duration,
 }
 
 impl Engine {
@@ -104,24 +149,46 @@ impl Engine {
             .enable_epoch_interruptions(deadlines)
             .build_pre()
             .map_err(|e| anyhow!("preparing the policy: {e}"))?;
-        Ok(Engine { pre, deadlines })
+        Ok(Engine {
+            pre,
+            deadlines,
+            timeout,
+        })
     }
 
-    /// Calls one guest function on a fresh instance.
-    pub fn call(&self, function: &str, payload: &[u8], handler: Arc<dyn CallHandler>) -> Result<Vec<u8>> {
+    /// Calls one guest function on a fresh instance. A call that ends in
+    /// an error once its deadline has passed was stopped by it: the epoch
+    /// ticker is the only thing that interrupts a guest.
+    pub fn call(&self, function: &str, payload: &[u8], handler: Arc<dyn CallHandler>) -> Result<Vec<u8>, EngineError> {
         let provider = self
             .pre
             .rehydrate(Some(self.deadlines))
-            .map_err(|e| anyhow!("instantiating the policy: {e}"))?;
+            .map_err(|e| EngineError::Instantiate(e.to_string()))?;
         let callback = move |_id: u64, binding: &str, ns: &str, op: &str, payload: &[u8]| {
             handler
                 .call(binding, ns, op, payload)
-                .map_err(|e| -> Box<dyn std::error::Error + Send + Sync> { e.into() })
+                .map_err(|e| -> Box<dyn std::error::Error + Send + Sync> { Box::new(Wire(e)) })
         };
-        let host = WapcHost::new(Box::new(provider), Some(Box::new(callback)))
-            .map_err(|e| anyhow!("initialising the policy: {}", explain(&e.to_string())))?;
-        host.call(function, payload)
-            .map_err(|e| anyhow!("policy {function} failed: {}", explain(&e.to_string())))
+        let started = Instant::now();
+        let stopped = |message: String| {
+            if started.elapsed() >= self.timeout {
+                EngineError::Deadline {
+                    function: function.to_string(),
+                    deadline: self.timeout,
+                }
+            } else {
+                EngineError::Guest {
+                    function: function.to_string(),
+                    message,
+                }
+            }
+        };
+        let host =
+            WapcHost::new(Box::new(provider), Some(Box::new(callback))).map_err(|e| match stopped(e.to_string()) {
+                EngineError::Guest { message, .. } => EngineError::Init(message),
+                deadline => deadline,
+            })?;
+        host.call(function, payload).map_err(|e| stopped(e.to_string()))
     }
 
     /// `validate` with a Kubewarden payload; returns the ValidationResponse.
@@ -132,31 +199,31 @@ impl Engine {
     }
 
     /// `validate_settings`: `Ok(())` or the policy's message.
-    pub fn validate_settings(&self, settings: &Value) -> Result<Result<(), String>> {
+    pub fn validate_settings(&self, settings: &Value) -> Result<Result<(), InvalidSettings>> {
         let answer = self.call("validate_settings", &serde_json::to_vec(settings)?, Arc::new(NoCalls))?;
         let v: Value = serde_json::from_slice(&answer)?;
         if v["valid"] == true {
             Ok(Ok(()))
         } else {
-            Ok(Err(v["message"].as_str().unwrap_or("invalid settings").to_string()))
+            Ok(Err(InvalidSettings(
+                v["message"].as_str().unwrap_or("invalid settings").to_string(),
+            )))
         }
     }
 }
 
-fn explain(error: &str) -> String {
-    if error.contains("interrupt") || error.contains("epoch") {
-        format!("{error} (the policy ran past its deadline and was stopped)")
-    } else {
-        error.to_string()
-    }
-}
+/// The policy's refusal of its settings, in its words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidSettings(pub String);
 
 struct NoCalls;
 impl CallHandler for NoCalls {
-    fn call(&self, binding: &str, _: &str, operation: &str, _: &[u8]) -> Result<Vec<u8>, String> {
-        Err(format!(
-            "no host calls while validating settings ({binding}/{operation})"
-        ))
+    fn call(&self, binding: &str, _: &str, operation: &str, _: &[u8]) -> Result<Vec<u8>, CallFailure> {
+        Err(CallFailure::Ours(HostError::new(
+            Code::Unsupported,
+            format!("no host calls while validating settings ({binding}/{operation})"),
+        )))
     }
 }
 

@@ -13,8 +13,9 @@ use anyhow::{anyhow, bail, Result};
 use config_snapshot_policy::checksum::checksum_key;
 use config_snapshot_policy::content::hex;
 use config_snapshot_policy::keys;
-use config_snapshot_policy::kind::SourceKind;
+use config_snapshot_policy::kinds::{self, WorkloadKind};
 use config_snapshot_policy::references;
+use config_snapshot_policy::source::SourceKind;
 use config_snapshot_policy::template::{self, Snapshots};
 use serde::Serialize;
 use serde_json::Value;
@@ -27,7 +28,7 @@ use crate::view::View;
 /// `statefulset/db`, `daemonsets/agent`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
-    pub kind: &'static str,
+    pub kind: WorkloadKind,
     pub name: String,
 }
 
@@ -37,11 +38,8 @@ impl Target {
             .split_once('/')
             .filter(|(_, n)| !n.is_empty())
             .ok_or_else(|| anyhow!("{text:?}: name a workload as KIND/NAME, e.g. deploy/web"))?;
-        let kind = match kind.to_ascii_lowercase().as_str() {
-            "deploy" | "deployment" | "deployments" | "deployment.apps" => "Deployment",
-            "sts" | "statefulset" | "statefulsets" | "statefulset.apps" => "StatefulSet",
-            "ds" | "daemonset" | "daemonsets" | "daemonset.apps" => "DaemonSet",
-            other => bail!("{other}: only Deployments, StatefulSets and DaemonSets keep revisions"),
+        let Some(kind) = kinds::named(kind).and_then(|k| WorkloadKind::from_kind(k.kind)) else {
+            bail!("{kind}: only workloads (Deployments, StatefulSets, DaemonSets) keep revisions");
         };
         Ok(Target {
             kind,
@@ -51,25 +49,17 @@ impl Target {
 
     /// The kind that holds this workload's revisions.
     pub fn revision_kind(&self) -> &'static str {
-        if self.kind == "Deployment" {
-            "ReplicaSet"
-        } else {
-            "ControllerRevision"
-        }
+        self.kind.revisions().kind
     }
 
     fn template_path(&self) -> &'static str {
-        if self.kind == "Deployment" {
-            "/spec/template"
-        } else {
-            "/data/spec/template"
-        }
+        self.kind.revisions().template.unwrap_or_default()
     }
 }
 
 impl std::fmt::Display for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.kind.to_ascii_lowercase(), self.name)
+        write!(f, "{}/{}", self.kind.kind().to_ascii_lowercase(), self.name)
     }
 }
 
@@ -248,7 +238,7 @@ pub struct History {
 /// The revisions of `target` the cluster still keeps, oldest first.
 pub fn history(cluster: &dyn View, target: &Target, namespace: &str, now: i64) -> Result<History> {
     let workload = cluster
-        .get(target.kind, namespace, &target.name)
+        .get(target.kind.kind(), namespace, &target.name)
         .ok_or_else(|| anyhow!("{target} not found in namespace {namespace}"))?;
     let uid = workload["metadata"]["uid"].clone();
     let mut kept: Vec<Value> = cluster
@@ -309,7 +299,7 @@ pub fn history(cluster: &dyn View, target: &Target, namespace: &str, now: i64) -
 }
 
 fn revision_number(target: &Target, revision: &Value) -> i64 {
-    if target.kind == "Deployment" {
+    if target.revision_kind() == "ReplicaSet" {
         revision["metadata"]["annotations"][REVISION_ANNOTATION]
             .as_str()
             .and_then(|n| n.parse().ok())
@@ -597,13 +587,13 @@ pub async fn fetch(client: kube::Client, target: &Target, namespace: &str) -> Re
     let as_value = |kind: &str, object: DynamicObject| -> Result<Value> {
         Ok(trim(object, &api_resource(kind).expect("a kind of the table")))
     };
-    let workload = api(target.kind)
+    let workload = api(target.kind.kind())
         .get_opt(&target.name)
         .await
         .map_err(|e| anyhow!("reading {target}: {e}"))?
         .ok_or_else(|| anyhow!("{target} not found in namespace {namespace}"))?;
     let uid = workload.metadata.uid.clone();
-    let mut objects = vec![as_value(target.kind, workload)?];
+    let mut objects = vec![as_value(target.kind.kind(), workload)?];
     let revisions = api(target.revision_kind())
         .list(&ListParams::default())
         .await
@@ -642,8 +632,8 @@ mod tests {
 
     #[test]
     fn workloads_are_named_as_kubectl_names_them() {
-        assert_eq!(Target::parse("deploy/web").unwrap().kind, "Deployment");
-        assert_eq!(Target::parse("StatefulSets/db").unwrap().kind, "StatefulSet");
+        assert_eq!(Target::parse("deploy/web").unwrap().kind.kind(), "Deployment");
+        assert_eq!(Target::parse("StatefulSets/db").unwrap().kind.kind(), "StatefulSet");
         assert_eq!(Target::parse("ds/agent").unwrap().revision_kind(), "ControllerRevision");
         assert!(Target::parse("web").unwrap_err().to_string().contains("KIND/NAME"));
         assert!(Target::parse("pod/web")

@@ -25,7 +25,7 @@ use config_snapshot_policy::operation::KUBEWARDEN;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::engine::CallHandler;
+use crate::engine::{CallFailure, CallHandler};
 
 /// policy-evaluator's `CallbackRequestType`, the variants a Kubernetes
 /// policy can cause. Field names and order are policy-evaluator's, so the
@@ -170,6 +170,8 @@ impl Replayer {
         self.exchanges.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
+    /// The next recorded answer, or policy-evaluator's text for why there
+    /// is none.
     fn answer(&self, request: &Request) -> Result<Vec<u8>, String> {
         let next = self.exchanges.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
         let Some(exchange) = next else {
@@ -190,9 +192,10 @@ impl Replayer {
 }
 
 impl CallHandler for Replayer {
-    fn call(&self, binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, String> {
-        let request = Request::from_call(binding, namespace, operation, payload)?;
-        self.answer(&request).map_err(|e| format!("{CALLBACK_FAILURE}{e}"))
+    fn call(&self, binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, CallFailure> {
+        let request = Request::from_call(binding, namespace, operation, payload).map_err(CallFailure::Foreign)?;
+        self.answer(&request)
+            .map_err(|e| CallFailure::Foreign(format!("{CALLBACK_FAILURE}{e}")))
     }
 }
 
@@ -218,9 +221,16 @@ impl Recorder {
 }
 
 impl CallHandler for Recorder {
-    fn call(&self, binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, String> {
-        let request = Request::from_call(binding, namespace, operation, payload)?;
-        let answer = self.host.call(binding, namespace, operation, payload);
+    fn call(&self, binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, CallFailure> {
+        let request = Request::from_call(binding, namespace, operation, payload).map_err(CallFailure::Foreign)?;
+        // Kubewarden answers in text: what our host coded, it words.
+        let answer = self
+            .host
+            .call(binding, namespace, operation, payload)
+            .map_err(|e| match e {
+                CallFailure::Ours(e) => e.message,
+                CallFailure::Foreign(text) => text,
+            });
         let response = match &answer {
             Ok(bytes) => match String::from_utf8(bytes.clone()) {
                 Ok(payload) => Response::Success { payload },
@@ -236,7 +246,7 @@ impl CallHandler for Recorder {
             request: request.to_yaml(),
             response,
         });
-        answer.map_err(|e| format!("{CALLBACK_FAILURE}{e}"))
+        answer.map_err(|e| CallFailure::Foreign(format!("{CALLBACK_FAILURE}{e}")))
     }
 }
 
@@ -296,6 +306,9 @@ mod tests {
         let err = replayer
             .call("kubewarden", "kubernetes", "get_resource", &get("b"))
             .unwrap_err();
+        let CallFailure::Foreign(err) = err else {
+            panic!("Kubewarden answers in text: {err:?}")
+        };
         assert!(
             err.starts_with("Callback evaluation failure: Replay error: unexpected request"),
             "{err}"
@@ -309,13 +322,13 @@ mod tests {
         let err = replayer
             .call("kubewarden", "kubernetes", "get_resource", &get("a"))
             .unwrap_err();
-        assert_eq!(err, "Callback evaluation failure: boom");
+        assert_eq!(err, CallFailure::Foreign("Callback evaluation failure: boom".into()));
         let err = replayer
             .call("kubewarden", "kubernetes", "get_resource", &get("a"))
             .unwrap_err();
         assert_eq!(
             err,
-            "Callback evaluation failure: the list of recorded responses is empty"
+            CallFailure::Foreign("Callback evaluation failure: the list of recorded responses is empty".into())
         );
     }
 
@@ -325,18 +338,18 @@ mod tests {
         let err = replayer
             .call("config-snapshot", "v1", "create_snapshot", b"{}")
             .unwrap_err();
-        assert_eq!(err, "unknown binding: config-snapshot");
+        assert_eq!(err, CallFailure::Foreign("unknown binding: config-snapshot".into()));
     }
 
     #[test]
     fn a_recording_replays_to_the_same_answers() {
         struct Cluster;
         impl CallHandler for Cluster {
-            fn call(&self, _: &str, _: &str, _: &str, payload: &[u8]) -> Result<Vec<u8>, String> {
+            fn call(&self, _: &str, _: &str, _: &str, payload: &[u8]) -> Result<Vec<u8>, CallFailure> {
                 let body: Value = serde_json::from_slice(payload).unwrap();
                 match body["name"].as_str() {
                     Some("here") => Ok(br#"{"data":{"k":"v"}}"#.to_vec()),
-                    _ => Err("configmaps \"gone\" not found".into()),
+                    _ => Err(CallFailure::Foreign("configmaps \"gone\" not found".into())),
                 }
             }
         }
@@ -354,6 +367,6 @@ mod tests {
             replayer.call("kubewarden", "kubernetes", "get_resource", &get("gone")),
         ];
         assert_eq!(first, second);
-        assert!(first[1].as_ref().unwrap_err().contains("not found"));
+        assert!(first[1].as_ref().unwrap_err().to_string().contains("not found"));
     }
 }

@@ -10,17 +10,9 @@ use config_snapshot_policy::references;
 use config_snapshot_policy::template::Snapshots;
 use serde_json::Value;
 
-use crate::lifecycle::resync::{key, Key};
+use crate::cluster::{key, Key};
 
-fn template_of(object: &Value) -> Option<&Value> {
-    let kind = object["kind"].as_str()?;
-    let path = config_snapshot_policy::kinds::find(kind)?.template?;
-    if path.is_empty() {
-        Some(object)
-    } else {
-        object.pointer(path)
-    }
-}
+use config_snapshot_policy::kinds::template_of;
 
 /// The snapshots each holder's template names (by its mapping), as
 /// (holder, snapshot key) pairs.

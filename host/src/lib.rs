@@ -4,8 +4,8 @@
 //! (`serve`).
 
 pub mod annotate;
-pub mod backend;
 pub mod capability;
+pub mod cluster;
 pub mod engine;
 pub mod history;
 pub mod interactions;
@@ -19,6 +19,7 @@ pub mod replay;
 pub mod review;
 pub mod rules;
 pub mod scenario;
+pub mod selector;
 pub mod serve;
 pub mod view;
 

@@ -267,7 +267,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 }
                 return Ok(ExitCode::SUCCESS);
             }
-            let mut sim = Simulator::new(
+            let sim = Simulator::new(
                 engine.clone(),
                 settings.clone(),
                 config_snapshot_policy::duration::unix_now(),
@@ -404,7 +404,7 @@ fn policy_path(explicit: Option<PathBuf>) -> Result<PathBuf> {
     let candidates = [
         PathBuf::from("policy.wasm"),
         workspace.join("policy.wasm"),
-        workspace.join("target/wasm32-wasip1/release/config_snapshot_policy.wasm"),
+        workspace.join("target/wasm32-wasip1/policy/config_snapshot_policy.wasm"),
     ];
     candidates
         .into_iter()

@@ -167,25 +167,25 @@ mod reference_tests {
         let template = every_kind();
         let all = references::collect(&template);
         assert!(all.len() >= 9, "the fixture has every kind: {all:?}");
-        for (_, kind, path) in holders() {
+        for row in holders() {
+            let (kind, path) = (row.kind, row.template.unwrap());
             // The holder as the API server has it, with the template where
             // that kind keeps it, and unrelated fields around it.
             let mut holder = json!({"kind": kind, "metadata": {"name": "h"}, "status": {"x": 1}});
             let mut with_noise = template.clone();
             with_noise["spec"]["containers"][0]["image"] = json!("pruned:away");
-            match path {
-                "" => {
-                    holder["spec"] = with_noise["spec"].clone();
-                }
-                "/spec/template" => holder["spec"] = json!({"replicas": 3, "template": with_noise}),
-                _ => holder["data"] = json!({"spec": {"template": with_noise}}),
-            }
-            let pruned = super::prune(&holder, &holder_masks(path));
-            let kept = if path.is_empty() {
-                &pruned
+            if path.is_empty() {
+                holder["spec"] = with_noise["spec"].clone();
             } else {
-                pruned.pointer(path).unwrap()
-            };
+                let mut at = &mut holder;
+                for segment in path.trim_start_matches('/').split('/') {
+                    at = &mut at[segment];
+                }
+                *at = with_noise;
+                holder["spec"]["replicas"] = json!(3);
+            }
+            let pruned = super::prune(&holder, &holder_masks(row));
+            let kept = row.template_of(&pruned).unwrap();
             let names = |refs: Vec<references::Reference>| {
                 refs.into_iter()
                     .map(|r| (r.kind, r.name, r.pointer))

@@ -11,9 +11,9 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use config_snapshot_policy::kind::SourceId;
+use config_snapshot_policy::kinds::WorkloadKind;
+use config_snapshot_policy::source::SourceId;
 use config_snapshot_policy::template;
-use config_snapshot_policy::workload::WorkloadKind;
 use serde_json::Value;
 
 /// (kind, namespace, name) of a workload.
@@ -82,7 +82,7 @@ impl Referrers {
 
 /// The sources a workload's pod template references, one per source.
 fn sources_of(object: &Value) -> Vec<SourceId> {
-    let Some(template) = object.pointer("/spec/template") else {
+    let Some(template) = config_snapshot_policy::kinds::template_of(object) else {
         return Vec::new();
     };
     template::own_groups(template).into_iter().map(|g| g.id).collect()
@@ -91,7 +91,7 @@ fn sources_of(object: &Value) -> Vec<SourceId> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use config_snapshot_policy::kind::SourceKind;
+    use config_snapshot_policy::source::SourceKind;
     use serde_json::json;
 
     fn deployment(name: &str, env_from: Value, annotations: Value) -> Value {

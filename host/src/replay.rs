@@ -7,19 +7,20 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use base64::Engine as _;
-use config_snapshot_policy::content::Content;
+use config_snapshot_policy::content::{Content, ContentError};
 use config_snapshot_policy::duration::{parse_go_duration, parse_rfc3339};
-use config_snapshot_policy::kind::{SourceId, SourceKind};
+use config_snapshot_policy::host_error::HostError;
+use config_snapshot_policy::source::{SourceId, SourceKind};
 use config_snapshot_policy::template;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::capability::Selector;
 use crate::engine::Engine;
 use crate::invariants;
 use crate::memory::{Admission, Fault, Recorded, Simulator};
 use crate::review;
 use crate::scenario::{Check, EffectiveConfig, Expect, Invariant, Scenario, Step};
+use crate::selector::Selector;
 use crate::view::View;
 
 #[derive(Debug, Serialize)]
@@ -77,8 +78,8 @@ pub fn run(engine: Arc<Engine>, path: &Path) -> Result<ScenarioResult> {
 /// Runs a scenario and, if `record`, returns every admission it made with
 /// the cluster state around it (see [`Recorded`]).
 pub fn run_recorded(engine: Arc<Engine>, path: &Path, record: bool) -> Result<(ScenarioResult, Vec<Recorded>)> {
-    let (result, mut session) = run_session(engine, path, record)?;
-    Ok((result, session.sim.recorder.take().unwrap_or_default()))
+    let (result, session) = run_session(engine, path, record)?;
+    Ok((result, session.sim.take_recorded()))
 }
 
 /// Runs a scenario and hands back the cluster it leaves behind (`history
@@ -93,7 +94,7 @@ fn run_session(engine: Arc<Engine>, path: &Path, record: bool) -> Result<(Scenar
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let mut session = Session::new(engine, &scenario, base)?;
     if record {
-        session.sim.recorder = Some(Vec::new());
+        session.sim.record(true);
     }
     let mut result = ScenarioResult {
         scenario: scenario.name.clone().unwrap_or_else(|| path.display().to_string()),
@@ -165,7 +166,7 @@ impl Session {
             checks: Vec::new(),
             error: None,
         };
-        let ran = run_step(&mut self.sim, step, &self.base, &mut self.last, &mut out.checks)
+        let ran = run_step(&self.sim, step, &self.base, &mut self.last, &mut out.checks)
             .and_then(|()| self.sim.catch_up());
         if let Err(e) = ran {
             out.error = Some(format!("{e:#}"));
@@ -183,7 +184,7 @@ impl Session {
 /// Runs one step against a cluster (without letting it catch up: see
 /// [`Session::step`]).
 pub fn run_step(
-    sim: &mut Simulator,
+    sim: &Simulator,
     step: &Step,
     base: &Path,
     last: &mut Option<Admission>,
@@ -241,7 +242,7 @@ pub fn run_step(
             ));
             sim.add_fault(Fault {
                 operation: f.operation.clone(),
-                error: f.error.clone(),
+                error: HostError::new(f.code, f.error.clone()),
                 remaining: f.times,
                 after: f.after,
             });
@@ -253,13 +254,13 @@ pub fn run_step(
             }
         }
         Step::Together(steps) => {
-            sim.hold_effects = true;
+            sim.hold_effects(true);
             let result = steps.iter().try_for_each(|raw| {
                 let step: Step =
                     serde_json::from_value(raw.clone()).with_context(|| format!("together: invalid step {raw}"))?;
                 run_step(sim, &step, base, last, checks)
             });
-            sim.hold_effects = false;
+            sim.hold_effects(false);
             result?;
             sim.settle()?;
         }
@@ -393,7 +394,7 @@ pub fn assert(sim: &dyn View, check: &Check) -> CheckResult {
                 Err(e) => CheckResult {
                     check: name,
                     ok: false,
-                    detail: e,
+                    detail: e.to_string(),
                 },
             }
         }
@@ -438,7 +439,7 @@ pub fn assert(sim: &dyn View, check: &Check) -> CheckResult {
                 Err(e) => CheckResult {
                     check,
                     ok: false,
-                    detail: e,
+                    detail: e.to_string(),
                 },
             }
         }
@@ -508,34 +509,56 @@ pub fn assert(sim: &dyn View, check: &Check) -> CheckResult {
     }
 }
 
+/// Why a workload's effective config cannot be told.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EffectiveError {
+    #[error("source must be configmap/NAME or secret/NAME")]
+    Source,
+    #[error("{kind}/{name} has no current revision")]
+    NoRevision { kind: String, name: String },
+    #[error("the current revision does not reference {0}")]
+    NotReferenced(SourceId),
+    #[error("the references to {id} disagree: {names:?}")]
+    Disagree { id: SourceId, names: Vec<String> },
+    #[error("the current revision references {kind}/{name}, which does not exist")]
+    Missing { kind: &'static str, name: String },
+    #[error(transparent)]
+    Content(#[from] ContentError),
+}
+
 /// The data the pods of the workload's current revision read from a source:
 /// follows the revision's reference, through a snapshot if it names one.
-pub fn effective_config(sim: &dyn View, ec: &EffectiveConfig) -> Result<(String, BTreeMap<String, String>), String> {
-    let (tag, source_name) = ec
-        .source
-        .split_once('/')
-        .ok_or("source must be configmap/NAME or secret/NAME")?;
-    let kind = SourceKind::from_tag(tag).ok_or("source must be configmap/NAME or secret/NAME")?;
+pub fn effective_config(
+    sim: &dyn View,
+    ec: &EffectiveConfig,
+) -> Result<(String, BTreeMap<String, String>), EffectiveError> {
+    let (tag, source_name) = ec.source.split_once('/').ok_or(EffectiveError::Source)?;
+    let kind = SourceKind::from_tag(tag).ok_or(EffectiveError::Source)?;
     let id = SourceId::new(kind, source_name);
     let template = sim
         .current_revision_template(&ec.kind, &ec.namespace, &ec.name)
-        .ok_or_else(|| format!("{}/{} has no current revision", ec.kind, ec.name))?;
-    let group =
-        template::own_group(&template, &id).ok_or_else(|| format!("the current revision does not reference {id}"))?;
+        .ok_or_else(|| EffectiveError::NoRevision {
+            kind: ec.kind.clone(),
+            name: ec.name.clone(),
+        })?;
+    let group = template::own_group(&template, &id).ok_or_else(|| EffectiveError::NotReferenced(id.clone()))?;
     let mut names: Vec<&str> = group.refs.iter().map(|r| r.name.as_str()).collect();
     names.dedup();
     if names.len() != 1 {
-        return Err(format!("the references to {id} disagree: {names:?}"));
+        return Err(EffectiveError::Disagree {
+            id,
+            names: names.into_iter().map(str::to_string).collect(),
+        });
     }
     let object_name = names[0];
     let Some(object) = sim.get(kind.kind(), &ec.namespace, object_name) else {
         return if group.all_optional() {
             Ok((format!("{} (optional, missing)", object_name), BTreeMap::new()))
         } else {
-            Err(format!(
-                "the current revision references {}/{object_name}, which does not exist",
-                kind.kind()
-            ))
+            Err(EffectiveError::Missing {
+                kind: kind.kind(),
+                name: object_name.to_string(),
+            })
         };
     };
     let content = Content::from_object(kind, &object)?.subset(group.key_subset().as_ref());

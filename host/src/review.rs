@@ -26,14 +26,16 @@ pub fn on_host(engine: &Engine, settings: &Value, request: &Value, host: Arc<dyn
 /// whose calls are being recorded: the recorder lets only Kubewarden's
 /// reads through.
 pub fn cluster_host(sim: &Simulator, request: &Value) -> Arc<dyn CallHandler> {
-    Arc::new(Capability {
-        backend: sim.shared.clone(),
-        caller: Caller {
+    Arc::new(Capability::new(
+        sim.shared.clone(),
+        Caller {
             dry_run: true,
             ..Caller::of(request)
         },
-        orphan_grace_secs: sim.effect_rules.settings.orphan_grace_period_secs,
-    })
+        sim.effect_rules.settings.orphan_grace_period_secs,
+        sim.register.clone(),
+        sim.shared.clone(),
+    ))
 }
 
 /// Reads an AdmissionReview v1 file, or a bare AdmissionRequest as kwctl

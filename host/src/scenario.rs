@@ -1,5 +1,6 @@
 //! The replay scenario format (docs/design.md, "Scenario format").
 
+use config_snapshot_policy::host_error::Code;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -105,6 +106,11 @@ pub struct Undo {
 pub struct FaultSpec {
     pub operation: String,
     pub error: String,
+    /// What kind of failure the host reports to the guest
+    /// (`config_snapshot_policy::host_error::Code`); by default an outage
+    /// (`Unavailable`). `Unsupported` plays a host without the capability.
+    #[serde(default = "outage")]
+    pub code: Code,
     /// How many calls fail; absent means every call from now on.
     #[serde(default)]
     pub times: Option<u32>,
@@ -180,4 +186,8 @@ pub struct JsonPathCheck {
     /// RFC 9535 JSONPath; a leading `$` is optional (`.spec.replicas`).
     pub path: String,
     pub equals: Value,
+}
+
+fn outage() -> Code {
+    Code::Unavailable
 }

@@ -7,7 +7,9 @@ use std::collections::HashSet;
 
 use serde_json::Value;
 
-use crate::lifecycle::resync::Key;
+use config_snapshot_policy::kinds::WorkloadKind;
+
+use crate::cluster::Key;
 use crate::memory::controllers::REVISION_ANNOTATION;
 use crate::memory::Simulator;
 
@@ -53,11 +55,7 @@ impl View for Objects {
     fn current_revision_template(&self, kind: &str, namespace: &str, name: &str) -> Option<Value> {
         let workload = self.get(kind, namespace, name)?;
         let uid = &workload["metadata"]["uid"];
-        let (revision_kind, path) = if kind == "Deployment" {
-            ("ReplicaSet", "/spec/template")
-        } else {
-            ("ControllerRevision", "/data/spec/template")
-        };
+        let revisions = WorkloadKind::from_kind(kind)?.revisions();
         let number = |r: &Value| -> i64 {
             if kind == "Deployment" {
                 r["metadata"]["annotations"][REVISION_ANNOTATION]
@@ -71,14 +69,14 @@ impl View for Objects {
         let current = self
             .0
             .iter()
-            .filter(|o| o["kind"] == revision_kind && o["metadata"]["namespace"] == namespace)
+            .filter(|o| o["kind"] == revisions.kind && o["metadata"]["namespace"] == namespace)
             .filter(|o| {
                 o["metadata"]["ownerReferences"]
                     .as_array()
                     .is_some_and(|refs| refs.iter().any(|r| r["uid"] == *uid))
             })
             .max_by_key(|r| number(r))?;
-        let mut template = current.pointer(path)?.clone();
+        let mut template = revisions.template_of(current)?.clone();
         if let Some(t) = template.as_object_mut() {
             t.remove("$patch");
         }

@@ -118,9 +118,18 @@ fn code_messages() -> BTreeSet<String> {
             }
         }
     }
-    for lit in literals(&root().join("host/src/capability.rs")) {
-        if lit.starts_with("refused") && lit.len() > "refused".len() {
-            out.insert(skeleton(&lit));
+    // The host's refusals: the capability's, and the guard on deletes.
+    let mut host: Vec<PathBuf> = std::fs::read_dir(root().join("host/src/capability"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| !p.ends_with("tests.rs"))
+        .collect();
+    host.push(root().join("host/src/lifecycle/guard.rs"));
+    for file in host {
+        for lit in literals(&file) {
+            if lit.starts_with("refused") && lit.len() > "refused".len() {
+                out.insert(skeleton(&lit));
+            }
         }
     }
     out

@@ -9,7 +9,7 @@ use config_snapshot_policy::duration::parse_rfc3339;
 use serde_json::{json, Value};
 
 mod support;
-use support::apiserver::ApiServer;
+use config_snapshot_testing::standin::ApiServer;
 use support::process::ServeProcess;
 use support::webhook::Webhook;
 

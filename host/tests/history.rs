@@ -8,7 +8,7 @@ use std::process::Command;
 use serde_json::{json, Value};
 
 mod support;
-use support::apiserver::ApiServer;
+use config_snapshot_testing::standin::ApiServer;
 use support::paths::{policy, root};
 
 fn run(binary: &Path, args: &[&str], envs: &[(&str, &str)]) -> (i32, String, String) {

@@ -33,11 +33,11 @@ use config_snapshot::invariants;
 use config_snapshot::replay::Session;
 use config_snapshot::scenario::{Scenario, Step};
 use config_snapshot_policy::content::{snapshot_name, Content};
-use config_snapshot_policy::kind::{SourceId, SourceKind};
 use config_snapshot_policy::optin::OptIn;
 use config_snapshot_policy::records::Rollback;
 use config_snapshot_policy::references;
 use config_snapshot_policy::settings::Settings;
+use config_snapshot_policy::source::{SourceId, SourceKind};
 use config_snapshot_policy::template::{self, Snapshots};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
@@ -551,10 +551,11 @@ impl Model<'_> {
         // Per workload: a deleted and re-created one is another workload.
         if let Op::DeleteWorkload { w } = op {
             self.incarnations
-                .insert(WORKLOADS[*w].1, self.session.sim.rollouts.len());
+                .insert(WORKLOADS[*w].1, self.session.sim.shared.rollouts().len());
         }
         let mut by_workload: HashMap<&str, Vec<i64>> = HashMap::new();
-        for (i, (_, _, name, at)) in self.session.sim.rollouts.iter().enumerate() {
+        let rollouts = self.session.sim.shared.rollouts();
+        for (i, (_, _, name, at)) in rollouts.iter().enumerate() {
             if self.incarnations.get(name.as_str()).is_none_or(|from| i >= *from) {
                 by_workload.entry(name.as_str()).or_default().push(*at);
             }

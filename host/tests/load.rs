@@ -15,7 +15,7 @@ use std::process::Command;
 use serde_json::{json, Value};
 
 mod support;
-use support::apiserver::ApiServer;
+use config_snapshot_testing::standin::ApiServer;
 use support::paths::root;
 use support::process::ServeProcess;
 

@@ -4,7 +4,6 @@
 use std::collections::BTreeSet;
 
 use config_snapshot::annotate;
-use config_snapshot::capability::plural;
 use config_snapshot::rules::Rules;
 use serde_json::Value;
 
@@ -43,9 +42,9 @@ fn handled() -> BTreeSet<(String, String, String)> {
     config_snapshot_policy::kinds::KINDS
         .iter()
         .flat_map(|k| {
-            k.handled
+            k.handled()
                 .iter()
-                .map(move |o| (k.group().to_string(), plural(k.kind), o.to_string()))
+                .map(move |o| (k.group().to_string(), k.plural.to_string(), o.to_string()))
         })
         .collect()
 }
@@ -87,7 +86,7 @@ fn metadata_has_what_kubewarden_needs() {
         .collect();
     // Every kind the policy reads: sources, workloads and whatever the sweep lists.
     let mut expected: BTreeSet<(String, String)> = config_snapshot_policy::kinds::holders()
-        .map(|(v, k, _)| (v.to_string(), k.to_string()))
+        .map(|k| (k.api_version.to_string(), k.kind.to_string()))
         .collect();
     expected.insert(("v1".into(), "ConfigMap".into()));
     expected.insert(("v1".into(), "Secret".into()));

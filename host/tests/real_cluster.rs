@@ -304,7 +304,7 @@ fn effective(view: &Objects, kind: &str, name: &str, ns: &str, source: &str) -> 
     };
     match replay::effective_config(view, &ec) {
         Ok((_, data)) => json!(data),
-        Err(e) => json!(e),
+        Err(e) => json!(e.to_string()),
     }
 }
 

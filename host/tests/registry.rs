@@ -16,7 +16,7 @@ use sigstore::crypto::signing_key::ecdsa::{ECDSAKeys, EllipticCurve};
 use sigstore::crypto::signing_key::SigStoreKeyPair;
 
 mod support;
-use support::apiserver::ApiServer;
+use config_snapshot_testing::standin::ApiServer;
 use support::paths::policy;
 use support::process::{free_port, ServeProcess};
 

@@ -8,17 +8,30 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use config_snapshot::capability::{Caller, Capability};
+use config_snapshot::cluster::Cluster;
 use config_snapshot::engine::Engine;
+use config_snapshot::lifecycle::Silent;
 use config_snapshot::memory::{Shared, Simulator};
 use config_snapshot::replay;
 use config_snapshot_policy::content::Content;
-use config_snapshot_policy::kind::SourceKind;
 use config_snapshot_policy::settings::Settings;
+use config_snapshot_policy::source::SourceKind;
 use config_snapshot_policy::{keys, references, template};
 use serde_json::{json, Value};
 
 mod support;
 use support::paths::policy;
+
+/// The capability of one request in `namespace` over `cluster`.
+fn capability(cluster: Arc<dyn Cluster>, uid: &str, namespace: &str, dry_run: bool) -> Capability {
+    let caller = Caller {
+        uid: uid.into(),
+        namespace: namespace.into(),
+        dry_run,
+    };
+    let grace = Settings::default().orphan_grace_period_secs;
+    Capability::new(cluster, caller, grace, Arc::default(), Arc::new(Silent))
+}
 
 fn engine() -> Arc<Engine> {
     Arc::new(Engine::load(&policy()).unwrap())
@@ -32,12 +45,18 @@ fn run_scenario(engine: &Arc<Engine>, name: &str, yaml: &str) -> replay::Scenari
     replay::run(engine.clone(), &path).unwrap()
 }
 
-const ERRORS: [&str; 5] = [
-    "configmaps is forbidden: User cannot create resource",
-    "Operation cannot be fulfilled: the object has been modified (conflict)",
-    "context deadline exceeded (timeout)",
-    "exceeded quota: compute-resources",
-    "unknown binding: config-snapshot",
+/// Each failure kind a host reports, as (code, message): the policy
+/// decides by the code, so each is injected with the one a host gives it.
+/// `Unsupported` plays a host without the capability.
+const ERRORS: [(&str, &str); 5] = [
+    ("Forbidden", "configmaps is forbidden: User cannot create resource"),
+    (
+        "Conflict",
+        "Operation cannot be fulfilled: the object has been modified",
+    ),
+    ("Timeout", "context deadline exceeded"),
+    ("Forbidden", "exceeded quota: compute-resources"),
+    ("Unsupported", "unknown binding: config-snapshot"),
 ];
 
 const THREE_REFS: &str = r#"
@@ -67,8 +86,8 @@ fn web(settings: &str) -> String {
 #[test]
 fn faults_on_every_write_leave_nothing_half_done() {
     let engine = engine();
-    for (i, error) in ERRORS.iter().enumerate() {
-        let unknown = error.contains("unknown binding");
+    for (i, (code, error)) in ERRORS.iter().enumerate() {
+        let unknown = *code == "Unsupported";
         // create_snapshot: the 2nd of 3 creates fails.
         let expect = if unknown {
             // Unsupported only counts on the first write; a later one is a plain failure.
@@ -77,7 +96,7 @@ fn faults_on_every_write_leave_nothing_half_done() {
             format!("{{allowed: false, messageContains: {:?}}}", error)
         };
         let yaml = format!(
-            "settings: {{orphanGracePeriod: 10m}}\nwatchMinInterval: 0s\n{THREE_REFS}steps:\n  - fault: {{operation: create_snapshot, error: {error:?}, times: 1, after: 1}}{}\n  - expect: {expect}\n  - assert:\n      - absent: {{kind: Deployment, name: web}}\n      - count: {{kind: ConfigMap, selector: app.kubernetes.io/managed-by=config-snapshot, equals: 1}}\n  - edit: {{kind: ConfigMap, name: one, set: {{data: {{k: \"1b\"}}}}}}\n  - advanceTime: 11m\n{}\n  - expect: {{allowed: true}}\n  - assert:\n      - effectiveConfig: {{kind: Deployment, name: web, source: configmap/one, data: {{k: \"1b\"}}}}\n      - effectiveConfig: {{kind: Deployment, name: web, source: configmap/two, data: {{k: \"2\"}}}}\n      - count: {{kind: ConfigMap, selector: app.kubernetes.io/managed-by=config-snapshot, equals: 3}}\n",
+            "settings: {{orphanGracePeriod: 10m}}\nwatchMinInterval: 0s\n{THREE_REFS}steps:\n  - fault: {{operation: create_snapshot, code: {code}, error: {error:?}, times: 1, after: 1}}{}\n  - expect: {expect}\n  - assert:\n      - absent: {{kind: Deployment, name: web}}\n      - count: {{kind: ConfigMap, selector: app.kubernetes.io/managed-by=config-snapshot, equals: 1}}\n  - edit: {{kind: ConfigMap, name: one, set: {{data: {{k: \"1b\"}}}}}}\n  - advanceTime: 11m\n{}\n  - expect: {{allowed: true}}\n  - assert:\n      - effectiveConfig: {{kind: Deployment, name: web, source: configmap/one, data: {{k: \"1b\"}}}}\n      - effectiveConfig: {{kind: Deployment, name: web, source: configmap/two, data: {{k: \"2\"}}}}\n      - count: {{kind: ConfigMap, selector: app.kubernetes.io/managed-by=config-snapshot, equals: 3}}\n",
             web(""),
             web("")
         );
@@ -91,7 +110,7 @@ fn faults_on_every_write_leave_nothing_half_done() {
             "left the reference to the source"
         };
         let yaml = format!(
-            "settings: {{onSnapshotFailure: warn}}\n{THREE_REFS}steps:\n  - fault: {{operation: create_snapshot, error: {error:?}}}{}\n  - expect: {{allowed: true, warnings: [{warn:?}]}}\n  - assert:\n      - jsonPath: {{kind: Deployment, name: web, path: \"spec.template.spec.containers[0].envFrom[*].configMapRef.name\", equals: [one, two, three]}}\n      - count: {{kind: ConfigMap, selector: app.kubernetes.io/managed-by=config-snapshot, equals: 0}}\n",
+            "settings: {{onSnapshotFailure: warn}}\n{THREE_REFS}steps:\n  - fault: {{operation: create_snapshot, code: {code}, error: {error:?}}}{}\n  - expect: {{allowed: true, warnings: [{warn:?}]}}\n  - assert:\n      - jsonPath: {{kind: Deployment, name: web, path: \"spec.template.spec.containers[0].envFrom[*].configMapRef.name\", equals: [one, two, three]}}\n      - count: {{kind: ConfigMap, selector: app.kubernetes.io/managed-by=config-snapshot, equals: 0}}\n",
             web("")
         );
         let result = run_scenario(&engine, &format!("create-warn-{i}"), &yaml);
@@ -101,7 +120,7 @@ fn faults_on_every_write_leave_nothing_half_done() {
         // the garbage collector take its snapshots when an older revision is
         // pruned), the controller retries, and then it owns them.
         let yaml = format!(
-            "watchMinInterval: 0s\n{THREE_REFS}steps:\n  - fault: {{operation: adopt, error: {error:?}, times: 1}}{}\n  - expect: {{allowed: true}}\n  - advanceTime: 1m\n  - assert:\n      - effectiveConfig: {{kind: Deployment, name: web, source: configmap/one, data: {{k: \"1\"}}}}\n      - count: {{kind: ReplicaSet, equals: 1}}\n      - jsonPath: {{kind: ConfigMap, name: one-db518a583c, path: \"metadata.ownerReferences[*].kind\", equals: [Deployment, ReplicaSet]}}\n",
+            "watchMinInterval: 0s\n{THREE_REFS}steps:\n  - fault: {{operation: adopt, code: {code}, error: {error:?}, times: 1}}{}\n  - expect: {{allowed: true}}\n  - advanceTime: 1m\n  - assert:\n      - effectiveConfig: {{kind: Deployment, name: web, source: configmap/one, data: {{k: \"1\"}}}}\n      - count: {{kind: ReplicaSet, equals: 1}}\n      - jsonPath: {{kind: ConfigMap, name: one-db518a583c, path: \"metadata.ownerReferences[*].kind\", equals: [Deployment, ReplicaSet]}}\n",
             web("")
         );
         let result = run_scenario(&engine, &format!("adopt-once-{i}"), &yaml);
@@ -120,7 +139,7 @@ fn faults_on_every_write_leave_nothing_half_done() {
         // dangles. patch_workload fails: the source change is admitted with
         // a warning, and the workload keeps what it runs.
         let yaml = format!(
-            "watchMinInterval: 0s\n{THREE_REFS}steps:\n  - fault: {{operation: adopt, error: {error:?}}}{}\n  - expect: {{allowed: true}}\n  - advanceTime: 11m\n  - assert:\n      - count: {{kind: ReplicaSet, equals: {}}}\n      - exists: {{kind: ConfigMap, name: one-db518a583c}}\n      - invariants: [nothingDangles]\n  - fault: {{operation: patch_workload, error: {error:?}}}\n  - edit: {{kind: ConfigMap, name: one, set: {{data: {{k: \"1b\"}}}}}}\n  - expect: {{allowed: true, warnings: [\"could not roll out Deployment web\"]}}\n  - assert:\n      - jsonPath: {{kind: Deployment, name: web, path: \"spec.template.spec.containers[0].envFrom[0].configMapRef.name\", equals: one-db518a583c}}\n      - invariants: [nothingDangles]\n",
+            "watchMinInterval: 0s\n{THREE_REFS}steps:\n  - fault: {{operation: adopt, code: {code}, error: {error:?}}}{}\n  - expect: {{allowed: true}}\n  - advanceTime: 11m\n  - assert:\n      - count: {{kind: ReplicaSet, equals: {}}}\n      - exists: {{kind: ConfigMap, name: one-db518a583c}}\n      - invariants: [nothingDangles]\n  - fault: {{operation: patch_workload, code: {code}, error: {error:?}}}\n  - edit: {{kind: ConfigMap, name: one, set: {{data: {{k: \"1b\"}}}}}}\n  - expect: {{allowed: true, warnings: [\"could not roll out Deployment web\"]}}\n  - assert:\n      - jsonPath: {{kind: Deployment, name: web, path: \"spec.template.spec.containers[0].envFrom[0].configMapRef.name\", equals: one-db518a583c}}\n      - invariants: [nothingDangles]\n",
             web(""),
             // Stock Kubewarden adopts nothing, and refuses nothing for it.
             if unknown { 1 } else { 0 }
@@ -130,7 +149,7 @@ fn faults_on_every_write_leave_nothing_half_done() {
 
         // delete_snapshot fails during a sweep: the orphan stays, the admission succeeds.
         let yaml = format!(
-            "{THREE_REFS}steps:\n  - fault: {{operation: create_snapshot, error: boom, times: 1, after: 1}}{}\n  - fault: {{operation: delete_snapshot, error: {error:?}}}\n  - edit: {{kind: ConfigMap, name: one, set: {{data: {{k: \"1b\"}}}}}}\n  - advanceTime: 11m\n{}\n  - expect: {{allowed: true}}\n  - assert:\n      - count: {{kind: ConfigMap, selector: app.kubernetes.io/managed-by=config-snapshot, equals: 4}}\n",
+            "{THREE_REFS}steps:\n  - fault: {{operation: create_snapshot, error: boom, times: 1, after: 1}}{}\n  - fault: {{operation: delete_snapshot, code: {code}, error: {error:?}}}\n  - edit: {{kind: ConfigMap, name: one, set: {{data: {{k: \"1b\"}}}}}}\n  - advanceTime: 11m\n{}\n  - expect: {{allowed: true}}\n  - assert:\n      - count: {{kind: ConfigMap, selector: app.kubernetes.io/managed-by=config-snapshot, equals: 4}}\n",
             web(""),
             web("")
         );
@@ -210,17 +229,7 @@ fn admission(kind: &str, group: &str, object: Value) -> Value {
 fn bad_input_gets_a_clear_answer_within_the_deadline() {
     let engine = engine();
     let shared = Arc::new(Shared::default());
-    let handler = || {
-        Arc::new(Capability {
-            backend: shared.clone(),
-            caller: Caller {
-                uid: "r".into(),
-                namespace: "default".into(),
-                dry_run: false,
-            },
-            orphan_grace_secs: Settings::default().orphan_grace_period_secs,
-        })
-    };
+    let handler = || Arc::new(capability(shared.clone(), "r", "default", false));
     let opted = json!({"config-snapshot.io/snapshot": "*"});
     let big = "x".repeat(1536 * 1024);
     let long = "a".repeat(253);
@@ -285,15 +294,7 @@ fn the_deadline_stops_a_runaway_guest() {
         .call(
             "validate",
             b"{}",
-            Arc::new(Capability {
-                backend: Arc::new(Shared::default()),
-                caller: Caller {
-                    uid: "r".into(),
-                    namespace: "default".into(),
-                    dry_run: false,
-                },
-                orphan_grace_secs: Settings::default().orphan_grace_period_secs,
-            }),
+            Arc::new(capability(Arc::new(Shared::default()), "r", "default", false)),
         )
         .unwrap_err();
     assert!(started.elapsed() < Duration::from_secs(5));
@@ -310,8 +311,7 @@ fn racing_admissions_of_the_same_deployment_make_one_snapshot() {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Barrier;
 
-    use config_snapshot::backend::{self, Backend, BackendError, Selector};
-    use config_snapshot::lifecycle::Effect;
+    use config_snapshot::cluster::{self, ApiError, Preconditions, Selector};
 
     struct Racing {
         inner: Arc<Shared>,
@@ -321,34 +321,31 @@ fn racing_admissions_of_the_same_deployment_make_one_snapshot() {
         landed: AtomicUsize,
         refused: AtomicUsize,
     }
-    impl Backend for Racing {
-        fn get(&self, kind: &str, ns: &str, name: &str) -> backend::Result<Option<Value>> {
+    impl Cluster for Racing {
+        fn get(&self, kind: &str, ns: &str, name: &str) -> cluster::Result<Option<Value>> {
             let found = self.inner.get(kind, ns, name)?;
             if kind == "ConfigMap" && name.starts_with("app-") && self.held.fetch_add(1, Ordering::SeqCst) < 2 {
                 self.barrier.wait();
             }
             Ok(found)
         }
-        fn list(&self, k: &str, n: &str, s: &Selector, v: &mut dyn FnMut(&Value)) -> backend::Result<()> {
+        fn list(&self, k: &str, n: Option<&str>, s: &Selector, v: &mut dyn FnMut(&Value)) -> cluster::Result<()> {
             self.inner.list(k, n, s, v)
         }
-        fn create(&self, object: Value) -> backend::Result<()> {
+        fn create(&self, object: Value) -> cluster::Result<()> {
             let result = self.inner.create(object);
             match &result {
                 Ok(()) => self.landed.fetch_add(1, Ordering::SeqCst),
-                Err(BackendError::AlreadyExists(_)) => self.refused.fetch_add(1, Ordering::SeqCst),
+                Err(ApiError::AlreadyExists(_)) => self.refused.fetch_add(1, Ordering::SeqCst),
                 Err(_) => 0,
             };
             result
         }
-        fn delete(&self, k: &str, n: &str, m: &str, u: &str, r: Option<&str>) -> backend::Result<()> {
-            self.inner.delete(k, n, m, u, r)
+        fn delete(&self, k: &str, n: &str, m: &str, pre: &Preconditions) -> cluster::Result<()> {
+            self.inner.delete(k, n, m, pre)
         }
-        fn patch(&self, k: &str, n: &str, m: &str, ops: Vec<Value>) -> backend::Result<()> {
-            self.inner.patch(k, n, m, ops)
-        }
-        fn defer(&self, uid: &str, effect: Effect) {
-            self.inner.defer(uid, effect)
+        fn patch(&self, k: &str, n: &str, m: &str, rv: &str, ops: Vec<Value>) -> cluster::Result<()> {
+            self.inner.patch(k, n, m, rv, ops)
         }
         fn now(&self) -> i64 {
             self.inner.now()
@@ -371,15 +368,7 @@ fn racing_admissions_of_the_same_deployment_make_one_snapshot() {
         .map(|t| {
             let (engine, racing, d) = (engine.clone(), racing.clone(), d.clone());
             std::thread::spawn(move || {
-                let cap = Arc::new(Capability {
-                    backend: racing,
-                    caller: Caller {
-                        uid: format!("r{t}"),
-                        namespace: "default".into(),
-                        dry_run: false,
-                    },
-                    orphan_grace_secs: Settings::default().orphan_grace_period_secs,
-                });
+                let cap = Arc::new(capability(racing, &format!("r{t}"), "default", false));
                 let mut request = admission("Deployment", "apps", d);
                 request["uid"] = json!(format!("r{t}"));
                 engine.validate(&request, &json!({}), cap).unwrap()
@@ -587,7 +576,7 @@ fn a_seeded_random_walk_keeps_every_invariant() {
 #[test]
 fn a_hostile_wasm_guest_cannot_break_the_host_invariants() {
     use config_snapshot_policy::content::snapshot_object;
-    use config_snapshot_policy::kind::SourceId;
+    use config_snapshot_policy::source::SourceId;
 
     fn guest(operation: &str, payload: &Value) -> String {
         let body = payload.to_string().replace('\\', "\\\\").replace('"', "\\\"");
@@ -627,18 +616,10 @@ fn a_hostile_wasm_guest_cannot_break_the_host_invariants() {
         shared.store.lock().unwrap().persist(plain.clone());
         shared.store.lock().unwrap().persist(deployment.clone());
         let engine = Engine::from_bytes(guest(operation, &payload).as_bytes(), Duration::from_secs(2)).unwrap();
-        let cap = Arc::new(Capability {
-            backend: shared.clone(),
-            caller: Caller {
-                uid: "r".into(),
-                namespace: "team-a".into(),
-                dry_run,
-            },
-            orphan_grace_secs: Settings::default().orphan_grace_period_secs,
-        });
-        engine.call("validate", b"{}", cap).unwrap();
+        let cap = Arc::new(capability(shared.clone(), "r", "team-a", dry_run));
+        engine.call("validate", b"{}", cap.clone()).unwrap();
         let objects: Vec<Value> = shared.store.lock().unwrap().all().cloned().collect();
-        (objects, shared.pending_effects())
+        (objects, cap.take_staged().len())
     };
 
     let (control, _) = run("create_snapshot", json!({"object": good}), false);

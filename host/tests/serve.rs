@@ -12,8 +12,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
+use config_snapshot_testing::standin::ApiServer;
 use serde_json::{json, Value};
-use support::apiserver::ApiServer;
 use support::webhook::Webhook;
 
 const NS: &str = "shop";

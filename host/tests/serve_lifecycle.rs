@@ -12,18 +12,18 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
 use config_snapshot::engine::Engine;
-use config_snapshot::memory::http::ApiServer;
 use config_snapshot::memory::Simulator;
 use config_snapshot::replay::{self, CheckResult};
 use config_snapshot::scenario::Step;
 use config_snapshot::serve::cache::KINDS;
 use config_snapshot::serve::{self, State};
 use config_snapshot_policy::duration::{parse_go_duration, parse_rfc3339};
+use config_snapshot_testing::standin::ApiServer;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
@@ -58,24 +58,24 @@ fn replay_only(steps: &[Step]) -> bool {
 
 /// The cluster with serve as its host.
 struct Served {
-    sim: Arc<Mutex<Simulator>>,
+    sim: Arc<Simulator>,
     state: Arc<State>,
     base: PathBuf,
 }
 
 impl Served {
     fn now(&self) -> i64 {
-        self.sim.lock().unwrap().now()
+        self.sim.now()
     }
 
     fn set_clock(&self, t: i64) {
-        self.sim.lock().unwrap().shared.store().now = t;
+        self.sim.shared.store().now = t;
         self.state.cluster.fix_clock(t);
     }
 
     /// Whether serve's caches hold exactly what the store holds.
     fn synced(&self) -> bool {
-        let shared = self.sim.lock().unwrap().shared.clone();
+        let shared = self.sim.shared.clone();
         KINDS.iter().all(|k| {
             let kind = k.kind;
             let version = |o: &Value| {
@@ -145,9 +145,8 @@ impl Served {
         let (sim, base) = (self.sim.clone(), self.base.clone());
         let mut carried = last.take();
         let (checks, carried) = tokio::task::spawn_blocking(move || -> Result<_> {
-            let mut sim = sim.lock().unwrap();
             let mut checks = Vec::new();
-            replay::run_step(&mut sim, &step, &base, &mut carried, &mut checks)?;
+            replay::run_step(&sim, &step, &base, &mut carried, &mut checks)?;
             sim.catch_up()?;
             Ok((checks, carried))
         })
@@ -168,17 +167,20 @@ impl Served {
         }
         self.set_clock(target);
         let sim = self.sim.clone();
-        tokio::task::spawn_blocking(move || sim.lock().unwrap().catch_up()).await??;
+        tokio::task::spawn_blocking(move || sim.catch_up()).await??;
         self.quiesce().await?;
         serve::resync::once(&self.state).await;
         self.quiesce().await
     }
 }
 
-/// Objects as a user compares them: without what the API server assigns.
+/// Objects as a user compares them: the kinds of the cluster model (serve
+/// also writes Events, which replay tells in its timeline), without what
+/// the API server assigns.
 fn comparable(objects: Vec<Value>) -> BTreeMap<(String, String, String), Value> {
     objects
         .into_iter()
+        .filter(|o| config_snapshot_policy::kinds::find(o["kind"].as_str().unwrap_or_default()).is_some())
         .map(|mut o| {
             let key = (
                 o["kind"].as_str().unwrap_or_default().to_string(),
@@ -214,8 +216,8 @@ async fn run_served(engine: Arc<Engine>, path: &Path) -> Result<(Vec<String>, Ve
     let interval = scenario.watch_min_interval.clone().unwrap_or_else(|| "30s".into());
     let mut sim = Simulator::new(engine.clone(), scenario.settings.clone(), now);
     sim.effect_rules.watch_min_interval = parse_go_duration(&interval).map_err(|e| anyhow!(e))? as i64;
-    let sim = Arc::new(Mutex::new(sim));
-    let api = ApiServer::start(sim.clone()).await?;
+    let sim = Arc::new(sim);
+    let api = ApiServer::simulating(sim.clone()).await;
     let client = kube::Client::try_from(kube::Config::new(api.url().parse()?))?;
     let settings = if scenario.settings.is_null() {
         json!({})
@@ -227,7 +229,7 @@ async fn run_served(engine: Arc<Engine>, path: &Path) -> Result<(Vec<String>, Ve
     let caches = state.cluster.cache.start(client);
     let worker = tokio::spawn(worker.run());
     let webhook_state = state.clone();
-    sim.lock().unwrap().webhook = Some(Arc::new(move |request: &Value| {
+    sim.set_webhook(Arc::new(move |request: &Value| {
         let raw = RawValue::from_string(request.to_string())?;
         let answer = serve::admit(&webhook_state, &raw).map_err(|e| anyhow!("{e:?}"))?;
         let response = &answer.review["response"];
@@ -248,7 +250,7 @@ async fn run_served(engine: Arc<Engine>, path: &Path) -> Result<(Vec<String>, Ve
     }
     for object in scenario.objects.clone() {
         let sim = sim.clone();
-        tokio::task::spawn_blocking(move || sim.lock().unwrap().load(object)).await??;
+        tokio::task::spawn_blocking(move || sim.load(object)).await??;
         served.quiesce().await?;
     }
     let mut failures = Vec::new();
@@ -264,7 +266,7 @@ async fn run_served(engine: Arc<Engine>, path: &Path) -> Result<(Vec<String>, Ve
             }
         }
     }
-    let objects = sim.lock().unwrap().objects();
+    let objects = sim.objects();
     worker.abort();
     for c in caches {
         c.abort();

@@ -17,9 +17,9 @@ use std::sync::Arc;
 use config_snapshot::engine::Engine;
 use config_snapshot::memory::Recorded;
 use config_snapshot::{replay, serve};
+use config_snapshot_testing::standin::ApiServer;
 use serde_json::value::RawValue;
 use serde_json::Value;
-use support::apiserver::ApiServer;
 
 use support::paths::policy;
 

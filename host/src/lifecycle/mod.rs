@@ -1,16 +1,28 @@
-//! The rules where features meet, decided without I/O, so that `replay`
-//! and `serve` run the same decisions (docs/design.md, "Where features
-//! meet"):
-//! - [`effects`]: what a deferred effect (adopt, watch patch) does now,
-//!   from the objects as they are and a clock: apply, wait, hold back for
-//!   the storm guard, or drop;
-//! - [`resync`]: what a periodic pass does: repair adoptions, renew, re-admit
-//!   watched sources, and sweep the snapshots nothing owns or uses.
+//! Where features meet (docs/design.md, "Where features meet"): the rules,
+//! decided without I/O, and their orchestration, written once over the
+//! [`crate::cluster::Cluster`] trait, so that `replay` and `serve` run the
+//! same decisions and carry them out the same way.
+//! - [`effect`]: the deferred effects (adopt, watch patch);
+//! - [`verdict`]: what an effect does now, from the objects as they are;
+//! - [`pass`]: what the periodic pass does, from the objects as they are;
+//! - [`driver`] and [`resync`]: carrying both out against a cluster;
+//! - [`register`]: the effects on their way; [`guard`]: the invariants on
+//!   deleting a snapshot; [`observe`]: what the hosts are told.
 //!
-//! The drivers (`memory::effects` and `serve::effects`, `memory::resync` and
-//! `serve::resync`) only fetch objects, act, and retry.
+//! The hosts only schedule: replay's `memory::scheduler`, serve's
+//! `serve::queue`.
 
-pub mod effects;
+pub mod driver;
+pub mod effect;
+pub mod guard;
+pub mod observe;
+pub mod pass;
+pub mod register;
 pub mod resync;
+pub mod verdict;
 
-pub use effects::{Effect, PatchIntent, Verdict};
+pub use driver::{Attempt, Driver, Ending, Next};
+pub use effect::{Effect, PatchIntent};
+pub use observe::{Observer, Reason, Silent};
+pub use register::Register;
+pub use verdict::{Rules, Verdict};

@@ -9,6 +9,7 @@
 //! current template has its revision.
 
 use anyhow::Result;
+use config_snapshot_policy::kinds::WorkloadKind;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -41,7 +42,7 @@ fn revision_of_rs(rs: &Value) -> i64 {
 
 impl Simulator {
     /// Runs the controller of a workload after it changed.
-    pub(crate) fn reconcile(&mut self, object: &Value) -> Result<()> {
+    pub(crate) fn reconcile(&self, object: &Value) -> Result<()> {
         match object["kind"].as_str() {
             Some("Deployment") => self.reconcile_deployment(object),
             Some("StatefulSet") | Some("DaemonSet") => self.reconcile_revisions(object),
@@ -51,15 +52,12 @@ impl Simulator {
 
     /// Re-runs the controllers of every workload whose template has no
     /// revision yet: a refused revision is retried, as controllers requeue.
-    pub(crate) fn reconcile_pending(&mut self) -> Result<()> {
+    pub(crate) fn reconcile_pending(&self) -> Result<()> {
         let workloads: Vec<Value> = self
             .shared
             .store()
             .all()
-            .filter(|o| {
-                config_snapshot_policy::workload::WorkloadKind::from_kind(o["kind"].as_str().unwrap_or_default())
-                    .is_some()
-            })
+            .filter(|o| WorkloadKind::from_kind(o["kind"].as_str().unwrap_or_default()).is_some())
             .cloned()
             .collect();
         for w in workloads {
@@ -87,15 +85,16 @@ impl Simulator {
 
     /// The revision object whose template the workload runs, if it exists.
     fn current_revision_name(&self, workload: &Value) -> Option<String> {
-        let template = &workload["spec"]["template"];
-        let (kind, path) = if workload["kind"] == "Deployment" {
-            ("ReplicaSet", "/spec/template")
-        } else {
-            ("ControllerRevision", "/data/spec/template")
-        };
-        self.owned(kind, workload)
+        let kind = WorkloadKind::from_kind(workload["kind"].as_str()?)?;
+        let template = workload.pointer(kind.template())?;
+        let revisions = kind.revisions();
+        self.owned(revisions.kind, workload)
             .into_iter()
-            .find(|r| r.pointer(path).is_some_and(|t| controller_template(t) == *template))
+            .find(|r| {
+                revisions
+                    .template_of(r)
+                    .is_some_and(|t| controller_template(t) == *template)
+            })
             .and_then(|r| r["metadata"]["name"].as_str().map(str::to_string))
     }
 
@@ -104,7 +103,7 @@ impl Simulator {
     /// Paused (`spec.paused`), it makes no ReplicaSet and scales nothing: a
     /// template that matches an existing ReplicaSet makes it current again,
     /// but the pods stay where they are until the Deployment is resumed.
-    fn reconcile_deployment(&mut self, deployment: &Value) -> Result<()> {
+    fn reconcile_deployment(&self, deployment: &Value) -> Result<()> {
         let ns = deployment["metadata"]["namespace"]
             .as_str()
             .unwrap_or("default")
@@ -201,7 +200,7 @@ impl Simulator {
     }
 
     /// The StatefulSet and DaemonSet controllers' ControllerRevisions.
-    fn reconcile_revisions(&mut self, workload: &Value) -> Result<()> {
+    fn reconcile_revisions(&self, workload: &Value) -> Result<()> {
         let ns = workload["metadata"]["namespace"]
             .as_str()
             .unwrap_or("default")
@@ -287,7 +286,7 @@ impl Simulator {
     /// revision) where they are, and so does `OnDelete`. Pods are not
     /// simulated: they are taken to become ready. Returns the current
     /// revision when it is not the update revision.
-    fn statefulset_status(&mut self, workload: &Value, update: &str) -> Option<String> {
+    fn statefulset_status(&self, workload: &Value, update: &str) -> Option<String> {
         if workload["kind"] != "StatefulSet" || update.is_empty() {
             return None;
         }

@@ -13,7 +13,7 @@ const RESTARTED_AT: &str = "kubectl.kubernetes.io/restartedAt";
 
 impl Simulator {
     /// Creates or updates an object, through admission.
-    pub fn apply(&mut self, object: Value, dry_run: bool, actor: &str) -> Result<Admission> {
+    pub fn apply(&self, object: Value, dry_run: bool, actor: &str) -> Result<Admission> {
         let (kind, ns, name) = key_of(&object);
         let old = self.get(&kind, &ns, &name);
         let mut object = prepare(object, old.as_ref())?;
@@ -44,7 +44,7 @@ impl Simulator {
     }
 
     /// `kubectl patch --type merge`.
-    pub fn edit(&mut self, kind: &str, namespace: &str, name: &str, merge: &Value, actor: &str) -> Result<Admission> {
+    pub fn edit(&self, kind: &str, namespace: &str, name: &str, merge: &Value, actor: &str) -> Result<Admission> {
         let mut object = self
             .get(kind, namespace, name)
             .ok_or_else(|| anyhow!("{kind}/{name} does not exist"))?;
@@ -54,7 +54,7 @@ impl Simulator {
         self.write(object, Some(old), false, actor)
     }
 
-    pub fn delete(&mut self, kind: &str, namespace: &str, name: &str) -> Result<()> {
+    pub fn delete(&self, kind: &str, namespace: &str, name: &str) -> Result<()> {
         if self.shared.store().remove(kind, namespace, name).is_none() {
             bail!("{kind}/{name} does not exist");
         }
@@ -66,13 +66,7 @@ impl Simulator {
     /// `kubectl rollout undo [--to-revision]`: put back a revision's
     /// template. For a Deployment kubectl also puts back the ReplicaSet's
     /// annotations, keeping only the few it never copies.
-    pub fn rollout_undo(
-        &mut self,
-        kind: &str,
-        namespace: &str,
-        name: &str,
-        to_revision: Option<i64>,
-    ) -> Result<Admission> {
+    pub fn rollout_undo(&self, kind: &str, namespace: &str, name: &str, to_revision: Option<i64>) -> Result<Admission> {
         let workload = self
             .get(kind, namespace, name)
             .ok_or_else(|| anyhow!("{kind}/{name} does not exist"))?;
@@ -132,7 +126,7 @@ impl Simulator {
     }
 
     /// `kubectl rollout restart`.
-    pub fn rollout_restart(&mut self, kind: &str, namespace: &str, name: &str) -> Result<Admission> {
+    pub fn rollout_restart(&self, kind: &str, namespace: &str, name: &str) -> Result<Admission> {
         let workload = self
             .get(kind, namespace, name)
             .ok_or_else(|| anyhow!("{kind}/{name} does not exist"))?;

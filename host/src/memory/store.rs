@@ -61,7 +61,7 @@ impl Store {
         &'a self,
         kind: &'a str,
         namespace: &'a str,
-        source: &config_snapshot_policy::kind::SourceId,
+        source: &config_snapshot_policy::source::SourceId,
     ) -> impl Iterator<Item = &'a Value> + 'a {
         self.referrers
             .names(kind, namespace, source)
@@ -86,14 +86,31 @@ impl Store {
         self.log.get_or_insert_with(Vec::new);
     }
 
-    /// The changes after `since`, in order.
+    /// The changes after `since`, in order. The log is in version order,
+    /// so a watch that has caught up costs a binary search.
     pub fn changes_since(&self, since: u64) -> Vec<Change> {
-        self.log
-            .iter()
-            .flatten()
-            .filter(|c| c.resource_version > since)
-            .cloned()
-            .collect()
+        let Some(log) = self.log.as_ref() else {
+            return Vec::new();
+        };
+        let from = log.partition_point(|c| c.resource_version <= since);
+        log[from..].to_vec()
+    }
+
+    /// Replaces every object with `objects`, kept exactly as given (uids,
+    /// resourceVersions): the state another cluster was in. Versions
+    /// handed out later are above all of theirs.
+    pub fn reset(&mut self, objects: &[Value]) {
+        self.objects.clear();
+        self.referrers = Default::default();
+        for object in objects {
+            let rv = object["metadata"]["resourceVersion"]
+                .as_str()
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(0);
+            self.counter = self.counter.max(rv);
+            self.referrers.observe(object);
+            self.objects.insert(key_of(object), object.clone());
+        }
     }
 
     fn record(&mut self, kind: &'static str, object: &Value) {

@@ -5,16 +5,22 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use config_snapshot_policy::host_error::Code;
 use config_snapshot_policy::operation::Operation;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use super::cluster::RequestScope;
 use super::metrics::{self, DecisionLabels, OperationLabels, RequestLabels};
+use super::prefetch::{self, ObjectOnly};
+use super::scope::RequestScope;
 use super::State;
 use crate::capability::{Caller, Capability};
-use crate::engine::CallHandler;
+use crate::engine::{CallFailure, CallHandler};
+
+/// Request uids of the host's own admissions (the resync's) start with
+/// this: they are logged at debug, not info.
+pub const UID_PREFIX: &str = "resync-";
 
 #[derive(Deserialize)]
 struct Review<'a> {
@@ -40,13 +46,6 @@ struct Head {
 struct Gvk {
     #[serde(default)]
     kind: String,
-}
-
-/// The request's object alone: serde skips the rest of the request.
-#[derive(Deserialize)]
-pub(super) struct ObjectOnly {
-    #[serde(default)]
-    pub object: Value,
 }
 
 /// Why a body got no AdmissionReview answer: the webhook replies with an
@@ -101,22 +100,25 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
         state.cluster.clone(),
         head.namespace.as_deref().unwrap_or_default(),
     ));
-    scope.prefetch(super::prefetch::wanted(
+    scope.prefetch(prefetch::wanted(
         &head.kind.kind,
         &head.operation,
         request,
         &state.settings,
     ));
+    let carry = state.queue.carry();
     let handler = Arc::new(Counted {
-        inner: Capability {
-            backend: scope.clone(),
-            caller: Caller {
+        inner: Capability::new(
+            scope,
+            Caller {
                 uid: head.uid.clone(),
                 namespace: head.namespace.clone().unwrap_or_default(),
                 dry_run: head.dry_run.unwrap_or(false),
             },
-            orphan_grace_secs: state.settings.orphan_grace_period_secs,
-        },
+            state.settings.orphan_grace_period_secs,
+            carry.register.clone(),
+            carry.report.clone(),
+        ),
         metrics: state.metrics.clone(),
     });
     let mut payload = Vec::with_capacity(request.get().len() + state.settings_json.len() + 32);
@@ -125,7 +127,7 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
     payload.extend_from_slice(br#","settings":"#);
     payload.extend_from_slice(state.settings_json.as_bytes());
     payload.push(b'}');
-    let result = state.engine.call("validate", &payload, handler);
+    let result = state.engine.call("validate", &payload, handler.clone());
     let decision = |d: &'static str| {
         state
             .metrics
@@ -140,7 +142,10 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
             .get_or_create(&labels)
             .observe(started.elapsed().as_secs_f64())
     };
-    let validation: Value = match result.and_then(|bytes| Ok(serde_json::from_slice(&bytes)?)) {
+    let validation: Value = match result
+        .map_err(anyhow::Error::from)
+        .and_then(|bytes| Ok(serde_json::from_slice(&bytes)?))
+    {
         Ok(v) => v,
         Err(e) => {
             decision("error");
@@ -165,8 +170,13 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
         mutated.as_ref(),
     )
     .map_err(|e| Failure::Policy(format!("config-snapshot: encoding the response: {e}")))?;
+    // The request's effects wait for the webhook's answer: a refused
+    // request leaves none behind.
+    let staged = handler.inner.take_staged();
     if allowed {
-        scope.release(&state.queue);
+        for effect in staged {
+            state.queue.submit(effect);
+        }
         decision(if mutated.is_some() { "mutated" } else { "allowed" });
     } else {
         decision("denied");
@@ -189,7 +199,7 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
             )
         };
     }
-    if head.uid.starts_with(super::resync::UID_PREFIX) {
+    if head.uid.starts_with(UID_PREFIX) {
         admission_log!(tracing::Level::DEBUG);
     } else {
         admission_log!(tracing::Level::INFO);
@@ -209,12 +219,12 @@ struct Counted {
 }
 
 impl CallHandler for Counted {
-    fn call(&self, binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, String> {
-        let result = self.inner.call(binding, namespace, operation, payload);
+    fn call(&self, binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, CallFailure> {
+        let result = self.inner.answer(binding, namespace, operation, payload);
         if let Err(e) = &result {
             let operation = metrics::host_operation_label(operation);
             // A missing object is an answer, not a failure.
-            if !(operation == Operation::GetResource.name() && e.contains("NotFound")) {
+            if !(operation == Operation::GetResource.name() && e.code == Code::NotFound) {
                 self.metrics
                     .host_call_errors
                     .get_or_create(&OperationLabels { operation })
@@ -222,6 +232,6 @@ impl CallHandler for Counted {
                 tracing::warn!(operation, "host call failed: {e}");
             }
         }
-        result
+        result.map_err(CallFailure::Ours)
     }
 }

@@ -18,9 +18,9 @@ use kube::Client;
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
-use config_snapshot_policy::kind::SourceId;
+use config_snapshot_policy::source::SourceId;
 
-use crate::capability::Selector;
+use crate::cluster::{self, ApiError, Selector};
 use crate::referrers::Referrers;
 
 /// Every kind the policy reads, from the policy's one table.
@@ -149,7 +149,7 @@ impl Cache {
         self.kinds.values().all(|k| k.synced.load(Ordering::SeqCst))
     }
 
-    pub fn get(&self, kind: &str, namespace: &str, name: &str) -> Result<Option<Value>, String> {
+    pub fn get(&self, kind: &str, namespace: &str, name: &str) -> cluster::Result<Option<Value>> {
         let cache = self.kind(kind)?;
         let indexed = cache.objects.read().unwrap();
         Ok(indexed.objects.get(namespace).and_then(|n| n.get(name)).cloned())
@@ -163,7 +163,7 @@ impl Cache {
         namespace: &str,
         source: &SourceId,
         visit: &mut dyn FnMut(&Value),
-    ) -> Result<(), String> {
+    ) -> cluster::Result<()> {
         let cache = self.kind(kind)?;
         let indexed = cache.objects.read().unwrap();
         let Some(names) = indexed.objects.get(namespace) else {
@@ -177,16 +177,22 @@ impl Cache {
         Ok(())
     }
 
+    /// The objects of `kind` in `namespace` (all namespaces: `None`) that
+    /// `selector` matches.
     pub fn list(
         &self,
         kind: &str,
-        namespace: &str,
+        namespace: Option<&str>,
         selector: &Selector,
         visit: &mut dyn FnMut(&Value),
-    ) -> Result<(), String> {
+    ) -> cluster::Result<()> {
         let cache = self.kind(kind)?;
         let indexed = cache.objects.read().unwrap();
-        for object in indexed.objects.get(namespace).into_iter().flat_map(BTreeMap::values) {
+        let namespaces: Box<dyn Iterator<Item = &BTreeMap<String, Value>>> = match namespace {
+            Some(ns) => Box::new(indexed.objects.get(ns).into_iter()),
+            None => Box::new(indexed.objects.values()),
+        };
+        for object in namespaces.flat_map(BTreeMap::values) {
             if selector.matches(object) {
                 visit(object);
             }
@@ -231,10 +237,10 @@ impl Cache {
         }
     }
 
-    fn kind(&self, kind: &str) -> Result<&KindCache, String> {
+    fn kind(&self, kind: &str) -> cluster::Result<&KindCache> {
         self.kinds
             .get(kind)
-            .ok_or_else(|| format!("the server could not find the requested resource: {kind}"))
+            .ok_or_else(|| ApiError::NotFound(format!("the server could not find the requested resource: {kind}")))
     }
 }
 
@@ -298,7 +304,7 @@ mod tests {
         cache.observe(cm("b", "three", "1", "x"));
         let mut seen = Vec::new();
         cache
-            .list("ConfigMap", "a", &Selector::parse("app=x").unwrap(), &mut |o| {
+            .list("ConfigMap", Some("a"), &Selector::parse("app=x").unwrap(), &mut |o| {
                 seen.push(o["metadata"]["name"].as_str().unwrap().to_string())
             })
             .unwrap();

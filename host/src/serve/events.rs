@@ -9,46 +9,10 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use serde_json::Value;
 
+use crate::lifecycle::Reason;
+
 /// The controller name on every Event (`reportingController`).
 pub const REPORTER: &str = "config-snapshot.io/serve";
-
-/// Why an Event is published: its reason, type and action.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
-    /// A source changed and the workload now runs its new snapshot.
-    ConfigRolledOut,
-    /// renew-duration passed: the workload was re-admitted.
-    ConfigRenewed,
-    /// A watch rollout was not applied: a rollback (or a newer change)
-    /// came first.
-    RolloutDropped,
-    /// A deferred effect failed past its retries.
-    EffectFailed,
-}
-
-impl Reason {
-    fn name(self) -> &'static str {
-        match self {
-            Reason::ConfigRolledOut => "ConfigRolledOut",
-            Reason::ConfigRenewed => "ConfigRenewed",
-            Reason::RolloutDropped => "RolloutDropped",
-            Reason::EffectFailed => "EffectFailed",
-        }
-    }
-
-    fn warning(self) -> bool {
-        self == Reason::EffectFailed
-    }
-
-    fn action(self) -> &'static str {
-        match self {
-            Reason::ConfigRolledOut => "Rollout",
-            Reason::ConfigRenewed => "Renew",
-            Reason::RolloutDropped => "Drop",
-            Reason::EffectFailed => "GiveUp",
-        }
-    }
-}
 
 pub struct Events {
     recorder: Recorder,

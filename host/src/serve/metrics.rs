@@ -158,7 +158,7 @@ impl Metrics {
 pub fn kind_label(kind: &str) -> &'static str {
     config_snapshot_policy::kinds::KINDS
         .iter()
-        .find(|k| k.kind == kind && !k.handled.is_empty())
+        .find(|k| k.kind == kind && !k.handled().is_empty())
         .map_or("other", |k| k.kind)
 }
 

@@ -6,15 +6,17 @@
 //! same content-addressed object, and the loser reads it back.
 
 mod admission;
+pub mod apiserver;
 pub mod cache;
-pub mod cluster;
-pub mod effects;
 pub mod events;
 mod http;
 pub mod leader;
 pub mod metrics;
 pub mod prefetch;
+pub mod queue;
+mod report;
 pub mod resync;
+pub mod scope;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -29,14 +31,14 @@ use kube::Client;
 use serde_json::Value;
 
 pub use admission::{admit, review, Answer, Failure};
+use apiserver::KubeCluster;
 use cache::Cache;
-use cluster::KubeCluster;
-use effects::{Queue, QueueSettings};
-
-use crate::lifecycle::effects::Rules;
 use metrics::Metrics;
+use queue::{Carry, Queue, QueueSettings};
+use report::Report;
 
 use crate::engine::Engine;
+use crate::lifecycle::Rules;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Options {
@@ -159,7 +161,7 @@ impl State {
         self.cluster.cache.synced() && !self.shutting_down.load(Ordering::SeqCst)
     }
 
-    fn next_id(&self) -> u64 {
+    pub(crate) fn next_id(&self) -> u64 {
         self.ids.fetch_add(1, Ordering::Relaxed)
     }
 }
@@ -170,7 +172,7 @@ fn duration(flag: &str, text: &str) -> Result<u64> {
 
 /// Everything `serve` needs that does not involve sockets, for the module
 /// `--policy` named (already read or pulled).
-pub fn build(options: &Options, client: Client, module: &[u8]) -> Result<(Arc<State>, effects::Worker)> {
+pub fn build(options: &Options, client: Client, module: &[u8]) -> Result<(Arc<State>, queue::Worker)> {
     let precompiled = match &options.precompiled {
         Some(path) => Some(std::fs::read(path).with_context(|| format!("reading {}", path.display()))?),
         None => None,
@@ -190,7 +192,7 @@ pub fn build_with_engine(
     options: &Options,
     client: Client,
     engine: Arc<Engine>,
-) -> Result<(Arc<State>, effects::Worker)> {
+) -> Result<(Arc<State>, queue::Worker)> {
     let settings: Value = serde_json::from_str(&options.settings_json).context("--settings-json is not JSON")?;
     if let Err(message) = engine.validate_settings(&settings)? {
         return Err(anyhow!("invalid settings: {message}"));
@@ -200,17 +202,26 @@ pub fn build_with_engine(
     let metrics = Arc::new(Metrics::default());
     let cache = Arc::new(Cache::new());
     let runtime = tokio::runtime::Handle::try_current().context("serve needs a tokio runtime")?;
+    let report = Arc::new(Report {
+        events: events::Events::new(client.clone(), runtime.clone()),
+        metrics: metrics.clone(),
+    });
     let cluster = Arc::new(KubeCluster::new(client, cache, runtime, metrics.clone()));
+    let carry = Arc::new(Carry {
+        cluster: cluster.clone(),
+        rules: Rules {
+            settings: parsed.clone(),
+            watch_min_interval: duration("watch-min-interval", &options.watch_min_interval)? as i64,
+        },
+        register: Arc::default(),
+        report,
+    });
     let (queue, worker) = Queue::new(
-        cluster.clone(),
+        carry,
         QueueSettings {
             capacity: options.queue_capacity.max(1),
             wait_for: Duration::from_secs(duration("effect-wait", &options.effect_wait)?),
             ..QueueSettings::default()
-        },
-        Rules {
-            settings: parsed.clone(),
-            watch_min_interval: duration("watch-min-interval", &options.watch_min_interval)? as i64,
         },
     );
     let leadership = Arc::new(if options.leader_elect {

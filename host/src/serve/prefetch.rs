@@ -38,18 +38,18 @@ use std::sync::{Arc, Mutex};
 
 use config_snapshot_policy::content::{snapshot_name, Content};
 use config_snapshot_policy::keys;
-use config_snapshot_policy::kind::SourceKind;
+use config_snapshot_policy::kinds::WorkloadKind;
 use config_snapshot_policy::optin::OptIn;
 use config_snapshot_policy::settings::Settings;
+use config_snapshot_policy::source::SourceKind;
 use config_snapshot_policy::template;
-use config_snapshot_policy::workload::WorkloadKind;
+use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 use tokio::sync::oneshot;
 
-use super::admission::ObjectOnly;
-use super::cluster::KubeCluster;
-use crate::backend;
+use super::apiserver::KubeCluster;
+use crate::cluster;
 
 /// A source to read, in the request's namespace.
 #[derive(Debug, Clone, PartialEq)]
@@ -62,7 +62,14 @@ pub struct Wanted {
 }
 
 /// A read made ahead, still running or done.
-pub type Pending = oneshot::Receiver<backend::Result<Option<Value>>>;
+pub type Pending = oneshot::Receiver<cluster::Result<Option<Value>>>;
+
+/// The request's object alone: serde skips the rest of the request.
+#[derive(Deserialize)]
+pub struct ObjectOnly {
+    #[serde(default)]
+    pub object: Value,
+}
 
 /// The reads made ahead, by (kind, name), each taken at most once.
 pub type Fetched = HashMap<(SourceKind, String), Pending>;
@@ -72,9 +79,9 @@ pub type Fetched = HashMap<(SourceKind, String), Pending>;
 /// that cannot opt in costs string compares, or at most a substring
 /// search, and no parse.
 pub fn wanted(kind: &str, operation: &str, request: &RawValue, settings: &Settings) -> Vec<Wanted> {
-    if !matches!(operation, "CREATE" | "UPDATE") || WorkloadKind::from_kind(kind).is_none() {
+    let Some(kind) = WorkloadKind::from_kind(kind).filter(|_| matches!(operation, "CREATE" | "UPDATE")) else {
         return Vec::new();
-    }
+    };
     // Every opt-in annotation carries the prefix; most requests do not.
     if !request.get().contains(keys::PREFIX) {
         return Vec::new();
@@ -87,7 +94,10 @@ pub fn wanted(kind: &str, operation: &str, request: &RawValue, settings: &Settin
         return Vec::new();
     };
     // One group per source: no source is read twice.
-    template::own_groups(&object["spec"]["template"])
+    let Some(pod_template) = object.pointer(kind.template()) else {
+        return Vec::new();
+    };
+    template::own_groups(pod_template)
         .into_iter()
         .filter(|g| optin.snapshots(&g.id, settings) && g.refs.iter().any(|r| r.name == g.id.name))
         .map(|g| Wanted {
@@ -119,7 +129,7 @@ pub async fn read_ahead(
     cluster: Arc<KubeCluster>,
     namespace: String,
     wanted: Wanted,
-    source: oneshot::Sender<backend::Result<Option<Value>>>,
+    source: oneshot::Sender<cluster::Result<Option<Value>>>,
     pending: Arc<Mutex<Fetched>>,
 ) {
     let read = cluster.fetch(wanted.kind.kind(), &namespace, &wanted.name).await;

@@ -1,4 +1,3 @@
-pub mod apiserver;
 pub mod paths;
 pub mod process;
 pub mod webhook;

@@ -8,9 +8,9 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The release policy wasm (`make policy.wasm` builds it).
+/// The policy wasm as `make policy.wasm` builds it.
 pub fn policy() -> PathBuf {
-    let built = root().join("target/wasm32-wasip1/release/config_snapshot_policy.wasm");
+    let built = root().join("target/wasm32-wasip1/policy/config_snapshot_policy.wasm");
     assert!(built.exists(), "build the policy first: make policy.wasm");
     built
 }

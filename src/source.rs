@@ -1,4 +1,5 @@
-//! The two kinds of configuration source.
+//! The two kinds of configuration source, and a source named by kind and
+//! name (the key of the mapping annotation).
 
 use std::fmt;
 

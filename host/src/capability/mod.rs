@@ -1,0 +1,197 @@
+//! The host side of the policy's calls: Kubewarden's reads with the SDK's
+//! exact payloads, and the `config-snapshot`/`v1` write capability with the
+//! invariants of docs/design.md ("Host capability contract") enforced here,
+//! whatever the guest asks.
+//!
+//! It sits on a [`Cluster`] (the in-memory one for replay, the API server
+//! for serve), so every host gets the same checks. A failed call answers a
+//! [`HostError`] with a code, which the guest decides by.
+//!
+//! - [`reads`]: `get_resource`, `list_resources_by_namespace`,
+//!   `list_referencing`;
+//! - [`snapshot`]: `create_snapshot`, and the reuse of an existing one;
+//! - [`writes`]: `adopt`, `patch_workload` (staged, see below) and
+//!   `delete_snapshot`.
+//!
+//! Deferred effects are staged here, per request, and handed to the host
+//! only once it knows the request was allowed and persisted
+//! ([`Capability::take_staged`]): a refused request leaves none behind.
+
+mod reads;
+mod snapshot;
+mod writes;
+
+use std::sync::{Arc, Mutex};
+
+use config_snapshot_policy::host_error::{Code, HostError};
+use config_snapshot_policy::operation::{Operation, CONFIG_SNAPSHOT, KUBEWARDEN};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::cluster::Cluster;
+use crate::engine::{CallFailure, CallHandler};
+use crate::lifecycle::{Effect, Observer, Register};
+
+/// The admission request a set of host calls belongs to: whose namespace
+/// they may write in, and whether writes are refused (dry run).
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub uid: String,
+    pub namespace: String,
+    pub dry_run: bool,
+}
+
+impl Caller {
+    /// The caller an AdmissionRequest (as JSON) makes.
+    pub fn of(request: &Value) -> Caller {
+        Caller {
+            uid: request["uid"].as_str().unwrap_or_default().to_string(),
+            namespace: request["namespace"].as_str().unwrap_or("default").to_string(),
+            dry_run: request["dryRun"].as_bool().unwrap_or(false),
+        }
+    }
+}
+
+/// Failures a host injects into its own calls (replay's `fault:` step).
+pub trait Faults: Send + Sync {
+    /// The error the next call of `operation` answers, if one is armed.
+    fn fault(&self, operation: &str) -> Option<HostError>;
+}
+
+/// A host call's answer: a value, or bytes already serialised.
+enum Reply {
+    Json(Value),
+    Raw(Vec<u8>),
+}
+
+/// The capability one admission's host calls reach.
+pub struct Capability {
+    pub cluster: Arc<dyn Cluster>,
+    pub caller: Caller,
+    /// The policy's `orphanGracePeriod`: how long the sweep leaves an unused
+    /// snapshot, which decides when a reuse must mark it used.
+    pub orphan_grace_secs: u64,
+    /// The effects on their way: a snapshot one awaits is never deleted.
+    pub register: Arc<Register>,
+    pub observer: Arc<dyn Observer>,
+    faults: Option<Arc<dyn Faults>>,
+    staged: Mutex<Vec<Effect>>,
+}
+
+impl Capability {
+    pub fn new(
+        cluster: Arc<dyn Cluster>,
+        caller: Caller,
+        orphan_grace_secs: u64,
+        register: Arc<Register>,
+        observer: Arc<dyn Observer>,
+    ) -> Capability {
+        Capability {
+            cluster,
+            caller,
+            orphan_grace_secs,
+            register,
+            observer,
+            faults: None,
+            staged: Mutex::default(),
+        }
+    }
+
+    /// The same capability, with failures injected into its calls.
+    pub fn with_faults(self, faults: Arc<dyn Faults>) -> Capability {
+        Capability {
+            faults: Some(faults),
+            ..self
+        }
+    }
+
+    /// The deferred effects this admission asked for, for the host to queue
+    /// once the request is allowed and persisted (or drop).
+    pub fn take_staged(&self) -> Vec<Effect> {
+        std::mem::take(&mut *self.staged.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn stage(&self, effect: Effect) {
+        self.staged.lock().unwrap_or_else(|e| e.into_inner()).push(effect);
+    }
+
+    fn dispatch(&self, op: Operation, payload: &[u8]) -> Result<Reply, HostError> {
+        Ok(match op {
+            Operation::GetResource => self.get_resource(parse(op, payload)?)?,
+            Operation::ListResourcesByNamespace => self.list_resources(parse(op, payload)?)?,
+            // The replay and serve hosts act with their own RBAC; the policy
+            // never needs to ask, but a call must not fail.
+            Operation::CanI => Reply::Json(json!({"allowed": true, "reason": "config-snapshot host"})),
+            Operation::Now => Reply::Json(json!({"unix": self.cluster.now()})),
+            Operation::CreateSnapshot => Reply::Json(self.create_snapshot(parse(op, payload)?)?),
+            Operation::Adopt => Reply::Json(self.adopt(parse(op, payload)?)?),
+            Operation::DeleteSnapshot => Reply::Json(self.delete_snapshot(parse(op, payload)?)?),
+            Operation::PatchWorkload => Reply::Json(self.patch_workload(parse(op, payload)?)?),
+            Operation::ListReferencing => self.list_referencing(parse(op, payload)?)?,
+        })
+    }
+}
+
+impl CallHandler for Capability {
+    fn call(&self, binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, CallFailure> {
+        self.answer(binding, namespace, operation, payload)
+            .map_err(CallFailure::Ours)
+    }
+}
+
+impl Capability {
+    /// One host call's answer, or why it failed.
+    pub fn answer(
+        &self,
+        binding: &str,
+        namespace: &str,
+        operation: &str,
+        payload: &[u8],
+    ) -> Result<Vec<u8>, HostError> {
+        let Some(op) = Operation::parse(binding, namespace, operation) else {
+            let message = if [KUBEWARDEN, CONFIG_SNAPSHOT].contains(&(binding, namespace)) {
+                format!("unknown operation {binding}/{namespace}/{operation}")
+            } else {
+                format!("unknown binding {binding}/{namespace}")
+            };
+            return Err(HostError::new(Code::Unsupported, message));
+        };
+        // A delete's fault is the cluster's: it fails the host's own
+        // deletes (the sweep) too, once per delete.
+        if op != Operation::DeleteSnapshot {
+            if let Some(error) = self.faults.as_ref().and_then(|f| f.fault(operation)) {
+                return Err(error);
+            }
+        }
+        if op.writes() && self.caller.dry_run {
+            return Err(HostError::new(
+                Code::DryRun,
+                format!("refused {operation}: no writes during a dry-run request"),
+            ));
+        }
+        match self.dispatch(op, payload)? {
+            Reply::Raw(bytes) => Ok(bytes),
+            Reply::Json(value) => {
+                serde_json::to_vec(&value).map_err(|e| HostError::new(Code::Unavailable, e.to_string()))
+            }
+        }
+    }
+}
+
+fn parse<'a, T: Deserialize<'a>>(op: Operation, payload: &'a [u8]) -> Result<T, HostError> {
+    serde_json::from_slice(payload)
+        .map_err(|e| HostError::new(Code::BadRequest, format!("invalid {} request: {e}", op.name())))
+}
+
+/// A refusal by the host's invariants.
+fn refused(message: impl Into<String>) -> HostError {
+    HostError::new(Code::Refused, message)
+}
+
+/// A cluster's failure, as the guest sees it.
+fn failed(e: crate::cluster::ApiError) -> HostError {
+    HostError::new(e.code(), e.to_string())
+}
+
+#[cfg(test)]
+mod tests;

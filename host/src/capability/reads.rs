@@ -1,0 +1,166 @@
+//! Kubewarden's reads (`get_resource`, `list_resources_by_namespace`) with
+//! the SDK's payloads, and our `list_referencing`, answered from the
+//! cluster's reads (serve: its caches; `disable_cache`: the API server).
+
+use config_snapshot_policy::host_error::{Code, HostError};
+use config_snapshot_policy::kinds::{self, WorkloadKind};
+use config_snapshot_policy::operation::Operation;
+use config_snapshot_policy::source::{SourceId, SourceKind};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{failed, refused, Capability, Reply};
+use crate::cluster::{self, Selector};
+use crate::masks;
+
+#[derive(Deserialize)]
+pub(super) struct GetRequest {
+    api_version: String,
+    kind: String,
+    name: String,
+    namespace: Option<String>,
+    #[serde(default)]
+    disable_cache: bool,
+    #[serde(default)]
+    field_masks: Option<Vec<String>>,
+}
+
+#[derive(Deserialize)]
+pub(super) struct ListRequest {
+    api_version: String,
+    kind: String,
+    namespace: String,
+    label_selector: Option<String>,
+    field_selector: Option<String>,
+    #[serde(default)]
+    field_masks: Option<Vec<String>>,
+}
+
+#[derive(Deserialize)]
+pub(super) struct ReferencingRequest {
+    kind: String,
+    namespace: String,
+    source_kind: String,
+    source_name: String,
+    #[serde(default)]
+    field_masks: Option<Vec<String>>,
+}
+
+/// A list answer (`{"apiVersion", "kind": "…List", "items"}`) of what
+/// `list` visits, each item pruned to `masks`. Written by hand around the
+/// items so each is serialised straight from the store, pruned on the fly.
+fn masked_list(
+    api_version: &str,
+    kind: &str,
+    masks: Option<Vec<String>>,
+    list: impl FnOnce(&mut dyn FnMut(&Value)) -> cluster::Result<()>,
+) -> Result<Reply, HostError> {
+    let masks = masks.unwrap_or_default();
+    let split: Vec<Vec<&str>> = masks.iter().map(|m| m.split('.').collect()).collect();
+    let mut out = format!(
+        r#"{{"apiVersion":{},"kind":"{kind}List","metadata":{{}},"items":["#,
+        json!(api_version)
+    )
+    .into_bytes();
+    let mut first = true;
+    let mut failed_item = None;
+    list(&mut |object| {
+        if !first {
+            out.push(b',');
+        }
+        first = false;
+        if let Err(e) = serde_json::to_writer(&mut out, &masks::Masked::new(object, &split)) {
+            failed_item = Some(e);
+        }
+    })
+    .map_err(failed)?;
+    if let Some(e) = failed_item {
+        return Err(HostError::new(Code::Unavailable, e.to_string()));
+    }
+    out.extend_from_slice(b"]}");
+    Ok(Reply::Raw(out))
+}
+
+/// Refused unless `kind` is one of the table's, at its own apiVersion: the
+/// host serves nothing else.
+fn check_api_version(api_version: &str, kind: &str) -> Result<(), HostError> {
+    match kinds::find(kind) {
+        Some(k) if k.api_version == api_version => Ok(()),
+        _ => Err(HostError::new(
+            Code::BadRequest,
+            format!("this host does not serve {api_version} {kind}"),
+        )),
+    }
+}
+
+/// A `metadata.name=NAME` field selector, the one form the policy sends.
+fn name_selector(field_selector: Option<&str>) -> Result<Option<&str>, HostError> {
+    match field_selector {
+        None | Some("") => Ok(None),
+        Some(s) => s
+            .strip_prefix("metadata.name=")
+            .map(Some)
+            .ok_or_else(|| HostError::new(Code::BadRequest, format!("unsupported field selector {s:?}"))),
+    }
+}
+
+impl Capability {
+    pub(super) fn get_resource(&self, req: GetRequest) -> Result<Reply, HostError> {
+        check_api_version(&req.api_version, &req.kind)?;
+        let ns = req.namespace.unwrap_or_default();
+        let object = if req.disable_cache {
+            self.cluster.get_fresh(&req.kind, &ns, &req.name)
+        } else {
+            self.cluster.get(&req.kind, &ns, &req.name)
+        }
+        .map_err(failed)?
+        .ok_or_else(|| {
+            HostError::new(
+                Code::NotFound,
+                format!(
+                    "{} {:?} not found",
+                    kinds::find(&req.kind).map_or("", |k| k.plural),
+                    req.name
+                ),
+            )
+        })?;
+        Ok(Reply::Json(masks::prune(&object, &req.field_masks.unwrap_or_default())))
+    }
+
+    pub(super) fn list_resources(&self, req: ListRequest) -> Result<Reply, HostError> {
+        check_api_version(&req.api_version, &req.kind)?;
+        let selector = Selector::parse(req.label_selector.as_deref().unwrap_or(""))
+            .map_err(|e| HostError::new(Code::BadRequest, e.to_string()))?;
+        let name = name_selector(req.field_selector.as_deref())?;
+        masked_list(&req.api_version, &req.kind, req.field_masks, |visit| {
+            self.cluster.list(&req.kind, Some(&req.namespace), &selector, &mut |o| {
+                if name.is_none_or(|n| o["metadata"]["name"] == n) {
+                    visit(o)
+                }
+            })
+        })
+    }
+
+    /// The workloads referencing a source, from the cluster's index, in the
+    /// shape of a list answer (docs/design.md, "Host capability contract").
+    pub(super) fn list_referencing(&self, req: ReferencingRequest) -> Result<Reply, HostError> {
+        let Some(kind) = WorkloadKind::from_kind(&req.kind) else {
+            return Err(refused(format!(
+                "refused: {} lists workloads, not {}",
+                Operation::ListReferencing.name(),
+                req.kind
+            )));
+        };
+        let source_kind = SourceKind::from_kind(&req.source_kind).ok_or_else(|| {
+            refused(format!(
+                "refused: a source is a ConfigMap or a Secret, not {}",
+                req.source_kind
+            ))
+        })?;
+        let source = SourceId::new(source_kind, &req.source_name);
+        masked_list(kind.api_version(), kind.kind(), req.field_masks, |visit| {
+            self.cluster
+                .list_referencing(kind.kind(), &req.namespace, &source, visit)
+        })
+    }
+}

@@ -1,0 +1,189 @@
+//! `create_snapshot`: the host checks what the guest asks to create, and
+//! makes a snapshot that exists already outlive the new reference to it
+//! (docs/design.md, "Garbage collection", Reuse and Bridges).
+
+use config_snapshot_policy::content::Content;
+use config_snapshot_policy::duration::format_rfc3339;
+use config_snapshot_policy::host_error::{Code, HostError};
+use config_snapshot_policy::keys;
+use config_snapshot_policy::kinds::WorkloadKind;
+use config_snapshot_policy::rewrite::annotation_path;
+use config_snapshot_policy::source::SourceKind;
+use config_snapshot_policy::sweep::must_mark_reuse;
+use serde_json::{json, Value};
+
+use super::{failed, refused, Capability};
+use crate::cluster::ApiError;
+use crate::lifecycle::guard::require_managed;
+use crate::lifecycle::verdict::{adopt_ops, version_of};
+use crate::lifecycle::Effect;
+
+impl Capability {
+    pub(super) fn create_snapshot(&self, request: Value) -> Result<Value, HostError> {
+        let mut object = request
+            .get("object")
+            .cloned()
+            .ok_or_else(|| HostError::new(Code::BadRequest, "create_snapshot needs an object"))?;
+        let kind = object["kind"]
+            .as_str()
+            .and_then(SourceKind::from_kind)
+            .ok_or_else(|| refused("refused: a snapshot is a ConfigMap or a Secret"))?;
+        let name = object["metadata"]["name"]
+            .as_str()
+            .ok_or_else(|| refused("refused: a snapshot needs a name"))?
+            .to_string();
+        match object["metadata"]["namespace"].as_str() {
+            None => object["metadata"]["namespace"] = json!(self.caller.namespace),
+            Some(ns) if ns == self.caller.namespace => {}
+            Some(ns) => {
+                return Err(refused(format!(
+                    "refused: snapshot {name} is in namespace {ns}, the request is in {}",
+                    self.caller.namespace
+                )))
+            }
+        }
+        require_managed(&object, &name)?;
+        if object["immutable"] != true {
+            return Err(refused(format!("refused: snapshot {name} must be immutable")));
+        }
+        let content =
+            Content::from_object(kind, &object).map_err(|e| refused(format!("refused: snapshot {name}: {e}")))?;
+        let hash = content.hash();
+        if !name.ends_with(&format!("-{}", &hash[..10]))
+            || object["metadata"]["annotations"][keys::CONTENT_HASH] != hash.as_str()
+        {
+            return Err(refused(format!(
+                "refused: snapshot {name} does not match its content hash"
+            )));
+        }
+        let owner = self.owner(&request)?;
+        let ns = self.caller.namespace.clone();
+        let created = || {
+            self.observer.note(format!("snapshot {}/{name} created", kind.kind()));
+            Ok(json!({"created": true}))
+        };
+        // A cached read first: most snapshots made are new, and most reused
+        // ones are owned, and neither needs more.
+        let mut existing = match self.cluster.get(kind.kind(), &ns, &name).map_err(failed)? {
+            // Whether an unowned snapshot must be marked is decided on a
+            // read as fresh as the request: a cache could show one since
+            // deleted (which only the write would catch), or one since
+            // marked. serve has read it ahead, beside the policy.
+            Some(found) if !owned(&found) => self.cluster.get_fresh(kind.kind(), &ns, &name).map_err(failed)?,
+            Some(found) => Some(found),
+            None => match self.cluster.create(object.clone()) {
+                Ok(()) => return created(),
+                // Another replica (or a concurrent admission) created it
+                // first: content addressing makes that the same snapshot,
+                // if it is ours.
+                Err(ApiError::AlreadyExists(_)) => self.cluster.get_fresh(kind.kind(), &ns, &name).map_err(failed)?,
+                Err(e) => return Err(failed(e)),
+            },
+        };
+        // A reused snapshot must outlive this admission's reference to it:
+        // - unowned, it is marked used, so a sweep that judged it unused a
+        //   moment ago cannot delete it (its delete carries the version it
+        //   judged, which this write changes). Unless it was used recently
+        //   enough that no sweep may judge it before this request is stored
+        //   (`sweep::must_mark_reuse`);
+        // - owned by revisions (maybe of another workload), the workload
+        //   becomes an owner too (a bridge), so the garbage collector cannot
+        //   take it when those revisions go before the workload's own
+        //   revision adopts it.
+        for _ in 0..3 {
+            let Some(found) = existing.take() else {
+                return match self.cluster.create(object.clone()) {
+                    Ok(()) => created(),
+                    Err(e) => Err(failed(e)),
+                };
+            };
+            same_snapshot(kind, &found, &content, &name)?;
+            let ops = match (&owner, owned(&found)) {
+                (None, true) => return Ok(json!({"created": false})),
+                (Some(owner), true) if owner["metadata"]["uid"].is_null() => {
+                    // A workload being created has no uid yet: it becomes
+                    // an owner once it exists.
+                    self.stage(Effect::Adopt {
+                        namespace: ns.clone(),
+                        owner_kind: owner["kind"].as_str().unwrap_or_default().to_string(),
+                        owner_name: owner["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+                        snapshots: vec![(kind.kind().to_string(), name.clone())],
+                    });
+                    return Ok(json!({"created": false}));
+                }
+                (Some(owner), true) => match adopt_ops(owner, &found) {
+                    Some(ops) => ops,
+                    None => return Ok(json!({"created": false})),
+                },
+                (_, false) if !must_mark_reuse(&found, self.cluster.now(), self.orphan_grace_secs) => {
+                    return Ok(json!({"created": false}));
+                }
+                (_, false) => {
+                    let now = format_rfc3339(self.cluster.now());
+                    vec![json!({"op": "add", "path": annotation_path(keys::LAST_USED_AT), "value": now})]
+                }
+            };
+            match self.cluster.patch(kind.kind(), &ns, &name, version_of(&found), ops) {
+                Ok(()) => return Ok(json!({"created": false})),
+                Err(ApiError::NotFound(_)) => existing = None,
+                Err(ApiError::Conflict(_)) => {
+                    existing = self.cluster.get_fresh(kind.kind(), &ns, &name).map_err(failed)?;
+                }
+                Err(e) => return Err(failed(e)),
+            }
+        }
+        Err(HostError::new(
+            Code::Conflict,
+            format!("refused: snapshot {name} kept changing while it was reused; try again"),
+        ))
+    }
+
+    /// The workload an admission makes name the snapshot, as an owner
+    /// object: a workload in the request's namespace, and if it names a
+    /// uid, the live object with that uid.
+    fn owner(&self, request: &Value) -> Result<Option<Value>, HostError> {
+        let Some(owner) = request.get("owner").filter(|o| !o.is_null()) else {
+            return Ok(None);
+        };
+        let kind = owner["kind"].as_str().unwrap_or_default();
+        let name = owner["name"].as_str().unwrap_or_default();
+        let Some(workload) = WorkloadKind::from_kind(kind).filter(|_| !name.is_empty()) else {
+            return Err(refused(format!(
+                "refused: a snapshot's owner must be a workload, not {kind:?}"
+            )));
+        };
+        let uid = owner["uid"].as_str().filter(|u| !u.is_empty());
+        if let Some(uid) = uid {
+            let live = self.cluster.get(kind, &self.caller.namespace, name).map_err(failed)?;
+            if live.as_ref().map(|l| &l["metadata"]["uid"]) != Some(&json!(uid)) {
+                return Err(refused(format!(
+                    "refused: owner {kind}/{name} with uid {uid} does not exist"
+                )));
+            }
+        }
+        Ok(Some(json!({
+            "apiVersion": workload.api_version(), "kind": kind,
+            "metadata": {"name": name, "uid": uid},
+        })))
+    }
+}
+
+/// `Ok` if `existing` is this very snapshot; refused otherwise.
+fn same_snapshot(kind: SourceKind, existing: &Value, content: &Content, name: &str) -> Result<(), HostError> {
+    let same = Content::from_object(kind, existing)
+        .map(|c| c == *content)
+        .unwrap_or(false);
+    if same && keys::is_snapshot(existing) {
+        return Ok(());
+    }
+    Err(refused(format!(
+        "refused: a different {} named {name} already exists",
+        kind.kind()
+    )))
+}
+
+fn owned(object: &Value) -> bool {
+    object["metadata"]["ownerReferences"]
+        .as_array()
+        .is_some_and(|o| !o.is_empty())
+}

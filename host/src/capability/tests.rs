@@ -1,0 +1,434 @@
+//! Host invariants, tested at the capability with a hostile caller's
+//! payloads: every refused call must leave the cluster untouched.
+
+use super::*;
+use config_snapshot_policy::content::{snapshot_object, Content};
+use config_snapshot_policy::duration::format_rfc3339;
+use config_snapshot_policy::keys;
+use config_snapshot_policy::source::{SourceId, SourceKind};
+use std::sync::Mutex;
+
+use crate::cluster::{self, Preconditions, Selector};
+
+/// The in-memory cluster, with every write that lands written down.
+#[derive(Default)]
+struct Recorder {
+    cluster: crate::memory::Shared,
+    writes: Mutex<Vec<String>>,
+    /// Plays a cache that has not seen another replica's write yet:
+    /// `get` misses, `get_fresh` and `create` see the truth.
+    stale_cache: bool,
+    /// A version `get` keeps answering for its name, as a cache that
+    /// missed the object's deletion would.
+    pinned: Mutex<Option<Value>>,
+}
+
+impl Recorder {
+    fn put(&self, object: Value) {
+        self.cluster.store().persist(object);
+    }
+
+    fn landed(&self, result: cluster::Result<()>, what: String) -> cluster::Result<()> {
+        if result.is_ok() {
+            self.writes.lock().unwrap().push(what);
+        }
+        result
+    }
+}
+
+impl Cluster for Recorder {
+    fn get(&self, kind: &str, ns: &str, name: &str) -> cluster::Result<Option<Value>> {
+        if self.stale_cache {
+            return Ok(None);
+        }
+        if let Some(pinned) = self
+            .pinned
+            .lock()
+            .unwrap()
+            .as_ref()
+            .filter(|p| p["metadata"]["name"] == name)
+        {
+            return Ok(Some(pinned.clone()));
+        }
+        self.cluster.get(kind, ns, name)
+    }
+    fn get_fresh(&self, kind: &str, ns: &str, name: &str) -> cluster::Result<Option<Value>> {
+        self.cluster.get(kind, ns, name)
+    }
+    fn list(
+        &self,
+        kind: &str,
+        ns: Option<&str>,
+        selector: &Selector,
+        visit: &mut dyn FnMut(&Value),
+    ) -> cluster::Result<()> {
+        self.cluster.list(kind, ns, selector, visit)
+    }
+    fn list_referencing(
+        &self,
+        kind: &str,
+        ns: &str,
+        source: &SourceId,
+        visit: &mut dyn FnMut(&Value),
+    ) -> cluster::Result<()> {
+        self.cluster.list_referencing(kind, ns, source, visit)
+    }
+    fn create(&self, object: Value) -> cluster::Result<()> {
+        let what = format!("create {}", object["metadata"]["name"]);
+        self.landed(self.cluster.create(object), what)
+    }
+    fn delete(&self, kind: &str, ns: &str, name: &str, pre: &Preconditions) -> cluster::Result<()> {
+        self.landed(self.cluster.delete(kind, ns, name, pre), format!("delete {name}"))
+    }
+    fn patch(&self, kind: &str, ns: &str, name: &str, rv: &str, ops: Vec<Value>) -> cluster::Result<()> {
+        self.landed(self.cluster.patch(kind, ns, name, rv, ops), format!("annotate {name}"))
+    }
+    fn now(&self) -> i64 {
+        self.cluster.now()
+    }
+}
+
+fn capability(dry_run: bool) -> (Arc<Recorder>, Capability) {
+    let backend = Arc::new(Recorder::default());
+    backend.put(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "plain", "namespace": "team-a", "uid": "u1"}, "data": {"a": "1"}}));
+    (backend.clone(), capability_on(backend, dry_run))
+}
+
+fn capability_on(backend: Arc<Recorder>, dry_run: bool) -> Capability {
+    Capability::new(
+        backend,
+        Caller {
+            uid: "r".into(),
+            namespace: "team-a".into(),
+            dry_run,
+        },
+        600,
+        Arc::default(),
+        Arc::new(crate::lifecycle::Silent),
+    )
+}
+
+fn good_snapshot(ns: &str) -> Value {
+    let content = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"k": "v"}})).unwrap();
+    snapshot_object(&SourceId::new(SourceKind::ConfigMap, "app"), ns, "1", &content).1
+}
+
+fn write(cap: &Capability, op: &str, body: Value) -> Result<Vec<u8>, HostError> {
+    cap.answer("config-snapshot", "v1", op, &serde_json::to_vec(&body).unwrap())
+}
+
+fn assert_refused(result: Result<Vec<u8>, HostError>, backend: &Recorder, cap: &Capability, why: &str) {
+    let err = result.expect_err(why);
+    assert!(
+        matches!(err.code, Code::Refused | Code::Conflict | Code::DryRun),
+        "{why}: {err:?}"
+    );
+    assert!(backend.writes.lock().unwrap().is_empty(), "{why}: a write happened");
+    assert!(cap.take_staged().is_empty(), "{why}: an effect was queued");
+}
+
+/// `list_referencing` answers, even in a dry run, only the workloads
+/// whose template references the source, pruned to the masks; it
+/// refuses kinds that are not workloads or sources.
+#[test]
+fn list_referencing_answers_the_referrers_only() {
+    let (backend, cap) = capability(true);
+    for (name, source) in [("web", "app"), ("api", "other")] {
+        backend.put(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": "team-a", "labels": {"team": "a"}},
+            "spec": {"template": {"spec": {"containers": [{"name": "c",
+                "envFrom": [{"configMapRef": {"name": source}}]}]}}}}));
+    }
+    let ask = |kind: &str, source_kind: &str| {
+        write(
+            &cap,
+            "list_referencing",
+            json!({"kind": kind, "namespace": "team-a", "source_kind": source_kind,
+                   "source_name": "app", "field_masks": ["metadata.name"]}),
+        )
+    };
+    let answer: Value = serde_json::from_slice(&ask("Deployment", "ConfigMap").unwrap()).unwrap();
+    assert_eq!(answer["items"], json!([{"metadata": {"name": "web"}}]));
+    let refused = ask("ReplicaSet", "ConfigMap").unwrap_err();
+    assert_eq!(refused.code, Code::Refused, "{refused}");
+    assert!(
+        refused.message.starts_with("refused: list_referencing lists"),
+        "{refused}"
+    );
+    let refused = ask("Deployment", "Pod").unwrap_err();
+    assert_eq!(refused.code, Code::Refused, "{refused}");
+}
+
+#[test]
+fn a_good_snapshot_is_created_once() {
+    let (backend, cap) = capability(false);
+    let answer = write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap();
+    assert_eq!(
+        serde_json::from_slice::<Value>(&answer).unwrap(),
+        json!({"created": true})
+    );
+    let again = write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap();
+    assert_eq!(
+        serde_json::from_slice::<Value>(&again).unwrap(),
+        json!({"created": false})
+    );
+    // Created once; reused a moment later, with no sweep near, it needs
+    // no mark (see the next test).
+    let writes = backend.writes.lock().unwrap().clone();
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    assert!(writes[0].starts_with("create"), "{writes:?}");
+}
+
+/// docs/design.md, "Garbage collection", Reuse: the write that marks a
+/// reused snapshot is skipped only when a read as fresh as the request
+/// leaves the sweep more than the margin away.
+#[test]
+fn a_reuse_is_marked_unless_a_fresh_read_shows_the_sweep_a_margin_away() {
+    const T0: i64 = 1_800_000_000;
+    let reuse = |cap: &Capability| {
+        let answer = write(cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap();
+        assert_eq!(
+            serde_json::from_slice::<Value>(&answer).unwrap(),
+            json!({"created": false})
+        );
+    };
+    let written = |backend: &Recorder| backend.writes.lock().unwrap().clone();
+
+    let fresh = Arc::new(Recorder::default());
+    fresh.cluster.store().now = T0;
+    let cap = capability_on(fresh.clone(), false);
+    write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap();
+    fresh.cluster.store().now = T0 + 60;
+    reuse(&cap);
+    assert_eq!(
+        written(&fresh).len(),
+        1,
+        "made a minute ago: nothing to write {:?}",
+        written(&fresh)
+    );
+    let margin = config_snapshot_policy::sweep::REUSE_MARGIN_SECS as i64;
+    fresh.cluster.store().now = T0 + 600 - margin;
+    reuse(&cap);
+    assert_eq!(written(&fresh).len(), 2, "a sweep is within the margin: marked");
+    assert!(written(&fresh)[1].starts_with("annotate"));
+    let marked = fresh
+        .cluster
+        .get("ConfigMap", "team-a", &name_of(&good_snapshot("team-a")))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        marked["metadata"]["annotations"][keys::LAST_USED_AT],
+        format_rfc3339(T0 + 600 - margin)
+    );
+    fresh.cluster.store().now += 1;
+    reuse(&cap);
+    assert_eq!(written(&fresh).len(), 2, "the mark counts as a use");
+
+    // On a cached read the decision waits for a fresh one: a snapshot
+    // the cache still shows after its deletion is made again, not named
+    // dangling.
+    let cached = Arc::new(Recorder::default());
+    cached.cluster.store().now = T0;
+    let cap = capability_on(cached.clone(), false);
+    write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap();
+    cached.cluster.store().now = T0 + 60;
+    reuse(&cap);
+    assert_eq!(written(&cached).len(), 1, "{:?}", written(&cached));
+    let gone = good_snapshot("team-a");
+    let stale = cached
+        .cluster
+        .get("ConfigMap", "team-a", &name_of(&gone))
+        .unwrap()
+        .unwrap();
+    let uid = stale["metadata"]["uid"].as_str().unwrap().to_string();
+    cached
+        .cluster
+        .delete(
+            "ConfigMap",
+            "team-a",
+            &name_of(&gone),
+            &Preconditions {
+                uid,
+                resource_version: None,
+            },
+        )
+        .unwrap();
+    *cached.pinned.lock().unwrap() = Some(stale);
+    let answer = write(&cap, "create_snapshot", json!({"object": gone.clone()})).unwrap();
+    assert_eq!(
+        serde_json::from_slice::<Value>(&answer).unwrap(),
+        json!({"created": true})
+    );
+    assert!(cached
+        .cluster
+        .get("ConfigMap", "team-a", &name_of(&gone))
+        .unwrap()
+        .is_some());
+}
+
+fn name_of(object: &Value) -> String {
+    object["metadata"]["name"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn losing_a_create_race_to_the_same_snapshot_is_not_an_error() {
+    let backend = Arc::new(Recorder {
+        stale_cache: true,
+        ..Recorder::default()
+    });
+    backend.put(good_snapshot("team-a"));
+    let cap = capability_on(backend.clone(), false);
+    let answer = write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap();
+    assert_eq!(
+        serde_json::from_slice::<Value>(&answer).unwrap(),
+        json!({"created": false})
+    );
+
+    // Another object under the snapshot's name is not ours to reuse.
+    let mut other = good_snapshot("team-a");
+    other["data"]["k"] = json!("different");
+    backend.put(other);
+    let err = write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap_err();
+    assert_eq!(err.code, Code::Refused, "{err}");
+    assert!(err.message.contains("a different ConfigMap"), "{err}");
+}
+
+#[test]
+fn refuses_another_namespace() {
+    let (backend, cap) = capability(false);
+    assert_refused(
+        write(&cap, "create_snapshot", json!({"object": good_snapshot("kube-system")})),
+        &backend,
+        &cap,
+        "other namespace",
+    );
+}
+
+#[test]
+fn refuses_a_snapshot_without_the_managed_by_label() {
+    let (backend, cap) = capability(false);
+    let mut obj = good_snapshot("team-a");
+    obj["metadata"]["labels"]
+        .as_object_mut()
+        .unwrap()
+        .remove(keys::MANAGED_BY);
+    assert_refused(
+        write(&cap, "create_snapshot", json!({"object": obj})),
+        &backend,
+        &cap,
+        "unlabelled",
+    );
+}
+
+#[test]
+fn refuses_a_name_that_does_not_match_the_content() {
+    let (backend, cap) = capability(false);
+    let mut obj = good_snapshot("team-a");
+    obj["data"]["k"] = json!("tampered");
+    assert_refused(
+        write(&cap, "create_snapshot", json!({"object": obj})),
+        &backend,
+        &cap,
+        "hash mismatch",
+    );
+    let mut mutable = good_snapshot("team-a");
+    mutable["immutable"] = json!(false);
+    assert_refused(
+        write(&cap, "create_snapshot", json!({"object": mutable})),
+        &backend,
+        &cap,
+        "mutable",
+    );
+}
+
+#[test]
+fn refuses_to_overwrite_a_different_object() {
+    let (backend, cap) = capability(false);
+    let obj = good_snapshot("team-a");
+    let mut squatter = obj.clone();
+    squatter["metadata"]["labels"] = json!({});
+    backend.put(squatter);
+    assert_refused(
+        write(&cap, "create_snapshot", json!({"object": obj})),
+        &backend,
+        &cap,
+        "squatter",
+    );
+}
+
+#[test]
+fn refuses_to_delete_an_unlabelled_object() {
+    let (backend, cap) = capability(false);
+    assert_refused(
+        write(
+            &cap,
+            "delete_snapshot",
+            json!({"kind": "ConfigMap", "name": "plain", "uid": "u1"}),
+        ),
+        &backend,
+        &cap,
+        "unlabelled delete",
+    );
+}
+
+#[test]
+fn refuses_a_patch_outside_the_pod_template() {
+    let (backend, cap) = capability(false);
+    for path in ["/spec/replicas", "/metadata/labels/x", "/spec/template"] {
+        let body = json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "resourceVersion": "1",
+                          "patch": [{"op": "replace", "path": path, "value": 0}]});
+        assert_refused(write(&cap, "patch_workload", body), &backend, &cap, path);
+    }
+    let moved = json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "resourceVersion": "1",
+                       "patch": [{"op": "move", "from": "/spec/selector", "path": "/spec/template/x"}]});
+    assert_refused(
+        write(&cap, "patch_workload", moved),
+        &backend,
+        &cap,
+        "move from outside",
+    );
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "name": "p", "patch": []});
+    assert_refused(write(&cap, "patch_workload", pod), &backend, &cap, "not a workload");
+}
+
+#[test]
+fn refuses_every_write_during_a_dry_run() {
+    let (backend, cap) = capability(true);
+    assert_refused(
+        write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})),
+        &backend,
+        &cap,
+        "dry create",
+    );
+    assert_refused(
+        write(
+            &cap,
+            "adopt",
+            json!({"owner": {"kind": "ReplicaSet", "name": "x"}, "snapshots": []}),
+        ),
+        &backend,
+        &cap,
+        "dry adopt",
+    );
+    let patch = json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "patch": []});
+    assert_refused(write(&cap, "patch_workload", patch), &backend, &cap, "dry patch");
+}
+
+#[test]
+fn missing_objects_read_as_not_found_errors() {
+    let (_, cap) = capability(false);
+    let req =
+        json!({"api_version": "v1", "kind": "ConfigMap", "name": "nope", "namespace": "team-a", "disable_cache": true});
+    let err = cap
+        .answer(
+            "kubewarden",
+            "kubernetes",
+            "get_resource",
+            &serde_json::to_vec(&req).unwrap(),
+        )
+        .unwrap_err();
+    assert_eq!(err.code, Code::NotFound, "{err}");
+    let err = cap.answer("nope", "v1", "x", b"{}").unwrap_err();
+    assert_eq!(err.code, Code::Unsupported, "{err}");
+}

@@ -1,0 +1,113 @@
+//! `adopt` and `patch_workload`, checked and staged for after the
+//! admission, and `delete_snapshot`, carried out under the host's guard.
+
+use config_snapshot_policy::host_error::{Code, HostError};
+use config_snapshot_policy::kinds::{self, Role, WorkloadKind};
+use config_snapshot_policy::source::SourceKind;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{failed, refused, Capability};
+use crate::cluster::Preconditions;
+use crate::lifecycle::{guard, Effect};
+
+impl Capability {
+    pub(super) fn adopt(&self, request: Value) -> Result<Value, HostError> {
+        let owner_kind = request["owner"]["kind"].as_str().unwrap_or_default().to_string();
+        if kinds::find(&owner_kind).is_none_or(|k| k.role != Role::Revision) {
+            return Err(refused(format!(
+                "refused: adopt owner must be a revision (ReplicaSet, ControllerRevision), not {owner_kind:?}"
+            )));
+        }
+        let owner_name = request["owner"]["name"]
+            .as_str()
+            .ok_or_else(|| refused("refused: adopt needs owner.name"))?
+            .to_string();
+        let mut snapshots = Vec::new();
+        for s in request["snapshots"]
+            .as_array()
+            .ok_or_else(|| refused("refused: adopt needs snapshots"))?
+        {
+            let (Some(kind), Some(name)) = (s["kind"].as_str(), s["name"].as_str()) else {
+                return Err(refused("refused: each snapshot needs kind and name"));
+            };
+            if SourceKind::from_kind(kind).is_none() {
+                return Err(refused(format!("refused: cannot adopt a {kind}")));
+            }
+            snapshots.push((kind.to_string(), name.to_string()));
+        }
+        self.stage(Effect::Adopt {
+            namespace: self.caller.namespace.clone(),
+            owner_kind,
+            owner_name,
+            snapshots,
+        });
+        Ok(json!({"queued": true}))
+    }
+
+    pub(super) fn delete_snapshot(&self, request: Value) -> Result<Value, HostError> {
+        let (Some(kind), Some(name), Some(uid)) = (
+            request["kind"].as_str(),
+            request["name"].as_str(),
+            request["uid"].as_str(),
+        ) else {
+            return Err(refused("refused: delete_snapshot needs kind, name and uid"));
+        };
+        let rv = request["resourceVersion"].as_str();
+        if SourceKind::from_kind(kind).is_none() {
+            return Err(refused(format!("refused: cannot delete a {kind}")));
+        }
+        let ns = &self.caller.namespace;
+        let existing = self
+            .cluster
+            .get(kind, ns, name)
+            .map_err(failed)?
+            .ok_or_else(|| HostError::new(Code::NotFound, format!("{kind} {name:?} not found")))?;
+        let preconditions = Preconditions {
+            uid: uid.to_string(),
+            resource_version: rv.map(str::to_string),
+        };
+        guard::delete_snapshot(self.cluster.as_ref(), &self.register, &existing, &preconditions)?;
+        self.observer.note(format!("snapshot {kind}/{name} swept"));
+        Ok(json!({"deleted": true}))
+    }
+
+    pub(super) fn patch_workload(&self, request: Value) -> Result<Value, HostError> {
+        let kind = request["kind"].as_str().unwrap_or_default();
+        let Some(workload) = WorkloadKind::from_kind(kind).filter(|w| w.watches()) else {
+            return Err(refused(format!(
+                "refused: patch_workload applies to workloads that watch, not {kind:?}"
+            )));
+        };
+        if request["apiVersion"] != workload.api_version() {
+            return Err(refused(format!(
+                "refused: patch_workload applies to {} {kind}, not {}",
+                workload.api_version(),
+                request["apiVersion"]
+            )));
+        }
+        let ops = request["patch"]
+            .as_array()
+            .ok_or_else(|| refused("refused: patch_workload needs a patch"))?;
+        let template = workload.template();
+        let inside = format!("{template}/");
+        for op in ops {
+            for field in ["path", "from"] {
+                if let Some(path) = op.get(field).and_then(Value::as_str) {
+                    if !path.starts_with(&inside) {
+                        return Err(refused(format!(
+                            "refused: patch_workload may touch only {template}/..., not {path}"
+                        )));
+                    }
+                }
+            }
+        }
+        json_patch::Patch::deserialize(&request["patch"])
+            .map_err(|e| refused(format!("refused: invalid JSON Patch: {e}")))?;
+        self.stage(Effect::Patch {
+            namespace: self.caller.namespace.clone(),
+            request,
+        });
+        Ok(json!({"queued": true}))
+    }
+}

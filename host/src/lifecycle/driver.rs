@@ -1,0 +1,345 @@
+//! Carrying out deferred effects, once for both hosts: read what an effect
+//! is judged against, ask [`super::verdict`], write, and say what comes
+//! next. `replay` and `serve` differ only in how they schedule (replay's
+//! clock stands still between steps, serve's queue has workers and
+//! backoff); what an attempt means, when an effect is over, what is then
+//! collected and what users are told is decided here.
+
+use config_snapshot_policy::keys;
+use config_snapshot_policy::kinds;
+use serde_json::Value;
+
+use super::effect::{Effect, PatchIntent};
+use super::guard;
+use super::observe::{Observer, Reason};
+use super::pass::{bridges, controller_of, orphans};
+use super::register::Register;
+use super::verdict::{adopt_ops, decide_patch, version_of, Observed, Rules, Verdict};
+use crate::cluster::{self, ApiError, Cluster, Key, Preconditions, Selector};
+
+/// What one run of an effect came to.
+#[derive(Debug, PartialEq)]
+pub enum Attempt {
+    Done,
+    /// Nothing to do any more (superseded, a rollback came first, target
+    /// gone): not retried. `collect`: the snapshot made for it, deleted if
+    /// nothing else uses it.
+    Dropped {
+        why: String,
+        collect: Option<Key>,
+    },
+    /// A precondition does not hold yet (owner not created, source change
+    /// not persisted): look again; past the host's patience it was
+    /// superseded or never persisted, and is dropped.
+    Wait(String),
+    /// A read or write failed: try again; past the host's patience it has
+    /// failed.
+    Retry(String),
+    /// Held back by the storm guard until this time (the cluster's clock).
+    Later(i64),
+}
+
+/// What the host's scheduler does with the effect next.
+#[derive(Debug, PartialEq)]
+pub enum Next {
+    /// Over: how it ended, for metrics.
+    Over(Ending),
+    /// Held until this time (unix seconds).
+    Park(i64),
+    /// Look again later (with backoff).
+    Again,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    Done,
+    Dropped,
+    Failed,
+}
+
+impl Ending {
+    pub fn label(self) -> &'static str {
+        match self {
+            Ending::Done => "done",
+            Ending::Dropped => "dropped",
+            Ending::Failed => "failed",
+        }
+    }
+}
+
+/// Everything carrying out an effect needs.
+pub struct Driver<'a> {
+    pub cluster: &'a dyn Cluster,
+    pub rules: &'a Rules,
+    pub register: &'a Register,
+    pub observer: &'a dyn Observer,
+}
+
+impl Driver<'_> {
+    /// Runs `effect` once and decides what comes next. `patient`: whether
+    /// the host still lets it wait or retry; `attempts`: how many runs came
+    /// before this one.
+    pub fn step(&self, effect: &Effect, patient: bool, attempts: u32) -> Next {
+        let attempt = self.run(effect);
+        let label = effect.label();
+        match attempt {
+            Attempt::Done => self.over(effect, Ending::Done),
+            Attempt::Dropped { why, collect } => {
+                self.observer.note(why);
+                let ending = self.over(effect, Ending::Dropped);
+                if let Some(key) = collect {
+                    self.collect_unused(&key);
+                }
+                ending
+            }
+            Attempt::Later(at) => {
+                self.observer.note(format!(
+                    "{} held by the storm guard until {at} (unix seconds)",
+                    effect.describe()
+                ));
+                Next::Park(at)
+            }
+            Attempt::Wait(_) | Attempt::Retry(_) if patient => Next::Again,
+            Attempt::Wait(why) => {
+                self.observer
+                    .note(format!("{} dropped after waiting: {why}", effect.describe()));
+                self.give_up(effect, Ending::Dropped)
+            }
+            Attempt::Retry(why) => {
+                let message = format!("gave up on {label} after {} attempts: {why}", attempts + 1);
+                let (kind, ns, name) = effect.subject();
+                match self.cluster.get_fresh(&kind, &ns, &name) {
+                    Ok(Some(subject)) => self.observer.tell(&subject, Reason::EffectFailed, message),
+                    _ => self.observer.note(message),
+                }
+                self.give_up(effect, Ending::Failed)
+            }
+        }
+    }
+
+    fn over(&self, effect: &Effect, ending: Ending) -> Next {
+        self.register.end(effect);
+        Next::Over(ending)
+    }
+
+    /// Its source change never landed (or landed and went): the snapshot
+    /// made for it is garbage, unless something uses it.
+    fn give_up(&self, effect: &Effect, ending: Ending) -> Next {
+        let next = self.over(effect, ending);
+        if let Some(key) = effect.target() {
+            self.collect_unused(&key);
+        }
+        next
+    }
+
+    pub fn run(&self, effect: &Effect) -> Attempt {
+        match effect {
+            Effect::Adopt {
+                namespace,
+                owner_kind,
+                owner_name,
+                snapshots,
+            } => self.adopt(namespace, owner_kind, owner_name, snapshots),
+            Effect::Patch { namespace, request } => self.patch(namespace, request),
+        }
+    }
+
+    /// A read from the cache, or the API server when the cache does not
+    /// have it yet (an object made a moment ago).
+    fn read(&self, kind: &str, ns: &str, name: &str) -> cluster::Result<Option<Value>> {
+        match self.cluster.get(kind, ns, name)? {
+            Some(found) => Ok(Some(found)),
+            None => self.cluster.get_fresh(kind, ns, name),
+        }
+    }
+
+    fn adopt(&self, ns: &str, owner_kind: &str, owner_name: &str, snapshots: &[(String, String)]) -> Attempt {
+        let owner = match self.read(owner_kind, ns, owner_name) {
+            Ok(Some(owner)) => owner,
+            Ok(None) => return Attempt::Wait(format!("{owner_kind}/{owner_name} is not visible yet")),
+            Err(e) => return Attempt::Retry(e.to_string()),
+        };
+        for (kind, name) in snapshots {
+            let snapshot = match self.cluster.get_fresh(kind, ns, name) {
+                Ok(Some(s)) => s,
+                Ok(None) => continue,
+                Err(e) => return Attempt::Retry(e.to_string()),
+            };
+            let Some(ops) = adopt_ops(&owner, &snapshot) else {
+                continue;
+            };
+            match self.cluster.patch(kind, ns, name, version_of(&snapshot), ops) {
+                Ok(()) => self
+                    .observer
+                    .adopted(format!("{kind}/{name} adopted by {owner_kind}/{owner_name}")),
+                Err(e) => return Attempt::Retry(e.to_string()),
+            }
+        }
+        self.release_unnamed(&owner, ns);
+        Attempt::Done
+    }
+
+    /// The snapshots of a namespace, recognised the one way both hosts
+    /// recognise them.
+    pub fn snapshots(&self, ns: &str) -> cluster::Result<Vec<Value>> {
+        let mut out = Vec::new();
+        for kind in ["ConfigMap", "Secret"] {
+            self.cluster.list(kind, Some(ns), &Selector::managed(), &mut |o| {
+                if keys::is_snapshot(o) {
+                    out.push(o.clone())
+                }
+            })?;
+        }
+        Ok(out)
+    }
+
+    /// A new revision is the moment its workload's template moved on: the
+    /// workload stops owning the snapshots it no longer names, so that
+    /// pruning their revisions collects them at once. Best effort: the
+    /// periodic pass makes the same decisions.
+    fn release_unnamed(&self, revision: &Value, ns: &str) {
+        let Some((kind, name, uid)) = controller_of(revision) else {
+            return;
+        };
+        let workload = match self.cluster.get_fresh(&kind, ns, &name) {
+            Ok(Some(w)) if w["metadata"]["uid"] == uid.as_str() => w,
+            _ => return,
+        };
+        let Ok(snapshots) = self.snapshots(ns) else {
+            return;
+        };
+        let objects: Vec<&Value> = std::iter::once(&workload).chain(&snapshots).collect();
+        for ((k, ns, n), rv, ops) in bridges(&objects) {
+            match self.cluster.patch(&k, &ns, &n, &rv, ops) {
+                Ok(()) => self
+                    .observer
+                    .note(format!("{k}/{n}'s owners brought up to date for {kind}/{name}")),
+                Err(e) => self.observer.note(format!("{k}/{n}: {e}; the periodic pass will")),
+            }
+        }
+    }
+
+    /// `patch_workload`, judged by the rules on the workload and the source
+    /// as the API server has them now.
+    fn patch(&self, ns: &str, request: &Value) -> Attempt {
+        let intent = match PatchIntent::parse(ns, request) {
+            Ok(i) => i,
+            Err(e) => {
+                return Attempt::Dropped {
+                    why: format!("dropped a patch: {e}"),
+                    collect: None,
+                }
+            }
+        };
+        let source_kind = intent.source.kind.kind();
+        let read = (|| {
+            Ok::<_, ApiError>((
+                self.cluster.get_fresh(intent.kind.kind(), ns, &intent.name)?,
+                self.cluster.get_fresh(source_kind, ns, &intent.source.name)?,
+                self.read(source_kind, ns, &intent.snapshot)?,
+            ))
+        })();
+        let (workload, source, snapshot) = match read {
+            Ok(read) => read,
+            Err(e) => return Attempt::Retry(e.to_string()),
+        };
+        let seen = Observed {
+            workload: workload.as_ref(),
+            source: source.as_ref(),
+            snapshot_exists: snapshot.is_some(),
+        };
+        match decide_patch(&intent, &seen, self.cluster.now(), self.rules) {
+            Verdict::Apply { resource_version, ops } => {
+                match self
+                    .cluster
+                    .patch(intent.kind.kind(), ns, &intent.name, &resource_version, ops)
+                {
+                    Ok(()) => {
+                        self.observer
+                            .note(format!("watch: rolling out {} to {}", intent.who(), intent.snapshot));
+                        if let Some(w) = &workload {
+                            self.observer.tell(
+                                w,
+                                Reason::ConfigRolledOut,
+                                format!(
+                                    "{} changed: rolling out with snapshot {}",
+                                    intent.source, intent.snapshot
+                                ),
+                            );
+                        }
+                        Attempt::Done
+                    }
+                    // The workload moved since it was read: judge it again.
+                    Err(ApiError::Conflict(e)) => Attempt::Retry(format!("conflict: {e}")),
+                    Err(e) => Attempt::Retry(format!("patching {}: {e}", intent.who())),
+                }
+            }
+            Verdict::Done(_) => Attempt::Done,
+            Verdict::Wait(why) => Attempt::Wait(why),
+            Verdict::Later(at) => Attempt::Later(at),
+            Verdict::Drop {
+                reason,
+                collect,
+                notable,
+            } => {
+                if let Some(w) = workload.as_ref().filter(|_| notable) {
+                    self.observer.tell(
+                        w,
+                        Reason::RolloutDropped,
+                        format!(
+                            "not rolling out {}'s change (snapshot {}): {reason}",
+                            intent.source, intent.snapshot
+                        ),
+                    );
+                }
+                Attempt::Dropped {
+                    why: reason,
+                    collect: collect.then(|| intent.target()),
+                }
+            }
+        }
+    }
+
+    /// Deletes a snapshot made for a patch that was dropped, at once, if
+    /// nothing owns, references or awaits it. Nothing is deleted when the
+    /// holders of references cannot all be listed.
+    pub fn collect_unused(&self, target: &Key) {
+        let (kind, ns, name) = target;
+        let mut objects = Vec::new();
+        for holder in kinds::holders() {
+            let listed = self
+                .cluster
+                .list(holder.kind, Some(ns), &Selector::default(), &mut |o| {
+                    objects.push(o.clone())
+                });
+            if listed.is_err() {
+                return;
+            }
+        }
+        let Ok(Some(snapshot)) = self.cluster.get_fresh(kind, ns, name) else {
+            return;
+        };
+        if !keys::is_snapshot(&snapshot) {
+            return;
+        }
+        objects.push(snapshot.clone());
+        let all: Vec<&Value> = objects.iter().collect();
+        let doomed = orphans(&all, &self.register.targets(), self.cluster.now(), 0);
+        let Some(d) = doomed
+            .into_iter()
+            .find(|d| (&d.kind, &d.namespace, &d.name) == (kind, ns, name))
+        else {
+            return;
+        };
+        let preconditions = Preconditions {
+            uid: d.uid,
+            resource_version: Some(d.resource_version),
+        };
+        match guard::delete_snapshot(self.cluster, self.register, &snapshot, &preconditions) {
+            Ok(()) => self.observer.note(format!(
+                "{kind}/{name} collected: made for a rollout that did not happen"
+            )),
+            Err(e) => self.observer.note(format!("kept {kind}/{name}: {e}")),
+        }
+    }
+}

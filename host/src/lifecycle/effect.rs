@@ -1,0 +1,209 @@
+//! Deferred effects: writes an admission asks for that run after it, once
+//! it is allowed and persisted (docs/design.md, "Deferred effects").
+
+use config_snapshot_policy::kinds::WorkloadKind;
+use config_snapshot_policy::source::{SourceId, SourceKind};
+use serde_json::Value;
+
+use crate::cluster::Key;
+
+/// A deferred write: run after the admission, once its preconditions hold.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    /// A revision becomes an owner of the snapshots its template names.
+    Adopt {
+        namespace: String,
+        owner_kind: String,
+        owner_name: String,
+        snapshots: Vec<(String, String)>,
+    },
+    /// A watch rollout: the `patch_workload` request the policy made.
+    Patch { namespace: String, request: Value },
+}
+
+impl Effect {
+    /// The snapshot a watch patch will make its workload reference: it must
+    /// not be swept while the patch waits.
+    pub fn target(&self) -> Option<Key> {
+        match self {
+            Effect::Patch { namespace, request } => Some((
+                request["source"]["kind"].as_str()?.to_string(),
+                namespace.clone(),
+                request["snapshot"].as_str()?.to_string(),
+            )),
+            Effect::Adopt { .. } => None,
+        }
+    }
+
+    pub fn label(&self) -> &'static str {
+        match self {
+            Effect::Adopt { .. } => "adopt",
+            Effect::Patch { .. } => "patch_workload",
+        }
+    }
+
+    pub fn namespace(&self) -> &str {
+        match self {
+            Effect::Adopt { namespace, .. } | Effect::Patch { namespace, .. } => namespace,
+        }
+    }
+
+    /// Whether running `self` after `other` could change nothing `other`
+    /// will not: the same adoption, or a patch of the same workload to the
+    /// same snapshot. Two such patches differ at most in the source
+    /// version they wait to see persisted, and a resync derives one only
+    /// from a source already persisted with that content, so the one
+    /// already on its way sees it too.
+    pub fn same_work(&self, other: &Effect) -> bool {
+        match (self, other) {
+            (
+                Effect::Patch { namespace, request },
+                Effect::Patch {
+                    namespace: ns,
+                    request: r,
+                },
+            ) => namespace == ns && ["kind", "name", "snapshot"].iter().all(|f| request[f] == r[f]),
+            _ => self == other,
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            Effect::Adopt {
+                owner_kind, owner_name, ..
+            } => format!("adoption by {owner_kind}/{owner_name}"),
+            Effect::Patch { request, .. } => format!(
+                "patch of {}/{}",
+                request["kind"].as_str().unwrap_or(""),
+                request["name"].as_str().unwrap_or("")
+            ),
+        }
+    }
+
+    /// The object an effect is about, for the Event that reports it: the
+    /// workload a patch moves, the revision an adoption waits for.
+    pub fn subject(&self) -> Key {
+        match self {
+            Effect::Patch { namespace, request } => (
+                request["kind"].as_str().unwrap_or_default().to_string(),
+                namespace.clone(),
+                request["name"].as_str().unwrap_or_default().to_string(),
+            ),
+            Effect::Adopt {
+                namespace,
+                owner_kind,
+                owner_name,
+                ..
+            } => (owner_kind.clone(), namespace.clone(), owner_name.clone()),
+        }
+    }
+}
+
+/// A `patch_workload` request, as the policy decided it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PatchIntent {
+    pub kind: WorkloadKind,
+    pub namespace: String,
+    pub name: String,
+    pub source: SourceId,
+    /// sha256 of the source content the patch was made for.
+    pub content_hash: String,
+    /// The source's resourceVersion before the admitted change ("" for a
+    /// source created by it).
+    pub source_version: String,
+    pub snapshot: String,
+    /// How many rollbacks the workload had had when the patch was decided.
+    pub rollbacks: u64,
+}
+
+/// Why a `patch_workload` request cannot be read: the host checked it when
+/// it was queued, so only a request from an older host gets here.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IntentError {
+    #[error("{0:?} is not a workload kind")]
+    Kind(String),
+    #[error("no source recorded")]
+    Source,
+    #[error("no snapshot recorded")]
+    Snapshot,
+}
+
+impl PatchIntent {
+    pub fn parse(namespace: &str, request: &Value) -> Result<PatchIntent, IntentError> {
+        let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+        let kind = request["kind"].as_str().unwrap_or_default();
+        let kind = WorkloadKind::from_kind(kind).ok_or_else(|| IntentError::Kind(kind.to_string()))?;
+        let source_kind = request["source"]["kind"]
+            .as_str()
+            .and_then(SourceKind::from_kind)
+            .ok_or(IntentError::Source)?;
+        let snapshot = request["snapshot"].as_str().ok_or(IntentError::Snapshot)?;
+        Ok(PatchIntent {
+            kind,
+            namespace: namespace.to_string(),
+            name: text(&request["name"]),
+            source: SourceId::new(source_kind, text(&request["source"]["name"])),
+            content_hash: text(&request["source"]["contentHash"]),
+            source_version: text(&request["source"]["resourceVersion"]),
+            snapshot: snapshot.to_string(),
+            rollbacks: request["rollbacks"].as_u64().unwrap_or(0),
+        })
+    }
+
+    /// `Kind/name` of the workload, for messages.
+    pub fn who(&self) -> String {
+        format!("{}/{}", self.kind.kind(), self.name)
+    }
+
+    /// The snapshot it points the workload at.
+    pub fn target(&self) -> Key {
+        (
+            self.source.kind.kind().to_string(),
+            self.namespace.clone(),
+            self.snapshot.clone(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_patch_to_the_same_snapshot_is_the_same_work_whatever_source_version_it_waits_for() {
+        let patch = |name: &str, snapshot: &str, source_version: &str| Effect::Patch {
+            namespace: "ns".into(),
+            request: json!({"kind": "Deployment", "name": name, "snapshot": snapshot,
+                            "source": {"kind": "ConfigMap", "name": "app", "resourceVersion": source_version}}),
+        };
+        let admitted = patch("web", "app-green", "7");
+        assert!(patch("web", "app-green", "8").same_work(&admitted));
+        assert!(!patch("web", "app-blue", "7").same_work(&admitted));
+        assert!(!patch("api", "app-green", "7").same_work(&admitted));
+        let adopt = |owner: &str| Effect::Adopt {
+            namespace: "ns".into(),
+            owner_kind: "ReplicaSet".into(),
+            owner_name: owner.into(),
+            snapshots: vec![("ConfigMap".into(), "app-green".into())],
+        };
+        assert!(adopt("web-1").same_work(&adopt("web-1")));
+        assert!(!adopt("web-2").same_work(&adopt("web-1")));
+        assert!(!adopt("web-1").same_work(&admitted));
+    }
+
+    #[test]
+    fn an_intent_names_a_workload_kind_a_source_and_a_snapshot() {
+        let ok = json!({"kind": "StatefulSet", "name": "db", "snapshot": "app-1",
+                        "source": {"kind": "Secret", "name": "app"}, "rollbacks": 2});
+        let intent = PatchIntent::parse("ns", &ok).unwrap();
+        assert_eq!((intent.kind.kind(), intent.rollbacks), ("StatefulSet", 2));
+        assert_eq!(intent.target(), ("Secret".into(), "ns".into(), "app-1".into()));
+        let mut pod = ok.clone();
+        pod["kind"] = json!("Pod");
+        assert_eq!(PatchIntent::parse("ns", &pod), Err(IntentError::Kind("Pod".into())));
+        let mut no_source = ok.clone();
+        no_source["source"] = json!({});
+        assert_eq!(PatchIntent::parse("ns", &no_source), Err(IntentError::Source));
+    }
+}

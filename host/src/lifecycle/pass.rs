@@ -1,0 +1,288 @@
+//! What the periodic pass decides (serve's resync, replay's `advanceTime`),
+//! from the objects as they are, without I/O. [`super::resync`] carries it
+//! out, the same way for both hosts.
+//! - **Adoption repair**: each revision owns the snapshots it references,
+//!   even if its adoption was lost (a restart, a full queue).
+//! - **Bridges**: a workload owns the owned snapshots it names, and stops
+//!   owning those it no longer names.
+//! - **Renewals**: renew-duration fires on time, not only when someone edits
+//!   the workload: each workload with it is re-admitted as a no-op update.
+//! - **Watch re-derivation**: each source some workload in its namespace
+//!   watches is re-admitted as a CREATE, which rolls out only the watchers
+//!   not on its content and not held by a rollback that declined it.
+//! - **The timed sweep**: every unowned snapshot that nothing references and
+//!   nothing has used for the grace period goes, whatever its source, so
+//!   garbage is bounded by the grace period plus one pass.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use config_snapshot_policy::keys;
+use config_snapshot_policy::kinds::{self, Role, WorkloadKind};
+use config_snapshot_policy::optin::OptIn;
+use config_snapshot_policy::references;
+use config_snapshot_policy::revision::used_snapshots;
+use config_snapshot_policy::settings::Settings;
+use config_snapshot_policy::source::{SourceId, SourceKind};
+use config_snapshot_policy::sweep;
+use config_snapshot_policy::template::Snapshots;
+use serde_json::{json, Value};
+
+use super::effect::Effect;
+use super::verdict::version_of;
+use crate::cluster::{key, Key};
+
+fn kind_of(object: &Value) -> &str {
+    object["kind"].as_str().unwrap_or_default()
+}
+
+/// A patch the pass makes: the object, the version it was judged at, and
+/// the operations.
+pub type Patch = (Key, String, Vec<Value>);
+
+/// Adoptions the revisions among `objects` are missing, as effects for the
+/// usual adopt path.
+pub fn missing_adoptions(objects: &[&Value]) -> Vec<Effect> {
+    let snapshots: HashMap<Key, &Value> = objects
+        .iter()
+        .filter(|o| keys::is_snapshot(o))
+        .map(|o| (key(o), *o))
+        .collect();
+    let mut out = Vec::new();
+    for revision in objects {
+        let Some(row) = kinds::find(kind_of(revision)).filter(|k| k.role == Role::Revision) else {
+            continue;
+        };
+        let Some(template) = row.template_of(revision) else {
+            continue;
+        };
+        let (_, ns, name) = key(revision);
+        let uid = &revision["metadata"]["uid"];
+        let missing: Vec<(String, String)> = used_snapshots(template)
+            .iter()
+            .filter_map(|s| {
+                let (kind, snap) = (s["kind"].as_str()?, s["name"].as_str()?);
+                let object = snapshots.get(&(kind.to_string(), ns.clone(), snap.to_string()))?;
+                let owned = object["metadata"]["ownerReferences"]
+                    .as_array()
+                    .is_some_and(|refs| refs.iter().any(|r| r["uid"] == *uid));
+                (!owned).then(|| (kind.to_string(), snap.to_string()))
+            })
+            .collect();
+        if !missing.is_empty() {
+            out.push(Effect::Adopt {
+                namespace: ns,
+                owner_kind: kind_of(revision).to_string(),
+                owner_name: name,
+                snapshots: missing,
+            });
+        }
+    }
+    out
+}
+
+/// Workload ownership upkeep: the patches that make each owned snapshot a
+/// workload names owned by that workload too (so the garbage collector
+/// cannot take it while it is named, whatever happens to the revisions),
+/// and that drop a workload's ownership once it no longer names the
+/// snapshot (so its revisions alone decide how long it lives).
+pub fn bridges(objects: &[&Value]) -> Vec<Patch> {
+    let workloads: Vec<&Value> = objects
+        .iter()
+        .filter(|o| WorkloadKind::from_kind(kind_of(o)).is_some())
+        .copied()
+        .collect();
+    // A workload's uid → the snapshots its template names.
+    let mut named: HashMap<&str, HashSet<Key>> = HashMap::new();
+    for w in &workloads {
+        let (Some(uid), Some(template)) = (w["metadata"]["uid"].as_str(), kinds::template_of(w)) else {
+            continue;
+        };
+        let ns = w["metadata"]["namespace"].as_str().unwrap_or_default();
+        let snapshots = Snapshots::of(template);
+        let names = named.entry(uid).or_default();
+        for r in references::collect(template) {
+            if snapshots.contains(r.kind, &r.name) {
+                names.insert((r.kind.kind().to_string(), ns.to_string(), r.name));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for snapshot in objects.iter().filter(|o| keys::is_snapshot(o)) {
+        let k = key(snapshot);
+        let current: Vec<Value> = snapshot["metadata"]["ownerReferences"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let names = |workload: &str| named.get(workload).is_some_and(|n| n.contains(&k));
+        let mut wanted: Vec<Value> = current
+            .iter()
+            .filter(|r| {
+                let Some(uid) = r["uid"].as_str() else { return true };
+                // Owners that are gone are the garbage collector's business.
+                if WorkloadKind::from_kind(r["kind"].as_str().unwrap_or_default()).is_none() || !named.contains_key(uid)
+                {
+                    return true;
+                }
+                names(uid)
+            })
+            .cloned()
+            .collect();
+        if !wanted.is_empty() {
+            for w in &workloads {
+                let Some(uid) = w["metadata"]["uid"].as_str() else {
+                    continue;
+                };
+                if names(uid) && !wanted.iter().any(|r| r["uid"] == uid) {
+                    wanted.push(json!({
+                        "apiVersion": w["apiVersion"], "kind": w["kind"],
+                        "name": w["metadata"]["name"], "uid": uid,
+                    }));
+                }
+            }
+        }
+        if wanted != current {
+            out.push((
+                k,
+                version_of(snapshot).to_string(),
+                vec![json!({"op": "add", "path": "/metadata/ownerReferences", "value": wanted})],
+            ));
+        }
+    }
+    out
+}
+
+/// The workload controlling `revision`: kind, name and uid from its
+/// controller ownerReference.
+pub fn controller_of(revision: &Value) -> Option<(String, String, String)> {
+    let r = revision["metadata"]["ownerReferences"]
+        .as_array()?
+        .iter()
+        .find(|r| r["controller"] == true)?;
+    let text = |v: &Value| v.as_str().map(str::to_string);
+    Some((text(&r["kind"])?, text(&r["name"])?, text(&r["uid"])?))
+}
+
+/// The workloads to re-admit for renew-duration.
+pub fn renewals<'a>(objects: &[&'a Value]) -> Vec<&'a Value> {
+    objects
+        .iter()
+        .filter(|o| WorkloadKind::from_kind(kind_of(o)).is_some())
+        .filter(|o| o["metadata"]["annotations"].get(keys::RENEW_DURATION).is_some())
+        .copied()
+        .collect()
+}
+
+/// The sources to re-admit: those some workload in their namespace
+/// watches, by the policy's own opt-in rules.
+pub fn watched_sources<'a>(objects: &[&'a Value], settings: &Settings) -> Vec<&'a Value> {
+    let workloads: Vec<&Value> = objects
+        .iter()
+        .filter(|o| WorkloadKind::from_kind(kind_of(o)).is_some())
+        .copied()
+        .collect();
+    let watchers = Watchers::new(&workloads, settings);
+    objects
+        .iter()
+        .filter(|o| SourceKind::from_kind(kind_of(o)).is_some() && watchers.watch(o))
+        .copied()
+        .collect()
+}
+
+/// A snapshot the timed sweep deletes, with the preconditions that make
+/// the delete fail if it was reused since it was judged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Doomed {
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub resource_version: String,
+}
+
+/// The snapshots among `objects` that nothing owns, nothing references,
+/// no pending effect targets (`pending`), and nothing has used for the
+/// grace period.
+pub fn orphans(objects: &[&Value], pending: &HashSet<Key>, now: i64, grace: u64) -> Vec<Doomed> {
+    let mut referenced: HashSet<Key> = HashSet::new();
+    for holder in objects {
+        if kinds::template_of(holder).is_none() {
+            continue;
+        }
+        let ns = holder["metadata"]["namespace"].as_str().unwrap_or_default();
+        for kind in [SourceKind::ConfigMap, SourceKind::Secret] {
+            let mut names = std::collections::BTreeSet::new();
+            sweep::add_references(&mut names, holder, kind);
+            referenced.extend(names.into_iter().map(|n| (kind.kind().to_string(), ns.to_string(), n)));
+        }
+    }
+    objects
+        .iter()
+        .filter(|o| sweep::is_orphan(o, now, grace))
+        .filter(|o| {
+            let k = key(o);
+            !referenced.contains(&k) && !pending.contains(&k)
+        })
+        .map(|o| {
+            let (kind, namespace, name) = key(o);
+            let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+            Doomed {
+                kind,
+                namespace,
+                name,
+                uid: text(&o["metadata"]["uid"]),
+                resource_version: text(&o["metadata"]["resourceVersion"]),
+            }
+        })
+        .collect()
+}
+
+/// The watch opt-ins of every workload, by namespace. The resync re-admits
+/// only sources one of them watches, with the policy's own predicate, so it
+/// skips nothing the policy would roll out and does not re-evaluate every
+/// ConfigMap of a namespace because one Deployment there watches one.
+pub struct Watchers<'s> {
+    settings: &'s Settings,
+    by_namespace: BTreeMap<String, Vec<OptIn>>,
+}
+
+impl<'s> Watchers<'s> {
+    pub fn new(workloads: &[&Value], settings: &'s Settings) -> Self {
+        let mut by_namespace: BTreeMap<String, Vec<OptIn>> = BTreeMap::new();
+        for workload in workloads {
+            let annotations = workload["metadata"]["annotations"].as_object();
+            // A workload whose annotations do not parse is refused at its
+            // own admission; a watch rollout could not patch it either.
+            let Ok(opt_in) = OptIn::from_annotations(annotations, settings) else {
+                continue;
+            };
+            if opt_in.watch.is_empty() {
+                continue;
+            }
+            let ns = workload["metadata"]["namespace"].as_str().unwrap_or_default();
+            by_namespace.entry(ns.to_string()).or_default().push(opt_in);
+        }
+        Watchers { settings, by_namespace }
+    }
+
+    pub fn watch(&self, source: &Value) -> bool {
+        if keys::is_snapshot(source) {
+            return false;
+        }
+        let metadata = &source["metadata"];
+        let (Some(kind), Some(name), Some(ns)) = (
+            source["kind"].as_str().and_then(SourceKind::from_kind),
+            metadata["name"].as_str(),
+            metadata["namespace"].as_str(),
+        ) else {
+            return false;
+        };
+        let id = SourceId::new(kind, name);
+        self.by_namespace
+            .get(ns)
+            .is_some_and(|opt_ins| opt_ins.iter().any(|o| o.watches(&id, self.settings)))
+    }
+}
+
+#[cfg(test)]
+#[path = "pass_tests.rs"]
+mod tests;

@@ -1,0 +1,158 @@
+//! The periodic pass's decisions.
+
+use super::*;
+use config_snapshot_policy::content::{snapshot_object, Content};
+use config_snapshot_policy::duration::format_rfc3339;
+use serde_json::json;
+
+fn workload(ns: &str, annotations: Value) -> Value {
+    json!({"kind": "Deployment", "metadata": {"name": "w", "namespace": ns, "annotations": annotations}})
+}
+
+fn source(kind: &str, ns: &str, name: &str) -> Value {
+    json!({"kind": kind, "metadata": {"name": name, "namespace": ns}})
+}
+
+#[test]
+fn only_sources_a_workload_in_their_namespace_watches_are_readmitted() {
+    let settings = Settings::default();
+    let workloads = [
+        workload("shop", json!({"config-snapshot.io/watch": "app-config,secret/tls"})),
+        workload("shop", json!({"config-snapshot.io/snapshot": "*"})),
+        workload(
+            "bank",
+            json!({"config-snapshot.io/watch": "*", "config-snapshot.io/exclude": "noisy"}),
+        ),
+        workload("broken", json!({"config-snapshot.io/watch": "Not A Name!"})),
+    ];
+    let refs: Vec<&Value> = workloads.iter().collect();
+    let watchers = Watchers::new(&refs, &settings);
+    assert!(watchers.watch(&source("ConfigMap", "shop", "app-config")));
+    assert!(watchers.watch(&source("Secret", "shop", "tls")));
+    assert!(
+        !watchers.watch(&source("ConfigMap", "shop", "other")),
+        "snapshot-only is not watch"
+    );
+    assert!(!watchers.watch(&source("ConfigMap", "shop", "tls")), "the kind matters");
+    assert!(!watchers.watch(&source("ConfigMap", "other-ns", "app-config")));
+    assert!(watchers.watch(&source("ConfigMap", "bank", "anything")));
+    assert!(!watchers.watch(&source("ConfigMap", "bank", "noisy")), "excluded");
+    assert!(!watchers.watch(&source("ConfigMap", "broken", "x")));
+    let mut snapshot = source("ConfigMap", "bank", "anything-5d41402abc");
+    snapshot["metadata"]["labels"] = json!({keys::MANAGED_BY: keys::MANAGED_BY_VALUE});
+    assert!(!watchers.watch(&snapshot), "snapshots are never sources");
+}
+
+#[test]
+fn watch_by_default_makes_every_workload_a_watcher() {
+    let settings =
+        Settings::from_json(br#"{"watchByDefault": true, "excludedSources": ["configmap/kube-root-ca.crt"]}"#).unwrap();
+    let workloads = [workload("shop", json!({}))];
+    let refs: Vec<&Value> = workloads.iter().collect();
+    let watchers = Watchers::new(&refs, &settings);
+    assert!(watchers.watch(&source("ConfigMap", "shop", "app-config")));
+    assert!(!watchers.watch(&source("ConfigMap", "shop", "kube-root-ca.crt")));
+    assert!(!watchers.watch(&source("Secret", "empty-ns", "tls")));
+}
+
+const NOW: i64 = 1_800_000_000;
+
+fn snap(value: &str, age: i64) -> Value {
+    let c = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"v": value}})).unwrap();
+    let (_, mut o) = snapshot_object(&SourceId::new(SourceKind::ConfigMap, "app"), "ns", "", &c);
+    o["metadata"]["uid"] = json!(format!("uid-{value}"));
+    o["metadata"]["resourceVersion"] = json!("3");
+    o["metadata"]["creationTimestamp"] = json!(format_rfc3339(NOW - age));
+    o
+}
+
+fn name(o: &Value) -> String {
+    o["metadata"]["name"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn the_timed_sweep_spares_what_is_owned_used_young_or_awaited() {
+    let orphan = snap("orphan", 3600);
+    let young = snap("young", 10);
+    let awaited = snap("awaited", 3600);
+    let in_pod = snap("in-pod", 3600);
+    let mut owned = snap("owned", 3600);
+    owned["metadata"]["ownerReferences"] = json!([{"uid": "rs"}]);
+    let pod = json!({"kind": "Pod", "metadata": {"name": "p", "namespace": "ns"},
+        "spec": {"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": name(&in_pod)}}]}]}});
+    let objects = [&orphan, &young, &awaited, &in_pod, &owned, &pod];
+    let pending: HashSet<Key> = [key(&awaited)].into();
+    let doomed = orphans(&objects, &pending, NOW, 600);
+    assert_eq!(doomed.len(), 1, "{doomed:?}");
+    assert_eq!(doomed[0].name, name(&orphan));
+    assert_eq!(
+        (doomed[0].uid.as_str(), doomed[0].resource_version.as_str()),
+        ("uid-orphan", "3")
+    );
+}
+
+#[test]
+fn a_workload_owns_an_owned_snapshot_while_it_names_it() {
+    let mut snap = snap("shared", 0);
+    snap["metadata"]["ownerReferences"] = json!([{"kind": "ControllerRevision", "name": "agent-1", "uid": "cr-uid"}]);
+    let template = json!({"metadata": {"annotations": {"config-snapshot.io/snapshots": json!({"configmap/app": name(&snap)}).to_string()}},
+        "spec": {"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": name(&snap)}}]}]}});
+    let web = json!({"kind": "Deployment", "metadata": {"name": "web", "namespace": "ns", "uid": "web-uid"}, "spec": {"template": template}});
+    let apply = |snap: &mut Value, patches: Vec<Patch>| {
+        for (_, _, ops) in patches {
+            crate::lifecycle::verdict::apply_ops(snap, &ops).unwrap();
+        }
+    };
+    let owners = |snap: &Value| -> Vec<String> {
+        snap["metadata"]["ownerReferences"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["uid"].as_str().unwrap().to_string())
+            .collect()
+    };
+    // Named by web, owned only by another workload's revision: bridged.
+    let patches = bridges(&[&snap, &web]);
+    assert_eq!(patches.len(), 1);
+    apply(&mut snap, patches);
+    assert_eq!(owners(&snap), ["cr-uid", "web-uid"]);
+    assert!(bridges(&[&snap, &web]).is_empty(), "stable");
+    // Web's own ReplicaSet owns it too: web stays an owner while it
+    // names it, so deleting the ReplicaSet cannot take it.
+    let rs = json!({"kind": "ReplicaSet", "metadata": {"name": "web-1", "namespace": "ns", "uid": "rs-uid",
+        "ownerReferences": [{"kind": "Deployment", "uid": "web-uid", "controller": true}]}});
+    snap["metadata"]["ownerReferences"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"kind": "ReplicaSet", "uid": "rs-uid"}));
+    assert!(bridges(&[&snap, &web, &rs]).is_empty());
+    assert_eq!(owners(&snap), ["cr-uid", "web-uid", "rs-uid"]);
+    // A workload that no longer names it stops owning it.
+    let mut other = web.clone();
+    other["spec"]["template"] = json!({"spec": {"containers": [{"name": "c"}]}});
+    snap["metadata"]["ownerReferences"] =
+        json!([{"kind": "ControllerRevision", "uid": "cr-uid"}, {"kind": "Deployment", "uid": "web-uid"}]);
+    let patches = bridges(&[&snap, &other]);
+    apply(&mut snap, patches);
+    assert_eq!(owners(&snap), ["cr-uid"]);
+}
+
+#[test]
+fn a_revision_adopts_what_it_references_and_does_not_own() {
+    let mut a = snap("a", 0);
+    let b = snap("b", 0);
+    a["metadata"]["ownerReferences"] = json!([{"uid": "rs-uid"}]);
+    let template = json!({"metadata": {"annotations": {"config-snapshot.io/snapshots": json!({"configmap/app": name(&b)}).to_string()}},
+        "spec": {"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": name(&b)}}]}]}});
+    let rs = json!({"kind": "ReplicaSet", "metadata": {"name": "web-1", "namespace": "ns", "uid": "rs-uid"}, "spec": {"template": template}});
+    let effects = missing_adoptions(&[&a, &b, &rs]);
+    assert_eq!(
+        effects,
+        vec![Effect::Adopt {
+            namespace: "ns".into(),
+            owner_kind: "ReplicaSet".into(),
+            owner_name: "web-1".into(),
+            snapshots: vec![("ConfigMap".into(), name(&b))],
+        }]
+    );
+}

@@ -1,0 +1,87 @@
+//! The deferred effects on their way, in one place per host: queued,
+//! running, retrying or held by the storm guard. Both hosts keep one, and
+//! decide from it the same things: an effect doing the same work as one on
+//! its way is not queued again, and a snapshot an effect on its way will
+//! make a workload reference may not be deleted meanwhile.
+
+use std::collections::HashSet;
+use std::sync::{Mutex, MutexGuard};
+
+use super::effect::Effect;
+use crate::cluster::Key;
+
+#[derive(Debug, Default)]
+pub struct Register {
+    effects: Mutex<Vec<Effect>>,
+}
+
+impl Register {
+    fn effects(&self) -> MutexGuard<'_, Vec<Effect>> {
+        // Every write is one push or one removal: a poisoned lock still
+        // holds a consistent list.
+        self.effects.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records `effect` as on its way; `false` when one doing the same work
+    /// ([`Effect::same_work`]) already is, and this one need not run.
+    pub fn begin(&self, effect: &Effect) -> bool {
+        let mut effects = self.effects();
+        if effects.iter().any(|e| e.same_work(effect)) {
+            return false;
+        }
+        effects.push(effect.clone());
+        true
+    }
+
+    /// `effect` is over, whatever came of it: its target is no longer
+    /// awaited by it, and the same work may be queued again.
+    pub fn end(&self, effect: &Effect) {
+        let mut effects = self.effects();
+        if let Some(i) = effects.iter().position(|e| e == effect) {
+            effects.swap_remove(i);
+        }
+    }
+
+    /// How many effects are on their way.
+    pub fn len(&self) -> usize {
+        self.effects().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether an effect on its way will make something reference this
+    /// snapshot.
+    pub fn awaits(&self, key: &Key) -> bool {
+        self.effects().iter().any(|e| e.target().as_ref() == Some(key))
+    }
+
+    /// Every snapshot an effect on its way awaits.
+    pub fn targets(&self) -> HashSet<Key> {
+        self.effects().iter().filter_map(Effect::target).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_same_work_is_registered_once_and_its_target_is_awaited_until_it_ends() {
+        let patch = |source_version: &str| Effect::Patch {
+            namespace: "ns".into(),
+            request: json!({"kind": "Deployment", "name": "web", "snapshot": "app-1",
+                            "source": {"kind": "ConfigMap", "name": "app", "resourceVersion": source_version}}),
+        };
+        let register = Register::default();
+        assert!(register.begin(&patch("7")));
+        assert!(!register.begin(&patch("8")), "the same work is on its way");
+        let target = ("ConfigMap".to_string(), "ns".to_string(), "app-1".to_string());
+        assert!(register.awaits(&target));
+        register.end(&patch("7"));
+        assert!(!register.awaits(&target) && register.is_empty());
+        assert!(register.begin(&patch("8")), "over: may be queued again");
+    }
+}

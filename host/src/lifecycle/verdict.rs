@@ -1,0 +1,233 @@
+//! What a deferred effect does now, decided from the objects as they are
+//! and a clock, without I/O (docs/design.md, "Deferred effects").
+//!
+//! A watch patch was decided when its source change was admitted, but it
+//! lands later: after the change is persisted, after the storm guard lets it
+//! through, after a retry. By then a rollback may have come, the source may
+//! have moved on, the workload may be gone. [`decide_patch`] judges it
+//! against the workload and the source as they are now:
+//!
+//! 1. the workload must exist, still reference and watch the source;
+//! 2. the source must hold the content the patch was made for; while it
+//!    still has the version it had at admission, the change is not
+//!    persisted yet (wait); once it has another, the patch is superseded;
+//! 3. a rollback admitted after the patch was decided voids it (the
+//!    workload's rollback record counts more rollbacks than the patch saw):
+//!    a rollback always wins;
+//! 4. at most one watch rollout per workload per interval, counted from the
+//!    rollout recorded on the workload itself (so replicas and restarts
+//!    share the guard);
+//! 5. the patch is recomputed on the workload as it is, pinned to its
+//!    resourceVersion, and records the rollout and the generation it makes.
+
+use config_snapshot_policy::content::Content;
+use config_snapshot_policy::keys;
+use config_snapshot_policy::optin::OptIn;
+use config_snapshot_policy::records::{generation, Rollback, WatchRollout};
+use config_snapshot_policy::rewrite::annotation_path;
+use config_snapshot_policy::settings::Settings;
+use config_snapshot_policy::watch;
+use serde_json::{json, Value};
+
+use super::effect::PatchIntent;
+
+/// What the rules need besides the objects.
+#[derive(Debug, Clone)]
+pub struct Rules {
+    pub settings: Settings,
+    /// Storm guard: the least time between two watch rollouts of a workload.
+    pub watch_min_interval: i64,
+}
+
+/// The objects a patch is judged against, as they are now.
+pub struct Observed<'a> {
+    pub workload: Option<&'a Value>,
+    pub source: Option<&'a Value>,
+    pub snapshot_exists: bool,
+}
+
+/// What a deferred effect does now.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// Send this JSON Patch, pinned to the workload's `resource_version`.
+    Apply { resource_version: String, ops: Vec<Value> },
+    /// Nothing left to do: already there.
+    Done(String),
+    /// A precondition does not hold yet: look again later.
+    Wait(String),
+    /// Held back by the storm guard until this time (unix seconds).
+    Later(i64),
+    /// Void. `collect`: the snapshot was made for this patch alone; delete
+    /// it if nothing else references it. `notable`: the user would not
+    /// expect it (a rollback came first, the snapshot went), so the host
+    /// tells them with an Event; a change superseded by the next one, or a
+    /// workload that stopped watching, is the ordinary course of things and
+    /// would only flood `kubectl describe` during a storm.
+    Drop {
+        reason: String,
+        collect: bool,
+        notable: bool,
+    },
+}
+
+fn void(reason: String) -> Verdict {
+    Verdict::Drop {
+        reason,
+        collect: true,
+        notable: false,
+    }
+}
+
+/// Judges a watch patch against the objects as they are now.
+pub fn decide_patch(intent: &PatchIntent, seen: &Observed, now: i64, rules: &Rules) -> Verdict {
+    let who = intent.who();
+    let id = &intent.source;
+    let Some(workload) = seen.workload else {
+        return void(format!("patch of {who} dropped: it no longer exists"));
+    };
+    let landed = seen
+        .source
+        .and_then(|s| Content::from_object(id.kind, s).ok())
+        .is_some_and(|c| c.hash() == intent.content_hash);
+    if !landed {
+        let version = seen
+            .source
+            .and_then(|s| s.pointer("/metadata/resourceVersion"))
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        return if version == intent.source_version {
+            Verdict::Wait(format!(
+                "patch of {who} to {}: the change of {id} is not persisted yet",
+                intent.snapshot
+            ))
+        } else {
+            void(format!(
+                "patch of {who} to {} superseded: {id} changed again",
+                intent.snapshot
+            ))
+        };
+    }
+    let annotations = workload.pointer("/metadata/annotations").and_then(Value::as_object);
+    let watches = OptIn::from_annotations(annotations, &rules.settings).is_ok_and(|o| o.watches(id, &rules.settings));
+    if !watches {
+        return void(format!("patch of {who} dropped: it no longer watches {id}"));
+    }
+    if let Some(rollback) = Rollback::of(workload).filter(|r| r.count > intent.rollbacks) {
+        return Verdict::Drop {
+            reason: format!(
+                "patch of {who} to {} dropped: a rollback came first (rollback {} after the patch saw {})",
+                intent.snapshot, rollback.count, intent.rollbacks
+            ),
+            collect: true,
+            notable: true,
+        };
+    }
+    let Some(ops) = watch::retarget_ops(intent.kind, workload, id, &intent.snapshot) else {
+        return void(format!("patch of {who} dropped: it no longer uses {id}"));
+    };
+    let mut patched = workload.clone();
+    if let Err(e) = apply_ops(&mut patched, &ops) {
+        return void(format!("patch of {who} dropped: {e}"));
+    }
+    if patched == *workload {
+        return Verdict::Done(format!("{who} already uses {}", intent.snapshot));
+    }
+    if !seen.snapshot_exists {
+        return Verdict::Drop {
+            reason: format!("patch of {who} dropped: snapshot {} is gone", intent.snapshot),
+            collect: false,
+            notable: true,
+        };
+    }
+    if let Some(last) = WatchRollout::of(workload) {
+        let free = last.at + rules.watch_min_interval;
+        if now < free {
+            return Verdict::Later(free);
+        }
+    }
+    let record = WatchRollout {
+        generation: generation(workload) + 1,
+        at: now,
+        source: id.clone(),
+        snapshot: intent.snapshot.clone(),
+    };
+    let mut ops = ops;
+    ops.push(annotate(workload, keys::WATCH_ROLLOUT, &record.to_annotation()));
+    Verdict::Apply {
+        resource_version: version_of(workload).to_string(),
+        ops,
+    }
+}
+
+/// Why a JSON Patch could not be applied to a local copy.
+#[derive(Debug, thiserror::Error)]
+pub enum PatchError {
+    #[error("not a JSON Patch: {0}")]
+    Form(#[from] serde_json::Error),
+    #[error(transparent)]
+    Apply(#[from] json_patch::PatchError),
+}
+
+/// Applies JSON Patch `ops` to a local copy of an object.
+pub fn apply_ops(target: &mut Value, ops: &[Value]) -> Result<(), PatchError> {
+    let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops.to_vec()))?;
+    json_patch::patch(target, &patch)?;
+    Ok(())
+}
+
+/// An object's resourceVersion, what a write pins.
+pub fn version_of(object: &Value) -> &str {
+    object["metadata"]["resourceVersion"].as_str().unwrap_or_default()
+}
+
+/// The op that sets one metadata annotation, creating the map if needed.
+fn annotate(object: &Value, key: &str, value: &str) -> Value {
+    if object.pointer("/metadata/annotations").is_some_and(Value::is_object) {
+        json!({"op": "add", "path": annotation_path(key), "value": value})
+    } else {
+        json!({"op": "add", "path": "/metadata/annotations", "value": {key: value}})
+    }
+}
+
+/// The JSON Patch that makes `owner` an owner of `snapshot` (to be pinned
+/// to the snapshot's resourceVersion), or `None` if it already is one or
+/// `snapshot` is not ours. A revision that adopts a snapshot makes its
+/// workload (its controller) an owner too, in the same write: a user who
+/// deletes the revision (`kubectl delete rs` to force new pods) leaves the
+/// workload naming the snapshot, and its controller re-creates the
+/// revision; with the revision as the only owner, the garbage collector
+/// would take the snapshot first. The periodic pass drops the workload's
+/// ownership once its template no longer names the snapshot.
+pub fn adopt_ops(owner: &Value, snapshot: &Value) -> Option<Vec<Value>> {
+    if !keys::is_snapshot(snapshot) {
+        return None;
+    }
+    let reference = json!({
+        "apiVersion": owner["apiVersion"], "kind": owner["kind"],
+        "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"],
+    });
+    let controller = owner["metadata"]["ownerReferences"]
+        .as_array()
+        .and_then(|refs| refs.iter().find(|r| r["controller"] == true))
+        .map(|r| json!({"apiVersion": r["apiVersion"], "kind": r["kind"], "name": r["name"], "uid": r["uid"]}));
+    let current: Vec<Value> = snapshot["metadata"]["ownerReferences"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut wanted = current.clone();
+    for r in controller.into_iter().chain([reference]) {
+        if !wanted.iter().any(|w| w["uid"] == r["uid"]) {
+            wanted.push(r);
+        }
+    }
+    if wanted == current {
+        return None;
+    }
+    Some(vec![
+        json!({"op": "add", "path": "/metadata/ownerReferences", "value": wanted}),
+    ])
+}
+
+#[cfg(test)]
+#[path = "verdict_tests.rs"]
+mod tests;

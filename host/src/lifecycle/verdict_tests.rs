@@ -1,0 +1,242 @@
+//! The verdicts on deferred effects.
+
+use super::*;
+use config_snapshot_policy::content::snapshot_object;
+use config_snapshot_policy::kinds::WorkloadKind;
+use config_snapshot_policy::source::{SourceId, SourceKind};
+
+const NOW: i64 = 1_800_000_000;
+
+fn rules(interval: i64) -> Rules {
+    Rules {
+        settings: Settings::default(),
+        watch_min_interval: interval,
+    }
+}
+
+fn source(data: Value, rv: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app", "namespace": "ns", "resourceVersion": rv}, "data": data})
+}
+
+fn snapshot_name(data: Value) -> String {
+    let c = Content::from_object(SourceKind::ConfigMap, &json!({ "data": data })).unwrap();
+    snapshot_object(&SourceId::new(SourceKind::ConfigMap, "app"), "ns", "", &c).0
+}
+
+fn workload(on: &str, generation: i64, annotations: Value) -> Value {
+    let mut ann = json!({"config-snapshot.io/watch": "app"});
+    ann.as_object_mut()
+        .unwrap()
+        .extend(annotations.as_object().unwrap().clone());
+    json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "ns", "resourceVersion": "41", "generation": generation, "annotations": ann},
+        "spec": {"template": {"metadata": {"annotations": {"config-snapshot.io/snapshots": json!({"configmap/app": on}).to_string()}},
+            "spec": {"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": on}}]}]}}}})
+}
+
+fn intent(data: Value, rollbacks: u64) -> PatchIntent {
+    let c = Content::from_object(SourceKind::ConfigMap, &json!({ "data": data.clone() })).unwrap();
+    PatchIntent {
+        kind: WorkloadKind::from_kind("Deployment").unwrap(),
+        namespace: "ns".into(),
+        name: "web".into(),
+        source: SourceId::new(SourceKind::ConfigMap, "app"),
+        content_hash: c.hash(),
+        source_version: "7".into(),
+        snapshot: snapshot_name(data),
+        rollbacks,
+    }
+}
+
+fn judge(intent: &PatchIntent, workload: Option<&Value>, source: Option<&Value>, interval: i64) -> Verdict {
+    decide_patch(
+        intent,
+        &Observed {
+            workload,
+            source,
+            snapshot_exists: true,
+        },
+        NOW,
+        &rules(interval),
+    )
+}
+
+#[test]
+fn applies_once_the_change_is_persisted_and_records_the_rollout() {
+    let old = snapshot_name(json!({"v": "1"}));
+    let w = workload(&old, 3, json!({}));
+    let i = intent(json!({"v": "2"}), 3);
+    // Still the version the admission saw: not persisted yet.
+    assert!(matches!(
+        judge(&i, Some(&w), Some(&source(json!({"v": "1"}), "7")), 30),
+        Verdict::Wait(_)
+    ));
+    let Verdict::Apply { resource_version, ops } = judge(&i, Some(&w), Some(&source(json!({"v": "2"}), "8")), 30)
+    else {
+        panic!("expected Apply")
+    };
+    assert_eq!(resource_version, "41", "pinned to the workload as read");
+    let record = ops.last().unwrap();
+    assert_eq!(
+        record["path"],
+        "/metadata/annotations/config-snapshot.io~1watch-rollout"
+    );
+    let mut patched = w.clone();
+    apply_ops(&mut patched, &ops).unwrap();
+    assert!(
+        WatchRollout::made(&patched, &w),
+        "records the generation the patch makes"
+    );
+    assert_eq!(
+        patched["spec"]["template"]["spec"]["containers"][0]["envFrom"][0]["configMapRef"]["name"],
+        i.snapshot.as_str()
+    );
+}
+
+#[test]
+fn a_rollback_after_the_decision_voids_the_patch() {
+    let old = snapshot_name(json!({"v": "1"}));
+    let i = intent(json!({"v": "2"}), 3);
+    let landed = source(json!({"v": "2"}), "8");
+    // The generation does not order them: an undo to a template equal
+    // to the running one bumps none.
+    let rolled = |count: u64| {
+        workload(
+            &old,
+            7,
+            json!({"config-snapshot.io/rollback": format!(r#"{{"generation":7,"count":{count},"at":"2026-01-01T00:00:00Z"}}"#)}),
+        )
+    };
+    let verdict = judge(&i, Some(&rolled(4)), Some(&landed), 0);
+    assert!(
+        matches!(&verdict, Verdict::Drop { reason, collect: true, notable: true } if reason.contains("rollback came first")),
+        "{verdict:?}"
+    );
+    // A rollback the decision already saw does not.
+    assert!(matches!(
+        judge(&i, Some(&rolled(3)), Some(&landed), 0),
+        Verdict::Apply { .. }
+    ));
+}
+
+#[test]
+fn superseded_gone_unwatched_and_done_patches() {
+    let old = snapshot_name(json!({"v": "1"}));
+    let w = workload(&old, 3, json!({}));
+    let i = intent(json!({"v": "2"}), 3);
+    let moved_on = source(json!({"v": "3"}), "9");
+    assert!(matches!(
+        judge(&i, Some(&w), Some(&moved_on), 0),
+        Verdict::Drop {
+            collect: true,
+            notable: false,
+            ..
+        }
+    ));
+    assert!(matches!(
+        judge(&i, None, Some(&moved_on), 0),
+        Verdict::Drop { collect: true, .. }
+    ));
+    let landed = source(json!({"v": "2"}), "8");
+    let mut unwatched = w.clone();
+    unwatched["metadata"]["annotations"] = json!({});
+    assert!(matches!(
+        judge(&i, Some(&unwatched), Some(&landed), 0),
+        Verdict::Drop { notable: false, .. }
+    ));
+    let there = workload(&i.snapshot, 4, json!({}));
+    assert!(matches!(judge(&i, Some(&there), Some(&landed), 0), Verdict::Done(_)));
+    let gone = decide_patch(
+        &i,
+        &Observed {
+            workload: Some(&w),
+            source: Some(&landed),
+            snapshot_exists: false,
+        },
+        NOW,
+        &rules(0),
+    );
+    assert!(
+        matches!(
+            gone,
+            Verdict::Drop {
+                collect: false,
+                notable: true,
+                ..
+            }
+        ),
+        "{gone:?}"
+    );
+}
+
+#[test]
+fn the_storm_guard_counts_from_the_rollout_recorded_on_the_workload() {
+    let old = snapshot_name(json!({"v": "1"}));
+    let last = WatchRollout {
+        generation: 3,
+        at: NOW - 10,
+        source: SourceId::new(SourceKind::ConfigMap, "app"),
+        snapshot: old.clone(),
+    };
+    let w = workload(
+        &old,
+        3,
+        json!({"config-snapshot.io/watch-rollout": last.to_annotation()}),
+    );
+    let i = intent(json!({"v": "2"}), 3);
+    let landed = source(json!({"v": "2"}), "8");
+    assert_eq!(judge(&i, Some(&w), Some(&landed), 30), Verdict::Later(NOW + 20));
+    assert!(matches!(judge(&i, Some(&w), Some(&landed), 10), Verdict::Apply { .. }));
+}
+
+#[test]
+fn adoption_adds_the_owner_once_and_only_to_snapshots() {
+    let owner = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "web-1", "uid": "u1"}});
+    let c = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"a": "1"}})).unwrap();
+    let (_, mut snap) = snapshot_object(&SourceId::new(SourceKind::ConfigMap, "app"), "ns", "", &c);
+    snap["metadata"]["resourceVersion"] = json!("5");
+    let ops = adopt_ops(&owner, &snap).unwrap();
+    assert!(
+        ops.iter().all(|op| op["path"] != "/metadata/resourceVersion"),
+        "the caller pins the version"
+    );
+    apply_ops(&mut snap, &ops).unwrap();
+    assert_eq!(snap["metadata"]["ownerReferences"][0]["uid"], "u1");
+    assert!(adopt_ops(&owner, &snap).is_none());
+    let plain = json!({"metadata": {"name": "x"}});
+    assert!(adopt_ops(&owner, &plain).is_none());
+}
+
+#[test]
+fn a_revision_adopts_for_its_workload_too() {
+    let c = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"a": "1"}})).unwrap();
+    let (_, mut snap) = snapshot_object(&SourceId::new(SourceKind::ConfigMap, "app"), "ns", "", &c);
+    snap["metadata"]["resourceVersion"] = json!("5");
+    snap["metadata"]["ownerReferences"] = json!([
+        {"apiVersion": "apps/v1", "kind": "ControllerRevision", "name": "agent-1", "uid": "other"},
+        {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": "web-uid"},
+    ]);
+    let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "metadata": {"name": "web-1", "uid": "rs-uid",
+                     "ownerReferences": [{"kind": "Deployment", "name": "web", "uid": "web-uid", "controller": true}]}});
+    let ops = adopt_ops(&rs, &snap).unwrap();
+    apply_ops(&mut snap, &ops).unwrap();
+    let uids: Vec<&str> = snap["metadata"]["ownerReferences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["uid"].as_str().unwrap())
+        .collect();
+    assert_eq!(uids, ["other", "web-uid", "rs-uid"], "the workload stays an owner");
+    // A snapshot adopted afresh gets the workload as well.
+    snap["metadata"]["ownerReferences"] = json!([]);
+    let ops = adopt_ops(&rs, &snap).unwrap();
+    apply_ops(&mut snap, &ops).unwrap();
+    let kinds: Vec<&str> = snap["metadata"]["ownerReferences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["Deployment", "ReplicaSet"]);
+}

@@ -1,0 +1,175 @@
+//! The cluster against a real API server: reads from the watch caches (or
+//! straight from the API server when a read must be fresh), writes through
+//! kube-rs. The invariants of docs/design.md ("Host capability contract")
+//! are enforced above this, in [`crate::capability::Capability`], and the
+//! orchestration in [`crate::lifecycle`], the same as replay's.
+//!
+//! Host calls arrive synchronously from the wasm instance, and the
+//! lifecycle's driver runs synchronously too, both on blocking threads;
+//! each API call is driven to completion on the runtime from there, with a
+//! deadline well inside the webhook timeout.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use config_snapshot_policy::source::SourceId;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::Client;
+use serde_json::Value;
+use tokio::runtime::Handle;
+
+use super::cache::{api_resource, trim, Cache};
+use super::metrics::Metrics;
+use crate::cluster::{self, pin, ApiError, Cluster, Preconditions, Selector};
+
+/// One API call's deadline. The webhook answers within `timeoutSeconds`
+/// (10 s in deploy/serve), and an admission makes a few calls at most.
+pub const API_TIMEOUT: Duration = Duration::from_secs(3);
+
+pub struct KubeCluster {
+    client: Client,
+    pub cache: Arc<Cache>,
+    pub(super) runtime: Handle,
+    pub metrics: Arc<Metrics>,
+    /// Unix seconds to answer `now` with instead of the system clock (0:
+    /// the system clock). Replaying a recorded admission needs the clock
+    /// it was recorded at.
+    fixed_now: AtomicI64,
+}
+
+impl KubeCluster {
+    pub fn new(client: Client, cache: Arc<Cache>, runtime: Handle, metrics: Arc<Metrics>) -> KubeCluster {
+        KubeCluster {
+            client,
+            cache,
+            runtime,
+            metrics,
+            fixed_now: AtomicI64::new(0),
+        }
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub fn fix_clock(&self, unix: i64) {
+        self.fixed_now.store(unix, Ordering::SeqCst);
+    }
+
+    /// Unix seconds: the system clock, or the one fixed for a test.
+    pub fn now(&self) -> i64 {
+        let fixed = self.fixed_now.load(Ordering::SeqCst);
+        if fixed != 0 {
+            return fixed;
+        }
+        config_snapshot_policy::duration::unix_now()
+    }
+
+    fn api(&self, kind: &str, namespace: &str) -> cluster::Result<(Api<DynamicObject>, kube::core::ApiResource)> {
+        let ar = api_resource(kind)
+            .ok_or_else(|| ApiError::NotFound(format!("the server could not find the requested resource: {kind}")))?;
+        Ok((Api::namespaced_with(self.client.clone(), namespace, &ar), ar))
+    }
+
+    /// Reads one object from the API server, not the cache.
+    pub async fn fetch(&self, kind: &str, namespace: &str, name: &str) -> cluster::Result<Option<Value>> {
+        let (api, ar) = self.api(kind, namespace)?;
+        match tokio::time::timeout(API_TIMEOUT, api.get_opt(name)).await {
+            Ok(Ok(object)) => Ok(object.map(|o| trim(o, &ar))),
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => Err(ApiError::Timeout(format!("timeout reading {kind} {name}"))),
+        }
+    }
+
+    fn block<T>(&self, what: &str, call: impl Future<Output = cluster::Result<T>>) -> cluster::Result<T> {
+        // The timer is made inside the runtime: callers may be plain threads.
+        self.runtime
+            .block_on(async { tokio::time::timeout(API_TIMEOUT, call).await })
+            .map_err(|_| ApiError::Timeout(format!("timeout: {what} took longer than {API_TIMEOUT:?}")))?
+    }
+}
+
+impl Cluster for KubeCluster {
+    fn get(&self, kind: &str, namespace: &str, name: &str) -> cluster::Result<Option<Value>> {
+        self.cache.get(kind, namespace, name)
+    }
+
+    fn get_fresh(&self, kind: &str, namespace: &str, name: &str) -> cluster::Result<Option<Value>> {
+        self.runtime.block_on(self.fetch(kind, namespace, name))
+    }
+
+    fn list_referencing(
+        &self,
+        kind: &str,
+        namespace: &str,
+        source: &SourceId,
+        visit: &mut dyn FnMut(&Value),
+    ) -> cluster::Result<()> {
+        self.cache.list_referencing(kind, namespace, source, visit)
+    }
+
+    fn list(
+        &self,
+        kind: &str,
+        namespace: Option<&str>,
+        selector: &Selector,
+        visit: &mut dyn FnMut(&Value),
+    ) -> cluster::Result<()> {
+        self.cache.list(kind, namespace, selector, visit)
+    }
+
+    fn create(&self, object: Value) -> cluster::Result<()> {
+        let kind = object["kind"].as_str().unwrap_or_default().to_string();
+        let ns = object["metadata"]["namespace"].as_str().unwrap_or_default().to_string();
+        let (api, ar) = self.api(&kind, &ns)?;
+        let typed: DynamicObject =
+            serde_json::from_value(object).map_err(|e| ApiError::Invalid(format!("invalid object: {e}")))?;
+        let created = self.block("create", async {
+            api.create(&PostParams::default(), &typed).await.map_err(ApiError::from)
+        })?;
+        self.metrics.snapshots_created.inc();
+        self.cache.observe(trim(created, &ar));
+        Ok(())
+    }
+
+    fn delete(&self, kind: &str, namespace: &str, name: &str, pre: &Preconditions) -> cluster::Result<()> {
+        let (api, _) = self.api(kind, namespace)?;
+        let params = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: Some(pre.uid.clone()),
+                resource_version: pre.resource_version.clone(),
+            }),
+            ..DeleteParams::default()
+        };
+        self.block("delete", async {
+            api.delete(name, &params).await.map_err(ApiError::from)
+        })?;
+        self.metrics.deletions.inc();
+        self.cache.forget(kind, namespace, name);
+        Ok(())
+    }
+
+    /// A JSON Patch whose first op pins the resourceVersion: the API
+    /// server answers 409 if the object moved since it was read. The
+    /// result goes in the cache at once.
+    fn patch(&self, kind: &str, namespace: &str, name: &str, rv: &str, ops: Vec<Value>) -> cluster::Result<()> {
+        let (api, ar) = self.api(kind, namespace)?;
+        let mut pinned = vec![pin(rv)];
+        pinned.extend(ops);
+        let patch: json_patch::Patch = serde_json::from_value(Value::Array(pinned))
+            .map_err(|e| ApiError::Invalid(format!("invalid JSON Patch: {e}")))?;
+        let patched = self.block("patch", async {
+            api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+                .await
+                .map_err(ApiError::from)
+        })?;
+        self.cache.observe(trim(patched, &ar));
+        Ok(())
+    }
+
+    fn now(&self) -> i64 {
+        KubeCluster::now(self)
+    }
+}

@@ -1,0 +1,274 @@
+//! Serve's scheduling of the deferred effects (`adopt`, `patch_workload`):
+//! a bounded queue with workers, backoff, and the jobs the storm guard
+//! holds. What an effect does, when it is over, what is then collected
+//! and what users are told is [`crate::lifecycle::Driver`]'s, as for
+//! replay; this module only decides when to look again.
+//!
+//! The storm guard is the rollout recorded on the workload itself, so every
+//! replica and a restarted one see the same guard. The queue lives in
+//! memory; what a restart or a full queue loses is re-derived by the
+//! resync (watch patches, adoptions) or collected by the sweep
+//! (snapshots), see docs/serve.md.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, Semaphore};
+use tokio::time::Instant;
+use tracing::Instrument as _;
+
+use super::apiserver::KubeCluster;
+use super::report::Report;
+use crate::lifecycle::{Driver, Effect, Next, Register, Rules};
+
+#[derive(Debug, Clone)]
+pub struct QueueSettings {
+    pub capacity: usize,
+    /// How long an effect may wait for its precondition (the source change
+    /// persisted, the owner created) or keep failing before it is over.
+    pub wait_for: Duration,
+    pub workers: usize,
+}
+
+impl Default for QueueSettings {
+    fn default() -> Self {
+        QueueSettings {
+            capacity: 1024,
+            wait_for: Duration::from_secs(30),
+            workers: 4,
+        }
+    }
+}
+
+struct Job {
+    effect: Effect,
+    attempts: u32,
+    since: Instant,
+}
+
+/// What carrying out an effect needs, shared by the workers.
+pub struct Carry {
+    pub cluster: Arc<KubeCluster>,
+    pub rules: Rules,
+    pub register: Arc<Register>,
+    pub report: Arc<Report>,
+}
+
+impl Carry {
+    pub fn driver(&self) -> Driver<'_> {
+        Driver {
+            cluster: self.cluster.as_ref(),
+            rules: &self.rules,
+            register: &self.register,
+            observer: self.report.as_ref(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Queue {
+    tx: mpsc::Sender<Job>,
+    carry: Arc<Carry>,
+    /// Jobs the storm guard holds, with when to look again.
+    parked: Arc<Mutex<Vec<(i64, Job)>>>,
+}
+
+pub struct Worker {
+    rx: mpsc::Receiver<Job>,
+    queue: Queue,
+    settings: QueueSettings,
+}
+
+/// How often parked jobs are checked against the clock.
+const TICK: Duration = Duration::from_millis(200);
+
+impl Queue {
+    pub fn new(carry: Arc<Carry>, settings: QueueSettings) -> (Queue, Worker) {
+        let (tx, rx) = mpsc::channel(settings.capacity);
+        let queue = Queue {
+            tx,
+            carry,
+            parked: Arc::default(),
+        };
+        let worker = Worker {
+            rx,
+            queue: queue.clone(),
+            settings,
+        };
+        (queue, worker)
+    }
+
+    pub fn carry(&self) -> &Arc<Carry> {
+        &self.carry
+    }
+
+    /// Queues `effect`, unless one doing the same work is already on its
+    /// way ([`Effect::same_work`]): a resync pass re-derives the rollouts
+    /// and adoptions it finds undone, and one still retrying is undone too.
+    /// Running both would write once and report a failure twice; a
+    /// controller's work queue holds an item once, too.
+    pub fn submit(&self, effect: Effect) {
+        let metrics = &self.carry.report.metrics;
+        if !self.carry.register.begin(&effect) {
+            metrics.effect(effect.label(), "coalesced");
+            tracing::debug!(effect = effect.label(), "the same work is on its way; not queued twice");
+            return;
+        }
+        self.send(Job {
+            effect,
+            attempts: 0,
+            since: Instant::now(),
+        });
+    }
+
+    /// Whether every job submitted is over or held by the storm guard:
+    /// nothing more happens until the clock moves.
+    pub fn quiet(&self) -> bool {
+        self.carry.register.len() == self.parked().len()
+    }
+
+    /// When the earliest job the storm guard holds may run.
+    pub fn next_due(&self) -> Option<i64> {
+        self.parked().iter().map(|(at, _)| *at).min()
+    }
+
+    fn parked(&self) -> std::sync::MutexGuard<'_, Vec<(i64, Job)>> {
+        self.parked.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn send(&self, job: Job) {
+        let metrics = &self.carry.report.metrics;
+        let name = job.effect.label();
+        let effect = job.effect.clone();
+        match self.tx.try_send(job) {
+            Ok(()) => {
+                metrics.queue_depth.inc();
+            }
+            Err(_) => {
+                self.carry.register.end(&effect);
+                metrics.effect(name, "dropped");
+                tracing::warn!(
+                    effect = name,
+                    "deferred-effect queue full; dropped (the resync re-derives patches and adoptions, the sweep collects snapshots)"
+                );
+            }
+        };
+    }
+
+    fn send_after(&self, job: Job, delay: Duration) {
+        let queue = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            queue.send(job);
+        });
+    }
+
+    /// Sends on the parked jobs whose time has come.
+    fn release_due(&self) {
+        let now = self.carry.cluster.now();
+        let due: Vec<Job> = {
+            let mut parked = self.parked();
+            let (due, rest): (Vec<_>, Vec<_>) = parked.drain(..).partition(|(at, _)| *at <= now);
+            *parked = rest;
+            due.into_iter().map(|(_, job)| job).collect()
+        };
+        for mut job in due {
+            // The wait for preconditions starts when the guard lets go.
+            job.since = Instant::now();
+            self.send(job);
+        }
+    }
+
+    /// Runs one job and schedules what comes next.
+    async fn handle(&self, mut job: Job, wait_for: Duration) {
+        let carry = self.carry.clone();
+        let (effect, attempts) = (job.effect.clone(), job.attempts);
+        let patient = job.since.elapsed() < wait_for;
+        // The driver blocks on the runtime for each API call: off the
+        // async workers, inside the effect's span.
+        let span = tracing::Span::current();
+        let next = tokio::task::spawn_blocking(move || {
+            let _in = span.enter();
+            carry.driver().step(&effect, patient, attempts)
+        })
+        .await;
+        let metrics = &self.carry.report.metrics;
+        let name = job.effect.label();
+        match next {
+            Ok(Next::Over(ending)) => {
+                metrics.effect(name, ending.label());
+                // From enqueue to an end: how long a user waits for a watch
+                // rollout or an adoption.
+                metrics.effect_wait.observe(job.since.elapsed().as_secs_f64());
+            }
+            Ok(Next::Park(at)) => self.parked().push((at, job)),
+            Ok(Next::Again) => {
+                job.attempts += 1;
+                metrics.effect(name, "retried");
+                let delay = backoff(job.attempts);
+                self.send_after(job, delay);
+            }
+            Err(e) => {
+                tracing::error!(effect = name, "an effect's run panicked: {e}");
+                self.carry.register.end(&job.effect);
+                metrics.effect(name, "failed");
+            }
+        }
+    }
+}
+
+impl Worker {
+    /// Runs effects until the queue closes, a few at a time.
+    pub async fn run(mut self) {
+        let permits = Arc::new(Semaphore::new(self.settings.workers.max(1)));
+        let ticker = {
+            let queue = self.queue.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(TICK).await;
+                    queue.release_due();
+                }
+            })
+        };
+        while let Some(job) = self.rx.recv().await {
+            self.queue.carry.report.metrics.queue_depth.dec();
+            let Ok(permit) = permits.clone().acquire_owned().await else {
+                break;
+            };
+            let queue = self.queue.clone();
+            let wait_for = self.settings.wait_for;
+            let span = tracing::info_span!(
+                "effect",
+                effect = job.effect.label(),
+                namespace = job.effect.namespace(),
+                attempt = job.attempts
+            );
+            tokio::spawn(
+                async move {
+                    queue.handle(job, wait_for).await;
+                    drop(permit);
+                }
+                .instrument(span),
+            );
+        }
+        ticker.abort();
+    }
+}
+
+/// 100 ms doubling to 5 s.
+fn backoff(attempt: u32) -> Duration {
+    Duration::from_millis(100u64.saturating_mul(1 << attempt.min(6))).min(Duration::from_secs(5))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_is_capped() {
+        assert_eq!(backoff(0), Duration::from_millis(100));
+        assert_eq!(backoff(1), Duration::from_millis(200));
+        assert_eq!(backoff(3), Duration::from_millis(800));
+        assert_eq!(backoff(30), Duration::from_secs(5));
+    }
+}

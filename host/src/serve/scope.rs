@@ -1,0 +1,109 @@
+//! The cluster as one admission sees it: serve's cluster, with the fresh
+//! reads it started when the request arrived (`prefetch`) answering the
+//! policy's fresh reads of the same objects. The scope leads: it starts the
+//! reads ahead, and each of the policy's reads takes its own or goes to
+//! the cluster.
+
+use std::sync::{Arc, Mutex};
+
+use config_snapshot_policy::source::{SourceId, SourceKind};
+use serde_json::Value;
+
+use super::apiserver::KubeCluster;
+use super::prefetch::{self, Fetched, Wanted};
+use crate::cluster::{self, ApiError, Cluster, Preconditions, Selector};
+
+pub struct RequestScope {
+    pub cluster: Arc<KubeCluster>,
+    /// The request's namespace, and the sources read ahead in it: each
+    /// answers one fresh read.
+    namespace: String,
+    prefetched: Arc<Mutex<Fetched>>,
+}
+
+impl RequestScope {
+    pub fn new(cluster: Arc<KubeCluster>, namespace: &str) -> RequestScope {
+        RequestScope {
+            cluster,
+            namespace: namespace.to_string(),
+            prefetched: Arc::default(),
+        }
+    }
+
+    /// Starts reading `wanted` sources of the request's namespace, and then
+    /// their snapshots, all at once and beside the policy: a read the
+    /// policy takes waits for its own GET only.
+    pub fn prefetch(&self, wanted: Vec<Wanted>) {
+        let mut pending = self.prefetched.lock().unwrap_or_else(|e| e.into_inner());
+        for w in wanted {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            pending.insert((w.kind, w.name.clone()), rx);
+            self.cluster.runtime.spawn(prefetch::read_ahead(
+                self.cluster.clone(),
+                self.namespace.clone(),
+                w,
+                tx,
+                self.prefetched.clone(),
+            ));
+        }
+    }
+
+    /// A read made ahead for this very object, if one is left: waits for it
+    /// to end.
+    fn take_prefetched(&self, kind: &str, namespace: &str, name: &str) -> Option<cluster::Result<Option<Value>>> {
+        let kind = SourceKind::from_kind(kind).filter(|_| namespace == self.namespace)?;
+        let pending = self
+            .prefetched
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(kind, name.to_string()))?;
+        Some(
+            self.cluster
+                .runtime
+                .block_on(pending)
+                .unwrap_or_else(|_| Err(ApiError::Timeout(format!("the read ahead of {name} was lost")))),
+        )
+    }
+}
+
+impl Cluster for RequestScope {
+    fn get(&self, kind: &str, namespace: &str, name: &str) -> cluster::Result<Option<Value>> {
+        self.cluster.get(kind, namespace, name)
+    }
+    fn get_fresh(&self, kind: &str, namespace: &str, name: &str) -> cluster::Result<Option<Value>> {
+        match self.take_prefetched(kind, namespace, name) {
+            Some(read) => read,
+            None => self.cluster.get_fresh(kind, namespace, name),
+        }
+    }
+    fn list(
+        &self,
+        kind: &str,
+        namespace: Option<&str>,
+        selector: &Selector,
+        visit: &mut dyn FnMut(&Value),
+    ) -> cluster::Result<()> {
+        self.cluster.list(kind, namespace, selector, visit)
+    }
+    fn list_referencing(
+        &self,
+        kind: &str,
+        namespace: &str,
+        source: &SourceId,
+        visit: &mut dyn FnMut(&Value),
+    ) -> cluster::Result<()> {
+        self.cluster.list_referencing(kind, namespace, source, visit)
+    }
+    fn create(&self, object: Value) -> cluster::Result<()> {
+        self.cluster.create(object)
+    }
+    fn delete(&self, kind: &str, namespace: &str, name: &str, pre: &Preconditions) -> cluster::Result<()> {
+        self.cluster.delete(kind, namespace, name, pre)
+    }
+    fn patch(&self, kind: &str, namespace: &str, name: &str, rv: &str, ops: Vec<Value>) -> cluster::Result<()> {
+        self.cluster.patch(kind, namespace, name, rv, ops)
+    }
+    fn now(&self) -> i64 {
+        self.cluster.now()
+    }
+}

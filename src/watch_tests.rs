@@ -1,0 +1,282 @@
+//! Unit tests for source admission (watch), against the in-memory fake host.
+use serde_json::{json, Value};
+
+use crate::fake::FakeHost;
+use crate::host_error::{Code, HostError};
+use crate::keys;
+use crate::workload::tests::{cm, deployment, payload, run};
+
+/// A cluster with a watcher of `app`, created through the policy so its
+/// template already names a snapshot.
+fn cluster(watch: &str, spec: Value) -> (FakeHost, Value) {
+    let host = FakeHost::with(vec![
+        cm("app", json!({"mode": "blue", "other": "x"})),
+        cm("unrelated", json!({"a": "1"})),
+    ]);
+    let mut d = deployment(json!({ keys::WATCH: watch }), spec);
+    d = run(&host, &payload("Deployment", "CREATE", &d, None, false, json!({})))
+        .mutated
+        .unwrap_or(d);
+    d["metadata"]["resourceVersion"] = json!("41");
+    host.objects.borrow_mut().push(d.clone());
+    host.calls.borrow_mut().clear();
+    (host, d)
+}
+
+fn env_from(name: &str) -> Value {
+    json!({"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": name}}]}]})
+}
+
+fn edit(host: &FakeHost, data: Value, dry_run: bool) -> crate::request::Outcome {
+    let old = cm("app", json!({"mode": "blue", "other": "x"}));
+    let mut new = cm("app", data);
+    new["metadata"]["resourceVersion"] = json!("8");
+    run(
+        host,
+        &payload("ConfigMap", "UPDATE", &new, Some(&old), dry_run, json!({})),
+    )
+}
+
+#[test]
+fn a_content_change_rolls_out_every_watcher_through_a_snapshot_and_a_patch() {
+    let (host, _) = cluster("app", env_from("app"));
+    let out = edit(&host, json!({"mode": "green", "other": "x"}), false);
+    assert!(
+        out.accepted && out.mutated.is_none() && out.warnings.is_empty(),
+        "{out:?}"
+    );
+    let created = host.ops("create_snapshot");
+    assert_eq!(created.len(), 1);
+    let snap = created[0]["object"]["metadata"]["name"].as_str().unwrap().to_string();
+    assert_eq!(created[0]["object"]["data"], json!({"mode": "green", "other": "x"}));
+    let patches = host.ops("patch_workload");
+    assert_eq!(patches.len(), 1);
+    let p = &patches[0];
+    assert_eq!(p["kind"], "Deployment");
+    assert_eq!(p["name"], "web");
+    assert_eq!(p["resourceVersion"], "41");
+    assert_eq!(p["snapshot"], snap.as_str());
+    assert_eq!(
+        p["patch"][0],
+        json!({"op": "replace", "path": "/spec/template/spec/containers/0/envFrom/0/configMapRef/name", "value": snap})
+    );
+    // The mapping annotation is rewritten to name the new snapshot.
+    let last = p["patch"].as_array().unwrap().last().unwrap();
+    assert_eq!(
+        last["path"],
+        "/spec/template/metadata/annotations/config-snapshot.io~1snapshots"
+    );
+    assert_eq!(last["value"], json!({"configmap/app": snap}).to_string());
+    assert_eq!(p["source"]["name"], "app");
+    // Only the workloads that reference the source were asked for,
+    // with field masks; nothing listed the namespace.
+    let list = &host.ops("list_referencing")[0];
+    assert_eq!(
+        (&list["source_kind"], &list["source_name"]),
+        (&json!("ConfigMap"), &json!("app"))
+    );
+    assert!(list["field_masks"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("spec.template.spec.containers.envFrom")));
+    assert_eq!(workload_lists(&host), 0);
+}
+
+/// Lists of whole workload kinds (the sweep lists snapshots too).
+fn workload_lists(host: &FakeHost) -> usize {
+    host.ops("list_resources_by_namespace")
+        .iter()
+        .filter(|l| super::WorkloadKind::from_kind(l["kind"].as_str().unwrap_or_default()).is_some())
+        .count()
+}
+
+#[test]
+fn without_the_hosts_index_every_workload_is_listed_and_the_rollout_is_the_same() {
+    let (host, _) = cluster("app", env_from("app"));
+    host.fail_with(
+        "list_referencing",
+        HostError::new(
+            Code::Unsupported,
+            "unknown operation config-snapshot/v1/list_referencing",
+        ),
+    );
+    let out = edit(&host, json!({"mode": "green", "other": "x"}), false);
+    assert!(out.accepted && out.warnings.is_empty(), "{out:?}");
+    assert_eq!(host.ops("patch_workload").len(), 1);
+    // Asked once, then the three kinds are listed whole.
+    assert_eq!(host.ops("list_referencing").len(), 1);
+    assert_eq!(workload_lists(&host), 3);
+}
+
+#[test]
+fn a_failing_index_is_a_warning_not_a_silent_fallback() {
+    let (host, _) = cluster("app", env_from("app"));
+    host.fail_with(
+        "list_referencing",
+        HostError::new(Code::Timeout, "the server timed out"),
+    );
+    let out = edit(&host, json!({"mode": "green", "other": "x"}), false);
+    assert!(out.accepted, "{out:?}");
+    assert!(
+        out.warnings
+            .iter()
+            .any(|w| w.contains("could not list") && w.contains("timed out")),
+        "{out:?}"
+    );
+    assert!(host.ops("patch_workload").is_empty());
+}
+
+#[test]
+fn metadata_only_edits_are_a_no_op_without_host_calls() {
+    let (host, _) = cluster("app", env_from("app"));
+    let out = edit(&host, json!({"other": "x", "mode": "blue"}), false);
+    assert_eq!(out, crate::request::Outcome::accept());
+    assert!(host.calls.borrow().is_empty(), "{:?}", host.calls.borrow());
+}
+
+#[test]
+fn snapshots_and_excluded_sources_are_passed_through_without_host_calls() {
+    let host = FakeHost::with(vec![]);
+    let mut snap = cm("app-0123456789", json!({"a": "1"}));
+    snap["metadata"]["labels"] = json!({keys::MANAGED_BY: keys::MANAGED_BY_VALUE});
+    run(&host, &payload("ConfigMap", "CREATE", &snap, None, false, json!({})));
+    let ca = cm("kube-root-ca.crt", json!({"ca.crt": "x"}));
+    run(&host, &payload("ConfigMap", "CREATE", &ca, None, false, json!({})));
+    assert!(host.calls.borrow().is_empty());
+}
+
+#[test]
+fn snapshot_only_and_unrelated_workloads_are_not_rolled() {
+    let (host, _) = cluster("unrelated", env_from("app"));
+    edit(&host, json!({"mode": "green", "other": "x"}), false);
+    assert!(host.ops("patch_workload").is_empty());
+    let mut d = deployment(json!({ keys::SNAPSHOT: "app" }), env_from("app"));
+    d["metadata"]["name"] = json!("snap-only");
+    host.objects.borrow_mut().push(d);
+    edit(&host, json!({"mode": "red", "other": "x"}), false);
+    assert!(host.ops("patch_workload").is_empty());
+}
+
+#[test]
+fn an_edit_outside_the_key_subset_rolls_nothing() {
+    let spec = json!({"containers": [{"name": "c", "env": [{"name": "M", "valueFrom": {"configMapKeyRef": {"name": "app", "key": "mode"}}}]}]});
+    let (host, _) = cluster("app", spec);
+    edit(&host, json!({"mode": "blue", "other": "CHANGED"}), false);
+    assert!(host.ops("create_snapshot").is_empty());
+    assert!(host.ops("patch_workload").is_empty());
+    edit(&host, json!({"mode": "green", "other": "CHANGED"}), false);
+    assert_eq!(host.ops("patch_workload").len(), 1);
+    assert_eq!(
+        host.ops("create_snapshot")[0]["object"]["data"],
+        json!({"mode": "green"})
+    );
+}
+
+#[test]
+fn a_source_created_after_its_watcher_moves_the_watcher_to_a_snapshot() {
+    let host = FakeHost::with(vec![]);
+    let d = deployment(json!({ keys::WATCH: "late" }), env_from("late"));
+    let out = run(&host, &payload("Deployment", "CREATE", &d, None, false, json!({})));
+    assert!(out.mutated.is_none());
+    host.objects.borrow_mut().push(d);
+    run(
+        &host,
+        &payload(
+            "ConfigMap",
+            "CREATE",
+            &cm("late", json!({"a": "1"})),
+            None,
+            false,
+            json!({}),
+        ),
+    );
+    assert_eq!(host.ops("patch_workload").len(), 1);
+}
+
+#[test]
+fn dry_runs_write_nothing_and_failures_only_warn() {
+    let (host, _) = cluster("app", env_from("app"));
+    edit(&host, json!({"mode": "green", "other": "x"}), true);
+    assert!(host.ops("create_snapshot").is_empty() && host.ops("patch_workload").is_empty());
+    host.fail("patch_workload", "forbidden");
+    let out = edit(&host, json!({"mode": "green", "other": "x"}), false);
+    assert!(out.accepted, "a source is never rejected for a watch failure");
+    assert!(
+        out.warnings[0].contains("could not roll out Deployment web"),
+        "{:?}",
+        out.warnings
+    );
+}
+
+/// Watch rollouts against the workload's rollback record.
+mod rollback_tests {
+    use serde_json::{json, Value};
+
+    use crate::fake::FakeHost;
+    use crate::keys;
+    use crate::workload::tests::{cm, deployment, payload, run};
+
+    fn watcher(host: &FakeHost, rollback: Option<&str>) -> Value {
+        let spec = json!({"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": "app"}}]}]});
+        let mut d = deployment(json!({ keys::WATCH: "app" }), spec);
+        d = run(host, &payload("Deployment", "CREATE", &d, None, false, json!({})))
+            .mutated
+            .unwrap();
+        d["metadata"]["generation"] = json!(6);
+        if let Some(r) = rollback {
+            d["metadata"]["annotations"][keys::ROLLBACK] = json!(r);
+        }
+        host.objects.borrow_mut().push(d.clone());
+        host.calls.borrow_mut().clear();
+        d
+    }
+
+    fn name_of(data: Value) -> String {
+        let c = crate::content::Content::from_object(crate::source::SourceKind::ConfigMap, &json!({ "data": data }))
+            .unwrap();
+        crate::content::snapshot_name("app", &c.hash())
+    }
+
+    #[test]
+    fn a_readmitted_source_does_not_undo_a_rollback_that_declined_its_content() {
+        let host = FakeHost::with(vec![cm("app", json!({"mode": "blue"}))]);
+        let declined = name_of(json!({"mode": "green"}));
+        let record =
+            format!(r#"{{"generation":6,"at":"2026-01-01T00:00:00Z","sources":{{"configmap/app":"{declined}"}}}}"#);
+        watcher(&host, Some(&record));
+        // The resync re-admits the source, which holds what was declined.
+        let green = cm("app", json!({"mode": "green"}));
+        run(&host, &payload("ConfigMap", "CREATE", &green, None, false, json!({})));
+        assert!(host.ops("patch_workload").is_empty(), "the rollback stands");
+        assert!(host.ops("create_snapshot").is_empty(), "and no garbage is made");
+        // A content the rollback never saw rolls out.
+        let red = cm("app", json!({"mode": "red"}));
+        run(&host, &payload("ConfigMap", "CREATE", &red, None, false, json!({})));
+        assert_eq!(host.ops("patch_workload").len(), 1);
+        // So does a real edit, even back to the declined content: it is a
+        // change made after the rollback.
+        host.calls.borrow_mut().clear();
+        let old = cm("app", json!({"mode": "red"}));
+        run(
+            &host,
+            &payload("ConfigMap", "UPDATE", &green, Some(&old), false, json!({})),
+        );
+        assert_eq!(host.ops("patch_workload").len(), 1);
+    }
+
+    #[test]
+    fn the_patch_says_when_it_was_decided_and_what_the_source_was() {
+        let host = FakeHost::with(vec![cm("app", json!({"mode": "blue"}))]);
+        watcher(&host, Some(r#"{"generation":5,"count":3,"at":"2026-01-01T00:00:00Z"}"#));
+        let old = cm("app", json!({"mode": "blue"}));
+        let new = cm("app", json!({"mode": "green"}));
+        run(
+            &host,
+            &payload("ConfigMap", "UPDATE", &new, Some(&old), false, json!({})),
+        );
+        let p = &host.ops("patch_workload")[0];
+        assert_eq!(p["rollbacks"], 3, "the rollbacks it was decided after");
+        assert_eq!(p["source"]["resourceVersion"], "7");
+        assert_eq!(p["snapshot"], name_of(json!({"mode": "green"})).as_str());
+    }
+}
