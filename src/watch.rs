@@ -130,8 +130,8 @@ fn roll_out(ctx: &Context, id: &SourceId, content: &Content, change: &Change) ->
             }
         };
         for workload in &workloads {
-            if let Err(w) = roll_out_one(ctx, id, content, change, kind, workload) {
-                warnings.push(w);
+            if let Err(failed) = roll_out_one(ctx, id, content, change, kind, workload) {
+                warnings.push(failed.warning());
             }
         }
     }
@@ -178,6 +178,24 @@ fn watcher_masks(kind: WorkloadKind) -> Vec<String> {
     masks
 }
 
+/// Why one watcher was not rolled out: a warning on the source's admission,
+/// which itself is never refused.
+struct RollOutFailed {
+    kind: WorkloadKind,
+    workload: String,
+    snapshot: String,
+    step: Operation,
+    error: CallError,
+}
+
+impl RollOutFailed {
+    fn warning(&self) -> String {
+        let (kind, workload, snapshot) = (self.kind.kind(), &self.workload, &self.snapshot);
+        let (step, error) = (self.step.name(), &self.error);
+        format!("{SAY}could not roll out {kind} {workload} to {snapshot}: {step}: {error}")
+    }
+}
+
 fn roll_out_one(
     ctx: &Context,
     id: &SourceId,
@@ -185,7 +203,7 @@ fn roll_out_one(
     change: &Change,
     kind: WorkloadKind,
     workload: &Value,
-) -> Result<(), String> {
+) -> Result<(), RollOutFailed> {
     let annotations = workload.pointer("/metadata/annotations").and_then(Value::as_object);
     let Ok(optin) = OptIn::from_annotations(annotations, ctx.settings) else {
         return Ok(());
@@ -218,16 +236,17 @@ fn roll_out_one(
         .pointer("/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    let fail = |what: &str, e: CallError| {
-        format!(
-            "{SAY}could not roll out {} {workload_name} to {name}: {what}: {e}",
-            kind.kind()
-        )
+    let fail = |step: Operation, error: CallError| RollOutFailed {
+        kind,
+        workload: workload_name.to_string(),
+        snapshot: name.clone(),
+        step,
+        error,
     };
     let created = ctx
         .host
         .create_snapshot(&snapshot, &crate::records::owner_of(kind, workload))
-        .map_err(|e| fail(Operation::CreateSnapshot.name(), e))?;
+        .map_err(|e| fail(Operation::CreateSnapshot, e))?;
     let Some(patch) = retarget_ops(kind, workload, id, &name) else {
         return Ok(());
     };
@@ -251,7 +270,7 @@ fn roll_out_one(
     });
     ctx.host
         .patch_workload(request)
-        .map_err(|e| fail(Operation::PatchWorkload.name(), e))?;
+        .map_err(|e| fail(Operation::PatchWorkload, e))?;
     if created {
         crate::sweep::sweep(ctx, id, &name);
     }

@@ -79,22 +79,36 @@ pub struct Exchange {
 /// it (behind the engine's `Host error: `), so it is part of the contract.
 const CALLBACK_FAILURE: &str = "Callback evaluation failure: ";
 
+/// An answer stock Kubewarden gives in words only: what the guest sees of
+/// a foreign host's failure.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct EvaluatorText(pub String);
+
+fn says(text: impl Into<String>) -> EvaluatorText {
+    EvaluatorText(text.into())
+}
+
 impl Request {
     /// The request policy-evaluator builds for a waPC call, or the error it
-    /// answers without consulting the callback handler.
-    pub fn from_call(binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Request, String> {
+    /// answers without consulting the callback handler, in its words.
+    pub fn from_call(binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Request, CallFailure> {
+        Request::parse_call(binding, namespace, operation, payload).map_err(|e| CallFailure::Foreign(e.0))
+    }
+
+    fn parse_call(binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Request, EvaluatorText> {
         if binding != KUBEWARDEN.0 {
-            return Err(format!("unknown binding: {binding}"));
+            return Err(says(format!("unknown binding: {binding}")));
         }
         if namespace != KUBEWARDEN.1 {
             // policy-evaluator also serves oci, net and crypto here; no
             // Kubernetes policy of ours asks for them, and their answers
             // could not be recorded by this host.
-            return Err(format!("unknown namespace: {namespace}"));
+            return Err(says(format!("unknown namespace: {namespace}")));
         }
-        let body: Value = serde_json::from_slice(payload).map_err(|e| e.to_string())?;
+        let body: Value = serde_json::from_slice(payload).map_err(|e| says(e.to_string()))?;
         let text = |field: &str| body[field].as_str().map(str::to_string);
-        let required = |field: &str| text(field).ok_or_else(|| format!("missing field `{field}`"));
+        let required = |field: &str| text(field).ok_or_else(|| says(format!("missing field `{field}`")));
         let disable_cache = body["disable_cache"].as_bool().unwrap_or(false);
         match operation {
             "get_resource" => Ok(Request::KubernetesGetResource {
@@ -121,7 +135,7 @@ impl Request {
                 request: body["subject_access_review"].clone(),
                 disable_cache,
             }),
-            other => Err(format!("unknown operation: {other}")),
+            other => Err(says(format!("unknown operation: {other}"))),
         }
     }
 
@@ -172,28 +186,28 @@ impl Replayer {
 
     /// The next recorded answer, or policy-evaluator's text for why there
     /// is none.
-    fn answer(&self, request: &Request) -> Result<Vec<u8>, String> {
+    fn answer(&self, request: &Request) -> Result<Vec<u8>, EvaluatorText> {
         let next = self.exchanges.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
         let Some(exchange) = next else {
-            return Err("the list of recorded responses is empty".to_string());
+            return Err(says("the list of recorded responses is empty"));
         };
         // `read` checked every recorded request parses.
-        let expected: Request = serde_yaml::from_str(&exchange.request).map_err(|e| e.to_string())?;
+        let expected: Request = serde_yaml::from_str(&exchange.request).map_err(|e| says(e.to_string()))?;
         if &expected != request {
-            return Err(format!(
+            return Err(says(format!(
                 "Replay error: unexpected request. Was expecting {expected:?}, got {request:?} instead"
-            ));
+            )));
         }
         match exchange.response {
             Response::Success { payload } => Ok(payload.into_bytes()),
-            Response::Error { message } => Err(message),
+            Response::Error { message } => Err(says(message)),
         }
     }
 }
 
 impl CallHandler for Replayer {
     fn call(&self, binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, CallFailure> {
-        let request = Request::from_call(binding, namespace, operation, payload).map_err(CallFailure::Foreign)?;
+        let request = Request::from_call(binding, namespace, operation, payload)?;
         self.answer(&request)
             .map_err(|e| CallFailure::Foreign(format!("{CALLBACK_FAILURE}{e}")))
     }
@@ -222,7 +236,7 @@ impl Recorder {
 
 impl CallHandler for Recorder {
     fn call(&self, binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, CallFailure> {
-        let request = Request::from_call(binding, namespace, operation, payload).map_err(CallFailure::Foreign)?;
+        let request = Request::from_call(binding, namespace, operation, payload)?;
         // Kubewarden answers in text: what our host coded, it words.
         let answer = self
             .host

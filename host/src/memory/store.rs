@@ -135,7 +135,9 @@ impl Store {
         match self.objects.get(&key) {
             Some(old) => {
                 meta.insert("uid".into(), old["metadata"]["uid"].clone());
-                meta.insert("creationTimestamp".into(), old["metadata"]["creationTimestamp"].clone());
+                if let Some(created) = old["metadata"].get("creationTimestamp") {
+                    meta.insert("creationTimestamp".into(), created.clone());
+                }
                 let generation = old["metadata"]["generation"].as_i64().unwrap_or(1);
                 let spec_changed = old.get("spec") != object.get("spec");
                 object["metadata"]["generation"] = json!(generation + i64::from(spec_changed));

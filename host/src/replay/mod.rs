@@ -1,27 +1,27 @@
 //! `config-snapshot replay`: runs scenarios over the in-memory cluster and
 //! reports a timeline and the result of every expectation.
+//!
+//! - this module: a scenario run step by step ([`Session`]);
+//! - [`checks`]: `expect` and `assert`, the same over replay's cluster and
+//!   over objects read from a real API server.
 
-use std::collections::BTreeMap;
+mod checks;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context as _, Result};
-use base64::Engine as _;
-use config_snapshot_policy::content::{Content, ContentError};
 use config_snapshot_policy::duration::{parse_go_duration, parse_rfc3339};
 use config_snapshot_policy::host_error::HostError;
-use config_snapshot_policy::source::{SourceId, SourceKind};
-use config_snapshot_policy::template;
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::engine::Engine;
-use crate::invariants;
 use crate::memory::{Admission, Fault, Recorded, Simulator};
 use crate::review;
-use crate::scenario::{Check, EffectiveConfig, Expect, Invariant, Scenario, Step};
+use crate::scenario::{Scenario, Step};
 use crate::selector::Selector;
-use crate::view::View;
+pub use checks::{assert, effective_config, expect, EffectiveError};
 
 #[derive(Debug, Serialize)]
 pub struct ScenarioResult {
@@ -166,8 +166,8 @@ impl Session {
             checks: Vec::new(),
             error: None,
         };
-        let ran = run_step(&self.sim, step, &self.base, &mut self.last, &mut out.checks)
-            .and_then(|()| self.sim.catch_up());
+        let ran =
+            run_step(&self.sim, step, &self.base, &mut self.last, &mut out.checks).and_then(|()| self.sim.catch_up());
         if let Err(e) = ran {
             out.error = Some(format!("{e:#}"));
         }
@@ -315,267 +315,6 @@ fn describe(step: &Step) -> String {
         Step::Together(s) => format!("together: {} writes before the host catches up", s.len()),
         Step::Repeat(r) => format!("repeat {} step(s) {} times", r.steps.len(), r.times),
     }
-}
-
-/// Evaluates an `expect` step against the last admission.
-pub fn expect(last: Option<&Admission>, e: &Expect, checks: &mut Vec<CheckResult>) {
-    let Some(a) = last else {
-        checks.push(CheckResult {
-            check: "expect".into(),
-            ok: false,
-            detail: "the previous step made no admission request".into(),
-        });
-        return;
-    };
-    if let Some(allowed) = e.allowed {
-        checks.push(CheckResult {
-            check: format!("allowed == {allowed}"),
-            ok: a.allowed == allowed,
-            detail: format!(
-                "allowed was {} (message: {})",
-                a.allowed,
-                a.message.as_deref().unwrap_or("none")
-            ),
-        });
-    }
-    if let Some(warnings) = &e.warnings {
-        if warnings.is_empty() {
-            checks.push(CheckResult {
-                check: "no warnings".into(),
-                ok: a.warnings.is_empty(),
-                detail: format!("warnings: {:?}", a.warnings),
-            });
-        }
-        for w in warnings {
-            checks.push(CheckResult {
-                check: format!("warning contains {w:?}"),
-                ok: a.warnings.iter().any(|x| x.contains(w.as_str())),
-                detail: format!("warnings: {:?}", a.warnings),
-            });
-        }
-    }
-    if let Some(m) = &e.message_contains {
-        checks.push(CheckResult {
-            check: format!("message contains {m:?}"),
-            ok: a.message.as_deref().is_some_and(|x| x.contains(m.as_str())),
-            detail: format!("message: {:?}", a.message),
-        });
-    }
-}
-
-/// Evaluates one check against a view of a cluster.
-pub fn assert(sim: &dyn View, check: &Check) -> CheckResult {
-    match check {
-        Check::EffectiveConfig(ec) => {
-            let name = format!("effectiveConfig {}/{} {}", ec.kind, ec.name, ec.source);
-            let secret = ec.source.starts_with("secret/");
-            match effective_config(sim, ec) {
-                Ok((object, data)) => {
-                    let want: BTreeMap<String, String> = serde_json::from_value(ec.data.clone()).unwrap_or_default();
-                    let ok = data == want;
-                    let detail = if ok {
-                        format!("reads {object}")
-                    } else if secret {
-                        // Never print Secret values, even in a failing test.
-                        format!(
-                            "reads {object} with keys {:?}, which differ from the expected keys {:?} or values",
-                            data.keys().collect::<Vec<_>>(),
-                            want.keys().collect::<Vec<_>>()
-                        )
-                    } else {
-                        format!("reads {object} = {}, expected {}", json!(data), json!(want))
-                    };
-                    CheckResult {
-                        check: name,
-                        ok,
-                        detail,
-                    }
-                }
-                Err(e) => CheckResult {
-                    check: name,
-                    ok: false,
-                    detail: e.to_string(),
-                },
-            }
-        }
-        Check::Exists(r) | Check::Absent(r) => {
-            let want = matches!(check, Check::Exists(_));
-            let found = sim.get(&r.kind, &r.namespace, &r.name).is_some();
-            CheckResult {
-                check: format!("{} {}/{}", if want { "exists" } else { "absent" }, r.kind, r.name),
-                ok: found == want,
-                detail: if found {
-                    "it exists".into()
-                } else {
-                    "it does not exist".into()
-                },
-            }
-        }
-        Check::Count(c) => {
-            let check = format!(
-                "count {} {} == {}",
-                c.kind,
-                c.selector.as_deref().unwrap_or(""),
-                c.equals
-            );
-            match Selector::parse(c.selector.as_deref().unwrap_or("")) {
-                Ok(sel) => {
-                    let found: Vec<String> = sim
-                        .objects()
-                        .iter()
-                        .filter(|o| {
-                            o["kind"] == c.kind.as_str()
-                                && o["metadata"]["namespace"] == c.namespace.as_str()
-                                && sel.matches(o)
-                        })
-                        .map(|o| o["metadata"]["name"].as_str().unwrap_or_default().to_string())
-                        .collect();
-                    CheckResult {
-                        ok: found.len() == c.equals,
-                        detail: format!("found {}: {found:?}", found.len()),
-                        check,
-                    }
-                }
-                Err(e) => CheckResult {
-                    check,
-                    ok: false,
-                    detail: e.to_string(),
-                },
-            }
-        }
-        Check::Invariants(list) => {
-            let objects = sim.objects();
-            let mut broken = Vec::new();
-            for invariant in list {
-                broken.extend(match invariant {
-                    Invariant::NothingDangles => invariants::nothing_dangles(&objects),
-                    Invariant::GarbageBounded => invariants::garbage_bounded(&objects, &sim.awaited()),
-                });
-            }
-            CheckResult {
-                check: format!("invariants {list:?}"),
-                ok: broken.is_empty(),
-                detail: if broken.is_empty() {
-                    "hold".into()
-                } else {
-                    broken.join("; ")
-                },
-            }
-        }
-        Check::JsonPath(j) => {
-            let check = format!("jsonPath {}/{} {} == {}", j.kind, j.name, j.path, j.equals);
-            let Some(object) = sim.get(&j.kind, &j.namespace, &j.name) else {
-                return CheckResult {
-                    check,
-                    ok: false,
-                    detail: "the object does not exist".into(),
-                };
-            };
-            let path = if j.path.starts_with('$') {
-                j.path.clone()
-            } else if j.path.starts_with('.') || j.path.starts_with('[') {
-                format!("${}", j.path)
-            } else {
-                format!("$.{}", j.path)
-            };
-            match serde_json_path::JsonPath::parse(&path) {
-                Ok(p) => {
-                    let found: Vec<&Value> = p.query(&object).all();
-                    let got = match found.as_slice() {
-                        [one] => (*one).clone(),
-                        [] => Value::Null,
-                        many => json!(many),
-                    };
-                    let secret_data =
-                        j.kind == "Secret" && (path.contains("data") || path.contains('*') || path.contains(".."));
-                    let detail = if got == j.equals || !secret_data {
-                        format!("got {got}")
-                    } else {
-                        "got a different value (Secret data is not printed)".into()
-                    };
-                    CheckResult {
-                        ok: got == j.equals,
-                        detail,
-                        check,
-                    }
-                }
-                Err(e) => CheckResult {
-                    check,
-                    ok: false,
-                    detail: format!("bad JSONPath: {e}"),
-                },
-            }
-        }
-    }
-}
-
-/// Why a workload's effective config cannot be told.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum EffectiveError {
-    #[error("source must be configmap/NAME or secret/NAME")]
-    Source,
-    #[error("{kind}/{name} has no current revision")]
-    NoRevision { kind: String, name: String },
-    #[error("the current revision does not reference {0}")]
-    NotReferenced(SourceId),
-    #[error("the references to {id} disagree: {names:?}")]
-    Disagree { id: SourceId, names: Vec<String> },
-    #[error("the current revision references {kind}/{name}, which does not exist")]
-    Missing { kind: &'static str, name: String },
-    #[error(transparent)]
-    Content(#[from] ContentError),
-}
-
-/// The data the pods of the workload's current revision read from a source:
-/// follows the revision's reference, through a snapshot if it names one.
-pub fn effective_config(
-    sim: &dyn View,
-    ec: &EffectiveConfig,
-) -> Result<(String, BTreeMap<String, String>), EffectiveError> {
-    let (tag, source_name) = ec.source.split_once('/').ok_or(EffectiveError::Source)?;
-    let kind = SourceKind::from_tag(tag).ok_or(EffectiveError::Source)?;
-    let id = SourceId::new(kind, source_name);
-    let template = sim
-        .current_revision_template(&ec.kind, &ec.namespace, &ec.name)
-        .ok_or_else(|| EffectiveError::NoRevision {
-            kind: ec.kind.clone(),
-            name: ec.name.clone(),
-        })?;
-    let group = template::own_group(&template, &id).ok_or_else(|| EffectiveError::NotReferenced(id.clone()))?;
-    let mut names: Vec<&str> = group.refs.iter().map(|r| r.name.as_str()).collect();
-    names.dedup();
-    if names.len() != 1 {
-        return Err(EffectiveError::Disagree {
-            id,
-            names: names.into_iter().map(str::to_string).collect(),
-        });
-    }
-    let object_name = names[0];
-    let Some(object) = sim.get(kind.kind(), &ec.namespace, object_name) else {
-        return if group.all_optional() {
-            Ok((format!("{} (optional, missing)", object_name), BTreeMap::new()))
-        } else {
-            Err(EffectiveError::Missing {
-                kind: kind.kind(),
-                name: object_name.to_string(),
-            })
-        };
-    };
-    let content = Content::from_object(kind, &object)?.subset(group.key_subset().as_ref());
-    let mut data = BTreeMap::new();
-    for (k, v) in content.data.iter().chain(content.binary_data.iter()) {
-        let value = if kind == SourceKind::Secret || content.binary_data.contains_key(k) {
-            base64::engine::general_purpose::STANDARD
-                .decode(v)
-                .ok()
-                .and_then(|b| String::from_utf8(b).ok())
-                .unwrap_or_else(|| v.clone())
-        } else {
-            v.clone()
-        };
-        data.insert(k.clone(), value);
-    }
-    Ok((format!("{}/{object_name}", kind.kind()), data))
 }
 
 /// Prints a readable timeline of one scenario.

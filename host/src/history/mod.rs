@@ -1,0 +1,292 @@
+//! `history` and `diff`: which config each revision of a workload runs,
+//! read from the cluster alone. Every revision the controller keeps
+//! (ReplicaSets, ControllerRevisions) names its snapshots in its template,
+//! and a snapshot is immutable, so the config of revision 3 is still there
+//! to read while revision 3 is.
+//!
+//! Secret values never leave this module: a Secret's keys are compared by
+//! a digest of their values and shown by name only.
+//!
+//! - this module: which revisions a workload keeps, and what each pins;
+//! - [`values`]: a source's values in one revision, and what changed;
+//! - [`diff`]: two revisions compared; [`render`]: the text users read;
+//! - [`fetch`]: the objects a history needs, from a real API server.
+
+mod diff;
+mod fetch;
+mod render;
+mod values;
+
+use anyhow::{anyhow, bail, Result};
+use config_snapshot_policy::checksum::checksum_key;
+use config_snapshot_policy::keys;
+use config_snapshot_policy::kinds::{self, WorkloadKind};
+use config_snapshot_policy::references;
+use config_snapshot_policy::template::{self, Snapshots};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::memory::controllers::{REVISION_ANNOTATION, REVISION_HISTORY_ANNOTATION};
+use crate::view::View;
+pub use diff::{diff, Diff};
+pub use fetch::fetch;
+pub use render::{render_diff, render_history, Style};
+use values::{KeyChanges, Values};
+
+/// A workload named the way kubectl takes it: `deploy/web`,
+/// `statefulset/db`, `daemonsets/agent`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub kind: WorkloadKind,
+    pub name: String,
+}
+
+impl Target {
+    pub fn parse(text: &str) -> Result<Target> {
+        let (kind, name) = text
+            .split_once('/')
+            .filter(|(_, n)| !n.is_empty())
+            .ok_or_else(|| anyhow!("{text:?}: name a workload as KIND/NAME, e.g. deploy/web"))?;
+        let Some(kind) = kinds::named(kind).and_then(|k| WorkloadKind::from_kind(k.kind)) else {
+            bail!("{kind}: only workloads (Deployments, StatefulSets, DaemonSets) keep revisions");
+        };
+        Ok(Target {
+            kind,
+            name: name.to_string(),
+        })
+    }
+
+    /// The kind that holds this workload's revisions.
+    pub fn revision_kind(&self) -> &'static str {
+        self.kind.revisions().kind
+    }
+
+    fn template_path(&self) -> &'static str {
+        self.kind.revisions().template.unwrap_or_default()
+    }
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.kind.kind().to_ascii_lowercase(), self.name)
+    }
+}
+
+/// How a revision gets a source's config.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase", tag = "state")]
+pub enum State {
+    /// Pinned to an immutable snapshot.
+    Snapshot { snapshot: String },
+    /// It named a snapshot that no longer exists.
+    Collected { snapshot: String },
+    /// Checksum mode (a host without the write capability): the live
+    /// source, with a hash that rolls the workload out when it changes.
+    Checksum,
+    /// The live source, not opted in.
+    Live,
+    /// Optional and absent when the revision was made.
+    OptionalMissing,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceConfig {
+    /// `configmap/app-config`.
+    pub source: String,
+    #[serde(flatten)]
+    pub state: State,
+    /// Since the previous revision kept, when both have the values.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keys: Option<KeyChanges>,
+    #[serde(skip)]
+    values: Option<Values>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Revision {
+    pub revision: i64,
+    /// The ReplicaSet or ControllerRevision.
+    pub name: String,
+    pub age_seconds: Option<i64>,
+    pub current: bool,
+    /// The revisions this one was before a rollback made it current again.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rollback_of: Vec<i64>,
+    pub images: Vec<String>,
+    pub sources: Vec<SourceConfig>,
+    #[serde(skip)]
+    template: Value,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct History {
+    pub workload: String,
+    pub namespace: String,
+    pub revisions: Vec<Revision>,
+}
+
+/// The revisions of `target` the cluster still keeps, oldest first.
+pub fn history(cluster: &dyn View, target: &Target, namespace: &str, now: i64) -> Result<History> {
+    let workload = cluster
+        .get(target.kind.kind(), namespace, &target.name)
+        .ok_or_else(|| anyhow!("{target} not found in namespace {namespace}"))?;
+    let uid = workload["metadata"]["uid"].clone();
+    let mut kept: Vec<Value> = cluster
+        .objects()
+        .into_iter()
+        .filter(|o| o["kind"] == target.revision_kind() && o["metadata"]["namespace"] == namespace)
+        .filter(|o| {
+            o["metadata"]["ownerReferences"]
+                .as_array()
+                .is_some_and(|refs| refs.iter().any(|r| r["uid"] == uid))
+        })
+        .collect();
+    if kept.is_empty() {
+        bail!("{target} has no revisions yet (its controller has not made one)");
+    }
+    kept.sort_by_key(|r| revision_number(target, r));
+    let newest = kept.last().map(|r| revision_number(target, r));
+    let mut revisions: Vec<Revision> = Vec::new();
+    for object in &kept {
+        let template = object.pointer(target.template_path()).cloned().unwrap_or(Value::Null);
+        let mut sources = sources_of(cluster, namespace, &template);
+        if let Some(previous) = revisions.last() {
+            for source in &mut sources {
+                let before = previous.sources.iter().find(|s| s.source == source.source);
+                source.keys = KeyChanges::between(before.and_then(|b| b.values.as_ref()), source.values.as_ref());
+            }
+        }
+        let number = revision_number(target, object);
+        revisions.push(Revision {
+            revision: number,
+            name: object["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+            age_seconds: object["metadata"]["creationTimestamp"]
+                .as_str()
+                .and_then(config_snapshot_policy::duration::parse_rfc3339)
+                .map(|t| (now - t).max(0)),
+            current: Some(number) == newest,
+            rollback_of: object["metadata"]["annotations"][REVISION_HISTORY_ANNOTATION]
+                .as_str()
+                .map(|h| h.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+                .unwrap_or_default(),
+            images: template["spec"]["containers"]
+                .as_array()
+                .map(|cs| {
+                    cs.iter()
+                        .filter_map(|c| c["image"].as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            sources,
+            template,
+        });
+    }
+    Ok(History {
+        workload: target.to_string(),
+        namespace: namespace.to_string(),
+        revisions,
+    })
+}
+
+fn revision_number(target: &Target, revision: &Value) -> i64 {
+    if target.revision_kind() == "ReplicaSet" {
+        revision["metadata"]["annotations"][REVISION_ANNOTATION]
+            .as_str()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    } else {
+        revision["revision"].as_i64().unwrap_or(0)
+    }
+}
+
+/// Each source a revision's template reads, and where its config comes from.
+fn sources_of(cluster: &dyn View, namespace: &str, template: &Value) -> Vec<SourceConfig> {
+    let refs = references::collect(template);
+    let mut known = Snapshots::of(template);
+    // A snapshot the mapping does not name is still recognised by its labels.
+    for r in &refs {
+        if known.contains(r.kind, &r.name) || !template::looks_like_snapshot(&r.name) {
+            continue;
+        }
+        if let Some(object) = cluster.get(r.kind.kind(), namespace, &r.name) {
+            if keys::is_snapshot(&object) {
+                if let Some(source) = object["metadata"]["annotations"][keys::SOURCE_NAME].as_str() {
+                    known.insert(r.kind, &r.name, source);
+                }
+            }
+        }
+    }
+    template::group_by_source(&refs, &known)
+        .into_iter()
+        .map(|group| {
+            let id = group.id.clone();
+            let named = &group.refs[0].name;
+            let object = cluster.get(id.kind.kind(), namespace, named);
+            let (state, values) = if known.contains(id.kind, named) {
+                match &object {
+                    Some(o) => (
+                        State::Snapshot {
+                            snapshot: named.clone(),
+                        },
+                        Some(Values::of(id.kind, o)),
+                    ),
+                    None => (
+                        State::Collected {
+                            snapshot: named.clone(),
+                        },
+                        None,
+                    ),
+                }
+            } else if template::template_annotation(template, &checksum_key(&id)).is_some() {
+                (State::Checksum, None)
+            } else if object.is_none() && group.all_optional() {
+                (State::OptionalMissing, None)
+            } else {
+                (State::Live, None)
+            };
+            SourceConfig {
+                source: id.to_string(),
+                state,
+                keys: None,
+                values,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use config_snapshot_policy::source::SourceKind;
+
+    #[test]
+    fn workloads_are_named_as_kubectl_names_them() {
+        assert_eq!(Target::parse("deploy/web").unwrap().kind.kind(), "Deployment");
+        assert_eq!(Target::parse("StatefulSets/db").unwrap().kind.kind(), "StatefulSet");
+        assert_eq!(Target::parse("ds/agent").unwrap().revision_kind(), "ControllerRevision");
+        assert!(Target::parse("web").unwrap_err().to_string().contains("KIND/NAME"));
+        assert!(Target::parse("pod/web")
+            .unwrap_err()
+            .to_string()
+            .contains("keep revisions"));
+    }
+
+    #[test]
+    fn secret_values_are_compared_but_never_rendered() {
+        let a = Values::of(
+            SourceKind::Secret,
+            &serde_json::json!({"data": {"password": "Y2FuYXJ5"}}),
+        );
+        let b = Values::of(
+            SourceKind::Secret,
+            &serde_json::json!({"data": {"password": "b3RoZXI="}}),
+        );
+        let text = a.render(None) + &b.render(Some(&a));
+        assert!(!text.contains("Y2FuYXJ5") && !text.contains("b3RoZXI="), "{text}");
+        assert!(text.contains("password: <hidden, changed>"), "{text}");
+        let changes = KeyChanges::between(Some(&a), Some(&b)).unwrap();
+        assert_eq!(changes.changed, ["password"]);
+    }
+}

@@ -1,0 +1,218 @@
+//! One driver, two clusters: the lifecycle's driver carries the same
+//! deferred effects and the same periodic pass out once over replay's
+//! in-memory cluster and once over serve's kube-rs cluster, which talks
+//! HTTP to the stand-in API server. Both start from the same objects and
+//! must leave the same objects, resourceVersions included: the same writes,
+//! in the same order.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use config_snapshot::cluster::Cluster;
+use config_snapshot::lifecycle::resync::{PassHost, ReadmitError};
+use config_snapshot::lifecycle::{Driver, Effect, Ending, Next, Register, Rules, Silent};
+use config_snapshot::memory::Shared;
+use config_snapshot::serve::apiserver::KubeCluster;
+use config_snapshot::serve::cache::Cache;
+use config_snapshot::serve::metrics::Metrics;
+use config_snapshot_policy::content::{snapshot_object, Content};
+use config_snapshot_policy::duration::format_rfc3339;
+use config_snapshot_policy::kinds::KINDS;
+use config_snapshot_policy::settings::Settings;
+use config_snapshot_policy::source::{SourceId, SourceKind};
+use config_snapshot_testing::standin::ApiServer;
+use serde_json::{json, Value};
+
+const NOW: i64 = 1_800_000_000;
+
+fn snapshot(data: &str, uid: &str, rv: &str, age: i64) -> (String, Value) {
+    let content = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"mode": data}})).unwrap();
+    let (name, mut object) = snapshot_object(&SourceId::new(SourceKind::ConfigMap, "app"), "shop", "", &content);
+    object["metadata"]["uid"] = json!(uid);
+    object["metadata"]["resourceVersion"] = json!(rv);
+    object["metadata"]["creationTimestamp"] = json!(format_rfc3339(NOW - age));
+    (name, object)
+}
+
+fn hash(data: &str) -> String {
+    Content::from_object(SourceKind::ConfigMap, &json!({"data": {"mode": data}}))
+        .unwrap()
+        .hash()
+}
+
+/// A watcher of `app` on blue, its ReplicaSet, blue's snapshot, the source
+/// now green with green's snapshot made by its admission, and a snapshot
+/// nothing has used for an hour.
+fn cluster() -> (Vec<Value>, Vec<Effect>) {
+    let (blue, blue_snap) = snapshot("blue", "u-blue", "3", 7200);
+    let (green, green_snap) = snapshot("green", "u-green", "6", 10);
+    let (red, _) = snapshot("red", "u-red", "0", 0);
+    let (_, old_snap) = snapshot("old", "u-old", "2", 3600);
+    let template = json!({
+        "metadata": {"labels": {"app": "web"},
+                     "annotations": {"config-snapshot.io/snapshots": json!({"configmap/app": blue}).to_string()}},
+        "spec": {"containers": [{"name": "c", "image": "app:1", "envFrom": [{"configMapRef": {"name": blue}}]}]},
+    });
+    let web = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "shop", "uid": "u-web", "resourceVersion": "4", "generation": 1,
+                     "annotations": {"config-snapshot.io/watch": "app"}},
+        "spec": {"selector": {"matchLabels": {"app": "web"}}, "template": template}});
+    let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "metadata": {"name": "web-1", "namespace": "shop", "uid": "u-rs", "resourceVersion": "5",
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": "u-web", "controller": true}]},
+        "spec": {"template": template}});
+    let source = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "app", "namespace": "shop", "uid": "u-app", "resourceVersion": "7"},
+        "data": {"mode": "green"}});
+    let patch = |snapshot: &str, data: &str, source_version: &str| Effect::Patch {
+        namespace: "shop".into(),
+        request: json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "resourceVersion": "4",
+            "rollbacks": 0, "patch": [], "snapshot": snapshot,
+            "source": {"kind": "ConfigMap", "name": "app", "contentHash": hash(data), "resourceVersion": source_version}}),
+    };
+    let effects = vec![
+        // The ReplicaSet adopts blue.
+        Effect::Adopt {
+            namespace: "shop".into(),
+            owner_kind: "ReplicaSet".into(),
+            owner_name: "web-1".into(),
+            snapshots: vec![("ConfigMap".into(), blue.clone())],
+        },
+        // The edit to green landed: the watcher rolls out to green.
+        patch(&green, "green", "1"),
+        // An edit to red, overtaken by green: dropped, nothing to collect
+        // (red's snapshot was never made).
+        patch(&red, "red", "1"),
+    ];
+    (vec![web, rs, source, blue_snap, green_snap, old_snap], effects)
+}
+
+/// The pass's host where nothing is admitted again: this test is about
+/// what the driver writes, and effects queued by the pass run at once.
+struct Pass<'a>(&'a Driver<'a>);
+
+impl PassHost for Pass<'_> {
+    fn readmit(&self, _: &str, _: &Value, _: Option<&Value>) -> Result<Option<Value>, ReadmitError> {
+        Ok(None)
+    }
+    fn submit(&self, effect: Effect) {
+        if self.0.register.begin(&effect) {
+            self.0.step(&effect, false, 0);
+        }
+    }
+}
+
+/// Every effect, then one periodic pass; how each effect ended.
+fn drive(cluster: &dyn Cluster, effects: &[Effect]) -> Vec<Next> {
+    let rules = Rules {
+        settings: Settings::from_json(br#"{"orphanGracePeriod": "10m"}"#).unwrap(),
+        watch_min_interval: 30,
+    };
+    let register = Register::default();
+    let driver = Driver {
+        cluster,
+        rules: &rules,
+        register: &register,
+        observer: &Silent,
+    };
+    let endings = effects
+        .iter()
+        .map(|e| {
+            assert!(register.begin(e));
+            driver.step(e, false, 0)
+        })
+        .collect();
+    driver.resync(&Pass(&driver));
+    endings
+}
+
+fn everything(cluster: &dyn Cluster) -> Vec<Value> {
+    let mut out = Vec::new();
+    for k in &KINDS {
+        cluster
+            .list(k.kind, None, &Default::default(), &mut |o| out.push(o.clone()))
+            .unwrap();
+    }
+    out.sort_by_key(config_snapshot::cluster::key);
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_effects_leave_the_same_objects_in_memory_and_over_http() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (objects, effects) = cluster();
+
+    let memory = Arc::new(Shared::default());
+    memory.store().reset(&objects);
+    memory.store().now = NOW;
+    let in_memory = {
+        let (memory, effects) = (memory.clone(), effects.clone());
+        tokio::task::spawn_blocking(move || drive(memory.as_ref(), &effects))
+            .await
+            .unwrap()
+    };
+
+    let api = ApiServer::start().await;
+    api.reset(&objects);
+    api.fix_clock(NOW);
+    let client = kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap();
+    let cache = Arc::new(Cache::new());
+    let watchers = cache.start(client.clone());
+    while !cache.synced() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let kube = Arc::new(KubeCluster::new(
+        client,
+        cache,
+        tokio::runtime::Handle::current(),
+        Arc::new(Metrics::default()),
+    ));
+    kube.fix_clock(NOW);
+    let over_http = {
+        let (kube, effects) = (kube.clone(), effects.clone());
+        tokio::task::spawn_blocking(move || drive(kube.as_ref(), &effects))
+            .await
+            .unwrap()
+    };
+    for w in watchers {
+        w.abort();
+    }
+
+    // The effects ended the same way, and as the rules say.
+    assert_eq!(in_memory, over_http);
+    assert_eq!(
+        in_memory,
+        [
+            Next::Over(Ending::Done),
+            Next::Over(Ending::Done),
+            Next::Over(Ending::Dropped)
+        ]
+    );
+    // The same objects, version for version.
+    let (left, right) = (everything(memory.as_ref()), everything(kube.as_ref()));
+    let names = |v: &[Value]| v.iter().map(config_snapshot::cluster::key).collect::<Vec<_>>();
+    assert_eq!(names(&left), names(&right));
+    for (a, b) in left.iter().zip(&right) {
+        assert_eq!(a, b, "{:?} differs", config_snapshot::cluster::key(a));
+    }
+    // And what was written is what the rules decide: blue adopted by the
+    // ReplicaSet (and, for the while the Deployment named it, by the
+    // Deployment, which the pass then released), the watcher on green, the
+    // hour-old unused snapshot swept.
+    let web = left.iter().find(|o| o["kind"] == "Deployment").unwrap();
+    let env = &web["spec"]["template"]["spec"]["containers"][0]["envFrom"][0]["configMapRef"]["name"];
+    assert!(env.as_str().unwrap().starts_with("app-") && *env != objects[3]["metadata"]["name"]);
+    assert_eq!(*env, objects[4]["metadata"]["name"], "rolled out to green");
+    let blue = left.iter().find(|o| o["metadata"]["uid"] == "u-blue").unwrap();
+    let owners: Vec<&str> = blue["metadata"]["ownerReferences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(owners, ["ReplicaSet"]);
+    assert!(
+        !left.iter().any(|o| o["metadata"]["uid"] == "u-old"),
+        "the unused snapshot was swept"
+    );
+}
