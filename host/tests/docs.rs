@@ -96,14 +96,27 @@ fn skeleton(s: &str) -> String {
     out.replace("{…}{…}", "{…}")
 }
 
+/// Every `.rs` file under `dir`, its subdirectories included.
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+    out
+}
+
 fn code_messages() -> BTreeSet<String> {
     let mut out = BTreeSet::new();
-    let policy: Vec<PathBuf> = std::fs::read_dir(root().join("src"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
+    let policy: Vec<PathBuf> = rust_files(&root().join("src"))
+        .into_iter()
         .filter(|p| {
             let name = p.file_name().unwrap().to_string_lossy();
-            name.ends_with(".rs") && !name.ends_with("_tests.rs") && name != "fake.rs"
+            !name.ends_with("_tests.rs") && name != "fake.rs"
         })
         .collect();
     for file in policy {

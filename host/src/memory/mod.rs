@@ -6,7 +6,8 @@
 //! - [`store`]: objects, versions, generations, the clock;
 //! - [`shared`]: what the policy's host calls reach (a plain cluster for
 //!   the capability), replay's faults and its timeline;
-//! - this module: the API server's write path (defaulting, immutability,
+//! - this module: the cluster's state and what replay's steps ask of it;
+//! - [`write`]: the API server's write path (defaulting, immutability,
 //!   admission, persistence);
 //! - [`cluster`]: the simulator as a [`crate::cluster::Cluster`], whose
 //!   writes take that path, for the lifecycle's driver;
@@ -23,26 +24,23 @@ pub mod scheduler;
 pub mod shared;
 pub mod store;
 pub mod timeline;
+mod write;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use anyhow::{bail, Result};
-use base64::Engine as _;
-use config_snapshot_policy::keys;
-use config_snapshot_policy::kinds;
+use anyhow::Result;
 use config_snapshot_policy::settings::Settings;
 use serde_json::{json, Value};
 
-use crate::capability::{Caller, Capability};
 use crate::cluster::Key;
 use crate::engine::Engine;
 use crate::lifecycle::{Effect, Register, Rules as EffectRules};
 use crate::rules::Rules;
 use shared::lock;
 pub use shared::{Fault, Rollout, Shared};
-use store::key_of;
+pub(crate) use write::prepare;
 
 /// One admission as replay evaluated it, with the cluster it saw: lets a
 /// test put another host (serve's, against an API server) in the same
@@ -202,211 +200,4 @@ impl Simulator {
         self.reconcile(&stored)?;
         self.settle()
     }
-
-    fn next_request_uid(&self) -> String {
-        let n = self.requests.fetch_add(1, Ordering::SeqCst) + 1;
-        format!("req-{n:04}")
-    }
-
-    /// Builds the AdmissionRequest the API server would send.
-    pub fn admission_request(
-        &self,
-        operation: &str,
-        object: &Value,
-        old: Option<&Value>,
-        dry_run: bool,
-        actor: &str,
-    ) -> Value {
-        let kind = object["kind"].as_str().unwrap_or_default();
-        let api_version = object["apiVersion"].as_str().unwrap_or("v1");
-        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
-        let gvk = json!({"group": group, "version": version, "kind": kind});
-        let plural = kinds::find(kind).map_or("", |k| k.plural);
-        let gvr = json!({"group": group, "version": version, "resource": plural});
-        json!({
-            "uid": self.next_request_uid(),
-            "kind": gvk, "resource": gvr, "requestKind": gvk, "requestResource": gvr,
-            "name": object["metadata"]["name"],
-            "namespace": object["metadata"]["namespace"].as_str().unwrap_or("default"),
-            "operation": operation,
-            "userInfo": {"username": actor},
-            "object": object,
-            "oldObject": old,
-            "dryRun": dry_run,
-            "options": {},
-        })
-    }
-
-    /// Evaluates a request that will not be persisted (`review`): its
-    /// deferred effects are dropped, as the API server never stores it.
-    pub fn review_only(&self, request: &Value) -> Result<(Admission, Option<Value>)> {
-        let result = self.review(request);
-        self.drop_staged(request["uid"].as_str());
-        result
-    }
-
-    /// Sends one AdmissionRequest to the policy, with this cluster as host.
-    /// Its deferred effects wait under its uid until [`Simulator::release`].
-    pub fn review(&self, request: &Value) -> Result<(Admission, Option<Value>)> {
-        let capability = Arc::new(
-            Capability::new(
-                self.shared.clone(),
-                Caller::of(request),
-                self.effect_rules.settings.orphan_grace_period_secs,
-                self.register.clone(),
-                self.shared.clone(),
-            )
-            .with_faults(self.shared.clone()),
-        );
-        let recording = lock(&self.recorder).is_some();
-        let before = recording.then(|| (self.objects(), self.now()));
-        let faulted = self.shared.faults_armed();
-        let webhook = self.webhook.read().unwrap_or_else(|e| e.into_inner()).clone();
-        let response = match webhook {
-            Some(webhook) => webhook(request)?,
-            None => self.engine.validate(request, &self.settings, capability.clone())?,
-        };
-        let uid = request["uid"].as_str().unwrap_or_default().to_string();
-        lock(&self.staged).extend(capability.take_staged().into_iter().map(|e| (uid.clone(), e)));
-        if let Some((before, now)) = before {
-            let after = self.objects();
-            if let Some(recorder) = lock(&self.recorder).as_mut() {
-                recorder.push(Recorded {
-                    request: request.clone(),
-                    settings: self.settings.clone(),
-                    now,
-                    before,
-                    after,
-                    response: response.clone(),
-                    faulted,
-                });
-            }
-        }
-        let allowed = response["accepted"].as_bool().unwrap_or(false);
-        let mutated = response.get("mutated_object").filter(|v| !v.is_null()).cloned();
-        let admission = Admission {
-            allowed,
-            message: response["message"].as_str().map(str::to_string),
-            warnings: response["warnings"]
-                .as_array()
-                .map(|w| w.iter().filter_map(|s| s.as_str().map(str::to_string)).collect())
-                .unwrap_or_default(),
-            response,
-        };
-        Ok((admission, mutated))
-    }
-
-    /// The API server's write path: validation it does itself, admission,
-    /// persistence, then the controllers that watch what changed. Objects
-    /// with config-snapshot's label skip admission, as the webhook's
-    /// objectSelector makes them.
-    pub(crate) fn write(&self, object: Value, old: Option<Value>, dry_run: bool, actor: &str) -> Result<Admission> {
-        let (kind, _, name) = key_of(&object);
-        let operation = if old.is_some() { "UPDATE" } else { "CREATE" };
-        if let Some(refusal) = refuse_immutable_change(old.as_ref(), &object) {
-            self.note(format!(
-                "{operation} {kind}/{name} refused by the API server: field is immutable"
-            ));
-            return Ok(refusal);
-        }
-        let api_version = object["apiVersion"].as_str().unwrap_or("v1").to_string();
-        let mut admission = Admission {
-            allowed: true,
-            ..Default::default()
-        };
-        let mut object = object;
-        let mut uid = None;
-        let plural = kinds::find(&kind).map_or("", |k| k.plural);
-        if self.rules.matches(&api_version, plural, operation) && !keys::is_snapshot(&object) {
-            let request = self.admission_request(operation, &object, old.as_ref(), dry_run, actor);
-            uid = request["uid"].as_str().map(str::to_string);
-            let (a, mutated) = self.review(&request)?;
-            admission = a;
-            for w in &admission.warnings {
-                self.note(format!("warning: {w}"));
-            }
-            if !admission.allowed {
-                self.note(format!(
-                    "{operation} {kind}/{name} refused: {}",
-                    admission.message.as_deref().unwrap_or("no message")
-                ));
-                self.drop_staged(uid.as_deref());
-                return Ok(admission);
-            }
-            if let Some(m) = mutated {
-                self.note(format!(
-                    "{operation} {kind}/{name} admitted and mutated: {}",
-                    timeline::describe_rewrite(&object, &m, old.as_ref())
-                ));
-                object = m;
-            } else {
-                self.note(format!("{operation} {kind}/{name} admitted"));
-            }
-        } else {
-            self.note(format!("{operation} {kind}/{name}"));
-        }
-        if dry_run {
-            self.note(format!("dry run: {kind}/{name} not persisted"));
-            self.drop_staged(uid.as_deref());
-            return Ok(admission);
-        }
-        self.populate_namespace(object["metadata"]["namespace"].as_str().unwrap_or("default"));
-        let stored = self.shared.store().persist(object);
-        if let Some(uid) = uid {
-            self.release(&uid);
-        }
-        self.reconcile(&stored)?;
-        self.settle()?;
-        Ok(admission)
-    }
-}
-
-/// The API server refuses a data change of an immutable ConfigMap or Secret.
-fn refuse_immutable_change(old: Option<&Value>, new: &Value) -> Option<Admission> {
-    let old = old?;
-    let content = |o: &Value| (o.get("data").cloned(), o.get("binaryData").cloned());
-    if old["immutable"] != true || content(old) == content(new) {
-        return None;
-    }
-    let (kind, _, name) = key_of(new);
-    Some(Admission {
-        allowed: false,
-        message: Some(format!(
-            "{kind} {name:?} is invalid: data: Forbidden: field is immutable when `immutable` is set"
-        )),
-        ..Default::default()
-    })
-}
-
-/// What the API server does to an object before admission: fill in the
-/// apiVersion and namespace, and fold a Secret's `stringData` into `data`.
-pub(crate) fn prepare(mut object: Value, old: Option<&Value>) -> Result<Value> {
-    if !object.is_object() || object["kind"].as_str().is_none() || object["metadata"]["name"].as_str().is_none() {
-        bail!("an object needs kind and metadata.name");
-    }
-    if object["apiVersion"].as_str().is_none() {
-        if let Some(k) = kinds::find(object["kind"].as_str().unwrap_or_default()) {
-            object["apiVersion"] = json!(k.api_version);
-        }
-    }
-    if object["metadata"]["namespace"].as_str().is_none() {
-        object["metadata"]["namespace"] = json!(old
-            .and_then(|o| o["metadata"]["namespace"].as_str())
-            .unwrap_or("default"));
-    }
-    if object["kind"] == "Secret" {
-        if let Some(Value::Object(string_data)) = object.as_object_mut().and_then(|o| o.remove("stringData")) {
-            if !object["data"].is_object() {
-                object["data"] = json!({});
-            }
-            for (k, v) in string_data {
-                let encoded = base64::engine::general_purpose::STANDARD.encode(v.as_str().unwrap_or_default());
-                object["data"][k] = json!(encoded);
-            }
-        }
-        if object.get("type").is_none() {
-            object["type"] = json!("Opaque");
-        }
-    }
-    Ok(object)
 }

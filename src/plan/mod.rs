@@ -8,15 +8,22 @@
 //! source to snapshot, the revisions a rollback is looked up in), which
 //! the admission answers from the host and a test from plain data.
 
+//!
+//! - this module: the plan, and each source's snapshot;
+//! - [`judge`]: what kind of write the admission is;
+//! - [`record`]: renewals and the rollback record.
+
+mod judge;
+mod record;
+
 use serde_json::Value;
 
 use crate::content::{self, Content};
-use crate::duration::parse_rfc3339;
 use crate::keys;
 use crate::kinds::WorkloadKind;
 use crate::optin::OptIn;
 use crate::reads::Lookup;
-use crate::records::{generation, Rollback, WatchRollout};
+use crate::records::Rollback;
 use crate::references::{self, Reference, SourceRefs};
 use crate::request::{Rejection, SAY};
 use crate::settings::{OnMissingSource, OnSnapshotFailure, Settings};
@@ -226,132 +233,6 @@ impl<'a> Planner<'a> {
         known
     }
 
-    fn classify(
-        &self,
-        refs: &[Reference],
-        old_refs: &[Reference],
-        known: &Snapshots,
-        warnings: &mut Vec<String>,
-    ) -> Change {
-        let mut revisions: Option<RevisionMatch> = None;
-        let (Some(old), Some(old_template)) = (self.old, self.old_template()) else {
-            return Change::Create;
-        };
-        let new_normal = template::normalise_with(self.template(), known);
-        let mut matched = || *revisions.get_or_insert_with(|| self.match_revisions(&new_normal, known, warnings));
-        if template::normalise_with(old_template, known) == new_normal {
-            // A reference now naming another snapshot moved. One naming its
-            // source again is a re-applied manifest (server-side apply
-            // writes source names back): nothing moved.
-            let moved = refs
-                .iter()
-                .zip(old_refs)
-                .any(|(a, b)| a.name != b.name && known.contains(a.kind, &a.name));
-            if self.template() == old_template {
-                Change::NoOp
-            } else if WatchRollout::made(self.object, old) {
-                Change::WatchRollout
-            } else if matched().exact {
-                // Whatever moved (references, `renewed-at`, names back to a
-                // source): a revision's template put back is a rollback.
-                Change::Rollback
-            } else if moved {
-                Change::Repointed
-            } else {
-                // A source name written back over its snapshot (server-side
-                // apply of the manifest), or the policy's annotations
-                // changed: nothing a user changed.
-                Change::NoOp
-            }
-        } else if matched().normalised {
-            Change::Rollback
-        } else {
-            Change::RollForward
-        }
-    }
-
-    /// Whether a renewal is due now, and the `renewed-at` to record. The
-    /// renew period runs from the last renewal or the last rollback,
-    /// whichever is later.
-    fn renewal(&self, change: Change) -> (bool, Option<i64>) {
-        let Some(every) = self.optin.renew_secs else {
-            return (false, None);
-        };
-        let renewed = template::template_annotation(self.template(), keys::RENEWED_AT).and_then(parse_rfc3339);
-        if change == Change::Rollback || !change.may_renew() {
-            return (false, renewed);
-        }
-        let rolled_back = self.old.and_then(Rollback::of).map(|r| r.at);
-        let last = renewed.max(rolled_back);
-        let now = self.now;
-        match last {
-            Some(t) if now.saturating_sub(t) < every as i64 => (false, renewed),
-            _ => (true, Some(now)),
-        }
-    }
-
-    /// The rollback record the workload carries after this admission.
-    fn rollback_record(
-        &self,
-        change: Change,
-        renewing: bool,
-        groups: &[SourceRefs],
-        old_refs: &[Reference],
-        known: &Snapshots,
-    ) -> Option<Rollback> {
-        match change {
-            // A record copied from another object speaks of its generations.
-            Change::Create => None,
-            Change::Rollback => Some(Rollback {
-                // Settled by the admission once the written spec is known
-                // (`records::generation_after`).
-                generation: self.old.map(generation).unwrap_or(0) + 1,
-                count: self.old.map_or(0, Rollback::count_of) + 1,
-                at: self.now,
-                sources: groups
-                    .iter()
-                    .filter(|g| self.optin.watches(&g.id, self.settings))
-                    .filter_map(|g| Some((g.id.clone(), self.declined(g)?)))
-                    .collect(),
-            }),
-            // The record is the host's bookkeeping: it is carried from the
-            // live object, whatever the write says (`kubectl rollout undo`
-            // copies a ReplicaSet's older annotations back).
-            _ => {
-                let mut record = self.old.and_then(Rollback::of)?;
-                if renewing || change == Change::RollForward {
-                    record.sources.clear();
-                } else {
-                    // A source whose references moved is no longer held.
-                    let old_groups = template::group_by_source(old_refs, known);
-                    record.sources.retain(|(id, _)| {
-                        let names = |gs: &[SourceRefs]| {
-                            gs.iter()
-                                .find(|g| g.id == *id)
-                                .map(|g| g.refs.iter().map(|r| r.name.clone()).collect::<Vec<_>>())
-                        };
-                        names(groups) == names(&old_groups)
-                    });
-                }
-                Some(record)
-            }
-        }
-    }
-
-    /// The snapshot the source's current content would get: what this
-    /// rollback declines. `""` when the source could not be read (nothing
-    /// may roll it forward until its references move); none when it does
-    /// not exist (its creation is a change).
-    fn declined(&self, group: &SourceRefs) -> Option<String> {
-        match self.lookup.source(group.id.kind, &group.id.name) {
-            Ok(Some(source)) => Content::from_object(group.id.kind, &source)
-                .ok()
-                .map(|c| content::snapshot_name(&group.id.name, &c.subset(group.key_subset().as_ref()).hash())),
-            Ok(None) => None,
-            Err(_) => Some(String::new()),
-        }
-    }
-
     /// Reads the source and builds its snapshot. `Ok(None)` leaves the
     /// references as they are; `Err` rejects the request.
     fn snapshot_of(
@@ -416,65 +297,10 @@ impl<'a> Planner<'a> {
             .unwrap_or("");
         Ok(Some(content::snapshot_object(id, self.namespace, rv, &content)))
     }
-
-    /// Looks the new template up among this workload's revisions. The
-    /// lookup lists them with field masks, so only owners and templates
-    /// cross the host boundary.
-    fn match_revisions(&self, normalised: &Value, known: &Snapshots, warnings: &mut Vec<String>) -> RevisionMatch {
-        let uid = self.object.pointer("/metadata/uid").and_then(Value::as_str);
-        let selector = label_selector(self.object.pointer("/spec/selector/matchLabels"));
-        let revision = self.kind.revisions();
-        let template_mask = revision
-            .template
-            .unwrap_or_default()
-            .trim_start_matches('/')
-            .replace('/', ".");
-        let masks = ["metadata.ownerReferences", template_mask.as_str()];
-        let revisions = match self.lookup.revisions(revision, selector, &masks) {
-            Ok(items) => items,
-            Err(e) => {
-                warnings.push(format!(
-                    "{SAY}could not list {}s to detect a rollback, treated as a new rollout: {e}",
-                    revision.kind
-                ));
-                return RevisionMatch::default();
-            }
-        };
-        let new_raw = template::without_controller_marks(self.template());
-        let mut found = RevisionMatch::default();
-        for rev in revisions.iter().filter(|r| owned_by(r, uid, self.kind.kind())) {
-            let Some(t) = revision.template_of(rev) else { continue };
-            if template::normalise_with(t, known) == *normalised {
-                found.normalised = true;
-                found.exact |= template::without_controller_marks(t) == new_raw;
-            }
-        }
-        found
-    }
 }
 
 /// The snapshot every reference of the group names, if they all name one.
 fn current_snapshot(group: &SourceRefs) -> Option<String> {
     let first = &group.refs.first()?.name;
     (first != &group.id.name && group.refs.iter().all(|r| &r.name == first)).then(|| first.clone())
-}
-
-fn owned_by(object: &Value, uid: Option<&str>, kind: &str) -> bool {
-    let Some(owners) = object.pointer("/metadata/ownerReferences").and_then(Value::as_array) else {
-        return false;
-    };
-    owners.iter().any(|o| {
-        o.get("kind").and_then(Value::as_str) == Some(kind)
-            && uid.is_none_or(|uid| o.get("uid").and_then(Value::as_str) == Some(uid))
-    })
-}
-
-/// `matchLabels` as a label selector string, to narrow the revision list.
-fn label_selector(match_labels: Option<&Value>) -> Option<String> {
-    let labels = match_labels?.as_object()?;
-    let parts: Vec<String> = labels
-        .iter()
-        .filter_map(|(k, v)| v.as_str().map(|v| format!("{k}={v}")))
-        .collect();
-    (!parts.is_empty()).then(|| parts.join(","))
 }

@@ -1,0 +1,96 @@
+//! What an admission records: the renewal it makes, if one is due, and
+//! the rollback record the workload carries afterwards (docs/design.md,
+//! "A rollback always wins").
+
+use crate::content::{self, Content};
+use crate::duration::parse_rfc3339;
+use crate::keys;
+use crate::records::{generation, Rollback};
+use crate::references::{Reference, SourceRefs};
+use crate::template::{self, Snapshots};
+
+use super::{Change, Planner};
+
+impl Planner<'_> {
+    /// Whether a renewal is due now, and the `renewed-at` to record. The
+    /// renew period runs from the last renewal or the last rollback,
+    /// whichever is later.
+    pub(super) fn renewal(&self, change: Change) -> (bool, Option<i64>) {
+        let Some(every) = self.optin.renew_secs else {
+            return (false, None);
+        };
+        let renewed = template::template_annotation(self.template(), keys::RENEWED_AT).and_then(parse_rfc3339);
+        if change == Change::Rollback || !change.may_renew() {
+            return (false, renewed);
+        }
+        let rolled_back = self.old.and_then(Rollback::of).map(|r| r.at);
+        let last = renewed.max(rolled_back);
+        let now = self.now;
+        match last {
+            Some(t) if now.saturating_sub(t) < every as i64 => (false, renewed),
+            _ => (true, Some(now)),
+        }
+    }
+
+    /// The rollback record the workload carries after this admission.
+    pub(super) fn rollback_record(
+        &self,
+        change: Change,
+        renewing: bool,
+        groups: &[SourceRefs],
+        old_refs: &[Reference],
+        known: &Snapshots,
+    ) -> Option<Rollback> {
+        match change {
+            // A record copied from another object speaks of its generations.
+            Change::Create => None,
+            Change::Rollback => Some(Rollback {
+                // Settled by the admission once the written spec is known
+                // (`records::generation_after`).
+                generation: self.old.map(generation).unwrap_or(0) + 1,
+                count: self.old.map_or(0, Rollback::count_of) + 1,
+                at: self.now,
+                sources: groups
+                    .iter()
+                    .filter(|g| self.optin.watches(&g.id, self.settings))
+                    .filter_map(|g| Some((g.id.clone(), self.declined(g)?)))
+                    .collect(),
+            }),
+            // The record is the host's bookkeeping: it is carried from the
+            // live object, whatever the write says (`kubectl rollout undo`
+            // copies a ReplicaSet's older annotations back).
+            _ => {
+                let mut record = self.old.and_then(Rollback::of)?;
+                if renewing || change == Change::RollForward {
+                    record.sources.clear();
+                } else {
+                    // A source whose references moved is no longer held.
+                    let old_groups = template::group_by_source(old_refs, known);
+                    record.sources.retain(|(id, _)| {
+                        let names = |gs: &[SourceRefs]| {
+                            gs.iter()
+                                .find(|g| g.id == *id)
+                                .map(|g| g.refs.iter().map(|r| r.name.clone()).collect::<Vec<_>>())
+                        };
+                        names(groups) == names(&old_groups)
+                    });
+                }
+                Some(record)
+            }
+        }
+    }
+
+    /// The snapshot the source's current content would get: what this
+    /// rollback declines. `""` when the source could not be read (nothing
+    /// may roll it forward until its references move); none when it does
+    /// not exist (its creation is a change).
+    pub(super) fn declined(&self, group: &SourceRefs) -> Option<String> {
+        match self.lookup.source(group.id.kind, &group.id.name) {
+            Ok(Some(source)) => Content::from_object(group.id.kind, &source)
+                .ok()
+                .map(|c| content::snapshot_name(&group.id.name, &c.subset(group.key_subset().as_ref()).hash())),
+            Ok(None) => None,
+            Err(_) => Some(String::new()),
+        }
+    }
+}
