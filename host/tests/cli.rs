@@ -118,20 +118,20 @@ fn a_precompiled_module_is_used_only_for_its_own_policy() {
     let module = std::fs::read(policy()).unwrap();
     let timeout = Engine::DEFAULT_TIMEOUT;
 
-    let (engine, how) = Engine::load_prepared(&module, Some(&precompiled), timeout).unwrap();
+    let (engine, how) = Engine::load_prepared(&module, Some(&precompiled), timeout, Default::default()).unwrap();
     assert_eq!(how, "precompiled");
     assert_eq!(engine.validate_settings(&serde_json::json!({})).unwrap(), Ok(()));
 
     // Another policy: the same code plus a custom section `x`.
     let mut other = module.clone();
     other.extend_from_slice(&[0x00, 0x02, 0x01, b'x']);
-    let (_, how) = Engine::load_prepared(&other, Some(&precompiled), timeout).unwrap();
+    let (_, how) = Engine::load_prepared(&other, Some(&precompiled), timeout, Default::default()).unwrap();
     assert!(how.contains("made for another policy"), "{how}");
 
     let mut damaged = precompiled.clone();
     let cut = damaged.len() / 2;
     damaged.truncate(cut);
-    let (engine, how) = Engine::load_prepared(&module, Some(&damaged), timeout).unwrap();
+    let (engine, how) = Engine::load_prepared(&module, Some(&damaged), timeout, Default::default()).unwrap();
     assert!(how.contains("does not fit this engine"), "{how}");
     assert_eq!(engine.validate_settings(&serde_json::json!({})).unwrap(), Ok(()));
     let _ = std::fs::remove_dir_all(&dir);

@@ -93,6 +93,16 @@ pub struct Options {
     /// The policy's deadline per request (Go duration).
     #[arg(long, default_value = "2s")]
     pub policy_timeout: String,
+    /// Policy instances alive at once: admissions evaluated together (one
+    /// is kept for the resync). Each takes up to --policy-memory-mib, so
+    /// their product must fit the container's memory limit beside the
+    /// caches (deploy/serve: 8 × 48 MiB of a 512 MiB limit).
+    #[arg(long, default_value = "8")]
+    pub policy_instances: u32,
+    /// One policy instance's memory limit, in MiB: an instance that needs
+    /// more is stopped and its admission answered with an error.
+    #[arg(long, default_value = "48")]
+    pub policy_memory_mib: usize,
     /// Compete for a Lease so that one replica runs the resync and the
     /// sweep; every replica serves admissions either way.
     #[arg(long)]
@@ -112,6 +122,23 @@ pub struct Options {
 }
 
 impl Options {
+    /// The engine's limits from `--policy-instances` and
+    /// `--policy-memory-mib`.
+    pub fn engine_limits(&self) -> Result<crate::engine::Limits> {
+        if self.policy_instances < 2 {
+            return Err(anyhow!("--policy-instances: at least 2 (one is kept for the resync)"));
+        }
+        let memory_bytes = self
+            .policy_memory_mib
+            .checked_mul(1 << 20)
+            .filter(|b| *b >= 4 << 20)
+            .ok_or_else(|| anyhow!("--policy-memory-mib: at least 4"))?;
+        Ok(crate::engine::Limits {
+            instances: self.policy_instances,
+            memory_bytes,
+        })
+    }
+
     /// serve's own defaults (the flags' defaults, read by clap) for the
     /// module at `policy`: tests and benches that build serve in process
     /// change only what they need.
@@ -182,6 +209,7 @@ pub fn build(options: &Options, client: Client, module: &[u8]) -> Result<(Arc<St
         module,
         precompiled.as_deref(),
         Duration::from_secs(duration("policy-timeout", &options.policy_timeout)?),
+        options.engine_limits()?,
     )?;
     tracing::info!(how = %how, millis = started.elapsed().as_millis() as u64, "policy ready");
     build_with_engine(options, client, Arc::new(engine))
@@ -193,6 +221,7 @@ pub fn build_with_engine(
     client: Client,
     engine: Arc<Engine>,
 ) -> Result<(Arc<State>, queue::Worker)> {
+    let engine_instances = engine.limits().instances as usize;
     let settings: Value = serde_json::from_str(&options.settings_json).context("--settings-json is not JSON")?;
     if let Err(message) = engine.validate_settings(&settings)? {
         return Err(anyhow!("invalid settings: {message}"));
@@ -238,7 +267,7 @@ pub fn build_with_engine(
         queue,
         metrics,
         shutting_down: AtomicBool::new(false),
-        evaluations: tokio::sync::Semaphore::new(crate::engine::MAX_CONCURRENT_INSTANCES as usize - 1),
+        evaluations: tokio::sync::Semaphore::new(engine_instances.saturating_sub(1).max(1)),
         ids: AtomicU64::new(0),
     });
     Ok((state, worker))

@@ -2,19 +2,28 @@
 //! module compiled once, and a fresh instance for every request, so a
 //! trapped or timed-out evaluation cannot leak state (or locks) into the
 //! next. An epoch ticker stops a runaway policy.
+//!
+//! The waPC host is ours ([`wapc`]), on wasmtime directly: the module is
+//! linked once into an `InstancePre` (the WASI and waPC imports resolved),
+//! so a request costs an instantiation from the pooling allocator and
+//! nothing else, and every pointer the guest hands the host is checked.
+
+mod wapc;
 
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{anyhow, Context as _, Result};
 use config_snapshot_policy::host_error::{Code, HostError};
 use serde_json::Value;
-use wapc::WapcHost;
-use wasmtime_provider::wasmtime;
-use wasmtime_provider::{EpochDeadlines, WasmtimeEngineProviderBuilder, WasmtimeEngineProviderPre};
+use wasmtime::{InstancePre, Linker, Module, Store, Trap};
+use wasmtime_wasi::WasiCtxBuilder;
+
+pub use wapc::MAX_PAYLOAD;
+use wapc::{Budget, Guest, OverBudget, ProtocolError};
 
 /// Answers the guest's host calls for one request.
 pub trait CallHandler: Send + Sync {
@@ -43,30 +52,32 @@ pub enum EngineError {
     /// Stopped by the epoch deadline: its instance is discarded.
     #[error("policy {function} ran past its deadline of {deadline:?} and was stopped")]
     Deadline { function: String, deadline: Duration },
+    /// Its memory would have grown past the instance's limit.
+    #[error("policy {function} needed more than its {limit} bytes of memory and was stopped")]
+    Memory { function: String, limit: usize },
     #[error("policy {function} failed: {message}")]
     Guest { function: String, message: String },
 }
 
-/// A host error on its way to the guest: waPC carries its `Display`, so
-/// ours is the JSON the guest reads its code from.
-#[derive(Debug)]
-struct Wire(CallFailure);
+/// How much one engine may run at once: the instances alive together, and
+/// each one's memory. Their product is what the policy can take of the
+/// process's memory (serve sizes it to its container's limit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub instances: u32,
+    pub memory_bytes: usize,
+}
 
-impl fmt::Display for Wire {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.0 {
-            CallFailure::Ours(e) => f.write_str(&String::from_utf8_lossy(&e.to_bytes())),
-            CallFailure::Foreign(text) => f.write_str(text),
+impl Default for Limits {
+    /// Far above what a 1.5 MiB object needs, and 16 at once: for the CLI
+    /// and tests. serve takes its own from its flags.
+    fn default() -> Limits {
+        Limits {
+            instances: 16,
+            memory_bytes: 64 << 20,
         }
     }
 }
-
-impl std::error::Error for Wire {}
-
-/// Instances alive at once per engine (concurrent requests).
-pub const MAX_CONCURRENT_INSTANCES: u32 = 64;
-/// A policy instance's memory cap: far above what a 1.5 MiB object needs.
-const MAX_MEMORY_BYTES: usize = 256 << 20;
 
 /// Memory kept resident per pool slot between instances.
 const KEEP_RESIDENT_BYTES: usize = 4 << 20;
@@ -75,9 +86,11 @@ const KEEP_RESIDENT_BYTES: usize = 4 << 20;
 const TICK: Duration = Duration::from_millis(10);
 
 pub struct Engine {
-    pre: WasmtimeEngineProviderPre,
-    deadlines: EpochDeadlines,
+    engine: wasmtime::Engine,
+    pre: InstancePre<Guest>,
+    ticks: u64,
     timeout: Duration,
+    limits: Limits,
 }
 
 impl Engine {
@@ -91,20 +104,29 @@ impl Engine {
     }
 
     pub fn from_bytes(bytes: &[u8], timeout: Duration) -> Result<Engine> {
-        let engine = new_wasmtime_engine()?;
-        let module = wasmtime::Module::new(&engine, bytes).map_err(|e| anyhow!("compiling the policy: {e}"))?;
-        Engine::from_module(engine, module, timeout)
+        Engine::compile(bytes, timeout, Limits::default())
+    }
+
+    /// Compiles `bytes` for an engine with these limits.
+    pub fn compile(bytes: &[u8], timeout: Duration, limits: Limits) -> Result<Engine> {
+        let engine = new_wasmtime_engine(limits)?;
+        let module = Module::new(&engine, bytes).map_err(|e| anyhow!("compiling the policy: {e}"))?;
+        Engine::from_module(engine, module, timeout, limits)
     }
 
     /// Loads a module precompiled by [`Engine::precompile`] (trusted input:
     /// our own cache, never user-supplied bytes).
     pub fn from_precompiled(bytes: &[u8], timeout: Duration) -> Result<Engine> {
-        let engine = new_wasmtime_engine()?;
+        Engine::deserialize(bytes, timeout, Limits::default())
+    }
+
+    fn deserialize(bytes: &[u8], timeout: Duration, limits: Limits) -> Result<Engine> {
+        let engine = new_wasmtime_engine(limits)?;
         // SAFETY: the bytes come from `Module::serialize` with the same
         // wasmtime version and config, which wasmtime checks on load.
-        let module = unsafe { wasmtime::Module::deserialize(&engine, bytes) }
+        let module = unsafe { Module::deserialize(&engine, bytes) }
             .map_err(|e| anyhow!("loading the precompiled policy: {e}"))?;
-        Engine::from_module(engine, module, timeout)
+        Engine::from_module(engine, module, timeout, limits)
     }
 
     /// A precompiled module for `module`, stamped with the module's digest
@@ -118,77 +140,122 @@ impl Engine {
     /// The engine for `module`, from `precompiled` when that was made for
     /// this very module by this wasmtime with this configuration (wasmtime
     /// checks the last two on load); else compiled here. Answers which.
-    pub fn load_prepared(module: &[u8], precompiled: Option<&[u8]>, timeout: Duration) -> Result<(Engine, String)> {
+    pub fn load_prepared(
+        module: &[u8],
+        precompiled: Option<&[u8]>,
+        timeout: Duration,
+        limits: Limits,
+    ) -> Result<(Engine, String)> {
         let why = match precompiled.map(|file| file.strip_prefix(precompiled_header(module).as_bytes())) {
             None => "compiled at start".to_string(),
             Some(None) => "compiled at start: the precompiled module was made for another policy".to_string(),
-            Some(Some(body)) => match Engine::from_precompiled(body, timeout) {
+            Some(Some(body)) => match Engine::deserialize(body, timeout, limits) {
                 Ok(engine) => return Ok((engine, "precompiled".into())),
                 Err(e) => format!("compiled at start: the precompiled module does not fit this engine ({e})"),
             },
         };
-        Ok((Engine::from_bytes(module, timeout)?, why))
+        Ok((Engine::compile(module, timeout, limits)?, why))
     }
 
     pub fn precompile(bytes: &[u8]) -> Result<Vec<u8>> {
-        let engine = new_wasmtime_engine()?;
-        let module = wasmtime::Module::new(&engine, bytes).map_err(|e| anyhow!("compiling the policy: {e}"))?;
+        let engine = new_wasmtime_engine(Limits::default())?;
+        let module = Module::new(&engine, bytes).map_err(|e| anyhow!("compiling the policy: {e}"))?;
         module.serialize().map_err(|e| anyhow!("serialising the module: {e}"))
     }
 
-    fn from_module(engine: wasmtime::Engine, module: wasmtime::Module, timeout: Duration) -> Result<Engine> {
+    fn from_module(engine: wasmtime::Engine, module: Module, timeout: Duration, limits: Limits) -> Result<Engine> {
         start_ticker(&engine);
-        let ticks = (timeout.as_millis() / TICK.as_millis()).max(1) as u64;
-        let deadlines = EpochDeadlines {
-            wapc_init: ticks,
-            wapc_func: ticks,
-        };
-        let pre = WasmtimeEngineProviderBuilder::new()
-            .engine(engine)
-            .module(module)
-            .enable_epoch_interruptions(deadlines)
-            .build_pre()
+        let mut linker: Linker<Guest> = Linker::new(&engine);
+        wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |g: &mut Guest| &mut g.wasi)
+            .map_err(|e| anyhow!("linking WASI: {e}"))?;
+        wapc::add_to_linker(&mut linker).map_err(|e| anyhow!("linking waPC: {e}"))?;
+        let pre = linker
+            .instantiate_pre(&module)
             .map_err(|e| anyhow!("preparing the policy: {e}"))?;
         Ok(Engine {
+            engine,
             pre,
-            deadlines,
+            ticks: (timeout.as_millis() / TICK.as_millis()).max(1) as u64,
             timeout,
+            limits,
         })
     }
 
-    /// Calls one guest function on a fresh instance. A call that ends in
-    /// an error once its deadline has passed was stopped by it: the epoch
-    /// ticker is the only thing that interrupts a guest.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Calls one guest function on a fresh instance.
     pub fn call(&self, function: &str, payload: &[u8], handler: Arc<dyn CallHandler>) -> Result<Vec<u8>, EngineError> {
-        let provider = self
-            .pre
-            .rehydrate(Some(self.deadlines))
-            .map_err(|e| EngineError::Instantiate(e.to_string()))?;
-        let callback = move |_id: u64, binding: &str, ns: &str, op: &str, payload: &[u8]| {
-            handler
-                .call(binding, ns, op, payload)
-                .map_err(|e| -> Box<dyn std::error::Error + Send + Sync> { Box::new(Wire(e)) })
+        // No environment, no arguments, no files: the policy reads only the
+        // clock and randomness (for its hash maps).
+        let wasi = WasiCtxBuilder::new().build_p1();
+        let budget = Budget {
+            memory_bytes: self.limits.memory_bytes,
         };
-        let started = Instant::now();
-        let stopped = |message: String| {
-            if started.elapsed() >= self.timeout {
-                EngineError::Deadline {
-                    function: function.to_string(),
-                    deadline: self.timeout,
-                }
-            } else {
-                EngineError::Guest {
-                    function: function.to_string(),
-                    message,
+        let mut store = Store::new(&self.engine, Guest::new(wasi, budget, function, payload, handler));
+        store.limiter(|g| &mut g.budget);
+        store.set_epoch_deadline(self.ticks);
+        let failed = |e: wasmtime::Error, init: bool| self.failure(function, e, init);
+        let instance = self
+            .pre
+            .instantiate(&mut store)
+            .map_err(|e| EngineError::Instantiate(e.to_string()))?;
+        // waPC's starts, in its order: a TinyGo `_start`, then `wapc_init`.
+        for start in ["_start", "wapc_init"] {
+            if let Ok(f) = instance.get_typed_func::<(), ()>(&mut store, start) {
+                store.set_epoch_deadline(self.ticks);
+                if let Err(e) = f.call(&mut store, ()) {
+                    let exit = e.downcast_ref::<wasmtime_wasi::I32Exit>().map(|x| x.0);
+                    if exit != Some(0) {
+                        return Err(failed(e, true));
+                    }
                 }
             }
-        };
-        let host =
-            WapcHost::new(Box::new(provider), Some(Box::new(callback))).map_err(|e| match stopped(e.to_string()) {
-                EngineError::Guest { message, .. } => EngineError::Init(message),
-                deadline => deadline,
-            })?;
-        host.call(function, payload).map_err(|e| stopped(e.to_string()))
+        }
+        let guest_call = instance
+            .get_typed_func::<(i32, i32), i32>(&mut store, "__guest_call")
+            .map_err(|e| EngineError::Init(format!("__guest_call: {e}")))?;
+        let (op_len, msg_len) = store.data().lengths();
+        store.set_epoch_deadline(self.ticks);
+        let status = guest_call
+            .call(&mut store, (op_len, msg_len))
+            .map_err(|e| failed(e, false))?;
+        let guest = store.into_data();
+        match (status, guest.response, guest.error) {
+            (1, Some(response), _) => Ok(response),
+            (_, _, Some(message)) => Err(EngineError::Guest {
+                function: function.to_string(),
+                message,
+            }),
+            _ => Err(EngineError::Guest {
+                function: function.to_string(),
+                message: "the policy answered neither a response nor an error".into(),
+            }),
+        }
+    }
+
+    /// What a trap or an error of the guest's call means, by its type.
+    fn failure(&self, function: &str, e: wasmtime::Error, init: bool) -> EngineError {
+        if e.downcast_ref::<OverBudget>().is_some() {
+            return EngineError::Memory {
+                function: function.to_string(),
+                limit: self.limits.memory_bytes,
+            };
+        }
+        match e.downcast_ref::<Trap>() {
+            Some(Trap::Interrupt) => EngineError::Deadline {
+                function: function.to_string(),
+                deadline: self.timeout,
+            },
+            _ if init => EngineError::Init(e.to_string()),
+            _ => EngineError::Guest {
+                function: function.to_string(),
+                message: e
+                    .downcast_ref::<ProtocolError>()
+                    .map_or_else(|| e.to_string(), ProtocolError::to_string),
+            },
+        }
     }
 
     /// `validate` with a Kubewarden payload; returns the ValidationResponse.
@@ -227,6 +294,15 @@ impl CallHandler for NoCalls {
     }
 }
 
+impl fmt::Debug for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Engine")
+            .field("timeout", &self.timeout)
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
 /// The first line of a precompiled-module file: what it was made from.
 fn precompiled_header(module: &[u8]) -> String {
     use sha2::Digest as _;
@@ -236,17 +312,17 @@ fn precompiled_header(module: &[u8]) -> String {
     )
 }
 
-fn new_wasmtime_engine() -> Result<wasmtime::Engine> {
+fn new_wasmtime_engine(limits: Limits) -> Result<wasmtime::Engine> {
     let mut config = wasmtime::Config::new();
     config.epoch_interruption(true);
     // A fresh instance per request is the hot path: the pooling allocator
     // reuses pre-reserved memory slots instead of mapping new ones.
     let mut pooling = wasmtime::PoolingAllocationConfig::default();
     pooling
-        .total_core_instances(MAX_CONCURRENT_INSTANCES)
-        .total_memories(MAX_CONCURRENT_INSTANCES)
-        .total_tables(MAX_CONCURRENT_INSTANCES)
-        .max_memory_size(MAX_MEMORY_BYTES)
+        .total_core_instances(limits.instances)
+        .total_memories(limits.instances)
+        .total_tables(limits.instances)
+        .max_memory_size(limits.memory_bytes)
         // Reset the first pages by memset instead of returning them to the
         // kernel: profiling showed the page faults of each fresh instance
         // re-touching its memory at ~14% of an admission.
@@ -280,3 +356,17 @@ fn start_ticker(engine: &wasmtime::Engine) {
         })
         .expect("spawning the epoch ticker");
 }
+
+/// A failure on its way to the guest: the bytes of `__host_error`. Ours
+/// is the JSON the guest reads its code from.
+impl CallFailure {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        match self {
+            CallFailure::Ours(e) => e.to_bytes(),
+            CallFailure::Foreign(text) => text.clone().into_bytes(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
