@@ -16,8 +16,8 @@ use crate::reads::{Lookup, Reads};
 use crate::references::SourceRefs;
 use crate::request::{Outcome, SAY};
 use crate::rewrite::{apply, set_marks};
-use crate::settings::WithoutSnapshotCapability;
-use crate::source::SourceId;
+use crate::settings::{Settings, WithoutSnapshotCapability};
+use crate::source::{SourceId, SourceKind};
 
 pub fn degrade(
     ctx: &Context,
@@ -52,7 +52,11 @@ pub fn degrade(
                         }
                         if let Ok(c) = Content::from_object(group.id.kind, &source) {
                             let hash = c.subset(group.key_subset().as_ref()).hash();
-                            marks.push((checksum_key(&group.id), hash));
+                            let checksum = match group.id.kind {
+                                SourceKind::ConfigMap => hash,
+                                SourceKind::Secret => secret_checksum(ctx.settings, &source, &hash),
+                            };
+                            marks.push((checksum_key(&group.id), checksum));
                         }
                     }
                     Ok(None) => {}
@@ -75,6 +79,25 @@ pub fn degrade(
             }
         }
     }
+}
+
+/// A Secret's checksum on a pod template, which anyone who can read the
+/// workload reads: an HMAC of its content hash, keyed so that it reveals
+/// nothing about the value to them. The key is the setting
+/// `secretChecksumKey` when given; else the Secret's own uid, which only
+/// those who can read the Secret (or its metadata) know, so that guessing
+/// a value needs access that reads it (docs/hash-spec.md).
+pub fn secret_checksum(settings: &Settings, secret: &Value, content_hash: &str) -> String {
+    use hmac::Mac as _;
+    let uid = secret
+        .pointer("/metadata/uid")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let key = settings.secret_checksum_key.as_deref().unwrap_or(uid);
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(key.as_bytes()).expect("HMAC takes a key of any length");
+    mac.update(b"config-snapshot/secret-checksum/v1\0");
+    mac.update(content_hash.as_bytes());
+    content::hex(&mac.finalize().into_bytes())
 }
 
 /// `config-snapshot.io/checksum-<kind>-<name>`, the name part shortened with

@@ -117,6 +117,15 @@ pub fn hex(bytes: &[u8]) -> String {
     s
 }
 
+/// The snapshot of `content` under its plain name: how the host names a
+/// ConfigMap's; for tests and tools that make one by hand (a Secret's name
+/// is keyed by the host).
+pub fn plain_snapshot(source: &SourceId, namespace: &str, rv: &str, content: &Content) -> (String, Value) {
+    let name = snapshot_name(&source.name, &content.hash());
+    let object = snapshot_object(source, namespace, &name, rv, content);
+    (name, object)
+}
+
 /// `<source>-<first 10 hex of hash>`, with the source part cut so the name
 /// stays a valid DNS subdomain of at most 253 characters.
 pub fn snapshot_name(source: &str, hash: &str) -> String {
@@ -138,17 +147,20 @@ pub fn source_label(source: &str) -> String {
     }
 }
 
-/// The snapshot object for `content` taken from `source` (docs/design.md, "What config-snapshot writes"). Only our
-/// own labels and annotations: copying GitOps tracking labels would make Argo
-/// CD or Flux prune the copy.
+/// The snapshot object `name` for `content` taken from `source`
+/// (docs/design.md, "What config-snapshot writes"). Only our own labels and
+/// annotations: copying GitOps tracking labels would make Argo CD or Flux
+/// prune the copy. The name is the caller's: a ConfigMap's is
+/// [`snapshot_name`] of the content hash, a Secret's is keyed by the host
+/// (`HostApi::snapshot_name`).
 pub fn snapshot_object(
     source: &SourceId,
     namespace: &str,
+    name: &str,
     source_resource_version: &str,
     content: &Content,
-) -> (String, Value) {
+) -> Value {
     let hash = content.hash();
-    let name = snapshot_name(&source.name, &hash);
     let mut object = Map::new();
     object.insert("apiVersion".into(), json!("v1"));
     object.insert("kind".into(), json!(source.kind.kind()));
@@ -178,7 +190,7 @@ pub fn snapshot_object(
     if !content.binary_data.is_empty() {
         object.insert("binaryData".into(), json!(content.binary_data));
     }
-    (name, Value::Object(object))
+    Value::Object(object)
 }
 
 #[cfg(test)]
@@ -318,8 +330,8 @@ mod tests {
             &json!({"type": "kubernetes.io/tls", "data": {"k": "dg=="}}),
         )
         .unwrap();
-        let (name, obj) = snapshot_object(&id, "ns", "42", &content);
-        assert_eq!(obj["metadata"]["name"], name);
+        let obj = snapshot_object(&id, "ns", "x-0123456789", "42", &content);
+        assert_eq!(obj["metadata"]["name"], "x-0123456789");
         assert_eq!(obj["immutable"], true);
         assert_eq!(obj["type"], "kubernetes.io/tls");
         assert_eq!(obj["metadata"]["labels"].as_object().unwrap().len(), 2);

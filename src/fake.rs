@@ -70,6 +70,56 @@ impl FakeHost {
             .collect()
     }
 
+    /// A list item as a host answers it with `masks` (dotted paths): only
+    /// those fields, and, as in the API server's lists, no `kind` or
+    /// `apiVersion` of its own unless a mask names them.
+    fn masked(object: &Value, masks: &Value) -> Value {
+        let Some(masks) = masks.as_array().filter(|m| !m.is_empty()) else {
+            let mut item = object.clone();
+            if let Some(map) = item.as_object_mut() {
+                map.remove("kind");
+                map.remove("apiVersion");
+            }
+            return item;
+        };
+        let paths: Vec<Vec<&str>> = masks
+            .iter()
+            .filter_map(Value::as_str)
+            .map(|m| m.split('.').collect())
+            .collect();
+        Self::prune(object, &paths).unwrap_or_else(|| json!({}))
+    }
+
+    /// The parts of `value` the `paths` reach, through arrays element by
+    /// element, as field masks do.
+    fn prune(value: &Value, paths: &[Vec<&str>]) -> Option<Value> {
+        if paths.iter().any(Vec::is_empty) {
+            return Some(value.clone());
+        }
+        match value {
+            Value::Array(items) => Some(Value::Array(
+                items
+                    .iter()
+                    .map(|i| Self::prune(i, paths).unwrap_or_else(|| json!({})))
+                    .collect(),
+            )),
+            Value::Object(map) => {
+                let mut out = serde_json::Map::new();
+                for (key, child) in map {
+                    let rest: Vec<Vec<&str>> = paths.iter().filter(|p| p[0] == key).map(|p| p[1..].to_vec()).collect();
+                    if rest.is_empty() {
+                        continue;
+                    }
+                    if let Some(kept) = Self::prune(child, &rest) {
+                        out.insert(key.clone(), kept);
+                    }
+                }
+                (!out.is_empty()).then_some(Value::Object(out))
+            }
+            _ => None,
+        }
+    }
+
     fn matches_selector(object: &Value, selector: Option<&str>) -> bool {
         selector.is_none_or(|s| {
             s.split(',').all(|pair| {
@@ -137,7 +187,7 @@ impl Host for FakeHost {
                                 .and_then(|f| f.strip_prefix("metadata.name="))
                                 .is_none_or(|name| o["metadata"]["name"] == name)
                     })
-                    .cloned()
+                    .map(|o| Self::masked(o, &req["field_masks"]))
                     .collect();
                 json!({"apiVersion": "v1", "kind": "List", "items": items})
             }
@@ -159,6 +209,15 @@ impl Host for FakeHost {
                 json!({"items": items})
             }
             "now" => json!({"unix": self.now}),
+            // A Secret snapshot's name, keyed as a host keys it (here by a
+            // fixed test key): not the plain content hash's.
+            "snapshot_name" => {
+                use sha2::Digest as _;
+                let source = req["source"]["name"].as_str().unwrap_or_default();
+                let keyed =
+                    sha2::Sha256::digest(format!("fake key:{}", req["contentHash"].as_str().unwrap_or_default()));
+                json!({"name": crate::content::snapshot_name(source, &crate::content::hex(&keyed))})
+            }
             "create_snapshot" => {
                 let mut object = req["object"].clone();
                 let name = object["metadata"]["name"].clone();

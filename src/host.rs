@@ -188,6 +188,30 @@ impl<'h> HostApi<'h> {
         items(list, Operation::ListReferencing)
     }
 
+    /// The name the snapshot of `content` from `id` gets. A ConfigMap's is
+    /// the plain content hash's; a Secret's is keyed by the host, so that it
+    /// reveals nothing about the value to whoever can read a pod template.
+    /// A host without our capability makes no snapshots (checksum mode): it
+    /// gets the plain name, never written anywhere.
+    pub fn snapshot_name(&self, id: &SourceId, content: &crate::content::Content) -> Result<String, CallError> {
+        let hash = content.hash();
+        if id.kind == crate::source::SourceKind::ConfigMap {
+            return Ok(crate::content::snapshot_name(&id.name, &hash));
+        }
+        let request = json!({"source": {"kind": id.kind.kind(), "name": id.name}, "contentHash": hash});
+        match self.own(Operation::SnapshotName, &request) {
+            Ok(answer) => answer["name"]
+                .as_str()
+                .map(str::to_string)
+                .ok_or_else(|| CallError::Answer {
+                    operation: Operation::SnapshotName.name(),
+                    what: "no name".into(),
+                }),
+            Err(e) if e.unsupported() => Ok(crate::content::snapshot_name(&id.name, &hash)),
+            Err(e) => Err(e),
+        }
+    }
+
     /// A call of this project's capability (`config-snapshot`/`v1`): JSON
     /// both ways.
     fn own(&self, operation: Operation, payload: &Value) -> Result<Value, CallError> {

@@ -75,7 +75,7 @@ impl Kind {
     }
 }
 
-pub const KINDS: [Kind; 8] = [
+pub const KINDS: [Kind; 10] = [
     Kind {
         api_version: "apps/v1",
         kind: "Deployment",
@@ -147,6 +147,25 @@ pub const KINDS: [Kind; 8] = [
         plural: "pods",
         short: &["po"],
         template: Some(""),
+        role: Role::Holder,
+    },
+    // A CronJob's Jobs, and a Job's pods, run the config their template
+    // names: the sweep must count those references, or config only they
+    // use would be taken.
+    Kind {
+        api_version: "batch/v1",
+        kind: "CronJob",
+        plural: "cronjobs",
+        short: &["cj"],
+        template: Some("/spec/jobTemplate/spec/template"),
+        role: Role::Holder,
+    },
+    Kind {
+        api_version: "batch/v1",
+        kind: "Job",
+        plural: "jobs",
+        short: &[],
+        template: Some("/spec/template"),
         role: Role::Holder,
     },
 ];
@@ -252,7 +271,9 @@ mod tests {
         assert!(handles("apps", "ReplicaSet", "CREATE"));
         assert!(!handles("apps", "ReplicaSet", "UPDATE"));
         assert!(!handles("", "Pod", "CREATE"));
-        assert_eq!(holders().count(), 6);
+        assert!(!handles("batch", "CronJob", "CREATE"), "read, not handled, yet");
+        assert_eq!(holders().count(), 8);
+        assert_eq!(find("CronJob").unwrap().group(), "batch");
     }
 
     /// Every workload's revision kind is a revision row with a template.

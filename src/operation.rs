@@ -28,6 +28,9 @@ pub enum Operation {
     /// (the host's reverse index), so a source update costs its watchers,
     /// not the namespace. Without it the policy lists them all.
     ListReferencing,
+    /// Ours: the name a Secret's snapshot gets, keyed by the host so that it
+    /// reveals nothing of the Secret's value.
+    SnapshotName,
 }
 
 /// Kubewarden's binding and namespace for cluster reads.
@@ -36,7 +39,7 @@ pub const KUBEWARDEN: (&str, &str) = ("kubewarden", "kubernetes");
 pub const CONFIG_SNAPSHOT: (&str, &str) = ("config-snapshot", "v1");
 
 impl Operation {
-    pub const ALL: [Operation; 9] = [
+    pub const ALL: [Operation; 10] = [
         Operation::GetResource,
         Operation::ListResourcesByNamespace,
         Operation::CanI,
@@ -46,6 +49,7 @@ impl Operation {
         Operation::DeleteSnapshot,
         Operation::PatchWorkload,
         Operation::ListReferencing,
+        Operation::SnapshotName,
     ];
 
     /// The name on the wire.
@@ -60,6 +64,7 @@ impl Operation {
             Operation::DeleteSnapshot => "delete_snapshot",
             Operation::PatchWorkload => "patch_workload",
             Operation::ListReferencing => "list_referencing",
+            Operation::SnapshotName => "snapshot_name",
         }
     }
 
@@ -72,7 +77,8 @@ impl Operation {
             | Operation::Adopt
             | Operation::DeleteSnapshot
             | Operation::PatchWorkload
-            | Operation::ListReferencing => CONFIG_SNAPSHOT,
+            | Operation::ListReferencing
+            | Operation::SnapshotName => CONFIG_SNAPSHOT,
         }
     }
 
@@ -93,7 +99,8 @@ impl Operation {
             | Operation::ListResourcesByNamespace
             | Operation::CanI
             | Operation::Now
-            | Operation::ListReferencing => false,
+            | Operation::ListReferencing
+            | Operation::SnapshotName => false,
         }
     }
 }

@@ -14,9 +14,10 @@ use std::rc::Rc;
 
 use serde_json::Value;
 
+use crate::content::Content;
 use crate::host::{CallError, HostApi};
 use crate::kinds::Kind;
-use crate::source::SourceKind;
+use crate::source::{SourceId, SourceKind};
 
 /// A read's outcome: the object, `None` if it does not exist, or the error.
 pub type Read = Result<Option<Rc<Value>>, CallError>;
@@ -30,6 +31,9 @@ pub trait Lookup {
     /// The objects of the revision kind `kind` in the request's namespace
     /// that match `selector`, pruned to `masks`.
     fn revisions(&self, kind: &Kind, selector: Option<String>, masks: &[&str]) -> Result<Vec<Value>, CallError>;
+    /// The name the snapshot of `content` from `id` gets (a Secret's is
+    /// keyed by the host).
+    fn snapshot_name(&self, id: &SourceId, content: &Content) -> Result<String, CallError>;
 }
 
 /// The host's answers, each read at most once per admission.
@@ -68,5 +72,9 @@ impl Lookup for Reads<'_> {
     fn revisions(&self, kind: &Kind, selector: Option<String>, masks: &[&str]) -> Result<Vec<Value>, CallError> {
         self.host
             .list(kind.api_version, kind.kind, self.namespace, selector, masks)
+    }
+
+    fn snapshot_name(&self, id: &SourceId, content: &Content) -> Result<String, CallError> {
+        self.host.snapshot_name(id, content)
     }
 }

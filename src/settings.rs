@@ -53,6 +53,7 @@ pub struct RawSettings {
     pub on_snapshot_failure: OnSnapshotFailure,
     pub without_snapshot_capability: WithoutSnapshotCapability,
     pub orphan_grace_period: String,
+    pub secret_checksum_key: Option<String>,
 }
 
 impl Default for RawSettings {
@@ -65,6 +66,7 @@ impl Default for RawSettings {
             on_snapshot_failure: OnSnapshotFailure::Reject,
             without_snapshot_capability: WithoutSnapshotCapability::Checksum,
             orphan_grace_period: "10m".to_string(),
+            secret_checksum_key: None,
         }
     }
 }
@@ -79,6 +81,9 @@ pub struct Settings {
     pub on_snapshot_failure: OnSnapshotFailure,
     pub without_snapshot_capability: WithoutSnapshotCapability,
     pub orphan_grace_period_secs: u64,
+    /// Checksum mode's key for Secrets' checksums (`None`: each Secret's
+    /// uid).
+    pub secret_checksum_key: Option<String>,
 }
 
 impl Default for Settings {
@@ -101,6 +106,7 @@ impl TryFrom<RawSettings> for Settings {
             on_snapshot_failure: raw.on_snapshot_failure,
             without_snapshot_capability: raw.without_snapshot_capability,
             orphan_grace_period_secs: grace,
+            secret_checksum_key: raw.secret_checksum_key.filter(|k| !k.is_empty()),
         })
     }
 }

@@ -40,10 +40,11 @@ pub const SNAPSHOT_MASKS: [&str; 7] = [
     "metadata.creationTimestamp",
 ];
 
-/// Adds the names of `kind` that `holder` (an object of a
-/// [`crate::kinds::holders`] kind) references.
-pub fn add_references(names: &mut BTreeSet<String>, holder: &Value, kind: SourceKind) {
-    if let Some(t) = crate::kinds::template_of(holder) {
+/// Adds the names of `kind` that `holder`, an object of the holder kind
+/// `row`, references. The row is given, not read from the object: items of
+/// a list carry no `kind` of their own.
+pub fn add_references(names: &mut BTreeSet<String>, row: &Kind, holder: &Value, kind: SourceKind) {
+    if let Some(t) = row.template_of(holder) {
         names.extend(
             references::collect(t)
                 .into_iter()
@@ -154,7 +155,7 @@ fn referenced_names(ctx: &Context, kind: SourceKind) -> Option<BTreeSet<String>>
             .list(holder.api_version, holder.kind, ctx.namespace, None, &masks)
             .ok()?;
         for item in &items {
-            add_references(&mut names, item, kind);
+            add_references(&mut names, holder, item, kind);
         }
     }
     Some(names)
@@ -165,7 +166,7 @@ mod tests {
     use serde_json::{json, Value};
 
     use super::{must_mark_reuse, REUSE_MARGIN_SECS};
-    use crate::content::{snapshot_object, Content};
+    use crate::content::{plain_snapshot, Content};
     use crate::context::Context;
     use crate::duration::format_rfc3339;
     use crate::fake::FakeHost;
@@ -177,7 +178,7 @@ mod tests {
 
     fn snap(value: &str, age_secs: i64, owned: bool) -> Value {
         let content = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"v": value}})).unwrap();
-        let (_, mut obj) = snapshot_object(&SourceId::new(SourceKind::ConfigMap, "app"), "default", "1", &content);
+        let (_, mut obj) = plain_snapshot(&SourceId::new(SourceKind::ConfigMap, "app"), "default", "1", &content);
         obj["metadata"]["uid"] = json!(format!("uid-{value}"));
         obj["metadata"]["resourceVersion"] = json!(format!("rv-{value}"));
         obj["metadata"]["creationTimestamp"] = json!(format_rfc3339(NOW - age_secs));

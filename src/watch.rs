@@ -218,12 +218,32 @@ fn roll_out_one(
         return Ok(());
     };
     let subset = content.subset(group.key_subset().as_ref());
-    let (name, snapshot) = content::snapshot_object(id, ctx.namespace, "", &subset);
+    let workload_name = workload
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let name = ctx.host.snapshot_name(id, &subset).map_err(|error| RollOutFailed {
+        kind,
+        workload: workload_name.to_string(),
+        snapshot: String::new(),
+        step: Operation::SnapshotName,
+        error,
+    })?;
     if group.refs.iter().all(|r| r.name == name) {
         // An edit outside this workload's keys: nothing to roll.
         return Ok(());
     }
-    if change.operation == "CREATE" && declined_by_rollback(workload, id, &name) {
+    if group
+        .refs
+        .first()
+        .filter(|first| group.refs.iter().all(|r| r.name == first.name))
+        .is_some_and(|r| same_content(ctx, id, &r.name, &subset))
+    {
+        // The snapshot it runs holds this content under another name (a
+        // Secret's, named before its names were keyed): nothing to roll.
+        return Ok(());
+    }
+    if change.operation == "CREATE" && declined_by_rollback(ctx, workload, id, &name, &subset) {
         // A re-admission (the resync's) or a re-created source with the
         // content a rollback turned down: the rollback stands until the
         // source changes again.
@@ -232,10 +252,7 @@ fn roll_out_one(
     if ctx.dry_run {
         return Ok(());
     }
-    let workload_name = workload
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
+    let snapshot = content::snapshot_object(id, ctx.namespace, &name, "", &subset);
     let fail = |step: Operation, error: CallError| RollOutFailed {
         kind,
         workload: workload_name.to_string(),
@@ -279,11 +296,29 @@ fn roll_out_one(
 
 /// Whether `workload`'s last rollback declined this very content of `id`
 /// (`""`: the rollback could not read it, so it declines any).
-fn declined_by_rollback(workload: &Value, id: &SourceId, snapshot: &str) -> bool {
+fn declined_by_rollback(ctx: &Context, workload: &Value, id: &SourceId, snapshot: &str, content: &Content) -> bool {
     Rollback::of(workload).is_some_and(|r| {
-        r.declined(id)
-            .is_some_and(|declined| declined.is_empty() || declined == snapshot)
+        r.declined(id).is_some_and(|declined| {
+            declined.is_empty() || declined == snapshot || same_content(ctx, id, declined, content)
+        })
     })
+}
+
+/// Whether `name` is a snapshot of `id` that holds `content`: a Secret
+/// snapshot named before Secret names were keyed has another name for the
+/// same content. Only a Secret can: a ConfigMap's name is its content's.
+/// The host shows its label only on snapshots it proves its own.
+fn same_content(ctx: &Context, id: &SourceId, name: &str, content: &Content) -> bool {
+    if id.kind != SourceKind::Secret || name == id.name {
+        return false;
+    }
+    match ctx.host.get("v1", id.kind.kind(), ctx.namespace, name) {
+        Ok(Some(object)) => {
+            keys::snapshot_source(&object) == Some(id.name.as_str())
+                && object["metadata"]["annotations"][keys::CONTENT_HASH].as_str() == Some(content.hash().as_str())
+        }
+        _ => false,
+    }
 }
 
 /// The JSON Patch that points every reference of `id` in a `kind`

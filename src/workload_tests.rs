@@ -622,7 +622,7 @@ fn snapshot_of_cm(source: &str, data: Value) -> (String, Value) {
     let content =
         crate::content::Content::from_object(crate::source::SourceKind::ConfigMap, &json!({"data": data})).unwrap();
     let id = crate::source::SourceId::new(crate::source::SourceKind::ConfigMap, source);
-    let (name, mut object) = crate::content::snapshot_object(&id, "default", "7", &content);
+    let (name, mut object) = crate::content::plain_snapshot(&id, "default", "7", &content);
     object["metadata"]["uid"] = json!(format!("uid-{name}"));
     object["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
     (name, object)

@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use config_snapshot::capability::{Caller, Capability};
 use config_snapshot::engine::{CallFailure, CallHandler, Engine};
-use config_snapshot::lifecycle::Silent;
+use config_snapshot::lifecycle::{Rules, Silent};
 use config_snapshot::memory::Shared;
+use config_snapshot::proof::Prover;
 use config_snapshot_policy::host::CallError;
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
 use serde_json::{json, Value};
@@ -47,7 +48,10 @@ fn capability(store: &Arc<Shared>) -> Capability {
             namespace: "default".into(),
             dry_run: false,
         },
-        600,
+        Arc::new(Rules::new(
+            config_snapshot_policy::settings::Settings::default(),
+            Arc::new(Prover::replay()),
+        )),
         Arc::default(),
         Arc::new(Silent),
     )
@@ -218,7 +222,7 @@ fn b5(c: &mut Criterion) {
         &json!({"data": {"k": "old"}}),
     )
     .unwrap();
-    let (old_name, mut old_snap) = config_snapshot_policy::content::snapshot_object(
+    let (old_name, mut old_snap) = config_snapshot_policy::content::plain_snapshot(
         &config_snapshot_policy::source::SourceId::new(config_snapshot_policy::source::SourceKind::ConfigMap, "app"),
         "default",
         "1",
@@ -226,6 +230,8 @@ fn b5(c: &mut Criterion) {
     );
     old_snap["metadata"]["uid"] = json!("old");
     old_snap["metadata"]["creationTimestamp"] = json!("2020-01-01T00:00:00Z");
+    // The host's own (signed): a label alone would not make it a candidate.
+    Prover::replay().sign(&mut old_snap);
     objects.push(old_snap);
     for i in 0..10_000 {
         let name = if i == 0 {
@@ -244,7 +250,7 @@ fn b5(c: &mut Criterion) {
     let (mut d, _) = deployment(0, json!({"config-snapshot.io/snapshot": "app"}));
     d["spec"]["template"]["spec"]["containers"][0]["envFrom"] = json!([{"configMapRef": {"name": "app"}}]);
     let p = payload(&request("Deployment", "apps", "CREATE", &d, None));
-    let made = config_snapshot_policy::content::snapshot_object(
+    let made = config_snapshot_policy::content::plain_snapshot(
         &config_snapshot_policy::source::SourceId::new(config_snapshot_policy::source::SourceKind::ConfigMap, "app"),
         "default",
         "1",

@@ -29,6 +29,9 @@ fn options(settings: &Value) -> serve::Options {
         settings_json: settings.to_string(),
         queue_capacity: 1 << 20,
         shutdown_grace: "1s".into(),
+        // A scenario plays hours in seconds: the per-namespace budget of
+        // snapshot creations is tested where it is the subject.
+        snapshot_rate: std::num::NonZeroU32::MAX,
         ..serve::Options::defaults("unused")
     }
 }
@@ -81,7 +84,14 @@ fn b7(c: &mut Criterion) {
         runtime.block_on(async { kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap() });
     let serve_with = |settings: &Value| {
         runtime
-            .block_on(async { serve::build_with_engine(&options(settings), client.clone(), engine()) })
+            .block_on(async {
+                serve::build_with_engine(
+                    &options(settings),
+                    client.clone(),
+                    engine(),
+                    config_snapshot::proof::Prover::replay(),
+                )
+            })
             .unwrap()
     };
     let (state, _worker) = serve_with(&json!({}));

@@ -13,6 +13,7 @@ pub mod invariants;
 pub mod lifecycle;
 pub mod masks;
 pub mod memory;
+pub mod proof;
 pub mod referrers;
 pub mod registry;
 pub mod replay;

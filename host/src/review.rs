@@ -32,7 +32,7 @@ pub fn cluster_host(sim: &Simulator, request: &Value) -> Arc<dyn CallHandler> {
             dry_run: true,
             ..Caller::of(request)
         },
-        sim.effect_rules.settings.orphan_grace_period_secs,
+        Arc::new(sim.effect_rules.clone()),
         sim.register.clone(),
         sim.shared.clone(),
     ))

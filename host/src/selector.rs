@@ -50,6 +50,16 @@ impl Selector {
         )])
     }
 
+    /// Whether a requirement is on label `key`.
+    pub fn mentions(&self, key: &str) -> bool {
+        self.0.iter().any(|(k, _)| k == key)
+    }
+
+    /// The selector without its requirements on `key`: selects a superset.
+    pub fn without(&self, key: &str) -> Selector {
+        Selector(self.0.iter().filter(|(k, _)| k != key).cloned().collect())
+    }
+
     pub fn matches(&self, object: &Value) -> bool {
         let labels = &object["metadata"]["labels"];
         self.0.iter().all(|(k, req)| {

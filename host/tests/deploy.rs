@@ -71,13 +71,14 @@ fn every_object_is_valid_for_its_kubernetes_type() {
             "Role" => drop(typed::<Role>(&object)),
             "RoleBinding" => drop(typed::<RoleBinding>(&object)),
             "MutatingWebhookConfiguration" => drop(typed::<MutatingWebhookConfiguration>(&object)),
+            "NetworkPolicy" => drop(typed::<k8s_openapi::api::networking::v1::NetworkPolicy>(&object)),
             // cert-manager's CRDs have no k8s-openapi type; checked below.
             "Issuer" | "Certificate" => assert_eq!(object["apiVersion"], "cert-manager.io/v1", "{file}"),
             other => panic!("{file}: unexpected kind {other}"),
         }
         kinds.insert(kind);
     }
-    assert_eq!(kinds.len(), 13, "{kinds:?}");
+    assert_eq!(kinds.len(), 14, "{kinds:?}");
 }
 
 #[test]
@@ -92,7 +93,9 @@ fn the_kustomization_lists_every_manifest() {
         .collect();
     let files: BTreeSet<String> = std::fs::read_dir(dir())
         .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .map(|p| p.file_name().unwrap().to_string_lossy().to_string())
         .filter(|f| f != "kustomization.yaml")
         .collect();
     assert_eq!(listed, files);
@@ -133,12 +136,31 @@ fn the_webhook_matches_the_policy_metadata_and_is_safe_to_run() {
     assert_eq!(excluded.operator, "NotIn");
     let deployment: Deployment = typed(&find("Deployment"));
     let own_ns = deployment.metadata.namespace.clone().unwrap();
-    for ns in ["kube-system", own_ns.as_str()] {
-        assert!(
-            excluded.values.as_ref().unwrap().iter().any(|v| v == ns),
-            "{ns} not excluded"
-        );
+    // What the webhook excludes is what serve, as deployed, refuses and
+    // does not sweep: its --exclude-namespaces and its own namespace.
+    let serve = deployed_serve_options();
+    let mut by_serve = config_snapshot::serve::Options {
+        own_namespace: own_ns.clone(),
+        ..serve
     }
+    .excluded_namespaces();
+    by_serve.sort();
+    let mut by_webhook = excluded.values.clone().unwrap();
+    by_webhook.sort();
+    assert_eq!(by_webhook, by_serve);
+    // No objectSelector: a label would let anyone's object through
+    // unreviewed. Only serve's own writes of labelled objects skip review.
+    assert!(hook.object_selector.is_none());
+    let conditions = hook.match_conditions.as_ref().expect("matchConditions");
+    let expression = &conditions[0].expression;
+    let account: ServiceAccount = typed(&find("ServiceAccount"));
+    let user = format!(
+        "system:serviceaccount:{}:{}",
+        account.metadata.namespace.as_deref().unwrap(),
+        account.metadata.name.as_deref().unwrap()
+    );
+    assert!(expression.contains(&format!("'{user}'")), "{expression}");
+    assert!(expression.contains("'app.kubernetes.io/managed-by'"), "{expression}");
 
     let service: Service = typed(&find("Service"));
     let target = hook.client_config.service.as_ref().unwrap();
@@ -193,6 +215,17 @@ struct Cli {
 #[derive(clap::Subcommand)]
 enum Sub {
     Serve(config_snapshot::serve::Options),
+}
+
+/// serve's options as the shipped Deployment's args give them.
+fn deployed_serve_options() -> config_snapshot::serve::Options {
+    let deployment: Deployment = typed(&find("Deployment"));
+    let container = &deployment.spec.unwrap().template.spec.unwrap().containers[0];
+    let mut argv = vec!["config-snapshot".to_string()];
+    argv.extend(container.args.clone().unwrap());
+    match Cli::try_parse_from(&argv).unwrap().command {
+        Sub::Serve(options) => options,
+    }
 }
 
 #[test]
@@ -319,6 +352,8 @@ fn rbac_grants_exactly_what_serve_uses() {
         ("apps", "daemonsets", &["patch"]),
         ("apps", "replicasets", &[]),
         ("apps", "controllerrevisions", &[]),
+        ("batch", "cronjobs", &[]),
+        ("batch", "jobs", &[]),
     ] {
         for verb in read.iter().chain(extra) {
             expected.insert(format!("{group}/{resource}:{verb}"));

@@ -132,10 +132,9 @@ fn code_messages() -> BTreeSet<String> {
         }
     }
     // The host's refusals: the capability's, and the guard on deletes.
-    let mut host: Vec<PathBuf> = std::fs::read_dir(root().join("host/src/capability"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| !p.ends_with("tests.rs"))
+    let mut host: Vec<PathBuf> = rust_files(&root().join("host/src/capability"))
+        .into_iter()
+        .filter(|p| !p.ends_with("tests.rs") && !p.parent().is_some_and(|d| d.ends_with("tests")))
         .collect();
     host.push(root().join("host/src/lifecycle/guard.rs"));
     for file in host {

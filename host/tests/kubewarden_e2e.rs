@@ -122,6 +122,36 @@ fn every_case_gets_the_recorded_answer() {
     }
 }
 
+/// A Secret's checksum in a pod template is keyed (docs/hash-spec.md):
+/// not the SHA-256 of its content, which anyone who may read Deployments
+/// could test guesses against, and another key gives another checksum.
+#[test]
+fn secret_checksums_are_keyed() {
+    use config_snapshot::interactions::Response;
+    use config_snapshot_policy::content::Content;
+    use config_snapshot_policy::source::SourceKind;
+    let checksum = |case: &str| {
+        let (response, _) = ours(&root().join("e2e-tests/kubewarden").join(case));
+        let patch = observed(&response)["patch"].clone();
+        patch[0]["value"]["config-snapshot.io/checksum-secret-db-credentials"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let exchanges =
+        config_snapshot::interactions::read(&root().join("e2e-tests/kubewarden/secret-checksum/interactions.yml"))
+            .unwrap();
+    let Response::Success { payload } = &exchanges[0].response else {
+        panic!("the recorded read succeeds");
+    };
+    let secret: Value = serde_json::from_str(payload).unwrap();
+    let plain = Content::from_object(SourceKind::Secret, &secret).unwrap().hash();
+    let (by_uid, by_key) = (checksum("secret-checksum"), checksum("secret-checksum-keyed"));
+    assert_ne!(by_uid, plain);
+    assert_ne!(by_key, plain);
+    assert_ne!(by_uid, by_key);
+}
+
 /// Stock Kubewarden has no write capability, so each source is read once,
 /// before and after the fallback alike: with one recorded read per
 /// source, a second read would find the recording exhausted and warn.

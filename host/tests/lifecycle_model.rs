@@ -30,9 +30,10 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use config_snapshot::engine::Engine;
 use config_snapshot::invariants;
+use config_snapshot::proof::Prover;
 use config_snapshot::replay::Session;
 use config_snapshot::scenario::{Scenario, Step};
-use config_snapshot_policy::content::{snapshot_name, Content};
+use config_snapshot_policy::content::Content;
 use config_snapshot_policy::optin::OptIn;
 use config_snapshot_policy::records::Rollback;
 use config_snapshot_policy::references;
@@ -614,7 +615,13 @@ impl Model<'_> {
                 let Some(content) = self.source_content(s) else {
                     continue;
                 };
-                let want = snapshot_name(&group.id.name, &content.subset(group.key_subset().as_ref()).hash());
+                // Secrets' names are keyed (docs/hash-spec.md): replay's key.
+                let namespace = workload["metadata"]["namespace"].as_str().unwrap_or("default");
+                let want = Prover::replay().snapshot_name(
+                    namespace,
+                    &group.id.name,
+                    &content.subset(group.key_subset().as_ref()),
+                );
                 // The documented limit: the resync never rolls a rollback
                 // forward to the very content it declined.
                 // (`""`: the rollback could not read the source, so it

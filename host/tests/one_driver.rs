@@ -12,10 +12,11 @@ use config_snapshot::cluster::Cluster;
 use config_snapshot::lifecycle::resync::{PassHost, ReadmitError};
 use config_snapshot::lifecycle::{Driver, Effect, Ending, Next, Register, Rules, Silent};
 use config_snapshot::memory::Shared;
+use config_snapshot::proof::Prover;
 use config_snapshot::serve::apiserver::KubeCluster;
 use config_snapshot::serve::cache::Cache;
 use config_snapshot::serve::metrics::Metrics;
-use config_snapshot_policy::content::{snapshot_object, Content};
+use config_snapshot_policy::content::{plain_snapshot, Content};
 use config_snapshot_policy::duration::format_rfc3339;
 use config_snapshot_policy::kinds::KINDS;
 use config_snapshot_policy::settings::Settings;
@@ -27,10 +28,11 @@ const NOW: i64 = 1_800_000_000;
 
 fn snapshot(data: &str, uid: &str, rv: &str, age: i64) -> (String, Value) {
     let content = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"mode": data}})).unwrap();
-    let (name, mut object) = snapshot_object(&SourceId::new(SourceKind::ConfigMap, "app"), "shop", "", &content);
+    let (name, mut object) = plain_snapshot(&SourceId::new(SourceKind::ConfigMap, "app"), "shop", "", &content);
     object["metadata"]["uid"] = json!(uid);
     object["metadata"]["resourceVersion"] = json!(rv);
     object["metadata"]["creationTimestamp"] = json!(format_rfc3339(NOW - age));
+    Prover::replay().sign(&mut object);
     (name, object)
 }
 
@@ -105,16 +107,14 @@ impl PassHost for Pass<'_> {
 /// Every effect, then one periodic pass; how each effect ended.
 fn drive(cluster: &dyn Cluster, effects: &[Effect]) -> Vec<Next> {
     let rules = Rules {
-        settings: Settings::from_json(br#"{"orphanGracePeriod": "10m"}"#).unwrap(),
         watch_min_interval: 30,
+        ..Rules::new(
+            Settings::from_json(br#"{"orphanGracePeriod": "10m"}"#).unwrap(),
+            Arc::new(Prover::replay()),
+        )
     };
     let register = Register::default();
-    let driver = Driver {
-        cluster,
-        rules: &rules,
-        register: &register,
-        observer: &Silent,
-    };
+    let driver = Driver::new(cluster, &rules, &register, &Silent);
     let endings = effects
         .iter()
         .map(|e| {

@@ -251,6 +251,12 @@ fn serve_flags_with(settings: &str, interval: &str) -> Vec<&'static str> {
         "5s",
         "--effect-wait",
         "10s",
+        // As deployed: its own namespace (excluded from review), where it
+        // keeps its signing key in a Secret it makes on first start.
+        "--namespace",
+        "config-snapshot",
+        "--signing-key-secret",
+        "config-snapshot-signing-key",
     ]
 }
 

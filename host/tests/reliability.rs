@@ -10,8 +10,9 @@ use base64::Engine as _;
 use config_snapshot::capability::{Caller, Capability};
 use config_snapshot::cluster::Cluster;
 use config_snapshot::engine::Engine;
-use config_snapshot::lifecycle::Silent;
+use config_snapshot::lifecycle::{Rules, Silent};
 use config_snapshot::memory::{Shared, Simulator};
+use config_snapshot::proof::Prover;
 use config_snapshot::replay;
 use config_snapshot_policy::content::Content;
 use config_snapshot_policy::settings::Settings;
@@ -29,8 +30,8 @@ fn capability(cluster: Arc<dyn Cluster>, uid: &str, namespace: &str, dry_run: bo
         namespace: namespace.into(),
         dry_run,
     };
-    let grace = Settings::default().orphan_grace_period_secs;
-    Capability::new(cluster, caller, grace, Arc::default(), Arc::new(Silent))
+    let rules = Rules::new(Settings::default(), Arc::new(Prover::replay()));
+    Capability::new(cluster, caller, Arc::new(rules), Arc::default(), Arc::new(Silent))
 }
 
 fn engine() -> Arc<Engine> {
@@ -575,7 +576,7 @@ fn a_seeded_random_walk_keeps_every_invariant() {
 /// (the control) lands; every hostile call leaves the store unchanged.
 #[test]
 fn a_hostile_wasm_guest_cannot_break_the_host_invariants() {
-    use config_snapshot_policy::content::snapshot_object;
+    use config_snapshot_policy::content::plain_snapshot;
     use config_snapshot_policy::source::SourceId;
 
     fn guest(operation: &str, payload: &Value) -> String {
@@ -601,11 +602,24 @@ fn a_hostile_wasm_guest_cannot_break_the_host_invariants() {
     }
 
     let content = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"k": "v"}})).unwrap();
-    let (_, good) = snapshot_object(&SourceId::new(SourceKind::ConfigMap, "app"), "team-a", "1", &content);
+    let (_, good) = plain_snapshot(&SourceId::new(SourceKind::ConfigMap, "app"), "team-a", "1", &content);
     let mut other_ns = good.clone();
     other_ns["metadata"]["namespace"] = json!("kube-system");
-    let mut unlabelled = good.clone();
-    unlabelled["metadata"]["labels"] = json!({});
+    let token = {
+        let content = Content::from_object(
+            SourceKind::Secret,
+            &json!({"type": "kubernetes.io/service-account-token", "data": {"k": "dg=="}}),
+        )
+        .unwrap();
+        let name = Prover::replay().snapshot_name("team-a", "app", &content);
+        config_snapshot_policy::content::snapshot_object(
+            &SourceId::new(SourceKind::Secret, "app"),
+            "team-a",
+            &name,
+            "1",
+            &content,
+        )
+    };
     let mut wrong_hash = good.clone();
     wrong_hash["data"]["k"] = json!("tampered");
     let plain = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "plain", "namespace": "team-a"}, "data": {"a": "1"}});
@@ -634,9 +648,9 @@ fn a_hostile_wasm_guest_cannot_break_the_host_invariants() {
         ),
         (
             "create_snapshot",
-            json!({"object": unlabelled}),
+            json!({"object": token}),
             false,
-            "create without the managed-by label",
+            "create a Secret of a type the API server mints a token into",
         ),
         (
             "create_snapshot",

@@ -40,6 +40,9 @@ fn options(settings: &Value, interval: &str) -> serve::Options {
         shutdown_grace: "1s".into(),
         // Replay knows at once when a source change went; serve waits.
         effect_wait: "2s".into(),
+        // A scenario plays hours in seconds: the per-namespace budget of
+        // snapshot creations is tested where it is the subject.
+        snapshot_rate: std::num::NonZeroU32::MAX,
         ..serve::Options::defaults(&policy().display().to_string())
     }
 }
@@ -224,7 +227,12 @@ async fn run_served(engine: Arc<Engine>, path: &Path) -> Result<(Vec<String>, Ve
     } else {
         scenario.settings.clone()
     };
-    let (state, worker) = serve::build_with_engine(&options(&settings, &interval), client.clone(), engine)?;
+    let (state, worker) = serve::build_with_engine(
+        &options(&settings, &interval),
+        client.clone(),
+        engine,
+        config_snapshot::proof::Prover::replay(),
+    )?;
     state.cluster.fix_clock(now);
     let caches = state.cluster.cache.start(client);
     let worker = tokio::spawn(worker.run());

@@ -43,6 +43,9 @@ fn options(settings: &Value) -> serve::Options {
         queue_capacity: 1 << 16,
         policy_timeout: "10s".into(),
         shutdown_grace: "1s".into(),
+        // A scenario plays hours in seconds: the per-namespace budget of
+        // snapshot creations is tested where it is the subject.
+        snapshot_rate: std::num::NonZeroU32::MAX,
         ..serve::Options::defaults(&policy().display().to_string())
     }
 }
@@ -71,8 +74,13 @@ async fn every_scenario_admission_answers_the_same_through_the_kube_backend() {
         };
         assert!(result.passed, "{name} fails in replay");
         let Some(first) = recorded.first() else { continue };
-        let (state, _worker) =
-            serve::build_with_engine(&options(&first.settings), client.clone(), engine.clone()).unwrap();
+        let (state, _worker) = serve::build_with_engine(
+            &options(&first.settings),
+            client.clone(),
+            engine.clone(),
+            config_snapshot::proof::Prover::replay(),
+        )
+        .unwrap();
         for (i, rec) in recorded.iter().enumerate() {
             if rec.faulted {
                 skipped += 1;

@@ -295,7 +295,25 @@ impl<'a> Planner<'a> {
             .pointer("/metadata/resourceVersion")
             .and_then(Value::as_str)
             .unwrap_or("");
-        Ok(Some(content::snapshot_object(id, self.namespace, rv, &content)))
+        let name = match self.lookup.snapshot_name(id, &content) {
+            Ok(name) => name,
+            Err(e) => {
+                return match self.settings.on_snapshot_failure {
+                    OnSnapshotFailure::Reject => Err(Rejection::new(
+                        format!("{SAY}could not name a snapshot of {id}: {e}"),
+                        500,
+                    )),
+                    OnSnapshotFailure::Warn => {
+                        warnings.push(format!(
+                            "{SAY}could not name a snapshot of {id}, left its references unchanged: {e}"
+                        ));
+                        Ok(None)
+                    }
+                };
+            }
+        };
+        let object = content::snapshot_object(id, self.namespace, &name, rv, &content);
+        Ok(Some((name, object)))
     }
 }
 

@@ -2,7 +2,9 @@
 //! the rollback record the workload carries afterwards (docs/design.md,
 //! "A rollback always wins").
 
-use crate::content::{self, Content};
+use serde_json::Value;
+
+use crate::content::Content;
 use crate::duration::parse_rfc3339;
 use crate::keys;
 use crate::records::{generation, Rollback};
@@ -85,10 +87,15 @@ impl Planner<'_> {
     /// may roll it forward until its references move); none when it does
     /// not exist (its creation is a change).
     pub(super) fn declined(&self, group: &SourceRefs) -> Option<String> {
+        let named = |source: &Value| -> Option<String> {
+            let content = Content::from_object(group.id.kind, source).ok()?;
+            let content = content.subset(group.key_subset().as_ref());
+            // A name the host cannot give declines any content: nothing
+            // may roll it forward until its references move.
+            Some(self.lookup.snapshot_name(&group.id, &content).unwrap_or_default())
+        };
         match self.lookup.source(group.id.kind, &group.id.name) {
-            Ok(Some(source)) => Content::from_object(group.id.kind, &source)
-                .ok()
-                .map(|c| content::snapshot_name(&group.id.name, &c.subset(group.key_subset().as_ref()).hash())),
+            Ok(Some(source)) => named(&source),
             Ok(None) => None,
             Err(_) => Some(String::new()),
         }

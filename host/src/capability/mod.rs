@@ -17,6 +17,7 @@
 //! only once it knows the request was allowed and persisted
 //! ([`Capability::take_staged`]): a refused request leaves none behind.
 
+mod budget;
 mod reads;
 mod snapshot;
 mod writes;
@@ -30,7 +31,10 @@ use serde_json::{json, Value};
 
 use crate::cluster::Cluster;
 use crate::engine::{CallFailure, CallHandler};
-use crate::lifecycle::{Effect, Observer, Register};
+use crate::lifecycle::{Effect, Observer, Register, Rules};
+use crate::proof::{Proven, Prover};
+
+pub use budget::Budget;
 
 /// The admission request a set of host calls belongs to: whose namespace
 /// they may write in, and whether writes are refused (dry run).
@@ -66,15 +70,19 @@ enum Reply {
 
 /// The capability one admission's host calls reach.
 pub struct Capability {
-    pub cluster: Arc<dyn Cluster>,
+    /// The cluster as the host acts on it: objects carrying our label
+    /// without proof are seen without it ([`Proven`]).
+    pub cluster: Proven<Arc<dyn Cluster>>,
     pub caller: Caller,
-    /// The policy's `orphanGracePeriod`: how long the sweep leaves an unused
-    /// snapshot, which decides when a reuse must mark it used.
-    pub orphan_grace_secs: u64,
+    /// The host's rules: the policy's settings (`orphanGracePeriod` decides
+    /// when a reuse must mark a snapshot used), its prover and the
+    /// namespaces it stays out of.
+    pub rules: Arc<Rules>,
     /// The effects on their way: a snapshot one awaits is never deleted.
     pub register: Arc<Register>,
     pub observer: Arc<dyn Observer>,
     faults: Option<Arc<dyn Faults>>,
+    budget: Option<Arc<Budget>>,
     staged: Mutex<Vec<Effect>>,
 }
 
@@ -82,18 +90,32 @@ impl Capability {
     pub fn new(
         cluster: Arc<dyn Cluster>,
         caller: Caller,
-        orphan_grace_secs: u64,
+        rules: Arc<Rules>,
         register: Arc<Register>,
         observer: Arc<dyn Observer>,
     ) -> Capability {
         Capability {
-            cluster,
+            cluster: Proven::new(cluster, rules.prover.clone()),
             caller,
-            orphan_grace_secs,
+            rules,
             register,
             observer,
             faults: None,
+            budget: None,
             staged: Mutex::default(),
+        }
+    }
+
+    fn prover(&self) -> &Prover {
+        &self.rules.prover
+    }
+
+    /// The same capability, its snapshot creations counted against
+    /// `budget` (per namespace).
+    pub fn with_budget(self, budget: Arc<Budget>) -> Capability {
+        Capability {
+            budget: Some(budget),
+            ..self
         }
     }
 
@@ -128,6 +150,7 @@ impl Capability {
             Operation::DeleteSnapshot => Reply::Json(self.delete_snapshot(parse(op, payload)?)?),
             Operation::PatchWorkload => Reply::Json(self.patch_workload(parse(op, payload)?)?),
             Operation::ListReferencing => self.list_referencing(parse(op, payload)?)?,
+            Operation::SnapshotName => Reply::Json(self.snapshot_name(parse(op, payload)?)?),
         })
     }
 }
@@ -163,6 +186,12 @@ impl Capability {
                 return Err(error);
             }
         }
+        if op.writes() && self.rules.excludes(&self.caller.namespace) {
+            return Err(refused(format!(
+                "refused {operation}: config-snapshot does not act in namespace {}",
+                self.caller.namespace
+            )));
+        }
         if op.writes() && self.caller.dry_run {
             return Err(HostError::new(
                 Code::DryRun,
@@ -181,6 +210,19 @@ impl Capability {
 fn parse<'a, T: Deserialize<'a>>(op: Operation, payload: &'a [u8]) -> Result<T, HostError> {
     serde_json::from_slice(payload)
         .map_err(|e| HostError::new(Code::BadRequest, format!("invalid {} request: {e}", op.name())))
+}
+
+/// Refused unless the guest asks about the request's own namespace: it
+/// has no business anywhere else.
+fn same_namespace(caller: &Caller, namespace: &str) -> Result<(), HostError> {
+    if namespace == caller.namespace {
+        Ok(())
+    } else {
+        Err(refused(format!(
+            "refused: the request is in namespace {}, not {namespace}",
+            caller.namespace
+        )))
+    }
 }
 
 /// A refusal by the host's invariants.

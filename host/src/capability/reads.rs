@@ -9,7 +9,8 @@ use config_snapshot_policy::source::{SourceId, SourceKind};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{failed, refused, Capability, Reply};
+use super::{failed, refused, same_namespace, Capability, Reply};
+use crate::cluster::Cluster;
 use crate::cluster::{self, Selector};
 use crate::masks;
 
@@ -108,6 +109,7 @@ impl Capability {
     pub(super) fn get_resource(&self, req: GetRequest) -> Result<Reply, HostError> {
         check_api_version(&req.api_version, &req.kind)?;
         let ns = req.namespace.unwrap_or_default();
+        same_namespace(&self.caller, &ns)?;
         let object = if req.disable_cache {
             self.cluster.get_fresh(&req.kind, &ns, &req.name)
         } else {
@@ -129,6 +131,7 @@ impl Capability {
 
     pub(super) fn list_resources(&self, req: ListRequest) -> Result<Reply, HostError> {
         check_api_version(&req.api_version, &req.kind)?;
+        same_namespace(&self.caller, &req.namespace)?;
         let selector = Selector::parse(req.label_selector.as_deref().unwrap_or(""))
             .map_err(|e| HostError::new(Code::BadRequest, e.to_string()))?;
         let name = name_selector(req.field_selector.as_deref())?;
@@ -157,6 +160,7 @@ impl Capability {
                 req.source_kind
             ))
         })?;
+        same_namespace(&self.caller, &req.namespace)?;
         let source = SourceId::new(source_kind, &req.source_name);
         masked_list(kind.api_version(), kind.kind(), req.field_masks, |visit| {
             self.cluster

@@ -1,39 +1,92 @@
-//! `create_snapshot`: the host checks what the guest asks to create, and
-//! makes a snapshot that exists already outlive the new reference to it
-//! (docs/design.md, "Garbage collection", Reuse and Bridges).
+//! `create_snapshot`: the host builds the snapshot itself from what the
+//! guest proposes (its source, its content, nothing else), names it, signs
+//! it, and makes a snapshot that exists already outlive the new reference
+//! to it (docs/design.md, "Garbage collection", Reuse and Bridges).
+//! `snapshot_name`: the name a Secret's snapshot gets, keyed.
 
-use config_snapshot_policy::content::Content;
+use config_snapshot_policy::content::{snapshot_name, snapshot_object, Content};
 use config_snapshot_policy::duration::format_rfc3339;
 use config_snapshot_policy::host_error::{Code, HostError};
 use config_snapshot_policy::keys;
 use config_snapshot_policy::kinds::WorkloadKind;
+use config_snapshot_policy::plan::SA_TOKEN;
 use config_snapshot_policy::rewrite::annotation_path;
-use config_snapshot_policy::source::SourceKind;
+use config_snapshot_policy::selection::is_dns_subdomain;
+use config_snapshot_policy::source::{SourceId, SourceKind};
 use config_snapshot_policy::sweep::must_mark_reuse;
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{failed, refused, Capability};
 use crate::cluster::ApiError;
-use crate::lifecycle::guard::require_managed;
+use crate::cluster::Cluster;
 use crate::lifecycle::verdict::{adopt_ops, version_of};
 use crate::lifecycle::Effect;
 
+/// Secret types that mint credentials when created: never a snapshot's.
+const TOKEN_TYPES: [&str; 2] = [SA_TOKEN, "bootstrap.kubernetes.io/token"];
+
+#[derive(Deserialize)]
+pub(super) struct NameRequest {
+    source: NamedSource,
+    #[serde(rename = "contentHash")]
+    content_hash: String,
+}
+
+#[derive(Deserialize)]
+struct NamedSource {
+    kind: String,
+    name: String,
+}
+
+/// A source's name, if it is one.
+fn source_name(name: &str) -> Result<&str, HostError> {
+    if is_dns_subdomain(name) {
+        Ok(name)
+    } else {
+        Err(refused(format!("refused: {name:?} is not a source's name")))
+    }
+}
+
 impl Capability {
-    pub(super) fn create_snapshot(&self, request: Value) -> Result<Value, HostError> {
-        let mut object = request
-            .get("object")
-            .cloned()
-            .ok_or_else(|| HostError::new(Code::BadRequest, "create_snapshot needs an object"))?;
-        let kind = object["kind"]
+    pub(super) fn snapshot_name(&self, request: NameRequest) -> Result<Value, HostError> {
+        let kind = SourceKind::from_kind(&request.source.kind).ok_or_else(|| {
+            refused(format!(
+                "refused: a source is a ConfigMap or a Secret, not {}",
+                request.source.kind
+            ))
+        })?;
+        let source = source_name(&request.source.name)?;
+        let hash = request.content_hash;
+        if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+            return Err(refused("refused: a content hash is 64 lowercase hex digits"));
+        }
+        let name = match kind {
+            SourceKind::ConfigMap => snapshot_name(source, &hash),
+            SourceKind::Secret => snapshot_name(
+                source,
+                &self.prover().secret_digest(&self.caller.namespace, source, &hash),
+            ),
+        };
+        Ok(json!({ "name": name }))
+    }
+
+    /// The snapshot object the host makes for what the guest proposes: of
+    /// the proposal it takes the kind, name, namespace, content, source and
+    /// the source's version, and nothing else (no owners, finalizers, other
+    /// labels or annotations); the name must be the one the content gets,
+    /// and a Secret's type Opaque or its source's own, never a token's.
+    fn build(&self, proposed: &Value) -> Result<(SourceKind, String, Content, Value), HostError> {
+        let kind = proposed["kind"]
             .as_str()
             .and_then(SourceKind::from_kind)
             .ok_or_else(|| refused("refused: a snapshot is a ConfigMap or a Secret"))?;
-        let name = object["metadata"]["name"]
+        let name = proposed["metadata"]["name"]
             .as_str()
             .ok_or_else(|| refused("refused: a snapshot needs a name"))?
             .to_string();
-        match object["metadata"]["namespace"].as_str() {
-            None => object["metadata"]["namespace"] = json!(self.caller.namespace),
+        match proposed["metadata"]["namespace"].as_str() {
+            None => {}
             Some(ns) if ns == self.caller.namespace => {}
             Some(ns) => {
                 return Err(refused(format!(
@@ -42,20 +95,63 @@ impl Capability {
                 )))
             }
         }
-        require_managed(&object, &name)?;
-        if object["immutable"] != true {
+        if proposed["immutable"] != true {
             return Err(refused(format!("refused: snapshot {name} must be immutable")));
         }
         let content =
-            Content::from_object(kind, &object).map_err(|e| refused(format!("refused: snapshot {name}: {e}")))?;
-        let hash = content.hash();
-        if !name.ends_with(&format!("-{}", &hash[..10]))
-            || object["metadata"]["annotations"][keys::CONTENT_HASH] != hash.as_str()
+            Content::from_object(kind, proposed).map_err(|e| refused(format!("refused: snapshot {name}: {e}")))?;
+        let source = proposed["metadata"]["annotations"][keys::SOURCE_NAME]
+            .as_str()
+            .unwrap_or_default();
+        let source = source_name(source)?.to_string();
+        let ns = &self.caller.namespace;
+        if name != self.prover().snapshot_name(ns, &source, &content)
+            || proposed["metadata"]["annotations"][keys::CONTENT_HASH] != content.hash().as_str()
         {
             return Err(refused(format!(
                 "refused: snapshot {name} does not match its content hash"
             )));
         }
+        if kind == SourceKind::Secret {
+            self.check_type(&source, &content.type_)?;
+        }
+        let version = proposed["metadata"]["annotations"][keys::SOURCE_RESOURCE_VERSION]
+            .as_str()
+            .unwrap_or_default();
+        let version: String = version.chars().filter(char::is_ascii_digit).take(20).collect();
+        let mut object = snapshot_object(&SourceId::new(kind, &source), ns, &name, &version, &content);
+        self.prover().sign(&mut object);
+        Ok((kind, name, content, object))
+    }
+
+    /// A Secret snapshot's type: Opaque, or its source's own; never one
+    /// that makes the API server mint a credential into it.
+    fn check_type(&self, source: &str, type_: &str) -> Result<(), HostError> {
+        if TOKEN_TYPES.contains(&type_) {
+            return Err(refused(format!("refused: a snapshot is never a {type_} Secret")));
+        }
+        if type_ == "Opaque" {
+            return Ok(());
+        }
+        let live = self
+            .cluster
+            .get_fresh("Secret", &self.caller.namespace, source)
+            .map_err(failed)?;
+        let own = live.as_ref().and_then(|s| s["type"].as_str()).unwrap_or("Opaque");
+        if own == type_ {
+            Ok(())
+        } else {
+            Err(refused(format!(
+                "refused: a snapshot of {source} is Opaque or {own}, not {type_}"
+            )))
+        }
+    }
+
+    pub(super) fn create_snapshot(&self, request: Value) -> Result<Value, HostError> {
+        let proposed = request
+            .get("object")
+            .ok_or_else(|| HostError::new(Code::BadRequest, "create_snapshot needs an object"))?;
+        let (kind, name, content, object) = self.build(proposed)?;
         let owner = self.owner(&request)?;
         let ns = self.caller.namespace.clone();
         let created = || {
@@ -71,7 +167,7 @@ impl Capability {
             // marked. serve has read it ahead, beside the policy.
             Some(found) if !owned(&found) => self.cluster.get_fresh(kind.kind(), &ns, &name).map_err(failed)?,
             Some(found) => Some(found),
-            None => match self.cluster.create(object.clone()) {
+            None => match self.make(&object)? {
                 Ok(()) => return created(),
                 // Another replica (or a concurrent admission) created it
                 // first: content addressing makes that the same snapshot,
@@ -92,12 +188,12 @@ impl Capability {
         //   revision adopts it.
         for _ in 0..3 {
             let Some(found) = existing.take() else {
-                return match self.cluster.create(object.clone()) {
+                return match self.make(&object)? {
                     Ok(()) => created(),
                     Err(e) => Err(failed(e)),
                 };
             };
-            same_snapshot(kind, &found, &content, &name)?;
+            self.same_snapshot(kind, &found, &content, &name)?;
             let ops = match (&owner, owned(&found)) {
                 (None, true) => return Ok(json!({"created": false})),
                 (Some(owner), true) if owner["metadata"]["uid"].is_null() => {
@@ -115,7 +211,9 @@ impl Capability {
                     Some(ops) => ops,
                     None => return Ok(json!({"created": false})),
                 },
-                (_, false) if !must_mark_reuse(&found, self.cluster.now(), self.orphan_grace_secs) => {
+                (_, false)
+                    if !must_mark_reuse(&found, self.cluster.now(), self.rules.settings.orphan_grace_period_secs) =>
+                {
                     return Ok(json!({"created": false}));
                 }
                 (_, false) => {
@@ -168,18 +266,35 @@ impl Capability {
     }
 }
 
-/// `Ok` if `existing` is this very snapshot; refused otherwise.
-fn same_snapshot(kind: SourceKind, existing: &Value, content: &Content, name: &str) -> Result<(), HostError> {
-    let same = Content::from_object(kind, existing)
-        .map(|c| c == *content)
-        .unwrap_or(false);
-    if same && keys::is_snapshot(existing) {
-        return Ok(());
+impl Capability {
+    /// Creates `object`, if the namespace's budget allows one more.
+    fn make(&self, object: &Value) -> Result<Result<(), ApiError>, HostError> {
+        if let Some(budget) = &self.budget {
+            budget.take(&self.caller.namespace)?;
+        }
+        Ok(self.cluster.create(object.clone()))
     }
-    Err(refused(format!(
-        "refused: a different {} named {name} already exists",
-        kind.kind()
-    )))
+
+    /// `Ok` if `existing` is this very snapshot, and ours; refused
+    /// otherwise.
+    fn same_snapshot(
+        &self,
+        kind: SourceKind,
+        existing: &Value,
+        content: &Content,
+        name: &str,
+    ) -> Result<(), HostError> {
+        let same = Content::from_object(kind, existing)
+            .map(|c| c == *content)
+            .unwrap_or(false);
+        if same && self.prover().ours(existing) {
+            return Ok(());
+        }
+        Err(refused(format!(
+            "refused: a different {} named {name} already exists",
+            kind.kind()
+        )))
+    }
 }
 
 fn owned(object: &Value) -> bool {

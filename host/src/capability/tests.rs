@@ -2,7 +2,7 @@
 //! payloads: every refused call must leave the cluster untouched.
 
 use super::*;
-use config_snapshot_policy::content::{snapshot_object, Content};
+use config_snapshot_policy::content::{plain_snapshot, Content};
 use config_snapshot_policy::duration::format_rfc3339;
 use config_snapshot_policy::keys;
 use config_snapshot_policy::source::{SourceId, SourceKind};
@@ -12,9 +12,9 @@ use crate::cluster::{self, Preconditions, Selector};
 
 /// The in-memory cluster, with every write that lands written down.
 #[derive(Default)]
-struct Recorder {
-    cluster: crate::memory::Shared,
-    writes: Mutex<Vec<String>>,
+pub(super) struct Recorder {
+    pub(super) cluster: crate::memory::Shared,
+    pub(super) writes: Mutex<Vec<String>>,
     /// Plays a cache that has not seen another replica's write yet:
     /// `get` misses, `get_fresh` and `create` see the truth.
     stale_cache: bool,
@@ -24,7 +24,7 @@ struct Recorder {
 }
 
 impl Recorder {
-    fn put(&self, object: Value) {
+    pub(super) fn put(&self, object: Value) {
         self.cluster.store().persist(object);
     }
 
@@ -88,14 +88,14 @@ impl Cluster for Recorder {
     }
 }
 
-fn capability(dry_run: bool) -> (Arc<Recorder>, Capability) {
+pub(super) fn capability(dry_run: bool) -> (Arc<Recorder>, Capability) {
     let backend = Arc::new(Recorder::default());
     backend.put(json!({"apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": "plain", "namespace": "team-a", "uid": "u1"}, "data": {"a": "1"}}));
     (backend.clone(), capability_on(backend, dry_run))
 }
 
-fn capability_on(backend: Arc<Recorder>, dry_run: bool) -> Capability {
+pub(super) fn capability_on(backend: Arc<Recorder>, dry_run: bool) -> Capability {
     Capability::new(
         backend,
         Caller {
@@ -103,22 +103,31 @@ fn capability_on(backend: Arc<Recorder>, dry_run: bool) -> Capability {
             namespace: "team-a".into(),
             dry_run,
         },
-        600,
+        Arc::new(crate::lifecycle::Rules::new(
+            config_snapshot_policy::settings::Settings::default(),
+            Arc::new(crate::proof::Prover::replay()),
+        )),
         Arc::default(),
         Arc::new(crate::lifecycle::Silent),
     )
 }
 
-fn good_snapshot(ns: &str) -> Value {
+pub(super) fn good_snapshot(ns: &str) -> Value {
     let content = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"k": "v"}})).unwrap();
-    snapshot_object(&SourceId::new(SourceKind::ConfigMap, "app"), ns, "1", &content).1
+    plain_snapshot(&SourceId::new(SourceKind::ConfigMap, "app"), ns, "1", &content).1
 }
 
-fn write(cap: &Capability, op: &str, body: Value) -> Result<Vec<u8>, HostError> {
+/// `snapshot` as the host signs what it creates (replay's key).
+pub(super) fn signed(mut snapshot: Value) -> Value {
+    crate::proof::Prover::replay().sign(&mut snapshot);
+    snapshot
+}
+
+pub(super) fn write(cap: &Capability, op: &str, body: Value) -> Result<Vec<u8>, HostError> {
     cap.answer("config-snapshot", "v1", op, &serde_json::to_vec(&body).unwrap())
 }
 
-fn assert_refused(result: Result<Vec<u8>, HostError>, backend: &Recorder, cap: &Capability, why: &str) {
+pub(super) fn assert_refused(result: Result<Vec<u8>, HostError>, backend: &Recorder, cap: &Capability, why: &str) {
     let err = result.expect_err(why);
     assert!(
         matches!(err.code, Code::Refused | Code::Conflict | Code::DryRun),
@@ -267,7 +276,7 @@ fn a_reuse_is_marked_unless_a_fresh_read_shows_the_sweep_a_margin_away() {
         .is_some());
 }
 
-fn name_of(object: &Value) -> String {
+pub(super) fn name_of(object: &Value) -> String {
     object["metadata"]["name"].as_str().unwrap().to_string()
 }
 
@@ -277,7 +286,7 @@ fn losing_a_create_race_to_the_same_snapshot_is_not_an_error() {
         stale_cache: true,
         ..Recorder::default()
     });
-    backend.put(good_snapshot("team-a"));
+    backend.put(signed(good_snapshot("team-a")));
     let cap = capability_on(backend.clone(), false);
     let answer = write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap();
     assert_eq!(
@@ -305,20 +314,30 @@ fn refuses_another_namespace() {
     );
 }
 
+/// The host builds the snapshot from what the guest proposes: owners,
+/// finalizers, labels and annotations it did not decide are not copied,
+/// and its own label and signature are added whatever the guest sent.
 #[test]
-fn refuses_a_snapshot_without_the_managed_by_label() {
+fn what_the_host_creates_is_built_not_copied() {
     let (backend, cap) = capability(false);
-    let mut obj = good_snapshot("team-a");
-    obj["metadata"]["labels"]
-        .as_object_mut()
-        .unwrap()
-        .remove(keys::MANAGED_BY);
-    assert_refused(
-        write(&cap, "create_snapshot", json!({"object": obj})),
-        &backend,
-        &cap,
-        "unlabelled",
-    );
+    let mut proposed = good_snapshot("team-a");
+    proposed["metadata"]["labels"] = json!({"team": "a"});
+    proposed["metadata"]["ownerReferences"] =
+        json!([{"apiVersion": "v1", "kind": "Namespace", "name": "team-a", "uid": "ns-uid"}]);
+    proposed["metadata"]["finalizers"] = json!(["example.com/hold"]);
+    proposed["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"] = json!("{}");
+    proposed["metadata"]["annotations"][keys::SOURCE_RESOURCE_VERSION] = json!("12; rm -rf");
+    write(&cap, "create_snapshot", json!({"object": proposed})).unwrap();
+    let name = name_of(&good_snapshot("team-a"));
+    let made = backend.cluster.get("ConfigMap", "team-a", &name).unwrap().unwrap();
+    assert!(made["metadata"].get("ownerReferences").is_none(), "{made}");
+    assert!(made["metadata"].get("finalizers").is_none(), "{made}");
+    assert_eq!(made["metadata"]["labels"][keys::MANAGED_BY], keys::MANAGED_BY_VALUE);
+    assert!(made["metadata"]["labels"].get("team").is_none(), "{made}");
+    let annotations = made["metadata"]["annotations"].as_object().unwrap();
+    assert!(!annotations.contains_key("kubectl.kubernetes.io/last-applied-configuration"));
+    assert_eq!(annotations[keys::SOURCE_RESOURCE_VERSION], "12");
+    assert!(cap.rules.prover.proves(&made), "signed: {made}");
 }
 
 #[test]
@@ -432,3 +451,5 @@ fn missing_objects_read_as_not_found_errors() {
     let err = cap.answer("nope", "v1", "x", b"{}").unwrap_err();
     assert_eq!(err.code, Code::Unsupported, "{err}");
 }
+
+mod attacks;

@@ -8,6 +8,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{failed, refused, Capability};
+use crate::cluster::Cluster;
 use crate::cluster::Preconditions;
 use crate::lifecycle::{guard, Effect};
 
@@ -67,7 +68,7 @@ impl Capability {
             uid: uid.to_string(),
             resource_version: rv.map(str::to_string),
         };
-        guard::delete_snapshot(self.cluster.as_ref(), &self.register, &existing, &preconditions)?;
+        guard::delete_snapshot(&self.cluster, &self.register, self.prover(), &existing, &preconditions)?;
         self.observer.note(format!("snapshot {kind}/{name} swept"));
         Ok(json!({"deleted": true}))
     }

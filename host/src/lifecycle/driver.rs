@@ -16,6 +16,7 @@ use super::pass::{bridges, controller_of, orphans};
 use super::register::Register;
 use super::verdict::{adopt_ops, decide_patch, version_of, Observed, Rules, Verdict};
 use crate::cluster::{self, ApiError, Cluster, Key, Preconditions, Selector};
+use crate::proof::Proven;
 
 /// What one run of an effect came to.
 #[derive(Debug, PartialEq)]
@@ -69,10 +70,23 @@ impl Ending {
 
 /// Everything carrying out an effect needs.
 pub struct Driver<'a> {
-    pub cluster: &'a dyn Cluster,
+    /// The cluster as the host acts on it: an object carrying our label
+    /// without proof is seen without it ([`Proven`]).
+    pub cluster: Proven<&'a dyn Cluster>,
     pub rules: &'a Rules,
     pub register: &'a Register,
     pub observer: &'a dyn Observer,
+}
+
+impl<'a> Driver<'a> {
+    pub fn new(cluster: &'a dyn Cluster, rules: &'a Rules, register: &'a Register, observer: &'a dyn Observer) -> Self {
+        Driver {
+            cluster: Proven::new(cluster, rules.prover.clone()),
+            rules,
+            register,
+            observer,
+        }
+    }
 }
 
 impl Driver<'_> {
@@ -335,7 +349,13 @@ impl Driver<'_> {
             uid: d.uid,
             resource_version: Some(d.resource_version),
         };
-        match guard::delete_snapshot(self.cluster, self.register, &snapshot, &preconditions) {
+        match guard::delete_snapshot(
+            &self.cluster,
+            self.register,
+            &self.rules.prover,
+            &snapshot,
+            &preconditions,
+        ) {
             Ok(()) => self.observer.note(format!(
                 "{kind}/{name} collected: made for a rollout that did not happen"
             )),

@@ -17,6 +17,9 @@ pub enum Reason {
     RolloutDropped,
     /// A deferred effect failed past its retries.
     EffectFailed,
+    /// An object carries config-snapshot's label without being a snapshot
+    /// it made: left alone (docs/security.md).
+    Unproven,
 }
 
 impl Reason {
@@ -26,11 +29,12 @@ impl Reason {
             Reason::ConfigRenewed => "ConfigRenewed",
             Reason::RolloutDropped => "RolloutDropped",
             Reason::EffectFailed => "EffectFailed",
+            Reason::Unproven => "UnprovenSnapshot",
         }
     }
 
     pub fn warning(self) -> bool {
-        self == Reason::EffectFailed
+        matches!(self, Reason::EffectFailed | Reason::Unproven)
     }
 
     pub fn action(self) -> &'static str {
@@ -39,6 +43,7 @@ impl Reason {
             Reason::ConfigRenewed => "Renew",
             Reason::RolloutDropped => "Drop",
             Reason::EffectFailed => "GiveUp",
+            Reason::Unproven => "Ignore",
         }
     }
 }

@@ -205,13 +205,13 @@ pub struct Doomed {
 pub fn orphans(objects: &[&Value], pending: &HashSet<Key>, now: i64, grace: u64) -> Vec<Doomed> {
     let mut referenced: HashSet<Key> = HashSet::new();
     for holder in objects {
-        if kinds::template_of(holder).is_none() {
+        let Some(row) = kinds::find(kind_of(holder)).filter(|k| k.template.is_some()) else {
             continue;
-        }
+        };
         let ns = holder["metadata"]["namespace"].as_str().unwrap_or_default();
         for kind in [SourceKind::ConfigMap, SourceKind::Secret] {
             let mut names = std::collections::BTreeSet::new();
-            sweep::add_references(&mut names, holder, kind);
+            sweep::add_references(&mut names, row, holder, kind);
             referenced.extend(names.into_iter().map(|n| (kind.kind().to_string(), ns.to_string(), n)));
         }
     }

@@ -1,7 +1,7 @@
 //! The periodic pass's decisions.
 
 use super::*;
-use config_snapshot_policy::content::{snapshot_object, Content};
+use config_snapshot_policy::content::{plain_snapshot, Content};
 use config_snapshot_policy::duration::format_rfc3339;
 use serde_json::json;
 
@@ -59,7 +59,7 @@ const NOW: i64 = 1_800_000_000;
 
 fn snap(value: &str, age: i64) -> Value {
     let c = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"v": value}})).unwrap();
-    let (_, mut o) = snapshot_object(&SourceId::new(SourceKind::ConfigMap, "app"), "ns", "", &c);
+    let (_, mut o) = plain_snapshot(&SourceId::new(SourceKind::ConfigMap, "app"), "ns", "", &c);
     o["metadata"]["uid"] = json!(format!("uid-{value}"));
     o["metadata"]["resourceVersion"] = json!("3");
     o["metadata"]["creationTimestamp"] = json!(format_rfc3339(NOW - age));

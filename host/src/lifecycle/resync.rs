@@ -3,8 +3,10 @@
 //! bridges, renewals, watch re-derivation and the timed sweep, as
 //! [`super::pass`] decides them (docs/design.md, "The periodic pass").
 
+use config_snapshot_policy::keys;
 use config_snapshot_policy::kinds::KINDS;
-use serde_json::Value;
+use config_snapshot_policy::rewrite::annotation_path;
+use serde_json::{json, Value};
 
 use super::driver::Driver;
 use super::effect::Effect;
@@ -12,7 +14,8 @@ use super::guard;
 use super::observe::Reason;
 use super::pass::{bridges, missing_adoptions, orphans, renewals, watched_sources};
 use super::verdict::version_of;
-use crate::cluster::{self, key, Preconditions, Selector};
+use crate::cluster::{self, key, Cluster, Preconditions, Selector};
+use crate::proof::SIGNATURE;
 
 /// Why a synthetic admission gave no answer.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -43,22 +46,87 @@ pub struct Pass {
     pub renewed: usize,
     pub sources_checked: usize,
     pub swept: usize,
+    /// Snapshots made before the installation's key, signed now.
+    pub signed: usize,
+    /// Objects that carry our label without proof: left alone.
+    pub unproven: usize,
 }
 
 impl Driver<'_> {
-    /// Every object of every kind the policy reads.
+    /// Every object of every kind the policy reads, outside the excluded
+    /// namespaces, as the host acts on them (forgeries unlabelled).
     fn everything(&self) -> cluster::Result<Vec<Value>> {
         let mut out = Vec::new();
         for k in &KINDS {
-            self.cluster
-                .list(k.kind, None, &Selector::default(), &mut |o| out.push(o.clone()))?;
+            self.cluster.list(k.kind, None, &Selector::default(), &mut |o| {
+                if !self
+                    .rules
+                    .excludes(o["metadata"]["namespace"].as_str().unwrap_or_default())
+                {
+                    out.push(o.clone())
+                }
+            })?;
         }
         Ok(out)
+    }
+
+    /// Looks at everything that carries our label: signs the snapshots an
+    /// earlier version made before the installation had a key (pinned to
+    /// the version judged, so a changed object is judged again next pass),
+    /// and reports the rest, which the host leaves alone.
+    fn prove(&self, pass: &mut Pass) {
+        let prover = self.cluster.prover();
+        let mut labelled = Vec::new();
+        for kind in ["ConfigMap", "Secret"] {
+            let listed = self.cluster.raw().list(kind, None, &Selector::managed(), &mut |o| {
+                if !self
+                    .rules
+                    .excludes(o["metadata"]["namespace"].as_str().unwrap_or_default())
+                    && !prover.proves(o)
+                {
+                    labelled.push(o.clone())
+                }
+            });
+            if let Err(e) = listed {
+                self.observer
+                    .note(format!("resync: could not list labelled {kind}s: {e}"));
+            }
+        }
+        for object in labelled {
+            let (kind, ns, name) = key(&object);
+            if prover.legacy(&object) {
+                let mut signed = object.clone();
+                prover.sign(&mut signed);
+                let signature = &signed["metadata"]["annotations"][SIGNATURE];
+                let op = json!({"op": "add", "path": annotation_path(SIGNATURE), "value": signature});
+                match self.cluster.patch(&kind, &ns, &name, version_of(&object), vec![op]) {
+                    Ok(()) => {
+                        pass.signed += 1;
+                        self.observer
+                            .note(format!("resync: {kind}/{name} made before the key, signed"));
+                    }
+                    Err(e) => self.observer.note(format!("resync: signing {kind}/{name}: {e}")),
+                }
+            } else {
+                pass.unproven += 1;
+                let why = prover.verify(&object).err().map(|e| e.to_string()).unwrap_or_default();
+                self.observer.tell(
+                    &object,
+                    Reason::Unproven,
+                    format!(
+                        "carries the label {}={} but is not a snapshot config-snapshot made ({why}): left alone, never swept",
+                        keys::MANAGED_BY,
+                        keys::MANAGED_BY_VALUE
+                    ),
+                );
+            }
+        }
     }
 
     /// One periodic pass.
     pub fn resync(&self, host: &dyn PassHost) -> Pass {
         let mut pass = Pass::default();
+        self.prove(&mut pass);
         let objects = match self.everything() {
             Ok(o) => o,
             Err(e) => {
@@ -156,7 +224,13 @@ impl Driver<'_> {
                 uid: d.uid.clone(),
                 resource_version: Some(d.resource_version.clone()),
             };
-            match guard::delete_snapshot(self.cluster, self.register, snapshot, &preconditions) {
+            match guard::delete_snapshot(
+                &self.cluster,
+                self.register,
+                &self.rules.prover,
+                snapshot,
+                &preconditions,
+            ) {
                 Ok(()) => {
                     swept += 1;
                     self.observer
@@ -168,3 +242,7 @@ impl Driver<'_> {
         swept
     }
 }
+
+#[cfg(test)]
+#[path = "resync_tests.rs"]
+mod tests;

@@ -20,6 +20,8 @@
 //! 5. the patch is recomputed on the workload as it is, pinned to its
 //!    resourceVersion, and records the rollout and the generation it makes.
 
+use std::sync::Arc;
+
 use config_snapshot_policy::content::Content;
 use config_snapshot_policy::keys;
 use config_snapshot_policy::optin::OptIn;
@@ -27,9 +29,11 @@ use config_snapshot_policy::records::{generation, Rollback, WatchRollout};
 use config_snapshot_policy::rewrite::annotation_path;
 use config_snapshot_policy::settings::Settings;
 use config_snapshot_policy::watch;
+
 use serde_json::{json, Value};
 
 use super::effect::PatchIntent;
+use crate::proof::Prover;
 
 /// What the rules need besides the objects.
 #[derive(Debug, Clone)]
@@ -37,6 +41,28 @@ pub struct Rules {
     pub settings: Settings,
     /// Storm guard: the least time between two watch rollouts of a workload.
     pub watch_min_interval: i64,
+    /// Tells the host's snapshots from objects that only carry its label.
+    pub prover: Arc<Prover>,
+    /// Namespaces the webhook excludes: the host writes nothing there,
+    /// whoever asks, and its periodic pass does not look in them.
+    pub excluded_namespaces: Vec<String>,
+}
+
+impl Rules {
+    /// Rules with the policy's `settings`, no storm guard and nothing
+    /// excluded.
+    pub fn new(settings: Settings, prover: Arc<Prover>) -> Rules {
+        Rules {
+            settings,
+            watch_min_interval: 0,
+            prover,
+            excluded_namespaces: Vec::new(),
+        }
+    }
+
+    pub fn excludes(&self, namespace: &str) -> bool {
+        self.excluded_namespaces.iter().any(|n| n == namespace)
+    }
 }
 
 /// The objects a patch is judged against, as they are now.

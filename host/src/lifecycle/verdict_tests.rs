@@ -1,7 +1,7 @@
 //! The verdicts on deferred effects.
 
 use super::*;
-use config_snapshot_policy::content::snapshot_object;
+use config_snapshot_policy::content::plain_snapshot;
 use config_snapshot_policy::kinds::WorkloadKind;
 use config_snapshot_policy::source::{SourceId, SourceKind};
 
@@ -9,8 +9,8 @@ const NOW: i64 = 1_800_000_000;
 
 fn rules(interval: i64) -> Rules {
     Rules {
-        settings: Settings::default(),
         watch_min_interval: interval,
+        ..Rules::new(Settings::default(), Arc::new(Prover::replay()))
     }
 }
 
@@ -20,7 +20,7 @@ fn source(data: Value, rv: &str) -> Value {
 
 fn snapshot_name(data: Value) -> String {
     let c = Content::from_object(SourceKind::ConfigMap, &json!({ "data": data })).unwrap();
-    snapshot_object(&SourceId::new(SourceKind::ConfigMap, "app"), "ns", "", &c).0
+    plain_snapshot(&SourceId::new(SourceKind::ConfigMap, "app"), "ns", "", &c).0
 }
 
 fn workload(on: &str, generation: i64, annotations: Value) -> Value {
@@ -193,7 +193,7 @@ fn the_storm_guard_counts_from_the_rollout_recorded_on_the_workload() {
 fn adoption_adds_the_owner_once_and_only_to_snapshots() {
     let owner = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "web-1", "uid": "u1"}});
     let c = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"a": "1"}})).unwrap();
-    let (_, mut snap) = snapshot_object(&SourceId::new(SourceKind::ConfigMap, "app"), "ns", "", &c);
+    let (_, mut snap) = plain_snapshot(&SourceId::new(SourceKind::ConfigMap, "app"), "ns", "", &c);
     snap["metadata"]["resourceVersion"] = json!("5");
     let ops = adopt_ops(&owner, &snap).unwrap();
     assert!(
@@ -210,7 +210,7 @@ fn adoption_adds_the_owner_once_and_only_to_snapshots() {
 #[test]
 fn a_revision_adopts_for_its_workload_too() {
     let c = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"a": "1"}})).unwrap();
-    let (_, mut snap) = snapshot_object(&SourceId::new(SourceKind::ConfigMap, "app"), "ns", "", &c);
+    let (_, mut snap) = plain_snapshot(&SourceId::new(SourceKind::ConfigMap, "app"), "ns", "", &c);
     snap["metadata"]["resourceVersion"] = json!("5");
     snap["metadata"]["ownerReferences"] = json!([
         {"apiVersion": "apps/v1", "kind": "ControllerRevision", "name": "agent-1", "uid": "other"},

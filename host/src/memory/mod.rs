@@ -37,6 +37,7 @@ use serde_json::{json, Value};
 use crate::cluster::Key;
 use crate::engine::Engine;
 use crate::lifecycle::{Effect, Register, Rules as EffectRules};
+use crate::proof::Prover;
 use crate::rules::Rules;
 use shared::lock;
 pub use shared::{Fault, Rollout, Shared};
@@ -115,8 +116,8 @@ impl Simulator {
             settings,
             rules: Rules::embedded(),
             effect_rules: EffectRules {
-                settings: parsed,
                 watch_min_interval: 30,
+                ..EffectRules::new(parsed, Arc::new(Prover::replay()))
             },
             requests: AtomicU64::new(0),
             hold_effects: AtomicBool::new(false),

@@ -36,12 +36,7 @@ pub struct Job {
 
 impl Simulator {
     fn driver(&self) -> Driver<'_> {
-        Driver {
-            cluster: self,
-            rules: &self.effect_rules,
-            register: &self.register,
-            observer: self.shared.as_ref(),
-        }
+        Driver::new(self, &self.effect_rules, &self.register, self.shared.as_ref())
     }
 
     /// Queues an effect whose admission is persisted, unless the same work

@@ -13,8 +13,9 @@ use serde_json::{json, Value};
 
 use super::shared::lock;
 use super::store::key_of;
-use super::{timeline, Admission, Recorded, Simulator};
+use super::{timeline, Admission, Recorded, Simulator, HOST_USER};
 use crate::capability::{Caller, Capability};
+use crate::proof::Screen;
 
 impl Simulator {
     fn next_request_uid(&self) -> String {
@@ -66,7 +67,7 @@ impl Simulator {
             Capability::new(
                 self.shared.clone(),
                 Caller::of(request),
-                self.effect_rules.settings.orphan_grace_period_secs,
+                Arc::new(self.effect_rules.clone()),
                 self.register.clone(),
                 self.shared.clone(),
             )
@@ -111,9 +112,9 @@ impl Simulator {
     }
 
     /// The API server's write path: validation it does itself, admission,
-    /// persistence, then the controllers that watch what changed. Objects
-    /// with config-snapshot's label skip admission, as the webhook's
-    /// objectSelector makes them.
+    /// persistence, then the controllers that watch what changed. The
+    /// host's own writes of labelled objects skip admission, as the
+    /// webhook's matchConditions make them.
     pub(crate) fn write(&self, object: Value, old: Option<Value>, dry_run: bool, actor: &str) -> Result<Admission> {
         let (kind, _, name) = key_of(&object);
         let operation = if old.is_some() { "UPDATE" } else { "CREATE" };
@@ -131,10 +132,39 @@ impl Simulator {
         let mut object = object;
         let mut uid = None;
         let plural = kinds::find(&kind).map_or("", |k| k.plural);
-        if self.rules.matches(&api_version, plural, operation) && !keys::is_snapshot(&object) {
+        // The webhook's matchConditions skip the host's own writes of
+        // labelled objects; anyone else's are reviewed, and screened on
+        // proof, not on the label (serve screens its own).
+        let own = actor == HOST_USER && keys::is_snapshot(&object);
+        if self.rules.matches(&api_version, plural, operation) && !own {
             let request = self.admission_request(operation, &object, old.as_ref(), dry_run, actor);
             uid = request["uid"].as_str().map(str::to_string);
-            let (a, mutated) = self.review(&request)?;
+            let webhook = self.webhook.read().unwrap_or_else(|e| e.into_inner()).is_some();
+            let (a, mutated) = match self.effect_rules.prover.screen(&request) {
+                Screen::Ours if !webhook => (
+                    Admission {
+                        allowed: true,
+                        ..Default::default()
+                    },
+                    None,
+                ),
+                Screen::Unlabel(unlabelled) if !webhook => {
+                    self.note(format!(
+                        "{kind}/{name} carries config-snapshot's label without proof: reviewed as a source"
+                    ));
+                    let (a, mutated) = self.review(&unlabelled)?;
+                    // What the policy changed, on the object as it is.
+                    let mutated = mutated
+                        .map(|m| {
+                            let diff = json_patch::diff(&unlabelled["object"], &m);
+                            let mut kept = object.clone();
+                            json_patch::patch(&mut kept, &diff).map(|()| kept)
+                        })
+                        .transpose()?;
+                    (a, mutated)
+                }
+                _ => self.review(&request)?,
+            };
             admission = a;
             for w in &admission.warnings {
                 self.note(format!("warning: {w}"));

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use config_snapshot_policy::host_error::Code;
+use config_snapshot_policy::keys;
 use config_snapshot_policy::operation::Operation;
+use config_snapshot_policy::source::SourceKind;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -17,6 +19,7 @@ use super::scope::RequestScope;
 use super::State;
 use crate::capability::{Caller, Capability};
 use crate::engine::{CallFailure, CallHandler};
+use crate::proof::{Prover, Screen};
 
 /// Request uids of the host's own admissions (the resync's) start with
 /// this: they are logged at debug, not info.
@@ -77,6 +80,52 @@ pub fn review(state: &State, body: &[u8]) -> Result<Answer, Failure> {
     admit(state, request)
 }
 
+enum Screened {
+    Policy,
+    Ours,
+    Unlabelled(Box<RawValue>),
+}
+
+/// The webhook's "skip our own writes", on proof ([`Prover::screen`]).
+/// Only a ConfigMap or Secret whose text names our label is parsed.
+fn screen(head: &Head, request: &RawValue, prover: &Prover) -> Screened {
+    if SourceKind::from_kind(&head.kind.kind).is_none() || !request.get().contains(keys::MANAGED_BY) {
+        return Screened::Policy;
+    }
+    let Ok(parsed) = serde_json::from_str::<Value>(request.get()) else {
+        return Screened::Policy;
+    };
+    match prover.screen(&parsed) {
+        Screen::Policy => Screened::Policy,
+        Screen::Ours => Screened::Ours,
+        Screen::Unlabel(unlabelled) => match serde_json::value::to_raw_value(&unlabelled) {
+            Ok(raw) => {
+                tracing::warn!(uid = %head.uid, "a {} carries config-snapshot's label without proof: reviewed as a source", head.kind.kind);
+                Screened::Unlabelled(raw)
+            }
+            Err(_) => Screened::Policy,
+        },
+    }
+}
+
+/// The answer that allows a request untouched, without the policy.
+fn untouched(state: &State, uid: &str, decision: &'static str, warning: Option<String>) -> Result<Answer, Failure> {
+    state
+        .metrics
+        .decisions
+        .get_or_create(&DecisionLabels { decision })
+        .inc();
+    let mut response = json!({"uid": uid, "allowed": true});
+    if let Some(w) = warning {
+        response["warnings"] = json!([w]);
+    }
+    Ok(Answer {
+        review: json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}),
+        allowed: true,
+        mutated: None,
+    })
+}
+
 /// Evaluates one AdmissionRequest (raw JSON) and releases its deferred
 /// effects if it was allowed.
 pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
@@ -96,6 +145,25 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
         namespace = head.namespace.as_deref().unwrap_or_default()
     )
     .entered();
+    let rules = &state.queue.carry().rules;
+    let namespace = head.namespace.as_deref().unwrap_or_default();
+    // A namespace the webhook excludes never gets here from the API
+    // server: whoever sent it, nothing is written and nothing changed.
+    if rules.excludes(namespace) {
+        return untouched(
+            state,
+            &head.uid,
+            "excluded",
+            Some(format!("config-snapshot does not act in namespace {namespace}")),
+        );
+    }
+    let screened = match screen(&head, request, &rules.prover) {
+        Screened::Policy => None,
+        // A write of one of our snapshots: nothing to decide.
+        Screened::Ours => return untouched(state, &head.uid, "snapshot", None),
+        Screened::Unlabelled(request) => Some(request),
+    };
+    let request: &RawValue = screened.as_deref().unwrap_or(request);
     let scope = Arc::new(RequestScope::new(
         state.cluster.clone(),
         head.namespace.as_deref().unwrap_or_default(),
@@ -115,10 +183,11 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
                 namespace: head.namespace.clone().unwrap_or_default(),
                 dry_run: head.dry_run.unwrap_or(false),
             },
-            state.settings.orphan_grace_period_secs,
+            carry.rules.clone(),
             carry.register.clone(),
             carry.report.clone(),
-        ),
+        )
+        .with_budget(state.budget.clone()),
         metrics: state.metrics.clone(),
     });
     let mut payload = Vec::with_capacity(request.get().len() + state.settings_json.len() + 32);

@@ -13,19 +13,25 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use axum_server::tls_rustls::RustlsConfig;
+use axum_server::accept::DefaultAcceptor;
+use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
 use axum_server::Handle;
+use hyper_util::rt::TokioTimer;
 
+use super::listener::{server_config, Limit};
 use super::{admission, duration, Options, State};
 
 /// An AdmissionReview carries the object and the old object; the API
 /// server caps each at about 3 MiB.
 const MAX_BODY: usize = 8 << 20;
 
-pub fn webhook_router(state: Arc<State>) -> Router {
+/// The webhook's routes. `body_timeout`: how long a request's body may
+/// take to arrive (a client that trickles it holds a connection).
+pub fn webhook_router(state: Arc<State>, body_timeout: Duration) -> Router {
     Router::new()
         .route("/mutate", post(mutate))
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(body_timeout))
         .with_state(state)
 }
 
@@ -75,16 +81,13 @@ async fn metrics(Extract(state): Extract<Arc<State>>) -> Response {
 }
 
 pub async fn serve(state: Arc<State>, options: &Options) -> Result<()> {
-    let tls = RustlsConfig::from_pem_file(&options.tls_cert, &options.tls_key)
-        .await
-        .with_context(|| {
-            format!(
-                "loading {} and {}",
-                options.tls_cert.display(),
-                options.tls_key.display()
-            )
-        })?;
+    let tls = RustlsConfig::from_config(tls_config(options)?);
+    if options.client_ca.is_some() {
+        tracing::info!("the webhook answers only callers with a client certificate from --client-ca");
+    }
     tokio::spawn(reload_certificates(tls.clone(), options.clone()));
+    let header_timeout = Duration::from_secs(duration("header-read-timeout", &options.header_read_timeout)?.max(1));
+    let body_timeout = Duration::from_secs(duration("body-read-timeout", &options.body_read_timeout)?.max(1));
     let grace = Duration::from_secs(duration("shutdown-grace", &options.shutdown_grace)?);
     let handle = Handle::new();
     let ops = tokio::net::TcpListener::bind(options.metrics_listen)
@@ -110,15 +113,25 @@ pub async fn serve(state: Arc<State>, options: &Options) -> Result<()> {
         signal_state.shutting_down.store(true, Ordering::SeqCst);
         signal_handle.graceful_shutdown(Some(grace));
     });
-    axum_server::bind_rustls(options.listen, tls)
-        .handle(handle)
-        .serve(webhook_router(state).into_make_service())
+    let acceptor = RustlsAcceptor::new(tls).acceptor(Limit::new(DefaultAcceptor::new(), options.max_connections));
+    let mut server = axum_server::bind(options.listen).acceptor(acceptor).handle(handle);
+    server
+        .http_builder()
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout);
+    server
+        .serve(webhook_router(state, body_timeout).into_make_service())
         .await
         .context("webhook server")?;
     let _ = stop_ops.send(());
     let _ = ops_server.await;
     tracing::info!("stopped");
     Ok(())
+}
+
+fn tls_config(options: &Options) -> Result<Arc<rustls::ServerConfig>> {
+    server_config(&options.tls_cert, &options.tls_key, options.client_ca.as_deref())
 }
 
 /// cert-manager rotates the certificate in place: pick it up without a
@@ -130,9 +143,12 @@ async fn reload_certificates(tls: RustlsConfig, options: Options) {
         tokio::time::sleep(Duration::from_secs(30)).await;
         let now = modified(&options.tls_cert);
         if now != seen {
-            match tls.reload_from_pem_file(&options.tls_cert, &options.tls_key).await {
-                Ok(()) => tracing::info!("reloaded the TLS certificate"),
-                Err(e) => tracing::warn!("keeping the old TLS certificate: {e}"),
+            match tls_config(&options) {
+                Ok(config) => {
+                    tls.reload_from_config(config);
+                    tracing::info!("reloaded the TLS certificate")
+                }
+                Err(e) => tracing::warn!("keeping the old TLS certificate: {e:#}"),
             }
             seen = now;
         }

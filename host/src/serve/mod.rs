@@ -11,12 +11,14 @@ pub mod cache;
 pub mod events;
 mod http;
 pub mod leader;
+pub mod listener;
 pub mod metrics;
 pub mod prefetch;
 pub mod queue;
 mod report;
 pub mod resync;
 pub mod scope;
+pub mod signing;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -37,8 +39,10 @@ use metrics::Metrics;
 use queue::{Carry, Queue, QueueSettings};
 use report::Report;
 
+use crate::capability::Budget;
 use crate::engine::Engine;
 use crate::lifecycle::Rules;
+use crate::proof::Prover;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Options {
@@ -66,6 +70,21 @@ pub struct Options {
     /// PEM private key for the webhook.
     #[arg(long)]
     pub tls_key: PathBuf,
+    /// PEM CA certificate(s): when set, the webhook answers only callers
+    /// that present a client certificate signed by one (mTLS). Give it the
+    /// CA of the client certificate the API server's AdmissionConfiguration
+    /// names for this webhook (deploy/serve/components/mtls).
+    #[arg(long, env = "CONFIG_SNAPSHOT_CLIENT_CA")]
+    pub client_ca: Option<PathBuf>,
+    /// Connections to the webhook at once; past it, new ones are closed.
+    #[arg(long, default_value = "256")]
+    pub max_connections: usize,
+    /// How long a client may take to send a request's headers (Go duration).
+    #[arg(long, default_value = "5s")]
+    pub header_read_timeout: String,
+    /// How long a client may take to send a request's body (Go duration).
+    #[arg(long, default_value = "10s")]
+    pub body_read_timeout: String,
     /// The webhook's HTTPS address.
     #[arg(long, default_value = "0.0.0.0:8443")]
     pub listen: SocketAddr,
@@ -110,9 +129,40 @@ pub struct Options {
     /// The Lease's name.
     #[arg(long, default_value = "config-snapshot")]
     pub lease_name: String,
-    /// The Lease's namespace (the pod's, from the downward API).
-    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
-    pub lease_namespace: String,
+    /// serve's own namespace (the pod's, from the downward API): its
+    /// Lease and its signing key live there, and its webhook never reviews
+    /// it.
+    #[arg(
+        long = "namespace",
+        alias = "lease-namespace",
+        env = "POD_NAMESPACE",
+        default_value = "config-snapshot"
+    )]
+    pub own_namespace: String,
+    /// The key that signs snapshots and keys Secret snapshots' names, as a
+    /// file (raw, or base64). Without it, serve keeps the key in the
+    /// Secret --signing-key-secret of its own namespace, made on first
+    /// start (docs/security.md).
+    #[arg(long, env = "CONFIG_SNAPSHOT_SIGNING_KEY_FILE")]
+    pub signing_key_file: Option<PathBuf>,
+    /// The Secret, in serve's own namespace, that keeps the signing key.
+    #[arg(long, default_value = "config-snapshot-signing-key")]
+    pub signing_key_secret: String,
+    /// Namespaces serve never acts in, as its webhook's namespaceSelector
+    /// excludes them (deploy/serve/webhook.yaml; checked by a test): a
+    /// review for one is answered untouched, the periodic pass does not
+    /// look in them. serve's own namespace is always one.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "kube-system,kube-public,kube-node-lease"
+    )]
+    pub exclude_namespaces: Vec<String>,
+    /// Snapshots one namespace may have made per minute (a burst of that
+    /// many at once): past it, creation fails as for any failed snapshot
+    /// (`onSnapshotFailure`).
+    #[arg(long, default_value = "600")]
+    pub snapshot_rate: std::num::NonZeroU32,
     /// How long a Lease unrenewed stays held: the longest failover (Go duration).
     #[arg(long, default_value = "15s")]
     pub lease_duration: String,
@@ -122,6 +172,21 @@ pub struct Options {
 }
 
 impl Options {
+    /// The namespaces serve never acts in: `--exclude-namespaces` and its
+    /// own.
+    pub fn excluded_namespaces(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .exclude_namespaces
+            .iter()
+            .map(|n| n.trim().to_string())
+            .filter(|n| !n.is_empty())
+            .collect();
+        if !out.contains(&self.own_namespace) {
+            out.push(self.own_namespace.clone());
+        }
+        out
+    }
+
     /// The engine's limits from `--policy-instances` and
     /// `--policy-memory-mib`.
     pub fn engine_limits(&self) -> Result<crate::engine::Limits> {
@@ -180,6 +245,8 @@ pub struct State {
     /// instance slots; past it a request would fail, so it waits here
     /// instead. One slot stays free for the resync.
     pub evaluations: tokio::sync::Semaphore,
+    /// Snapshot creations per namespace per minute.
+    pub budget: Arc<Budget>,
     ids: AtomicU64,
 }
 
@@ -199,7 +266,7 @@ fn duration(flag: &str, text: &str) -> Result<u64> {
 
 /// Everything `serve` needs that does not involve sockets, for the module
 /// `--policy` named (already read or pulled).
-pub fn build(options: &Options, client: Client, module: &[u8]) -> Result<(Arc<State>, queue::Worker)> {
+pub fn build(options: &Options, client: Client, module: &[u8], prover: Prover) -> Result<(Arc<State>, queue::Worker)> {
     let precompiled = match &options.precompiled {
         Some(path) => Some(std::fs::read(path).with_context(|| format!("reading {}", path.display()))?),
         None => None,
@@ -212,7 +279,15 @@ pub fn build(options: &Options, client: Client, module: &[u8]) -> Result<(Arc<St
         options.engine_limits()?,
     )?;
     tracing::info!(how = %how, millis = started.elapsed().as_millis() as u64, "policy ready");
-    build_with_engine(options, client, Arc::new(engine))
+    build_with_engine(options, client, Arc::new(engine), prover)
+}
+
+/// The signing key's prover, from `--signing-key-file` or the Secret.
+pub async fn prover(options: &Options, client: Client) -> Result<Prover> {
+    match &options.signing_key_file {
+        Some(path) => signing::from_file(path),
+        None => signing::from_secret(client, &options.own_namespace, &options.signing_key_secret).await,
+    }
 }
 
 /// [`build`] with an engine already compiled (`--policy` is not read).
@@ -220,6 +295,7 @@ pub fn build_with_engine(
     options: &Options,
     client: Client,
     engine: Arc<Engine>,
+    prover: Prover,
 ) -> Result<(Arc<State>, queue::Worker)> {
     let engine_instances = engine.limits().instances as usize;
     let settings: Value = serde_json::from_str(&options.settings_json).context("--settings-json is not JSON")?;
@@ -238,10 +314,12 @@ pub fn build_with_engine(
     let cluster = Arc::new(KubeCluster::new(client, cache, runtime, metrics.clone()));
     let carry = Arc::new(Carry {
         cluster: cluster.clone(),
-        rules: Rules {
+        rules: Arc::new(Rules {
             settings: parsed.clone(),
             watch_min_interval: duration("watch-min-interval", &options.watch_min_interval)? as i64,
-        },
+            prover: Arc::new(prover),
+            excluded_namespaces: options.excluded_namespaces(),
+        }),
         register: Arc::default(),
         report,
     });
@@ -268,6 +346,7 @@ pub fn build_with_engine(
         metrics,
         shutting_down: AtomicBool::new(false),
         evaluations: tokio::sync::Semaphore::new(engine_instances.saturating_sub(1).max(1)),
+        budget: Arc::new(Budget::per_minute(options.snapshot_rate)),
         ids: AtomicU64::new(0),
     });
     Ok((state, worker))
@@ -284,13 +363,14 @@ pub async fn run(options: Options) -> Result<()> {
     let client = Client::try_default()
         .await
         .context("connecting to the API server (in-cluster config or KUBECONFIG)")?;
-    let (state, worker) = build(&options, client.clone(), &module)?;
+    let prover = prover(&options, client.clone()).await?;
+    let (state, worker) = build(&options, client.clone(), &module, prover)?;
     state.cluster.cache.start(client.clone());
     tokio::spawn(worker.run());
     let interval = Duration::from_secs(duration("resync-interval", &options.resync_interval)?);
     if options.leader_elect {
         let election = leader::Election {
-            namespace: options.lease_namespace.clone(),
+            namespace: options.own_namespace.clone(),
             lease: options.lease_name.clone(),
             holder: leader::default_holder(),
             duration: Duration::from_secs(duration("lease-duration", &options.lease_duration)?.max(1)),

@@ -49,19 +49,14 @@ struct Job {
 /// What carrying out an effect needs, shared by the workers.
 pub struct Carry {
     pub cluster: Arc<KubeCluster>,
-    pub rules: Rules,
+    pub rules: Arc<Rules>,
     pub register: Arc<Register>,
     pub report: Arc<Report>,
 }
 
 impl Carry {
     pub fn driver(&self) -> Driver<'_> {
-        Driver {
-            cluster: self.cluster.as_ref(),
-            rules: &self.rules,
-            register: &self.register,
-            observer: self.report.as_ref(),
-        }
+        Driver::new(self.cluster.as_ref(), &self.rules, &self.register, self.report.as_ref())
     }
 }
 

@@ -78,9 +78,19 @@ impl ServeProcess {
         } else {
             vec!["--policy".into(), policy().into_os_string()]
         };
+        // A fixed signing key from a file, unless the caller wants serve to
+        // keep it in a Secret (`--signing-key-secret`).
+        let key_args = if extra.contains(&"--signing-key-secret") {
+            vec![]
+        } else {
+            let key = dir.join("signing.key");
+            std::fs::write(&key, [42u8; 32]).unwrap();
+            vec!["--signing-key-file".into(), key.into_os_string()]
+        };
         let mut child = Command::new(env!("CARGO_BIN_EXE_config-snapshot"))
             .arg("serve")
             .args(policy_args)
+            .args(key_args)
             .arg("--tls-cert")
             .arg(dir.join("tls.crt"))
             .arg("--tls-key")

@@ -1,0 +1,204 @@
+//! The capability attacked (docs/security.md): a guest, or a forged
+//! review, asking for what no real admission of the object could cause.
+
+use super::*;
+use crate::lifecycle::Rules;
+use crate::proof::Prover;
+use config_snapshot_policy::content::snapshot_object;
+use config_snapshot_policy::settings::Settings;
+use std::num::NonZeroU32;
+
+fn read(cap: &Capability, op: &str, body: Value) -> Result<Vec<u8>, HostError> {
+    cap.answer("kubewarden", "kubernetes", op, &serde_json::to_vec(&body).unwrap())
+}
+
+fn secret_proposal(ns: &str, type_: &str, data: Value) -> Value {
+    let content = Content::from_object(SourceKind::Secret, &json!({"type": type_, "data": data})).unwrap();
+    let name = Prover::replay().snapshot_name(ns, "creds", &content);
+    snapshot_object(&SourceId::new(SourceKind::Secret, "creds"), ns, &name, "3", &content)
+}
+
+/// A guest reads only the request's namespace.
+#[test]
+fn guest_reads_stay_in_the_request_namespace() {
+    let (backend, cap) = capability(false);
+    backend.put(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "bootstrap", "namespace": "kube-system"}, "data": {"t": "c2VjcmV0"}}));
+    for (op, body) in [
+        (
+            "get_resource",
+            json!({"api_version": "v1", "kind": "Secret", "name": "bootstrap", "namespace": "kube-system"}),
+        ),
+        (
+            "list_resources_by_namespace",
+            json!({"api_version": "v1", "kind": "Secret", "namespace": "kube-system"}),
+        ),
+    ] {
+        let err = read(&cap, op, body).unwrap_err();
+        assert_eq!(err.code, Code::Refused, "{op}: {err}");
+        assert!(!err.message.contains("c2VjcmV0"));
+    }
+    let err = write(
+        &cap,
+        "list_referencing",
+        json!({"kind": "Deployment", "namespace": "kube-system", "source_kind": "Secret", "source_name": "bootstrap"}),
+    )
+    .unwrap_err();
+    assert_eq!(err.code, Code::Refused, "{err}");
+}
+
+/// An object that carries our label, is immutable and is even named for
+/// its content, but that the host did not sign: the guest sees it
+/// unlabelled, it is never deleted, and it is never reused as a snapshot.
+#[test]
+fn a_forged_label_is_not_a_snapshot() {
+    let (backend, cap) = capability(false);
+    let mut forged = good_snapshot("team-a");
+    forged["metadata"]["uid"] = json!("forged-uid");
+    forged["metadata"]["resourceVersion"] = json!("5");
+    backend.put(forged.clone());
+    let name = name_of(&forged);
+    let err = write(
+        &cap,
+        "delete_snapshot",
+        json!({"kind": "ConfigMap", "name": name, "uid": "forged-uid", "resourceVersion": "5"}),
+    )
+    .unwrap_err();
+    assert_eq!(err.code, Code::Refused, "{err}");
+    assert!(
+        backend.cluster.get("ConfigMap", "team-a", &name).unwrap().is_some(),
+        "kept"
+    );
+    let seen: Value = serde_json::from_slice(
+        &read(
+            &cap,
+            "get_resource",
+            json!({"api_version": "v1", "kind": "ConfigMap", "name": name, "namespace": "team-a"}),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert!(
+        !keys::is_snapshot(&seen),
+        "the guest sees it as a plain ConfigMap: {seen}"
+    );
+    let listed: Value = serde_json::from_slice(
+        &read(
+            &cap,
+            "list_resources_by_namespace",
+            json!({"api_version": "v1", "kind": "ConfigMap", "namespace": "team-a",
+            "label_selector": format!("{}={}", keys::MANAGED_BY, keys::MANAGED_BY_VALUE)}),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(listed["items"], json!([]), "a selector on our label does not find it");
+    let err = write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap_err();
+    assert_eq!(err.code, Code::Refused, "not reused: {err}");
+    assert!(backend.writes.lock().unwrap().is_empty());
+    // Signed, the same object is ours.
+    backend.put(signed(forged));
+    write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap();
+}
+
+/// A Secret snapshot is Opaque or its source's own type, never one that
+/// has the API server mint a credential into it.
+#[test]
+fn a_snapshot_secret_is_never_a_token() {
+    let (backend, cap) = capability(false);
+    backend.put(
+        json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+        "metadata": {"name": "creds", "namespace": "team-a"}, "data": {"tls.crt": "YQ==", "tls.key": "Yg=="}}),
+    );
+    for type_ in [
+        "kubernetes.io/service-account-token",
+        "bootstrap.kubernetes.io/token",
+        "kubernetes.io/dockerconfigjson",
+    ] {
+        let proposal = secret_proposal("team-a", type_, json!({"tls.crt": "YQ==", "tls.key": "Yg=="}));
+        assert_refused(
+            write(&cap, "create_snapshot", json!({"object": proposal})),
+            &backend,
+            &cap,
+            type_,
+        );
+    }
+    for type_ in ["kubernetes.io/tls", "Opaque"] {
+        let proposal = secret_proposal("team-a", type_, json!({"tls.crt": "YQ==", "tls.key": "Yg=="}));
+        write(&cap, "create_snapshot", json!({"object": proposal})).unwrap();
+    }
+}
+
+/// A Secret snapshot's name must be the keyed one: the plain SHA-256
+/// name a guest (or a stock host) would compute is refused, and the
+/// name the host gives reveals nothing of the content's plain hash.
+#[test]
+fn secret_snapshot_names_are_keyed() {
+    let (backend, cap) = capability(false);
+    let content = Content::from_object(SourceKind::Secret, &json!({"data": {"pw": "aHVudGVyMg=="}})).unwrap();
+    let (plain_name, plain) = plain_snapshot(&SourceId::new(SourceKind::Secret, "creds"), "team-a", "1", &content);
+    assert_refused(
+        write(&cap, "create_snapshot", json!({"object": plain})),
+        &backend,
+        &cap,
+        "plain name",
+    );
+    let answer: Value = serde_json::from_slice(
+        &write(
+            &cap,
+            "snapshot_name",
+            json!({"source": {"kind": "Secret", "name": "creds"}, "contentHash": content.hash()}),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let keyed = answer["name"].as_str().unwrap();
+    assert_ne!(keyed, plain_name);
+    assert!(!keyed.contains(&content.hash()[..10]), "{keyed}");
+}
+
+/// Snapshot creation per namespace has a budget; a refused creation
+/// writes nothing.
+#[test]
+fn snapshot_creation_past_the_budget_is_refused() {
+    let backend = Arc::new(Recorder::default());
+    let cap =
+        capability_on(backend.clone(), false).with_budget(Arc::new(Budget::per_minute(NonZeroU32::new(2).unwrap())));
+    for v in ["1", "2"] {
+        let content = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"k": v}})).unwrap();
+        let proposal = plain_snapshot(&SourceId::new(SourceKind::ConfigMap, "app"), "team-a", "1", &content).1;
+        write(&cap, "create_snapshot", json!({"object": proposal})).unwrap();
+    }
+    let err = write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap_err();
+    assert_eq!(err.code, Code::TooLarge, "{err}");
+    assert_eq!(backend.writes.lock().unwrap().len(), 2);
+}
+
+/// In a namespace the webhook excludes, the host writes nothing, whoever
+/// asks.
+#[test]
+fn an_excluded_namespace_gets_no_writes() {
+    let backend = Arc::new(Recorder::default());
+    let rules = Rules {
+        excluded_namespaces: vec!["kube-system".into()],
+        ..Rules::new(Settings::default(), Arc::new(Prover::replay()))
+    };
+    let caller = Caller {
+        uid: "forged".into(),
+        namespace: "kube-system".into(),
+        dry_run: false,
+    };
+    let cap = Capability::new(
+        backend.clone(),
+        caller,
+        Arc::new(rules),
+        Arc::default(),
+        Arc::new(crate::lifecycle::Silent),
+    );
+    assert_refused(
+        write(&cap, "create_snapshot", json!({"object": good_snapshot("kube-system")})),
+        &backend,
+        &cap,
+        "excluded",
+    );
+}

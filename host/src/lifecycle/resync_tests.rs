@@ -1,0 +1,166 @@
+//! The periodic pass against forged labels, legacy snapshots, excluded
+//! namespaces and the holders of references (docs/security.md).
+
+use std::sync::Arc;
+
+use config_snapshot_policy::content::{snapshot_object, Content};
+use config_snapshot_policy::duration::format_rfc3339;
+use config_snapshot_policy::settings::Settings;
+use config_snapshot_policy::source::{SourceId, SourceKind};
+use serde_json::json;
+
+use super::*;
+use crate::lifecycle::{Register, Rules};
+use crate::memory::Shared;
+use crate::proof::Prover;
+
+const KEY_MADE: i64 = 1_800_000_000;
+const NOW: i64 = KEY_MADE + 86_400;
+
+struct Nothing;
+
+impl PassHost for Nothing {
+    fn readmit(&self, _: &str, _: &Value, _: Option<&Value>) -> Result<Option<Value>, ReadmitError> {
+        Ok(None)
+    }
+    fn submit(&self, _: Effect) {}
+}
+
+fn prover() -> Arc<Prover> {
+    Arc::new(Prover::new(b"the resync tests' key, 32 bytes.", KEY_MADE))
+}
+
+/// A snapshot of `value` in `ns`, unused since long before the grace
+/// period, created at `created`, signed or not.
+fn snapshot(prover: &Prover, ns: &str, value: &str, created: i64, sign: bool) -> Value {
+    let content = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"v": value}})).unwrap();
+    let name = prover.snapshot_name(ns, "app", &content);
+    let mut o = snapshot_object(&SourceId::new(SourceKind::ConfigMap, "app"), ns, &name, "1", &content);
+    if sign {
+        prover.sign(&mut o);
+    }
+    o["metadata"]["creationTimestamp"] = json!(format_rfc3339(created));
+    o
+}
+
+fn name(o: &Value) -> String {
+    o["metadata"]["name"].as_str().unwrap().to_string()
+}
+
+/// A cluster of `objects`, each given a uid and a resourceVersion as the
+/// API server would.
+fn cluster(objects: &[Value]) -> Shared {
+    let shared = Shared::default();
+    let stored: Vec<Value> = objects
+        .iter()
+        .enumerate()
+        .map(|(i, o)| {
+            let mut o = o.clone();
+            o["metadata"]["uid"] = json!(format!("uid-{i}"));
+            o["metadata"]["resourceVersion"] = json!((i + 1).to_string());
+            o
+        })
+        .collect();
+    shared.store().reset(&stored);
+    shared.store().now = NOW;
+    shared
+}
+
+fn exists(shared: &Shared, o: &Value) -> bool {
+    shared
+        .get("ConfigMap", o["metadata"]["namespace"].as_str().unwrap(), &name(o))
+        .unwrap()
+        .is_some()
+}
+
+fn pass(shared: &Shared, rules: &Rules) -> Pass {
+    let register = Register::default();
+    Driver::new(shared, rules, &register, shared).resync(&Nothing)
+}
+
+/// What the c7d6a24 sweep deleted on a real cluster: ConfigMaps that only
+/// carry the label (one unused, one in kube-system, even one made to look
+/// like a snapshot) are left alone and reported; what the host signed,
+/// unused, is swept.
+#[test]
+fn a_label_alone_gets_nothing_deleted() {
+    let p = prover();
+    let labelled = |ns: &str, name: &str| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": ns, "creationTimestamp": format_rfc3339(NOW - 7200),
+                "labels": {keys::MANAGED_BY: keys::MANAGED_BY_VALUE}},
+            "data": {"config": "x"}})
+    };
+    let plain = labelled("shop", "payments-config");
+    let system = labelled("kube-system", "kube-proxy");
+    let lookalike = snapshot(&p, "shop", "lookalike", NOW - 7200, false);
+    let ours = snapshot(&p, "shop", "ours", NOW - 7200, true);
+    let shared = cluster(&[plain.clone(), system.clone(), lookalike.clone(), ours.clone()]);
+    let done = pass(&shared, &Rules::new(Settings::default(), p));
+    for kept in [&plain, &system, &lookalike] {
+        assert!(exists(&shared, kept), "{} kept", name(kept));
+    }
+    assert!(!exists(&shared, &ours), "the host's own unused snapshot is swept");
+    assert_eq!((done.swept, done.unproven, done.signed), (1, 3, 0));
+    let told = shared.take_events();
+    assert_eq!(
+        told.iter().filter(|e| e.contains("UnprovenSnapshot")).count(),
+        3,
+        "{told:?}"
+    );
+}
+
+/// A snapshot an earlier version made before the key existed is signed
+/// once, in place (no new name, no rollout), and then is the host's like
+/// any other; one labelled after the key was made is a forgery.
+#[test]
+fn snapshots_from_before_the_key_are_signed_once() {
+    let p = prover();
+    let legacy = snapshot(&p, "shop", "legacy", KEY_MADE - 3600, false);
+    let late = snapshot(&p, "shop", "late", KEY_MADE + 3600, false);
+    let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "shop", "uid": "web-uid"},
+        "spec": {"template": {"spec": {"containers": [{"name": "c",
+            "envFrom": [{"configMapRef": {"name": name(&legacy)}}, {"configMapRef": {"name": name(&late)}}]}]}}}});
+    let shared = cluster(&[legacy.clone(), late.clone(), deployment]);
+    let rules = Rules::new(Settings::default(), p.clone());
+    let first = pass(&shared, &rules);
+    assert_eq!((first.signed, first.unproven), (1, 1));
+    let signed = shared.get("ConfigMap", "shop", &name(&legacy)).unwrap().unwrap();
+    assert!(p.proves(&signed), "{signed}");
+    assert_eq!(signed["data"], legacy["data"]);
+    let second = pass(&shared, &rules);
+    assert_eq!((second.signed, second.unproven), (0, 1), "signed once");
+}
+
+/// The pass does not look in a namespace the webhook excludes: not even
+/// the host's own snapshots there are touched.
+#[test]
+fn an_excluded_namespace_is_not_swept() {
+    let p = prover();
+    let there = snapshot(&p, "kube-system", "there", NOW - 7200, true);
+    let shared = cluster(std::slice::from_ref(&there));
+    let rules = Rules {
+        excluded_namespaces: vec!["kube-system".into()],
+        ..Rules::new(Settings::default(), p)
+    };
+    assert_eq!(pass(&shared, &rules).swept, 0);
+    assert!(exists(&shared, &there));
+}
+
+/// Config that only a CronJob or a Job names is in use: kept.
+#[test]
+fn config_used_by_a_cronjob_or_a_job_is_kept() {
+    let p = prover();
+    let by_cron = snapshot(&p, "shop", "cron", NOW - 7200, true);
+    let by_job = snapshot(&p, "shop", "job", NOW - 7200, true);
+    let uses =
+        |name: &str| json!({"spec": {"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": name}}]}]}});
+    let cronjob = json!({"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "nightly", "namespace": "shop"},
+        "spec": {"schedule": "@daily", "jobTemplate": {"spec": {"template": uses(&name(&by_cron))}}}});
+    let job = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "once", "namespace": "shop"},
+        "spec": {"template": uses(&name(&by_job))}});
+    let shared = cluster(&[by_cron.clone(), by_job.clone(), cronjob, job]);
+    assert_eq!(pass(&shared, &Rules::new(Settings::default(), p)).swept, 0);
+    assert!(exists(&shared, &by_cron) && exists(&shared, &by_job));
+}
