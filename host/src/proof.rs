@@ -106,8 +106,12 @@ impl Prover {
     /// Replay's prover: a fixed, public key, so that a scenario's names
     /// are the same on every run. Never a cluster's.
     pub fn replay() -> Prover {
-        Prover::new(b"config-snapshot replay: a public key for offline scenarios", i64::MIN)
+        Prover::new(Prover::REPLAY_KEY, i64::MIN)
     }
+
+    /// Replay's public key: a serve given it (`--signing-key-file`) names
+    /// Secret snapshots as the scenarios pin them. Never a cluster's.
+    pub const REPLAY_KEY: &'static [u8] = b"config-snapshot replay: a public key for offline scenarios";
 
     /// What a MAC covers: the parts, each ended by a NUL (no part holds
     /// one: names, hashes and a fixed purpose), so no two lists of parts

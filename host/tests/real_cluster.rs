@@ -791,6 +791,19 @@ impl ControlPlane {
 
 /// Runs a scenario's steps with kubectl in namespace `ns`; returns the
 /// failed checks and the objects left (as in `default`).
+/// `flags` with replay's public key instead of the key Secret: the
+/// scenarios pin Secret snapshots' names under that key, so serve names
+/// and signs with it for them.
+fn with_replay_key(mut flags: Vec<&'static str>) -> Vec<&'static str> {
+    let key = std::env::temp_dir().join(format!("cs-replay-key-{}", std::process::id()));
+    std::fs::write(&key, config_snapshot::proof::Prover::REPLAY_KEY).unwrap();
+    let key: &'static str = Box::leak(key.display().to_string().into_boxed_str());
+    let at = flags.iter().position(|f| *f == "--signing-key-secret").unwrap();
+    flags.drain(at..at + 2);
+    flags.extend(["--signing-key-file", key]);
+    flags
+}
+
 fn run_on_cluster(
     cp: &ControlPlane,
     serve: &mut ServeProcess,
@@ -813,10 +826,10 @@ fn run_on_cluster(
     } else {
         scenario.settings.clone()
     };
-    let flags = serve_flags_with(
+    let flags = with_replay_key(serve_flags_with(
         &settings.to_string(),
         scenario.watch_min_interval.as_deref().unwrap_or("30s"),
-    );
+    ));
     if predating {
         serve.stop();
     } else {

@@ -80,7 +80,7 @@ impl ServeProcess {
         };
         // A fixed signing key from a file, unless the caller wants serve to
         // keep it in a Secret (`--signing-key-secret`).
-        let key_args = if extra.contains(&"--signing-key-secret") {
+        let key_args = if extra.contains(&"--signing-key-secret") || extra.contains(&"--signing-key-file") {
             vec![]
         } else {
             let key = dir.join("signing.key");
