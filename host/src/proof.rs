@@ -129,18 +129,20 @@ impl Prover {
         hex(hmac::sign(&self.key, &Prover::message(parts)).as_ref())
     }
 
-    /// The hash part of a Secret snapshot's name: keyed, per namespace and
-    /// source, so equal contents are not told apart by name either.
-    pub fn secret_digest(&self, namespace: &str, source: &str, content_hash: &str) -> String {
-        self.mac(&["config-snapshot/secret-name/v1", namespace, source, content_hash])
+    /// The hash part of a Secret snapshot's name: keyed, per source. Not
+    /// per namespace, so that a scenario names its snapshots the same in
+    /// any namespace (as a ConfigMap's plain name does); equal Secrets of
+    /// one name in two namespaces share a name, which tells only that.
+    pub fn secret_digest(&self, source: &str, content_hash: &str) -> String {
+        self.mac(&["config-snapshot/secret-name/v1", source, content_hash])
     }
 
     /// The name the snapshot of `content` from `source` gets.
-    pub fn snapshot_name(&self, namespace: &str, source: &str, content: &Content) -> String {
+    pub fn snapshot_name(&self, source: &str, content: &Content) -> String {
         let hash = content.hash();
         match content.kind {
             SourceKind::ConfigMap => snapshot_name(source, &hash),
-            SourceKind::Secret => snapshot_name(source, &self.secret_digest(namespace, source, &hash)),
+            SourceKind::Secret => snapshot_name(source, &self.secret_digest(source, &hash)),
         }
     }
 
@@ -188,11 +190,10 @@ impl Prover {
             return Err(Unproven::Content);
         }
         let name = object["metadata"]["name"].as_str().unwrap_or_default();
-        let namespace = object["metadata"]["namespace"].as_str().unwrap_or_default();
         // A Secret snapshot made before names were keyed has the plain
         // name; its signature (given at migration) covers it.
         let plain = snapshot_name(source, &hash);
-        if name != self.snapshot_name(namespace, source, &content) && name != plain {
+        if name != self.snapshot_name(source, &content) && name != plain {
             return Err(Unproven::Name);
         }
         Ok(())
@@ -426,7 +427,7 @@ mod tests {
 
     fn made(p: &Prover, kind: SourceKind, data: Value) -> Value {
         let content = Content::from_object(kind, &json!({ "data": data })).unwrap();
-        let name = p.snapshot_name("shop", "app", &content);
+        let name = p.snapshot_name("app", &content);
         let mut object = snapshot_object(&SourceId::new(kind, "app"), "shop", &name, "7", &content);
         object["metadata"]["creationTimestamp"] = json!(format_rfc3339(SINCE + 10));
         p.sign(&mut object);
@@ -482,17 +483,17 @@ mod tests {
     fn secret_names_are_keyed() {
         let p = prover();
         let content = Content::from_object(SourceKind::Secret, &json!({"data": {"pw": "aHVudGVyMg=="}})).unwrap();
-        let name = p.snapshot_name("shop", "db", &content);
+        let name = p.snapshot_name("db", &content);
         assert!(!name.contains(&content.hash()[..10]), "{name}");
         let other = Prover::new(b"another key, also thirty-two by!", SINCE);
-        assert_ne!(other.snapshot_name("shop", "db", &content), name);
-        assert_ne!(p.snapshot_name("bank", "db", &content), name);
-        assert_eq!(p.snapshot_name("shop", "db", &content), name, "deterministic");
+        assert_ne!(other.snapshot_name("db", &content), name);
+        assert_ne!(p.snapshot_name("other-db", &content), name);
+        assert_eq!(p.snapshot_name("db", &content), name, "deterministic");
         let secret = made(&p, SourceKind::Secret, json!({"pw": "aHVudGVyMg=="}));
         assert_eq!(p.verify(&secret), Ok(()));
         // ConfigMaps keep the plain, reproducible name.
         let cm = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"a": "1"}})).unwrap();
-        assert_eq!(p.snapshot_name("shop", "app", &cm), snapshot_name("app", &cm.hash()));
+        assert_eq!(p.snapshot_name("app", &cm), snapshot_name("app", &cm.hash()));
     }
 
     #[test]

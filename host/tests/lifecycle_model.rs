@@ -616,12 +616,7 @@ impl Model<'_> {
                     continue;
                 };
                 // Secrets' names are keyed (docs/hash-spec.md): replay's key.
-                let namespace = workload["metadata"]["namespace"].as_str().unwrap_or("default");
-                let want = Prover::replay().snapshot_name(
-                    namespace,
-                    &group.id.name,
-                    &content.subset(group.key_subset().as_ref()),
-                );
+                let want = Prover::replay().snapshot_name(&group.id.name, &content.subset(group.key_subset().as_ref()));
                 // The documented limit: the resync never rolls a rollback
                 // forward to the very content it declined.
                 // (`""`: the rollback could not read the source, so it

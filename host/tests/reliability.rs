@@ -611,7 +611,7 @@ fn a_hostile_wasm_guest_cannot_break_the_host_invariants() {
             &json!({"type": "kubernetes.io/service-account-token", "data": {"k": "dg=="}}),
         )
         .unwrap();
-        let name = Prover::replay().snapshot_name("team-a", "app", &content);
+        let name = Prover::replay().snapshot_name("app", &content);
         config_snapshot_policy::content::snapshot_object(
             &SourceId::new(SourceKind::Secret, "app"),
             "team-a",

@@ -63,10 +63,7 @@ impl Capability {
         }
         let name = match kind {
             SourceKind::ConfigMap => snapshot_name(source, &hash),
-            SourceKind::Secret => snapshot_name(
-                source,
-                &self.prover().secret_digest(&self.caller.namespace, source, &hash),
-            ),
+            SourceKind::Secret => snapshot_name(source, &self.prover().secret_digest(source, &hash)),
         };
         Ok(json!({ "name": name }))
     }
@@ -105,7 +102,7 @@ impl Capability {
             .unwrap_or_default();
         let source = source_name(source)?.to_string();
         let ns = &self.caller.namespace;
-        if name != self.prover().snapshot_name(ns, &source, &content)
+        if name != self.prover().snapshot_name(&source, &content)
             || proposed["metadata"]["annotations"][keys::CONTENT_HASH] != content.hash().as_str()
         {
             return Err(refused(format!(

@@ -34,7 +34,7 @@ fn prover() -> Arc<Prover> {
 /// period, created at `created`, signed or not.
 fn snapshot(prover: &Prover, ns: &str, value: &str, created: i64, sign: bool) -> Value {
     let content = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"v": value}})).unwrap();
-    let name = prover.snapshot_name(ns, "app", &content);
+    let name = prover.snapshot_name("app", &content);
     let mut o = snapshot_object(&SourceId::new(SourceKind::ConfigMap, "app"), ns, &name, "1", &content);
     if sign {
         prover.sign(&mut o);

@@ -14,7 +14,7 @@ fn read(cap: &Capability, op: &str, body: Value) -> Result<Vec<u8>, HostError> {
 
 fn secret_proposal(ns: &str, type_: &str, data: Value) -> Value {
     let content = Content::from_object(SourceKind::Secret, &json!({"type": type_, "data": data})).unwrap();
-    let name = Prover::replay().snapshot_name(ns, "creds", &content);
+    let name = Prover::replay().snapshot_name("creds", &content);
     snapshot_object(&SourceId::new(SourceKind::Secret, "creds"), ns, &name, "3", &content)
 }
 
