@@ -466,6 +466,29 @@ fn renew_duration_forces_a_fresh_snapshot_once_due() {
     );
 }
 
+/// `kubectl replace` (Argo CD's Replace=true) of the unchanged manifest,
+/// which never carried `renewed-at`, before the renewal is due: nothing
+/// moves. Found on the real control plane (issue "Random histories and
+/// faults"): the mark was read from the new template only, so a replace
+/// renewed early and rolled the workload out.
+#[test]
+fn replacing_the_manifest_does_not_renew_early() {
+    let mut host = three_host();
+    let ann = json!({ keys::SNAPSHOT: "*", keys::RENEW_DURATION: "24h" });
+    let manifest = deployment(ann, three_refs());
+    let v1 = create(&host, &manifest).mutated.unwrap();
+    host.now += 3600;
+    let replaced = update(&host, &v1, &manifest).mutated.unwrap();
+    assert_eq!(replaced["spec"]["template"], v1["spec"]["template"]);
+    // Once due, a replace renews as any other write does.
+    host.now += 86_400;
+    let due = update(&host, &v1, &manifest).mutated.unwrap();
+    assert_ne!(
+        due["spec"]["template"]["metadata"]["annotations"][keys::RENEWED_AT],
+        v1["spec"]["template"]["metadata"]["annotations"][keys::RENEWED_AT]
+    );
+}
+
 #[test]
 fn secret_data_never_appears_in_messages_or_warnings() {
     const CANARY: &str = "Q0FOQVJZLXMzY3IzdA=="; // base64 of CANARY-s3cr3t

@@ -21,7 +21,16 @@ impl Planner<'_> {
         let Some(every) = self.optin.renew_secs else {
             return (false, None);
         };
-        let renewed = template::template_annotation(self.template(), keys::RENEWED_AT).and_then(parse_rfc3339);
+        let renewed_in = |t: &Value| template::template_annotation(t, keys::RENEWED_AT).and_then(parse_rfc3339);
+        // A rollback brings its revision's renewal back with it. Any other
+        // write that drops the mark (`kubectl replace`, Argo CD's
+        // Replace=true: the manifest never carried it) keeps the live one:
+        // the host wrote it, not the user, and re-syncing a manifest is no
+        // reason to renew.
+        let renewed = match change {
+            Change::Rollback => renewed_in(self.template()),
+            _ => renewed_in(self.template()).or_else(|| self.old_template().and_then(renewed_in)),
+        };
         if change == Change::Rollback || !change.may_renew() {
             return (false, renewed);
         }
