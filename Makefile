@@ -7,7 +7,7 @@ POLICY_BUILD := target/$(WASM_TARGET)/policy/config_snapshot_policy.wasm
 HOST := cargo run --quiet -p config-snapshot --
 SCENARIOS := $(sort $(wildcard e2e-tests/*.yaml))
 
-.PHONY: soak bench load tools fuzz setup demo test unit-tests e2e-tests fmt fmt-check lint clean policy.wasm annotated-policy.wasm
+.PHONY: soak bench load tools deny deny-tool fuzz fuzz-host setup demo test unit-tests e2e-tests fmt fmt-check lint clean policy.wasm annotated-policy.wasm
 
 ## setup: install the pinned toolchain, its wasm target, rustfmt and clippy (idempotent)
 setup:
@@ -34,8 +34,8 @@ demo: policy.wasm
 	$(HOST) history deploy/web --scenario e2e-tests/kep-story-configmap.yaml
 	$(HOST) diff deploy/web 3 4 --scenario e2e-tests/kep-story-configmap.yaml || true
 
-## test: everything CI runs — format, lint, unit tests, e2e scenarios
-test: fmt-check lint unit-tests e2e-tests
+## test: everything CI runs — format, lint, supply chain, unit tests, e2e scenarios
+test: fmt-check lint deny unit-tests e2e-tests
 
 unit-tests: policy.wasm
 	cargo test --workspace
@@ -60,6 +60,23 @@ tools: setup target/tools/bin/oha
 target/tools/bin/oha:
 	cargo install oha --version $(OHA_VERSION) --locked --root target/tools
 
+## deny: cargo deny over the lock file (deny.toml): bans, licenses and sources always;
+## advisories when the RustSec database can be fetched (github.com; not from every machine)
+DENY_VERSION := 0.20.2
+DENY_ROOT := $(HOME)/.cache/config-snapshot/tools/cargo-deny-$(DENY_VERSION)
+DENY := $(DENY_ROOT)/bin/cargo-deny
+deny-tool: setup $(DENY)
+$(DENY):
+	cargo install cargo-deny --version $(DENY_VERSION) --locked --root $(DENY_ROOT).tmp
+	rm -rf $(DENY_ROOT) && mv $(DENY_ROOT).tmp $(DENY_ROOT)
+deny: deny-tool
+	$(DENY) --log-level error check bans licenses sources
+	@if $(DENY) fetch db > target/deny-fetch.log 2>&1; then \
+	  $(DENY) check advisories; \
+	else \
+	  echo "deny: the RustSec advisory database is unreachable from here (target/deny-fetch.log): advisories NOT checked"; \
+	fi
+
 ## load: serve over TLS under oha at 1, 16 and 64 connections (LOAD_SECONDS each), optimised build
 LOAD_SECONDS ?= 10
 load: policy.wasm tools
@@ -74,6 +91,17 @@ fuzz:
 	cd fuzz && for t in $(FUZZ_TARGETS); do \
 	  mkdir -p corpus/$$t; seeds=seeds/$$t; [ -d $$seeds ] || seeds=; \
 	  cargo +nightly fuzz run -O $$t corpus/$$t $$seeds -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
+	done
+
+## fuzz-host: the host's boundary targets (config_snapshot::fuzz) for FUZZ_SECONDS each
+## (nightly toolchain; not part of `test`, where host/tests/fuzz_bodies.rs runs the same bodies)
+HOST_FUZZ_TARGETS := capability_call admission_request forged_labels
+fuzz-host:
+	rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
+	command -v cargo-fuzz >/dev/null || cargo +nightly install cargo-fuzz --locked
+	cd host/fuzz && for t in $(HOST_FUZZ_TARGETS); do \
+	  mkdir -p corpus/$$t; \
+	  cargo +nightly fuzz run -O $$t corpus/$$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
 	done
 
 fmt: setup

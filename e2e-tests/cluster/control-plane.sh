@@ -67,6 +67,17 @@ certs() { # certs DIR
     openssl req -newkey rsa:2048 -nodes -subj "/O=$group/CN=$name" -keyout "$d/$name.key" -out "$d/$name.csr" 2>/dev/null
     openssl x509 -req -in "$d/$name.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial -days 2 -out "$d/$name.crt" 2>/dev/null
   done
+  # The certificate kube-apiserver shows the webhooks it calls (mTLS, the
+  # kustomize component deploy/components/mtls), from a CA of its own, so
+  # that no other client certificate of this cluster passes serve's check.
+  # v3 with clientAuth: rustls refuses v1 certificates.
+  openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=config-snapshot-e2e-webhook-client-ca" \
+    -keyout "$d/webhook-ca.key" -out "$d/webhook-ca.crt" 2>/dev/null
+  printf 'basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n' > "$d/client.ext"
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver-webhook-client" \
+    -keyout "$d/webhook-client.key" -out "$d/webhook-client.csr" 2>/dev/null
+  openssl x509 -req -in "$d/webhook-client.csr" -CA "$d/webhook-ca.crt" -CAkey "$d/webhook-ca.key" -CAcreateserial \
+    -days 2 -extfile "$d/client.ext" -out "$d/webhook-client.crt" 2>/dev/null
   openssl genrsa -out "$d/sa.key" 2048 2>/dev/null
   openssl rsa -in "$d/sa.key" -pubout -out "$d/sa.pub" 2>/dev/null
 }
@@ -83,12 +94,39 @@ current-context: e2e
 EOF
 }
 
+# kube-apiserver shows its webhook client certificate to every webhook it
+# calls (the kubeconfig's user "*"), as an operator sets it up for mTLS.
+admission_config() { # admission_config DIR
+  local d=$1
+  cat > "$d/webhook-client.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+users: [{name: "*", user: {client-certificate: "$d/webhook-client.crt", client-key: "$d/webhook-client.key"}}]
+EOF
+  cat > "$d/admission.yaml" <<EOF
+apiVersion: apiserver.config.k8s.io/v1
+kind: AdmissionConfiguration
+plugins:
+  - name: MutatingAdmissionWebhook
+    configuration:
+      apiVersion: apiserver.config.k8s.io/v1
+      kind: WebhookAdmissionConfiguration
+      kubeConfigFile: "$d/webhook-client.kubeconfig"
+  - name: ValidatingAdmissionWebhook
+    configuration:
+      apiVersion: apiserver.config.k8s.io/v1
+      kind: WebhookAdmissionConfiguration
+      kubeConfigFile: "$d/webhook-client.kubeconfig"
+EOF
+}
+
 up() {
   local d=$1 bin
   bin=$(build)
   mkdir -p "$d"
   d=$(cd "$d" && pwd)
   certs "$d"
+  admission_config "$d"
   local etcd_client etcd_peer api_port
   etcd_client=$(free_port); etcd_peer=$(free_port); api_port=$(free_port)
   local url="https://127.0.0.1:$api_port"
@@ -112,6 +150,7 @@ up() {
     --service-account-issuer https://kubernetes.default.svc \
     --service-cluster-ip-range 10.96.0.0/16 \
     --authorization-mode Node,RBAC \
+    --admission-control-config-file "$d/admission.yaml" \
     --cert-dir "$d/apiserver-certs" \
     --v 1 > "$d/kube-apiserver.log" 2>&1 &
   echo $! >> "$d/pids"

@@ -19,7 +19,7 @@ pub const USAGE_ANNOTATION: &str = "io.kubewarden.policy.usage";
 /// The metadata JSON to embed: the YAML, plus `protocolVersion` asked of
 /// the module itself, plus the usage text.
 pub fn metadata_json(metadata_yaml: &str, wasm: &[u8], usage: Option<&str>) -> Result<Value> {
-    let mut metadata: Value = serde_yaml::from_str(metadata_yaml).context("parsing the metadata")?;
+    let mut metadata: Value = serde_yaml_ng::from_str(metadata_yaml).context("parsing the metadata")?;
     if !metadata.is_object() {
         return Err(anyhow!("the metadata must be a YAML map"));
     }

@@ -140,7 +140,7 @@ impl Request {
     }
 
     fn to_yaml(&self) -> String {
-        serde_yaml::to_string(self).expect("a Request always serialises")
+        serde_yaml_ng::to_string(self).expect("a Request always serialises")
     }
 }
 
@@ -148,9 +148,9 @@ impl Request {
 pub fn read(path: &Path) -> Result<Vec<Exchange>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let exchanges: Vec<Exchange> =
-        serde_yaml::from_str(&text).with_context(|| format!("{} is not a list of exchanges", path.display()))?;
+        serde_yaml_ng::from_str(&text).with_context(|| format!("{} is not a list of exchanges", path.display()))?;
     for (i, exchange) in exchanges.iter().enumerate() {
-        serde_yaml::from_str::<Request>(&exchange.request).with_context(|| {
+        serde_yaml_ng::from_str::<Request>(&exchange.request).with_context(|| {
             format!(
                 "{}: exchange {} has a request kwctl would not read",
                 path.display(),
@@ -163,7 +163,7 @@ pub fn read(path: &Path) -> Result<Vec<Exchange>> {
 
 /// Writes an interactions file kwctl can replay.
 pub fn write(path: &Path, exchanges: &[Exchange]) -> Result<()> {
-    let text = serde_yaml::to_string(exchanges)?;
+    let text = serde_yaml_ng::to_string(exchanges)?;
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
@@ -192,7 +192,7 @@ impl Replayer {
             return Err(says("the list of recorded responses is empty"));
         };
         // `read` checked every recorded request parses.
-        let expected: Request = serde_yaml::from_str(&exchange.request).map_err(|e| says(e.to_string()))?;
+        let expected: Request = serde_yaml_ng::from_str(&exchange.request).map_err(|e| says(e.to_string()))?;
         if &expected != request {
             return Err(says(format!(
                 "Replay error: unexpected request. Was expecting {expected:?}, got {request:?} instead"
@@ -298,7 +298,7 @@ mod tests {
     type: Success
     payload: '{"data":{"mode":"blue"}}'
 "#;
-        let exchanges: Vec<Exchange> = serde_yaml::from_str(text).unwrap();
+        let exchanges: Vec<Exchange> = serde_yaml_ng::from_str(text).unwrap();
         let replayer = Replayer::new(exchanges);
         let answer = replayer.call("kubewarden", "kubernetes", "get_resource", &get("app-config"));
         assert_eq!(answer.unwrap(), br#"{"data":{"mode":"blue"}}"#);

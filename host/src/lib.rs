@@ -7,6 +7,7 @@ pub mod annotate;
 pub mod capability;
 pub mod cluster;
 pub mod engine;
+pub mod fuzz;
 pub mod history;
 pub mod interactions;
 pub mod invariants;

@@ -42,7 +42,7 @@ pub fn cluster_host(sim: &Simulator, request: &Value) -> Arc<dyn CallHandler> {
 /// takes them, in JSON or YAML.
 pub fn read_request(path: &Path) -> Result<Value> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let doc: Value = serde_yaml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let doc: Value = serde_yaml_ng::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
     let request = match doc.get("request") {
         Some(r) if doc["kind"] == "AdmissionReview" || doc.get("apiVersion").is_some() => r.clone(),
         _ => doc,
@@ -84,7 +84,7 @@ pub fn response(request: &Value, validation: &Value, mutated: Option<&Value>) ->
 pub fn read_objects(path: &Path) -> Result<Vec<Value>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut out = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(&text) {
+    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
         let v: Value = serde::Deserialize::deserialize(doc).with_context(|| format!("parsing {}", path.display()))?;
         match v {
             Value::Null => {}

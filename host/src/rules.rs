@@ -21,7 +21,7 @@ pub struct Rules {
 
 impl Rules {
     pub fn embedded() -> Rules {
-        serde_yaml::from_str(METADATA).expect("policy-metadata.yml is valid (checked by tests)")
+        serde_yaml_ng::from_str(METADATA).expect("policy-metadata.yml is valid (checked by tests)")
     }
 
     /// Whether a write of `resource` (plural) in `api_version` goes to the policy.

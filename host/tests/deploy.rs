@@ -84,7 +84,7 @@ fn every_object_is_valid_for_its_kubernetes_type() {
 #[test]
 fn the_kustomization_lists_every_manifest() {
     let text = std::fs::read_to_string(dir().join("kustomization.yaml")).unwrap();
-    let k: Value = serde_yaml::from_str(&text).unwrap();
+    let k: Value = serde_yaml_ng::from_str(&text).unwrap();
     let listed: BTreeSet<String> = k["resources"]
         .as_array()
         .unwrap()
@@ -108,7 +108,7 @@ fn the_webhook_matches_the_policy_metadata_and_is_safe_to_run() {
     assert_eq!(webhooks.len(), 1);
     let hook = &webhooks[0];
     let metadata: Value =
-        serde_yaml::from_str(&std::fs::read_to_string(dir().join("../../policy-metadata.yml")).unwrap()).unwrap();
+        serde_yaml_ng::from_str(&std::fs::read_to_string(dir().join("../../policy-metadata.yml")).unwrap()).unwrap();
     let mut rules = serde_json::to_value(hook.rules.as_ref().unwrap()).unwrap();
     for rule in rules.as_array_mut().unwrap() {
         assert_eq!(rule["scope"], "Namespaced");
@@ -398,7 +398,7 @@ fn the_kubewarden_policy_matches_the_metadata_and_its_rbac() {
     assert_eq!(policy["apiVersion"], "policies.kubewarden.io/v1");
     assert_eq!(policy["kind"], "ClusterAdmissionPolicy");
     let metadata: Value =
-        serde_yaml::from_str(&std::fs::read_to_string(dir().join("../../policy-metadata.yml")).unwrap()).unwrap();
+        serde_yaml_ng::from_str(&std::fs::read_to_string(dir().join("../../policy-metadata.yml")).unwrap()).unwrap();
     let spec = &policy["spec"];
     assert_eq!(spec["rules"], metadata["rules"]);
     assert_eq!(spec["contextAwareResources"], metadata["contextAwareResources"]);

@@ -710,7 +710,7 @@ fn write_failure(reason: &str, warn: bool, steps: Vec<Value>) -> PathBuf {
         .unwrap()
         .push(json!({"assert": [{"invariants": ["nothingDangles"]}]}));
     let path = dir.join(format!("failure-{}.yaml", std::process::id()));
-    std::fs::write(&path, serde_yaml::to_string(&doc).unwrap()).unwrap();
+    std::fs::write(&path, serde_yaml_ng::to_string(&doc).unwrap()).unwrap();
     path
 }
 

@@ -11,7 +11,7 @@ mod support;
 use support::paths::{policy, root};
 
 fn yaml(path: &str) -> Value {
-    serde_yaml::from_str(&std::fs::read_to_string(root().join(path)).unwrap()).unwrap()
+    serde_yaml_ng::from_str(&std::fs::read_to_string(root().join(path)).unwrap()).unwrap()
 }
 
 fn policy_wasm() -> Vec<u8> {
@@ -130,9 +130,9 @@ fn artifacthub_package_agrees_with_the_metadata() {
     assert_eq!(a["license"], m["annotations"]["io.kubewarden.policy.license"]);
     let ann = &a["annotations"];
     assert_eq!(ann["kubewarden/mutation"], "true");
-    let rules: Value = serde_yaml::from_str(ann["kubewarden/rules"].as_str().unwrap()).unwrap();
+    let rules: Value = serde_yaml_ng::from_str(ann["kubewarden/rules"].as_str().unwrap()).unwrap();
     assert_eq!(expand(&rules), expand(&m["rules"]));
-    let resources: Value = serde_yaml::from_str(ann["kubewarden/contextAwareResources"].as_str().unwrap()).unwrap();
+    let resources: Value = serde_yaml_ng::from_str(ann["kubewarden/contextAwareResources"].as_str().unwrap()).unwrap();
     assert_eq!(resources, m["contextAwareResources"]);
     assert_eq!(
         ann["kubewarden/resources"],

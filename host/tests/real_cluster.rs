@@ -201,7 +201,7 @@ fn eventually<T>(what: &str, secs: u64, mut check: impl FnMut() -> Option<T>) ->
 
 fn yaml(path: &str) -> Vec<Value> {
     let text = std::fs::read_to_string(root().join(path)).unwrap();
-    serde_yaml::Deserializer::from_str(&text)
+    serde_yaml_ng::Deserializer::from_str(&text)
         .map(|d| serde::Deserialize::deserialize(d).unwrap())
         .filter(|v: &Value| !v.is_null())
         .collect()
@@ -224,7 +224,13 @@ fn start_serve(cp: &ControlPlane) -> (ServeProcess, PathBuf) {
     let kubeconfig = cp.serve_kubeconfig();
     let mut serve = ServeProcess::start(&kubeconfig, &serve_flags(&settings));
     serve.wait_ready();
-    let mut webhook = yaml("deploy/serve/webhook.yaml").remove(0);
+    register(cp, &serve, yaml("deploy/serve/webhook.yaml").remove(0));
+    (serve, kubeconfig)
+}
+
+/// Registers `webhook` (a shipped MutatingWebhookConfiguration) with only
+/// its clientConfig pointed at serve on loopback.
+fn register(cp: &ControlPlane, serve: &ServeProcess, mut webhook: Value) {
     webhook["metadata"].as_object_mut().unwrap().remove("annotations");
     let ca = base64::engine::general_purpose::STANDARD.encode(&serve.cert_pem);
     for hook in webhook["webhooks"].as_array_mut().unwrap() {
@@ -232,7 +238,6 @@ fn start_serve(cp: &ControlPlane) -> (ServeProcess, PathBuf) {
     }
     cp.try_kubectl(&["apply", "-f", "-"], Some(&webhook.to_string()))
         .unwrap_or_else(|e| panic!("{e}"));
-    (serve, kubeconfig)
 }
 
 fn serve_flags(settings: &str) -> Vec<&'static str> {
@@ -1059,6 +1064,9 @@ fn scenarios_agree_with_replay(cp: &ControlPlane, serve: &mut ServeProcess, kube
     assert!(!everything || compared.len() >= 10, "{compared:?}");
 }
 
+#[path = "real_cluster/security.rs"]
+mod security;
+
 #[test]
 fn serve_on_a_real_control_plane() {
     let Some(cp) = ControlPlane::start() else { return };
@@ -1088,12 +1096,18 @@ fn serve_on_a_real_control_plane() {
     // REAL_CLUSTER_PART=stories or =scenarios runs one half (while working
     // on it); both run by default.
     let part = std::env::var("REAL_CLUSTER_PART").unwrap_or_default();
+    if part == "attacks" {
+        security::attack_stories(&cp, &mut serve, &kubeconfig);
+        security::namespaced_story(&cp, &mut serve, &kubeconfig);
+        return;
+    }
     if part != "scenarios" {
         deployment_story(&cp);
         revision_story(&cp, "StatefulSet");
         revision_story(&cp, "DaemonSet");
         secret_story(&cp, &serve);
         outage_story(&cp, &mut serve, &kubeconfig);
+        security::attack_stories(&cp, &mut serve, &kubeconfig);
         serve.restart(&kubeconfig, &serve_flags("{}"));
         serve.wait_ready();
     }
@@ -1103,5 +1117,7 @@ fn serve_on_a_real_control_plane() {
     let kubelet = start_kubelet_stand_in(&cp);
     scenarios_agree_with_replay(&cp, &mut serve, &kubeconfig);
     kubelet.store(true, Ordering::SeqCst);
+    // Last: it takes the cluster-wide binding away.
+    security::namespaced_story(&cp, &mut serve, &kubeconfig);
     eprintln!("real control plane: every story held in {:?}", started.elapsed());
 }

@@ -186,6 +186,9 @@ impl Capability {
                 return Err(error);
             }
         }
+        // serve's admission refuses such a review before the policy runs;
+        // this is the second check on purpose (defence in depth): replay,
+        // the resync and any future caller meet it too.
         if op.writes() && self.rules.excludes(&self.caller.namespace) {
             return Err(refused(format!(
                 "refused {operation}: config-snapshot does not act in namespace {}",

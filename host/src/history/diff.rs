@@ -67,7 +67,7 @@ pub fn diff(history: &History, from: i64, to: i64) -> Result<Diff> {
             out.sources.insert(name.clone(), d);
         }
     }
-    let yaml = |r: &Revision| serde_yaml::to_string(&template::normalise(&r.template)).unwrap_or_default();
+    let yaml = |r: &Revision| serde_yaml_ng::to_string(&template::normalise(&r.template)).unwrap_or_default();
     out.template = unified(&yaml(a), &yaml(b), "template", from, to);
     Ok(out)
 }

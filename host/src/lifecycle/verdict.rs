@@ -46,6 +46,9 @@ pub struct Rules {
     /// Namespaces the webhook excludes: the host writes nothing there,
     /// whoever asks, and its periodic pass does not look in them.
     pub excluded_namespaces: Vec<String>,
+    /// A namespaced install's namespaces: the host acts in these only
+    /// (`None`: in every namespace not excluded).
+    pub only_namespaces: Option<Vec<String>>,
 }
 
 impl Rules {
@@ -57,11 +60,18 @@ impl Rules {
             watch_min_interval: 0,
             prover,
             excluded_namespaces: Vec::new(),
+            only_namespaces: None,
         }
     }
 
+    /// Whether the host must not act in `namespace`: excluded, or outside
+    /// a namespaced install's list.
     pub fn excludes(&self, namespace: &str) -> bool {
         self.excluded_namespaces.iter().any(|n| n == namespace)
+            || self
+                .only_namespaces
+                .as_ref()
+                .is_some_and(|only| !only.iter().any(|n| n == namespace))
     }
 }
 

@@ -67,7 +67,7 @@ pub fn load(path: &Path) -> Result<Scenario> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     // Through serde_json's data model: steps are single-key maps, which
     // serde_yaml would want written as YAML tags.
-    let doc: Value = serde_yaml::from_str(&text).with_context(|| format!("parsing scenario {}", path.display()))?;
+    let doc: Value = serde_yaml_ng::from_str(&text).with_context(|| format!("parsing scenario {}", path.display()))?;
     serde_json::from_value(doc).with_context(|| format!("reading scenario {}", path.display()))
 }
 

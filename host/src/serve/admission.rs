@@ -20,6 +20,7 @@ use super::State;
 use crate::capability::{Caller, Capability};
 use crate::engine::{CallFailure, CallHandler};
 use crate::proof::{Prover, Screen};
+use config_snapshot_policy::settings::Settings;
 
 /// Request uids of the host's own admissions (the resync's) start with
 /// this: they are logged at debug, not info.
@@ -72,12 +73,49 @@ pub struct Answer {
 
 /// Answers one AdmissionReview body. Blocking: run it off the async workers.
 pub fn review(state: &State, body: &[u8]) -> Result<Answer, Failure> {
+    admit(state, request_of(body)?)
+}
+
+/// The request of an AdmissionReview body, still raw.
+fn request_of(body: &[u8]) -> Result<&RawValue, Failure> {
     let review: Review =
         serde_json::from_slice(body).map_err(|e| Failure::BadRequest(format!("not an AdmissionReview: {e}")))?;
-    let request = review
+    review
         .request
-        .ok_or_else(|| Failure::BadRequest("the AdmissionReview has no request".into()))?;
-    admit(state, request)
+        .ok_or_else(|| Failure::BadRequest("the AdmissionReview has no request".into()))
+}
+
+fn head_of(request: &RawValue) -> Result<Head, Failure> {
+    serde_json::from_str(request.get()).map_err(|e| Failure::BadRequest(format!("invalid AdmissionRequest: {e}")))
+}
+
+/// What serve makes of a body before the policy runs, with no cluster and
+/// no engine: the fuzz target `admission_request` (host/fuzz) drives
+/// serve's request parsing, screening and read-ahead through it.
+#[derive(Debug)]
+pub struct Preview {
+    pub namespace: String,
+    /// `policy`, `ours` (a proven snapshot: untouched) or `unlabelled` (a
+    /// forged label: reviewed as a plain source).
+    pub screened: &'static str,
+    /// Sources serve would read ahead for the policy.
+    pub read_ahead: usize,
+}
+
+pub fn preview(body: &[u8], prover: &Prover, settings: &Settings) -> Result<Preview, Failure> {
+    let request = request_of(body)?;
+    let head = head_of(request)?;
+    let (screened, request) = match screen(&head, request, prover) {
+        Screened::Policy => ("policy", None),
+        Screened::Ours => ("ours", None),
+        Screened::Unlabelled(raw) => ("unlabelled", Some(raw)),
+    };
+    let request = request.as_deref().unwrap_or(request_of(body)?);
+    Ok(Preview {
+        namespace: head.namespace.clone().unwrap_or_default(),
+        screened,
+        read_ahead: prefetch::wanted(&head.kind.kind, &head.operation, request, settings).len(),
+    })
 }
 
 enum Screened {
@@ -130,8 +168,7 @@ fn untouched(state: &State, uid: &str, decision: &'static str, warning: Option<S
 /// effects if it was allowed.
 pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
     let started = Instant::now();
-    let head: Head = serde_json::from_str(request.get())
-        .map_err(|e| Failure::BadRequest(format!("invalid AdmissionRequest: {e}")))?;
+    let head = head_of(request)?;
     let labels = RequestLabels {
         kind: metrics::kind_label(&head.kind.kind),
         operation: metrics::operation_label(&head.operation),
@@ -147,8 +184,11 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
     .entered();
     let rules = &state.queue.carry().rules;
     let namespace = head.namespace.as_deref().unwrap_or_default();
-    // A namespace the webhook excludes never gets here from the API
-    // server: whoever sent it, nothing is written and nothing changed.
+    // A namespace the webhook excludes (or, namespaced, does not select)
+    // never gets here from the API server: whoever sent it, nothing is
+    // written and nothing changed. The host checks the same again for every
+    // write the policy asks for (capability): deliberately twice, so that
+    // neither check alone is all that stands in the way.
     if rules.excludes(namespace) {
         return untouched(
             state,

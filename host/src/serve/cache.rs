@@ -6,7 +6,7 @@
 //! reads neither), so a get or a masked list serialises straight from here.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use futures::StreamExt;
@@ -57,6 +57,19 @@ impl Indexed {
         }
     }
 
+    /// Replaces what one namespace holds with a fresh listing of it (a
+    /// namespaced watcher's relist), leaving the other namespaces as they are.
+    fn replace_namespace(&mut self, kind: &str, namespace: &str, objects: Objects) {
+        if let Some(old) = self.objects.remove(namespace) {
+            for name in old.keys() {
+                self.referrers.forget(kind, namespace, name);
+            }
+        }
+        for object in objects.into_values().flat_map(BTreeMap::into_values) {
+            self.insert(object);
+        }
+    }
+
     fn remove(&mut self, kind: &str, namespace: &str, name: &str) {
         if let Some(names) = self.objects.get_mut(namespace) {
             names.remove(name);
@@ -68,42 +81,72 @@ impl Indexed {
 #[derive(Default)]
 struct KindCache {
     objects: RwLock<Indexed>,
-    synced: AtomicBool,
+    /// Watchers of this kind that have listed once (one per namespace
+    /// watched, or one for the cluster).
+    synced: AtomicUsize,
 }
 
 #[derive(Default)]
 pub struct Cache {
     kinds: HashMap<&'static str, KindCache>,
+    /// The namespaces watched; `None`: the whole cluster. A namespaced
+    /// install watches only its own, with the Roles it has there: it holds
+    /// no other namespace's Secrets, and could not list them.
+    within: Option<Vec<String>>,
 }
 
 impl Cache {
+    /// A cache of the whole cluster.
     pub fn new() -> Cache {
         Cache {
             kinds: KINDS.iter().map(|k| (k.kind, KindCache::default())).collect(),
+            within: None,
         }
     }
 
-    /// Starts one watcher per kind. They run until the runtime stops,
-    /// relisting with backoff after errors, as kube-runtime's watcher does.
+    /// A cache of `namespaces` only (at least one).
+    pub fn within(namespaces: Vec<String>) -> Cache {
+        Cache {
+            within: Some(namespaces).filter(|n| !n.is_empty()),
+            ..Cache::new()
+        }
+    }
+
+    /// Watchers per kind: one per namespace watched, or one for all.
+    fn watchers(&self) -> usize {
+        self.within.as_ref().map_or(1, Vec::len)
+    }
+
+    /// Starts the watchers: per kind, one for the cluster or one per
+    /// namespace. They run until the runtime stops, relisting with backoff
+    /// after errors, as kube-runtime's watcher does.
     pub fn start(self: &Arc<Self>, client: Client) -> Vec<JoinHandle<()>> {
+        let scopes: Vec<Option<String>> = match &self.within {
+            None => vec![None],
+            Some(namespaces) => namespaces.iter().cloned().map(Some).collect(),
+        };
         KINDS
             .iter()
-            .map(|k| {
-                let kind = k.kind;
+            .flat_map(|k| scopes.iter().map(move |ns| (k.kind, ns.clone())))
+            .map(|(kind, namespace)| {
                 let cache = self.clone();
                 let client = client.clone();
-                tokio::spawn(async move { cache.run(client, kind).await })
+                tokio::spawn(async move { cache.run(client, kind, namespace).await })
             })
             .collect()
     }
 
-    async fn run(&self, client: Client, kind: &'static str) {
+    async fn run(&self, client: Client, kind: &'static str, namespace: Option<String>) {
         let Some(ar) = api_resource(kind) else { return };
-        let api: Api<DynamicObject> = Api::all_with(client, &ar);
+        let api: Api<DynamicObject> = match &namespace {
+            Some(ns) => Api::namespaced_with(client, ns, &ar),
+            None => Api::all_with(client, &ar),
+        };
         let mut events = watcher::watcher(api, watcher::Config::default())
             .default_backoff()
             .boxed();
         let mut buffer: Option<Objects> = None;
+        let mut listed = false;
         while let Some(event) = events.next().await {
             match event {
                 Ok(Event::Init) => buffer = Some(Objects::new()),
@@ -115,10 +158,17 @@ impl Cache {
                 }
                 Ok(Event::InitDone) => {
                     if let Some(objects) = buffer.take() {
-                        *self.kinds[kind].objects.write().unwrap() = Indexed::of(objects);
+                        let mut indexed = self.kinds[kind].objects.write().unwrap();
+                        match &namespace {
+                            Some(ns) => indexed.replace_namespace(kind, ns, objects),
+                            None => *indexed = Indexed::of(objects),
+                        }
                     }
-                    if !self.kinds[kind].synced.swap(true, Ordering::SeqCst) {
-                        tracing::info!(kind, "cache synced");
+                    if !std::mem::replace(&mut listed, true) {
+                        let synced = self.kinds[kind].synced.fetch_add(1, Ordering::SeqCst) + 1;
+                        if synced == self.watchers() {
+                            tracing::info!(kind, "cache synced");
+                        }
                     }
                 }
                 Ok(Event::Apply(o)) => {
@@ -146,7 +196,8 @@ impl Cache {
     /// Whether every kind has been listed once: until then reads could miss
     /// objects, so the webhook is not ready.
     pub fn synced(&self) -> bool {
-        self.kinds.values().all(|k| k.synced.load(Ordering::SeqCst))
+        let watchers = self.watchers();
+        self.kinds.values().all(|k| k.synced.load(Ordering::SeqCst) >= watchers)
     }
 
     pub fn get(&self, kind: &str, namespace: &str, name: &str) -> cluster::Result<Option<Value>> {
@@ -347,8 +398,35 @@ mod tests {
         let cache = Cache::new();
         assert!(!cache.synced());
         for k in cache.kinds.values() {
-            k.synced.store(true, Ordering::SeqCst);
+            k.synced.store(1, Ordering::SeqCst);
         }
         assert!(cache.synced());
+        // A namespaced cache: every namespace's watcher of every kind.
+        let cache = Cache::within(vec!["a".into(), "b".into()]);
+        for k in cache.kinds.values() {
+            k.synced.store(1, Ordering::SeqCst);
+        }
+        assert!(!cache.synced());
+        for k in cache.kinds.values() {
+            k.synced.store(2, Ordering::SeqCst);
+        }
+        assert!(cache.synced());
+    }
+
+    #[test]
+    fn a_namespace_relisted_leaves_the_others_alone() {
+        let cache = Cache::within(vec!["a".into(), "b".into()]);
+        cache.observe(cm("a", "gone", "1", "x"));
+        cache.observe(cm("b", "kept", "1", "x"));
+        let mut fresh = Objects::new();
+        insert(&mut fresh, cm("a", "new", "2", "x"));
+        cache.kinds["ConfigMap"]
+            .objects
+            .write()
+            .unwrap()
+            .replace_namespace("ConfigMap", "a", fresh);
+        assert!(cache.get("ConfigMap", "a", "gone").unwrap().is_none());
+        assert!(cache.get("ConfigMap", "a", "new").unwrap().is_some());
+        assert!(cache.get("ConfigMap", "b", "kept").unwrap().is_some());
     }
 }

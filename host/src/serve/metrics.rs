@@ -53,6 +53,9 @@ pub struct Metrics {
     pub leader: Gauge,
     /// Periodic passes this replica ran (only the leader runs them).
     pub resync_passes: Counter,
+    /// Objects that carry config-snapshot's label but no valid signature,
+    /// as the last pass found them: left alone, and worth a look.
+    pub unproven: Gauge,
 }
 
 fn latency_buckets() -> Histogram {
@@ -84,6 +87,12 @@ impl Default for Metrics {
             effect_wait.clone(),
         );
         let resync_passes = Counter::default();
+        let unproven = Gauge::default();
+        registry.register(
+            "unproven_snapshots",
+            "Objects labelled as config-snapshot's without a valid signature, as the last pass found them (never swept, adopted or reused)",
+            unproven.clone(),
+        );
         registry.register(
             "leader",
             "1 while this replica runs the resync and the sweep",
@@ -137,6 +146,7 @@ impl Default for Metrics {
             effect_wait,
             leader,
             resync_passes,
+            unproven,
         }
     }
 }

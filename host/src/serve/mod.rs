@@ -5,7 +5,7 @@
 //! several replicas: two replicas racing to create one snapshot create the
 //! same content-addressed object, and the loser reads it back.
 
-mod admission;
+pub mod admission;
 pub mod apiserver;
 pub mod cache;
 pub mod events;
@@ -158,6 +158,12 @@ pub struct Options {
         default_value = "kube-system,kube-public,kube-node-lease"
     )]
     pub exclude_namespaces: Vec<String>,
+    /// A namespaced install: serve watches, reviews and acts in these
+    /// namespaces only, with Roles there instead of a ClusterRole
+    /// (deploy/serve/namespaced). Unset: the whole cluster but the
+    /// excluded namespaces.
+    #[arg(long, value_delimiter = ',')]
+    pub namespaces: Vec<String>,
     /// Snapshots one namespace may have made per minute (a burst of that
     /// many at once): past it, creation fails as for any failed snapshot
     /// (`onSnapshotFailure`).
@@ -185,6 +191,29 @@ impl Options {
             out.push(self.own_namespace.clone());
         }
         out
+    }
+
+    /// A namespaced install's namespaces (`--namespaces`), without the
+    /// excluded ones; `None`: cluster-wide.
+    pub fn only_namespaces(&self) -> Result<Option<Vec<String>>> {
+        let excluded = self.excluded_namespaces();
+        let mut only: Vec<String> = self
+            .namespaces
+            .iter()
+            .map(|n| n.trim().to_string())
+            .filter(|n| !n.is_empty())
+            .collect();
+        if only.is_empty() {
+            return Ok(None);
+        }
+        only.sort();
+        only.dedup();
+        if let Some(n) = only.iter().find(|n| excluded.contains(n)) {
+            return Err(anyhow!(
+                "--namespaces names {n}, which serve never acts in (--exclude-namespaces or its own)"
+            ));
+        }
+        Ok(Some(only))
     }
 
     /// The engine's limits from `--policy-instances` and
@@ -305,7 +334,11 @@ pub fn build_with_engine(
     let settings_json = settings.to_string();
     let parsed = Settings::from_json(settings_json.as_bytes()).map_err(|e| anyhow!("invalid settings: {e}"))?;
     let metrics = Arc::new(Metrics::default());
-    let cache = Arc::new(Cache::new());
+    let only_namespaces = options.only_namespaces()?;
+    let cache = Arc::new(match &only_namespaces {
+        Some(namespaces) => Cache::within(namespaces.clone()),
+        None => Cache::new(),
+    });
     let runtime = tokio::runtime::Handle::try_current().context("serve needs a tokio runtime")?;
     let report = Arc::new(Report {
         events: events::Events::new(client.clone(), runtime.clone()),
@@ -319,6 +352,7 @@ pub fn build_with_engine(
             watch_min_interval: duration("watch-min-interval", &options.watch_min_interval)? as i64,
             prover: Arc::new(prover),
             excluded_namespaces: options.excluded_namespaces(),
+            only_namespaces,
         }),
         register: Arc::default(),
         report,

@@ -18,18 +18,20 @@ const RESYNC_USER: &str = "system:serviceaccount:config-snapshot:resync";
 /// Runs one pass. Blocking: every API call waits on the runtime, so it
 /// runs on a blocking thread.
 pub async fn once(state: &Arc<State>) -> Pass {
-    let state = state.clone();
+    let passing = state.clone();
     let pass = tokio::task::spawn_blocking(move || {
-        let carry = state.queue.carry().clone();
-        carry.driver().resync(state.as_ref())
+        let carry = passing.queue.carry().clone();
+        carry.driver().resync(passing.as_ref())
     })
     .await
     .unwrap_or_else(|e| {
         tracing::error!("the resync pass panicked: {e}");
         Pass::default()
     });
+    state.metrics.unproven.set(pass.unproven as i64);
     tracing::info!(
         adoptions = pass.adoptions,
+        unproven = pass.unproven,
         renewed = pass.renewed,
         sources = pass.sources_checked,
         swept = pass.swept,

@@ -1,0 +1,193 @@
+//! The kustomize components of deploy/components fit the install they
+//! change: the namespaced one grants in each namespace no more than the
+//! cluster-wide ClusterRole, and names the same namespaces in serve's
+//! arguments, the webhook's selector and its Roles; the mTLS one points
+//! serve's `--client-ca` at the CA it mounts. The real control plane
+//! renders and applies both (host/tests/real_cluster.rs).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use clap::Parser;
+use serde_json::Value;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    command: Sub,
+}
+
+#[derive(clap::Subcommand)]
+enum Sub {
+    Serve(config_snapshot::serve::Options),
+}
+
+fn deploy() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+fn objects(path: &Path) -> Vec<Value> {
+    config_snapshot::review::read_objects(path).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+fn kustomization(component: &str) -> Value {
+    objects(&deploy().join(component).join("kustomization.yaml")).remove(0)
+}
+
+/// The JSON Patch ops a component applies to objects of `kind`.
+fn ops(component: &Value, kind: &str) -> Vec<Value> {
+    component["patches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["target"]["kind"] == kind)
+        .flat_map(|p| {
+            let text = p["patch"].as_str().unwrap();
+            let dir = std::env::temp_dir().join(format!("cs-patch-{}-{kind}", std::process::id()));
+            std::fs::write(&dir, text).unwrap();
+            let parsed = objects(&dir);
+            let _ = std::fs::remove_file(&dir);
+            parsed
+                .into_iter()
+                .flat_map(|v| v.as_array().cloned().unwrap_or_default())
+        })
+        .collect()
+}
+
+/// serve's options from the install's arguments plus those a component adds.
+fn options_with(added: &[Value]) -> config_snapshot::serve::Options {
+    let deployment = objects(&deploy().join("serve/deployment.yaml"))
+        .into_iter()
+        .find(|o| o["kind"] == "Deployment")
+        .unwrap();
+    let mut argv = vec!["config-snapshot".to_string()];
+    for arg in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(
+            added
+                .iter()
+                .filter(|op| op["path"].as_str().unwrap().ends_with("/args/-"))
+                .map(|op| &op["value"]),
+        )
+    {
+        argv.push(arg.as_str().unwrap().to_string());
+    }
+    let Sub::Serve(options) = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{e}")).command;
+    options
+}
+
+/// Each (group, resource, verb) a rule list grants.
+fn grants(rules: &Value) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for rule in rules.as_array().unwrap() {
+        assert!(rule.get("resourceNames").is_none(), "{rule}");
+        for group in rule["apiGroups"].as_array().unwrap() {
+            for resource in rule["resources"].as_array().unwrap() {
+                for verb in rule["verbs"].as_array().unwrap() {
+                    out.insert(format!(
+                        "{}/{}:{}",
+                        group.as_str().unwrap(),
+                        resource.as_str().unwrap(),
+                        verb.as_str().unwrap()
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_namespaced_component_names_one_list_and_grants_no_more_than_the_cluster_role() {
+    let component = kustomization("components/namespaced");
+    assert_eq!(component["kind"], "Component");
+    // serve's own arguments.
+    let options = options_with(&ops(&component, "Deployment"));
+    let listed: BTreeSet<String> = options.only_namespaces().unwrap().unwrap().into_iter().collect();
+    assert!(!listed.is_empty());
+    // The webhook's selector: exactly those namespaces.
+    let selector = ops(&component, "MutatingWebhookConfiguration")
+        .into_iter()
+        .find(|op| op["path"] == "/webhooks/0/namespaceSelector")
+        .unwrap();
+    let expression = &selector["value"]["matchExpressions"][0];
+    assert_eq!(expression["key"], "kubernetes.io/metadata.name");
+    assert_eq!(expression["operator"], "In");
+    let selected: BTreeSet<String> = expression["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(selected, listed);
+    // One Role and RoleBinding per namespace, with the ClusterRole's rules.
+    let cluster_role = objects(&deploy().join("serve/rbac.yaml"))
+        .into_iter()
+        .find(|o| o["kind"] == "ClusterRole")
+        .unwrap();
+    let roles = objects(&deploy().join("components/namespaced/roles.yaml"));
+    let own = options.own_namespace.clone();
+    let mut granted = BTreeSet::new();
+    for role in roles.iter().filter(|o| o["kind"] == "Role") {
+        let ns = role["metadata"]["namespace"].as_str().unwrap().to_string();
+        if ns == own {
+            // Only the signing key: get it by name, create it once.
+            assert_eq!(role["metadata"]["name"], "config-snapshot-signing-key");
+            let rules = role["rules"].as_array().unwrap();
+            assert_eq!(rules[0]["resourceNames"][0], options.signing_key_secret.as_str());
+            assert_eq!(rules[0]["verbs"], serde_json::json!(["get"]));
+            assert_eq!(rules[1]["verbs"], serde_json::json!(["create"]));
+            continue;
+        }
+        assert_eq!(grants(&role["rules"]), grants(&cluster_role["rules"]), "Role in {ns}");
+        granted.insert(ns);
+    }
+    assert_eq!(granted, listed);
+    let bound: BTreeSet<String> = roles
+        .iter()
+        .filter(|o| o["kind"] == "RoleBinding" && o["metadata"]["namespace"] != own.as_str())
+        .map(|b| {
+            assert_eq!(b["subjects"][0]["namespace"], own.as_str());
+            b["metadata"]["namespace"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(bound, listed);
+    // And the cluster-wide grant is removed.
+    let deleted: Vec<&str> = component["patches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["patch"].as_str().filter(|t| t.contains("$patch: delete")))
+        .collect();
+    assert!(deleted.iter().any(|t| t.contains("kind: ClusterRole\n")));
+    assert!(deleted.iter().any(|t| t.contains("kind: ClusterRoleBinding")));
+}
+
+#[test]
+fn the_mtls_component_points_client_ca_at_the_ca_it_mounts() {
+    let component = kustomization("components/mtls");
+    assert_eq!(component["kind"], "Component");
+    let ops = ops(&component, "Deployment");
+    let options = options_with(&ops);
+    let ca = options.client_ca.expect("--client-ca");
+    let mount = ops
+        .iter()
+        .find(|op| op["path"].as_str().unwrap().ends_with("/volumeMounts/-"))
+        .unwrap();
+    let volume = ops
+        .iter()
+        .find(|op| op["path"].as_str().unwrap().ends_with("/volumes/-"))
+        .unwrap();
+    assert_eq!(mount["value"]["name"], volume["value"]["name"]);
+    assert_eq!(
+        Path::new(mount["value"]["mountPath"].as_str().unwrap()).join("ca.crt"),
+        ca
+    );
+    // The overlay makes the ConfigMap the volume names, with that key.
+    let overlay = kustomization("overlays/mtls");
+    let generated = &overlay["configMapGenerator"][0];
+    assert_eq!(generated["name"], volume["value"]["configMap"]["name"]);
+    assert_eq!(generated["files"][0], "ca.crt");
+}
