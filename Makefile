@@ -7,7 +7,7 @@ POLICY_BUILD := target/$(WASM_TARGET)/policy/config_snapshot_policy.wasm
 HOST := cargo run --quiet -p config-snapshot --
 SCENARIOS := $(sort $(wildcard e2e-tests/*.yaml))
 
-.PHONY: soak bench load tools deny deny-tool fuzz fuzz-host setup demo test unit-tests e2e-tests fmt fmt-check lint clean policy.wasm annotated-policy.wasm
+.PHONY: soak soak-cluster bench load tools deny deny-tool fuzz fuzz-host setup demo test unit-tests e2e-tests fmt fmt-check lint clean policy.wasm annotated-policy.wasm
 
 ## setup: install the pinned toolchain, its wasm target, rustfmt and clippy (idempotent)
 setup:
@@ -50,6 +50,12 @@ e2e-tests: policy.wasm
 SOAK_SECONDS ?= 1800
 soak: policy.wasm
 	MODEL_SECONDS=$(SOAK_SECONDS) MODEL_CASES=500 cargo test -p config-snapshot --test lifecycle_model random_histories -- --nocapture
+
+## soak-cluster: random user histories with serve killed mid-way, on the real control plane,
+## for SOAK_SECONDS (default 30 min; not part of `test`, which runs a short version)
+soak-cluster: policy.wasm
+	CI=true REAL_CLUSTER_PART=histories SOAK_SECONDS=$(SOAK_SECONDS) HISTORY_STEPS=$${HISTORY_STEPS:-20} \
+	  cargo test -p config-snapshot --test real_cluster -- --nocapture
 
 bench: policy.wasm
 	cargo bench -p config-snapshot --bench admission --bench serve

@@ -1064,6 +1064,8 @@ fn scenarios_agree_with_replay(cp: &ControlPlane, serve: &mut ServeProcess, kube
     assert!(!everything || compared.len() >= 10, "{compared:?}");
 }
 
+#[path = "real_cluster/histories.rs"]
+mod histories;
 #[path = "real_cluster/security.rs"]
 mod security;
 
@@ -1096,6 +1098,10 @@ fn serve_on_a_real_control_plane() {
     // REAL_CLUSTER_PART=stories or =scenarios runs one half (while working
     // on it); both run by default.
     let part = std::env::var("REAL_CLUSTER_PART").unwrap_or_default();
+    if part == "histories" {
+        histories::random_histories(&cp, &mut serve, &kubeconfig);
+        return;
+    }
     if part == "attacks" {
         security::attack_stories(&cp, &mut serve, &kubeconfig);
         security::namespaced_story(&cp, &mut serve, &kubeconfig);
@@ -1116,6 +1122,7 @@ fn serve_on_a_real_control_plane() {
     }
     let kubelet = start_kubelet_stand_in(&cp);
     scenarios_agree_with_replay(&cp, &mut serve, &kubeconfig);
+    histories::random_histories(&cp, &mut serve, &kubeconfig);
     kubelet.store(true, Ordering::SeqCst);
     // Last: it takes the cluster-wide binding away.
     security::namespaced_story(&cp, &mut serve, &kubeconfig);

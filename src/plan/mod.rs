@@ -199,7 +199,7 @@ impl<'a> Planner<'a> {
                 }),
             }
         }
-        let rollback = self.rollback_record(change, renewing, &groups, &old_refs, &known);
+        let rollback = self.rollback_record(change, renewing, &groups, &targets, &old_refs, &known);
         Ok(Plan {
             groups,
             targets,

@@ -11,7 +11,7 @@ use crate::records::{generation, Rollback};
 use crate::references::{Reference, SourceRefs};
 use crate::template::{self, Snapshots};
 
-use super::{Change, Planner};
+use super::{Change, Planner, Target};
 
 impl Planner<'_> {
     /// Whether a renewal is due now, and the `renewed-at` to record. The
@@ -49,6 +49,7 @@ impl Planner<'_> {
         change: Change,
         renewing: bool,
         groups: &[SourceRefs],
+        targets: &[Target],
         old_refs: &[Reference],
         known: &Snapshots,
     ) -> Option<Rollback> {
@@ -76,14 +77,28 @@ impl Planner<'_> {
                     record.sources.clear();
                 } else {
                     // A source whose references moved is no longer held.
+                    // They are compared as this admission leaves them: a
+                    // re-sync that writes the source's name back (apply,
+                    // server-side apply, replace) gets the live snapshot,
+                    // so nothing moved and the rollback still holds.
                     let old_groups = template::group_by_source(old_refs, known);
                     record.sources.retain(|(id, _)| {
-                        let names = |gs: &[SourceRefs]| {
-                            gs.iter()
-                                .find(|g| g.id == *id)
-                                .map(|g| g.refs.iter().map(|r| r.name.clone()).collect::<Vec<_>>())
-                        };
-                        names(groups) == names(&old_groups)
+                        let before = old_groups
+                            .iter()
+                            .find(|g| g.id == *id)
+                            .map(|g| g.refs.iter().map(|r| r.name.clone()).collect::<Vec<_>>());
+                        let after = groups
+                            .iter()
+                            .zip(targets)
+                            .find(|(g, _)| g.id == *id)
+                            .map(|(g, target)| {
+                                let name = match target {
+                                    Target::Snapshot(name) => name.clone(),
+                                    Target::Source => g.id.name.clone(),
+                                };
+                                vec![name; g.refs.len()]
+                            });
+                        after == before
                     });
                 }
                 Some(record)
