@@ -241,7 +241,7 @@ fn history(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path, seed:
                 eventually_or(
                     &format!("{kind_of}/{workload} to run {id} = {expected} (step {step})"),
                     30,
-                    &said,
+                    said,
                     || (effective(&cp.objects(&ns), &kind_of, &workload, &ns, &id) == expected).then_some(()),
                 );
             }
