@@ -120,6 +120,51 @@ plugins:
 EOF
 }
 
+# Starts kube-apiserver with what `up` saved (also `restart-apiserver`).
+start_apiserver() { # start_apiserver DIR
+  local d=$1 bin etcd_client api_port
+  # shellcheck disable=SC1091
+  . "$d/apiserver.env"
+  "$bin/kube-apiserver" \
+    --etcd-servers "http://127.0.0.1:$etcd_client" \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
+    --tls-cert-file "$d/apiserver.crt" --tls-private-key-file "$d/apiserver.key" \
+    --client-ca-file "$d/ca.crt" \
+    --service-account-key-file "$d/sa.pub" --service-account-signing-key-file "$d/sa.key" \
+    --service-account-issuer https://kubernetes.default.svc \
+    --service-cluster-ip-range 10.96.0.0/16 \
+    --authorization-mode Node,RBAC \
+    --admission-control-config-file "$d/admission.yaml" \
+    --cert-dir "$d/apiserver-certs" \
+    --v 1 >> "$d/kube-apiserver.log" 2>&1 &
+  echo $! >> "$d/pids"
+  echo $! > "$d/apiserver.pid"
+}
+
+# A fault for the reliability tests: kube-apiserver killed and started
+# again; returns once it is ready.
+restart_apiserver() { # restart_apiserver DIR
+  local d=$1
+  kill "$(cat "$d/apiserver.pid")" 2>/dev/null || true
+  while kill -0 "$(cat "$d/apiserver.pid")" 2>/dev/null; do sleep 0.2; done
+  start_apiserver "$d"
+  # shellcheck disable=SC1091
+  . "$d/apiserver.env"
+  wait_for kube-apiserver 120 "$bin/kubectl" --kubeconfig "$d/admin.kubeconfig" get --raw /readyz
+  log "kube-apiserver restarted"
+}
+
+# A fault for the reliability tests: etcd unavailable (stopped, SIGSTOP)
+# for SECONDS, then resumed.
+pause_etcd() { # pause_etcd DIR SECONDS
+  local d=$1 pid
+  pid=$(head -1 "$d/pids")
+  kill -STOP "$pid"
+  sleep "$2"
+  kill -CONT "$pid"
+  log "etcd resumed after $2 s"
+}
+
 up() {
   local d=$1 bin
   bin=$(build)
@@ -141,19 +186,8 @@ up() {
   echo $! >> "$d/pids"
   wait_for etcd 30 curl -sf "http://127.0.0.1:$etcd_client/health"
 
-  "$bin/kube-apiserver" \
-    --etcd-servers "http://127.0.0.1:$etcd_client" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
-    --tls-cert-file "$d/apiserver.crt" --tls-private-key-file "$d/apiserver.key" \
-    --client-ca-file "$d/ca.crt" \
-    --service-account-key-file "$d/sa.pub" --service-account-signing-key-file "$d/sa.key" \
-    --service-account-issuer https://kubernetes.default.svc \
-    --service-cluster-ip-range 10.96.0.0/16 \
-    --authorization-mode Node,RBAC \
-    --admission-control-config-file "$d/admission.yaml" \
-    --cert-dir "$d/apiserver-certs" \
-    --v 1 > "$d/kube-apiserver.log" 2>&1 &
-  echo $! >> "$d/pids"
+  printf 'bin=%s\netcd_client=%s\napi_port=%s\n' "$bin" "$etcd_client" "$api_port" > "$d/apiserver.env"
+  start_apiserver "$d"
   wait_for kube-apiserver 120 "$bin/kubectl" --kubeconfig "$d/admin.kubeconfig" get --raw /readyz
 
   "$bin/kube-controller-manager" \
@@ -197,5 +231,7 @@ case "${1:-}" in
   cached) cached ;;
   up) up "${2:?state directory}" ;;
   down) down "${2:?state directory}" ;;
-  *) echo "usage: $0 build | up DIR | down DIR" >&2; exit 2 ;;
+  restart-apiserver) restart_apiserver "${2:?state directory}" ;;
+  pause-etcd) pause_etcd "${2:?state directory}" "${3:?seconds}" ;;
+  *) echo "usage: $0 build | up DIR | down DIR | restart-apiserver DIR | pause-etcd DIR SECONDS" >&2; exit 2 ;;
 esac

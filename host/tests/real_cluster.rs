@@ -90,6 +90,18 @@ impl ControlPlane {
         })
     }
 
+    /// Runs a verb of control-plane.sh on this control plane (the faults:
+    /// `restart-apiserver`, `pause-etcd SECONDS`).
+    fn control(&self, args: &[&str]) {
+        let status = Command::new(script())
+            .arg(args[0])
+            .arg(&self.dir)
+            .args(&args[1..])
+            .status()
+            .expect("control-plane.sh runs");
+        assert!(status.success(), "control-plane.sh {args:?} failed");
+    }
+
     /// Runs kubectl as the cluster admin; `Err` carries its output.
     fn try_kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
         self.kubectl_warned(args, stdin)

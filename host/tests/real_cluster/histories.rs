@@ -13,9 +13,11 @@
 //!   every watcher never rolled back runs the new content, within the
 //!   resync interval plus slack.
 //!
-//! `HISTORIES` (default 2) histories of `HISTORY_STEPS` (default 10) steps
-//! from `HISTORY_SEED` (default 1) run in `make test`; `make soak-cluster`
-//! runs them for `SOAK_SECONDS`.
+//! A scripted tour that meets every fault once (kube-apiserver restarted,
+//! etcd stopped 10 s, serve killed), then `HISTORIES` (default 1) random
+//! histories of `HISTORY_STEPS` (default 10) steps from `HISTORY_SEED`
+//! (default 1), run in `make test`; `make soak-cluster` runs random
+//! histories, faults included, for `SOAK_SECONDS`.
 
 use std::collections::BTreeMap;
 
@@ -47,7 +49,19 @@ enum Action {
     Scale(u32),
     Undo,
     Wait(u64),
-    EditThenKill(usize, u64),
+    /// A source edit, and a fault right after it: between the admission
+    /// and the rollout it implies.
+    EditThen(usize, Fault),
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    /// serve SIGKILLed, started again after this many seconds.
+    KillServe(u64),
+    /// kube-apiserver killed and started again (every watch is cut).
+    RestartApiserver,
+    /// etcd stopped for this many seconds.
+    PauseEtcd(u64),
 }
 
 /// The sources: (kind, name, key).
@@ -59,22 +73,25 @@ const SOURCES: [(&str, &str, &str); 3] = [
 
 impl Action {
     fn roll(dice: &mut Dice) -> Action {
-        match dice.below(16) {
+        match dice.below(18) {
             0..=3 => Action::Edit(dice.below(3) as usize),
+            14 | 15 => Action::EditThen(dice.below(3) as usize, Fault::KillServe(dice.below(3))),
+            16 => Action::EditThen(dice.below(3) as usize, Fault::RestartApiserver),
+            17 => Action::EditThen(dice.below(3) as usize, Fault::PauseEtcd(10 + dice.below(21))),
             4 | 5 => Action::Apply,
             6 | 7 => Action::ServerSideApply,
             8 | 9 => Action::Replace,
             10 => Action::Scale(1 + dice.below(3) as u32),
             11 | 12 => Action::Undo,
             13 => Action::Wait(dice.below(4)),
-            _ => Action::EditThenKill(dice.below(3) as usize, dice.below(3)),
+            _ => unreachable!(),
         }
     }
 
     /// Whether the step may move a pod template: a source changes, or the
     /// user rolls the workload.
     fn has_reason(self) -> bool {
-        matches!(self, Action::Edit(_) | Action::EditThenKill(..) | Action::Undo)
+        matches!(self, Action::Edit(_) | Action::EditThen(..) | Action::Undo)
     }
 }
 
@@ -149,8 +166,32 @@ fn sync(cp: &ControlPlane, ns: &str, how: &[&str]) {
         .unwrap_or_else(|e| panic!("{e}"));
 }
 
-/// One history; returns the steps it took.
-fn history(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path, seed: u64, steps: usize) -> usize {
+/// Every fault once, each right after a source edit, among the three ways
+/// of re-syncing and a rollback: the history CI always runs.
+const TOUR: [Action; 10] = [
+    Action::Edit(0),
+    Action::EditThen(1, Fault::KillServe(1)),
+    Action::Replace,
+    Action::Undo,
+    Action::ServerSideApply,
+    Action::EditThen(2, Fault::RestartApiserver),
+    Action::Apply,
+    Action::EditThen(0, Fault::PauseEtcd(10)),
+    Action::Replace,
+    Action::Scale(2),
+];
+
+/// One history, of `steps` random actions from `seed`, or of `script`;
+/// returns the steps it took.
+fn history(
+    cp: &ControlPlane,
+    serve: &mut ServeProcess,
+    kubeconfig: &Path,
+    seed: u64,
+    steps: usize,
+    script: Option<&[Action]>,
+) -> usize {
+    let steps = script.map_or(steps, <[Action]>::len);
     let ns = format!("history-{seed}");
     cp.namespace(&ns);
     let mut dice = Dice::new(seed);
@@ -163,7 +204,10 @@ fn history(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path, seed:
     let mut undone: BTreeSet<String> = BTreeSet::new();
     let mut log: Vec<String> = Vec::new();
     for step in 0..steps {
-        let action = Action::roll(&mut dice);
+        let action = match script {
+            Some(actions) => actions[step],
+            None => Action::roll(&mut dice),
+        };
         log.push(format!("{step}: {action:?}"));
         let said = || format!("seed {seed}, history so far:\n  {}", log.join("\n  "));
         let before = templates(cp, &ns);
@@ -172,13 +216,19 @@ fn history(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path, seed:
                 values[i] += 1;
                 cp.apply(&ns, &source(i, values[i]));
             }
-            Action::EditThenKill(i, down) => {
+            Action::EditThen(i, fault) => {
                 values[i] += 1;
                 cp.apply(&ns, &source(i, values[i]));
-                serve.stop();
-                std::thread::sleep(Duration::from_secs(down));
-                serve.restart(kubeconfig, &serve_flags("{}"));
-                serve.wait_ready();
+                match fault {
+                    Fault::KillServe(down) => {
+                        serve.stop();
+                        std::thread::sleep(Duration::from_secs(down));
+                        serve.restart(kubeconfig, &serve_flags("{}"));
+                        serve.wait_ready();
+                    }
+                    Fault::RestartApiserver => cp.control(&["restart-apiserver"]),
+                    Fault::PauseEtcd(secs) => cp.control(&["pause-etcd", &secs.to_string()]),
+                }
             }
             Action::Apply => sync(cp, &ns, &["apply"]),
             Action::ServerSideApply => sync(
@@ -228,7 +278,7 @@ fn history(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path, seed:
                 }
             }
         }
-        if let Action::Edit(i) | Action::EditThenKill(i, _) = action {
+        if let Action::Edit(i) | Action::EditThen(i, _) = action {
             let (kind, name, key) = SOURCES[i];
             let expected = json!({key: values[i].to_string()});
             for m in manifests() {
@@ -240,7 +290,9 @@ fn history(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path, seed:
                 let id = format!("{kind}/{name}");
                 eventually_or(
                     &format!("{kind_of}/{workload} to run {id} = {expected} (step {step})"),
-                    30,
+                    // The resync interval (5 s), the storm guard, the
+                    // watcher's relist backoff after a fault, and slack.
+                    60,
                     said,
                     || (effective(&cp.objects(&ns), &kind_of, &workload, &ns, &id) == expected).then_some(()),
                 );
@@ -248,6 +300,7 @@ fn history(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path, seed:
             settle(cp, &ns);
         }
     }
+    eprintln!("history {seed}: {}", log.join("; "));
     steps
 }
 
@@ -255,13 +308,13 @@ fn history(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path, seed:
 pub fn random_histories(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path) -> (usize, usize) {
     let env = |name: &str, default: u64| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
     let first = env("HISTORY_SEED", 1);
-    let count = env("HISTORIES", 2);
+    let count = env("HISTORIES", 1);
     let steps = env("HISTORY_STEPS", 10) as usize;
     let until = Instant::now() + Duration::from_secs(env("SOAK_SECONDS", 0));
-    let mut done = (0, 0);
+    let mut done = (1, history(cp, serve, kubeconfig, 0, 0, Some(&TOUR)));
     let mut seed = first;
     while seed < first + count || Instant::now() < until {
-        done.1 += history(cp, serve, kubeconfig, seed, steps);
+        done.1 += history(cp, serve, kubeconfig, seed, steps, None);
         done.0 += 1;
         seed += 1;
     }
