@@ -139,10 +139,16 @@ impl Prover {
 
     /// The name the snapshot of `content` from `source` gets.
     pub fn snapshot_name(&self, source: &str, content: &Content) -> String {
-        let hash = content.hash();
-        match content.kind {
-            SourceKind::ConfigMap => snapshot_name(source, &hash),
-            SourceKind::Secret => snapshot_name(source, &self.secret_digest(source, &hash)),
+        self.name_for(content.kind, source, &content.hash())
+    }
+
+    /// The name a snapshot of `kind` from `source` gets for content whose
+    /// hash is `content_hash`: plain for a ConfigMap, keyed for a Secret
+    /// (docs/hash-spec.md).
+    pub fn name_for(&self, kind: SourceKind, source: &str, content_hash: &str) -> String {
+        match kind {
+            SourceKind::ConfigMap => snapshot_name(source, content_hash),
+            SourceKind::Secret => snapshot_name(source, &self.secret_digest(source, content_hash)),
         }
     }
 

@@ -4,7 +4,7 @@
 //! to it (docs/design.md, "Garbage collection", Reuse and Bridges).
 //! `snapshot_name`: the name a Secret's snapshot gets, keyed.
 
-use config_snapshot_policy::content::{snapshot_name, snapshot_object, Content};
+use config_snapshot_policy::content::{snapshot_object, Content};
 use config_snapshot_policy::duration::format_rfc3339;
 use config_snapshot_policy::host_error::{Code, HostError};
 use config_snapshot_policy::keys;
@@ -61,11 +61,7 @@ impl Capability {
         if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
             return Err(refused("refused: a content hash is 64 lowercase hex digits"));
         }
-        let name = match kind {
-            SourceKind::ConfigMap => snapshot_name(source, &hash),
-            SourceKind::Secret => snapshot_name(source, &self.prover().secret_digest(source, &hash)),
-        };
-        Ok(json!({ "name": name }))
+        Ok(json!({ "name": self.prover().name_for(kind, source, &hash) }))
     }
 
     /// The snapshot object the host makes for what the guest proposes: of

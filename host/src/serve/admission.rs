@@ -212,7 +212,7 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
         &head.kind.kind,
         &head.operation,
         request,
-        &state.settings,
+        &state.queue.carry().rules.settings,
     ));
     let carry = state.queue.carry();
     let handler = Arc::new(Counted {

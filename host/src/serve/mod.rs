@@ -260,10 +260,9 @@ impl Options {
 /// Shared by the HTTP handlers, the effect worker and the resync.
 pub struct State {
     pub engine: Arc<Engine>,
-    /// The settings as JSON text, spliced into every validate payload.
+    /// The settings as JSON text, spliced into every validate payload
+    /// (parsed, they are the rules' own: `queue.carry().rules.settings`).
     pub settings_json: String,
-    /// The same settings parsed, for the resync's choice of what to re-admit.
-    pub settings: Settings,
     pub cluster: Arc<KubeCluster>,
     pub queue: Queue,
     pub metrics: Arc<Metrics>,
@@ -348,7 +347,7 @@ pub fn build_with_engine(
     let carry = Arc::new(Carry {
         cluster: cluster.clone(),
         rules: Arc::new(Rules {
-            settings: parsed.clone(),
+            settings: parsed,
             watch_min_interval: duration("watch-min-interval", &options.watch_min_interval)? as i64,
             prover: Arc::new(prover),
             excluded_namespaces: options.excluded_namespaces(),
@@ -374,7 +373,6 @@ pub fn build_with_engine(
         leadership,
         engine,
         settings_json,
-        settings: parsed,
         cluster,
         queue,
         metrics,
