@@ -93,6 +93,10 @@ pub struct Cache {
     /// install watches only its own, with the Roles it has there: it holds
     /// no other namespace's Secrets, and could not list them.
     within: Option<Vec<String>>,
+    /// Namespaces a cluster-wide watch leaves out, by field selector: the
+    /// API server never sends their objects (kube-system's Secrets among
+    /// them), so serve never holds them.
+    excluded: Vec<String>,
 }
 
 impl Cache {
@@ -101,7 +105,27 @@ impl Cache {
         Cache {
             kinds: KINDS.iter().map(|k| (k.kind, KindCache::default())).collect(),
             within: None,
+            excluded: Vec::new(),
         }
+    }
+
+    /// A cache of the whole cluster but `namespaces`.
+    pub fn excluding(namespaces: Vec<String>) -> Cache {
+        Cache {
+            excluded: namespaces,
+            ..Cache::new()
+        }
+    }
+
+    /// The field selector of a cluster-wide watch: every excluded
+    /// namespace left out.
+    fn field_selector(&self) -> Option<String> {
+        let parts: Vec<String> = self
+            .excluded
+            .iter()
+            .map(|ns| format!("metadata.namespace!={ns}"))
+            .collect();
+        (!parts.is_empty()).then(|| parts.join(","))
     }
 
     /// A cache of `namespaces` only (at least one).
@@ -138,13 +162,18 @@ impl Cache {
 
     async fn run(&self, client: Client, kind: &'static str, namespace: Option<String>) {
         let Some(ar) = api_resource(kind) else { return };
-        let api: Api<DynamicObject> = match &namespace {
-            Some(ns) => Api::namespaced_with(client, ns, &ar),
-            None => Api::all_with(client, &ar),
+        let (api, config): (Api<DynamicObject>, _) = match &namespace {
+            Some(ns) => (Api::namespaced_with(client, ns, &ar), watcher::Config::default()),
+            None => {
+                let config = watcher::Config::default();
+                let config = match self.field_selector() {
+                    Some(fields) => config.fields(&fields),
+                    None => config,
+                };
+                (Api::all_with(client, &ar), config)
+            }
         };
-        let mut events = watcher::watcher(api, watcher::Config::default())
-            .default_backoff()
-            .boxed();
+        let mut events = watcher::watcher(api, config).default_backoff().boxed();
         let mut buffer: Option<Objects> = None;
         let mut listed = false;
         while let Some(event) = events.next().await {
@@ -411,6 +440,16 @@ mod tests {
             k.synced.store(2, Ordering::SeqCst);
         }
         assert!(cache.synced());
+    }
+
+    #[test]
+    fn a_cluster_wide_watch_leaves_the_excluded_namespaces_out() {
+        assert_eq!(Cache::new().field_selector(), None);
+        let cache = Cache::excluding(vec!["kube-system".into(), "config-snapshot".into()]);
+        assert_eq!(
+            cache.field_selector().as_deref(),
+            Some("metadata.namespace!=kube-system,metadata.namespace!=config-snapshot")
+        );
     }
 
     #[test]

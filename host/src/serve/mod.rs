@@ -336,7 +336,7 @@ pub fn build_with_engine(
     let only_namespaces = options.only_namespaces()?;
     let cache = Arc::new(match &only_namespaces {
         Some(namespaces) => Cache::within(namespaces.clone()),
-        None => Cache::new(),
+        None => Cache::excluding(options.excluded_namespaces()),
     });
     let runtime = tokio::runtime::Handle::try_current().context("serve needs a tokio runtime")?;
     let report = Arc::new(Report {

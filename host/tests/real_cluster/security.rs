@@ -90,6 +90,14 @@ fn forged_label_story(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &
     // Nothing is reported in the excluded namespace: serve does not look.
     let system = cp.kubectl(&["-n", "kube-system", "get", "events.events.k8s.io", "-o", "json"]);
     assert!(!system.contains("UnprovenSnapshot"));
+    // Nor does it hold anything of it: its watches leave excluded
+    // namespaces out (field selector), so kube-system's objects never
+    // reach its cache.
+    let logs = serve.logs();
+    let held = logs
+        .lines()
+        .find(|l| l.contains("cache applied") && l.contains("\"kube-system\""));
+    assert!(held.is_none(), "serve cached an object of kube-system: {held:?}");
     cp.kubectl(&["-n", "kube-system", "delete", "configmap", "attack-kube-system"]);
 }
 
