@@ -67,20 +67,7 @@ fn everything(shared: &Shared) -> BTreeMap<(String, String, String), Value> {
 }
 
 fn stored(objects: &[Value]) -> Shared {
-    let shared = Shared::default();
-    let objects: Vec<Value> = objects
-        .iter()
-        .enumerate()
-        .map(|(i, o)| {
-            let mut o = o.clone();
-            o["metadata"]["uid"] = json!(format!("uid-{i}"));
-            o["metadata"]["resourceVersion"] = json!((i + 1).to_string());
-            o
-        })
-        .collect();
-    shared.store().reset(&objects);
-    shared.store().now = NOW;
-    shared
+    Shared::holding(objects, NOW)
 }
 
 /// The host capability called with any operation and any payload, by a

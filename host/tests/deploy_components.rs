@@ -42,14 +42,8 @@ fn ops(component: &Value, kind: &str) -> Vec<Value> {
         .iter()
         .filter(|p| p["target"]["kind"] == kind)
         .flat_map(|p| {
-            let text = p["patch"].as_str().unwrap();
-            let dir = std::env::temp_dir().join(format!("cs-patch-{}-{kind}", std::process::id()));
-            std::fs::write(&dir, text).unwrap();
-            let parsed = objects(&dir);
-            let _ = std::fs::remove_file(&dir);
-            parsed
-                .into_iter()
-                .flat_map(|v| v.as_array().cloned().unwrap_or_default())
+            let parsed: Value = serde_yaml_ng::from_str(p["patch"].as_str().unwrap()).unwrap();
+            parsed.as_array().cloned().unwrap_or_default()
         })
         .collect()
 }

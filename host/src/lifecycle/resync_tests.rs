@@ -50,20 +50,7 @@ fn name(o: &Value) -> String {
 /// A cluster of `objects`, each given a uid and a resourceVersion as the
 /// API server would.
 fn cluster(objects: &[Value]) -> Shared {
-    let shared = Shared::default();
-    let stored: Vec<Value> = objects
-        .iter()
-        .enumerate()
-        .map(|(i, o)| {
-            let mut o = o.clone();
-            o["metadata"]["uid"] = json!(format!("uid-{i}"));
-            o["metadata"]["resourceVersion"] = json!((i + 1).to_string());
-            o
-        })
-        .collect();
-    shared.store().reset(&stored);
-    shared.store().now = NOW;
-    shared
+    Shared::holding(objects, NOW)
 }
 
 fn exists(shared: &Shared, o: &Value) -> bool {

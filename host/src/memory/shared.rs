@@ -51,6 +51,25 @@ fn plural(kind: &str) -> &'static str {
 }
 
 impl Shared {
+    /// A cluster holding `objects` at time `now`, each given a uid and a
+    /// resourceVersion as the API server would (tests and fuzz bodies).
+    pub fn holding(objects: &[Value], now: i64) -> Shared {
+        let shared = Shared::default();
+        let stored: Vec<Value> = objects
+            .iter()
+            .enumerate()
+            .map(|(i, o)| {
+                let mut o = o.clone();
+                o["metadata"]["uid"] = serde_json::json!(format!("uid-{i}"));
+                o["metadata"]["resourceVersion"] = serde_json::json!((i + 1).to_string());
+                o
+            })
+            .collect();
+        shared.store().reset(&stored);
+        shared.store().now = now;
+        shared
+    }
+
     pub fn store(&self) -> MutexGuard<'_, Store> {
         lock(&self.store)
     }

@@ -94,7 +94,6 @@ fn head_of(request: &RawValue) -> Result<Head, Failure> {
 /// serve's request parsing, screening and read-ahead through it.
 #[derive(Debug)]
 pub struct Preview {
-    pub namespace: String,
     /// `policy`, `ours` (a proven snapshot: untouched) or `unlabelled` (a
     /// forged label: reviewed as a plain source).
     pub screened: &'static str,
@@ -112,7 +111,6 @@ pub fn preview(body: &[u8], prover: &Prover, settings: &Settings) -> Result<Prev
     };
     let request = request.as_deref().unwrap_or(request_of(body)?);
     Ok(Preview {
-        namespace: head.namespace.clone().unwrap_or_default(),
         screened,
         read_ahead: prefetch::wanted(&head.kind.kind, &head.operation, request, settings).len(),
     })

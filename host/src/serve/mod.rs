@@ -177,16 +177,20 @@ pub struct Options {
     pub shutdown_grace: String,
 }
 
+/// A namespace flag's values, trimmed, empty ones dropped.
+fn namespace_list(values: &[String]) -> Vec<String> {
+    values
+        .iter()
+        .map(|n| n.trim().to_string())
+        .filter(|n| !n.is_empty())
+        .collect()
+}
+
 impl Options {
     /// The namespaces serve never acts in: `--exclude-namespaces` and its
     /// own.
     pub fn excluded_namespaces(&self) -> Vec<String> {
-        let mut out: Vec<String> = self
-            .exclude_namespaces
-            .iter()
-            .map(|n| n.trim().to_string())
-            .filter(|n| !n.is_empty())
-            .collect();
+        let mut out = namespace_list(&self.exclude_namespaces);
         if !out.contains(&self.own_namespace) {
             out.push(self.own_namespace.clone());
         }
@@ -197,12 +201,7 @@ impl Options {
     /// excluded ones; `None`: cluster-wide.
     pub fn only_namespaces(&self) -> Result<Option<Vec<String>>> {
         let excluded = self.excluded_namespaces();
-        let mut only: Vec<String> = self
-            .namespaces
-            .iter()
-            .map(|n| n.trim().to_string())
-            .filter(|n| !n.is_empty())
-            .collect();
+        let mut only = namespace_list(&self.namespaces);
         if only.is_empty() {
             return Ok(None);
         }
