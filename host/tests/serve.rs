@@ -636,9 +636,13 @@ async fn a_rollback_drops_the_rollout_the_storm_guard_held_and_says_so() {
         note.contains("configmap/app-config") && note.contains(&red) && note.contains("a rollback came first"),
         "{note}"
     );
-    assert!(
-        serve.metric("config_snapshot_deferred_effects_total{effect=\"patch_workload\",outcome=\"dropped\"") >= 1.0
-    );
+    // The Event is told while the effect runs; the worker counts its ending
+    // after: wait for the count rather than race it.
+    eventually("the dropped rollout to be counted", &serve, || {
+        (serve.metric("config_snapshot_deferred_effects_total{effect=\"patch_workload\",outcome=\"dropped\"") >= 1.0)
+            .then_some(())
+    })
+    .await;
     // Three passes later the workload still runs what the user rolled back to.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let web = api.get("Deployment", NS, "web").unwrap();
@@ -672,12 +676,13 @@ async fn an_effect_given_up_is_a_warning_event_and_leaves_no_snapshot() {
         note.starts_with("gave up on patch_workload after ") && note.contains("forbidden"),
         "{note}"
     );
-    assert_eq!(
-        serve.metric("config_snapshot_deferred_effects_total{effect=\"patch_workload\",outcome=\"failed\""),
-        1.0,
-        "{}",
-        serve.logs()
-    );
+    // The worker counts the ending after the Event is told.
+    const FAILED: &str = "config_snapshot_deferred_effects_total{effect=\"patch_workload\",outcome=\"failed\"";
+    eventually("the failure to be counted", &serve, || {
+        (serve.metric(FAILED) >= 1.0).then_some(())
+    })
+    .await;
+    assert_eq!(serve.metric(FAILED), 1.0, "{}", serve.logs());
     assert!(
         serve.metric("config_snapshot_deferred_effects_total{effect=\"patch_workload\",outcome=\"coalesced\"") >= 1.0
     );
