@@ -51,7 +51,8 @@ SOAK_SECONDS ?= 1800
 soak: policy.wasm
 	MODEL_SECONDS=$(SOAK_SECONDS) MODEL_CASES=500 cargo test -p config-snapshot --test lifecycle_model random_histories -- --nocapture
 
-## soak-cluster: random user histories with serve killed mid-way, on the real control plane,
+## soak-cluster: random user histories with faults (serve killed, kube-apiserver restarted, etcd
+## paused, the leader of two replicas killed mid-storm) on the real control plane,
 ## for SOAK_SECONDS (default 30 min; not part of `test`, which runs a short version)
 soak-cluster: policy.wasm
 	CI=true REAL_CLUSTER_PART=histories SOAK_SECONDS=$(SOAK_SECONDS) HISTORY_STEPS=$${HISTORY_STEPS:-20} \

@@ -242,14 +242,42 @@ fn start_serve(cp: &ControlPlane) -> (ServeProcess, PathBuf) {
 
 /// Registers `webhook` (a shipped MutatingWebhookConfiguration) with only
 /// its clientConfig pointed at serve on loopback.
-fn register(cp: &ControlPlane, serve: &ServeProcess, mut webhook: Value) {
+fn register(cp: &ControlPlane, serve: &ServeProcess, webhook: Value) {
+    register_at(cp, serve.webhook, &serve.cert_pem, webhook);
+}
+
+/// [`register`] at `address`, trusting the certificates in `ca_pem`.
+fn register_at(cp: &ControlPlane, address: std::net::SocketAddr, ca_pem: &str, mut webhook: Value) {
     webhook["metadata"].as_object_mut().unwrap().remove("annotations");
-    let ca = base64::engine::general_purpose::STANDARD.encode(&serve.cert_pem);
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
     for hook in webhook["webhooks"].as_array_mut().unwrap() {
-        hook["clientConfig"] = json!({"url": format!("https://{}/mutate", serve.webhook), "caBundle": ca});
+        hook["clientConfig"] = json!({"url": format!("https://{address}/mutate"), "caBundle": ca});
     }
     cp.try_kubectl(&["apply", "-f", "-"], Some(&webhook.to_string()))
         .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Waits until kube-apiserver calls the webhook as last registered: it
+/// picks a configuration up asynchronously.
+fn webhook_answers(cp: &ControlPlane) {
+    if cp.try_kubectl(&["get", "namespace", "probe"], None).is_err() {
+        cp.namespace("probe");
+    }
+    cp.apply("probe", &config_map("app", json!({"k": "v"})));
+    eventually("the webhook to be called", 30, || {
+        let d = workload(
+            "Deployment",
+            "probe",
+            json!({"config-snapshot.io/snapshot": "*"}),
+            "x:1",
+            json!([{"configMapRef": {"name": "app"}}]),
+            1,
+        );
+        cp.apply("probe", &d);
+        let got = env_ref(&cp.get("probe", "deployment", "probe")?);
+        cp.kubectl(&["-n", "probe", "delete", "deployment", "probe"]);
+        (got != "app").then_some(())
+    });
 }
 
 fn serve_flags(settings: &str) -> Vec<&'static str> {
@@ -1076,6 +1104,8 @@ fn scenarios_agree_with_replay(cp: &ControlPlane, serve: &mut ServeProcess, kube
     assert!(!everything || compared.len() >= 10, "{compared:?}");
 }
 
+#[path = "real_cluster/fleet.rs"]
+mod fleet;
 #[path = "real_cluster/histories.rs"]
 mod histories;
 #[path = "real_cluster/security.rs"]
@@ -1086,30 +1116,14 @@ fn serve_on_a_real_control_plane() {
     let Some(cp) = ControlPlane::start() else { return };
     let started = Instant::now();
     let (mut serve, kubeconfig) = start_serve(&cp);
-    // The API server picks the webhook configuration up asynchronously.
-    cp.namespace("probe");
-    cp.apply("probe", &config_map("app", json!({"k": "v"})));
-    eventually("the webhook to be called", 30, || {
-        let d = workload(
-            "Deployment",
-            "probe",
-            json!({"config-snapshot.io/snapshot": "*"}),
-            "x:1",
-            json!([{"configMapRef": {"name": "app"}}]),
-            1,
-        );
-        cp.apply("probe", &d);
-        let got = env_ref(&cp.get("probe", "deployment", "probe")?);
-        if got == "app" {
-            cp.kubectl(&["-n", "probe", "delete", "deployment", "probe"]);
-            None
-        } else {
-            Some(())
-        }
-    });
+    webhook_answers(&cp);
     // REAL_CLUSTER_PART=stories or =scenarios runs one half (while working
     // on it); both run by default.
     let part = std::env::var("REAL_CLUSTER_PART").unwrap_or_default();
+    if part == "fleet" {
+        fleet::leader_killed_mid_storm(&cp, &mut serve, &kubeconfig, "fleet");
+        return;
+    }
     if part == "histories" {
         histories::random_histories(&cp, &mut serve, &kubeconfig);
         return;

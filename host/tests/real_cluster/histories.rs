@@ -14,7 +14,8 @@
 //!   resync interval plus slack.
 //!
 //! A scripted tour that meets every fault once (kube-apiserver restarted,
-//! etcd stopped 10 s, serve killed), then `HISTORIES` (default 1) random
+//! etcd stopped 10 s, serve killed; then two replicas on a real Lease with
+//! the leader killed mid-storm, real_cluster/fleet.rs), then `HISTORIES` (default 1) random
 //! histories of `HISTORY_STEPS` (default 10) steps from `HISTORY_SEED`
 //! (default 1), run in `make test`; `make soak-cluster` runs random
 //! histories, faults included, for `SOAK_SECONDS`.
@@ -318,14 +319,23 @@ pub fn random_histories(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig:
     serve.restart(kubeconfig, &serve_flags("{}"));
     serve.wait_ready();
     let mut done = (1, history(cp, serve, kubeconfig, 0, 0, Some(&TOUR)));
+    // The last fault, once: two replicas on a real Lease, the leader
+    // killed mid-storm.
+    super::fleet::leader_killed_mid_storm(cp, serve, kubeconfig, "fleet-0");
+    let mut failovers = 1;
     let mut seed = first;
     while seed < first + count || Instant::now() < until {
         done.1 += history(cp, serve, kubeconfig, seed, steps, None);
         done.0 += 1;
         seed += 1;
+        // A soak meets the failover again every few histories.
+        if Instant::now() < until && seed % 4 == 0 {
+            super::fleet::leader_killed_mid_storm(cp, serve, kubeconfig, &format!("fleet-{seed}"));
+            failovers += 1;
+        }
     }
     eprintln!(
-        "random histories: {} histories, {} steps, seeds {first}..{seed}",
+        "random histories: {} histories, {} steps, seeds {first}..{seed}, {failovers} leader failovers",
         done.0, done.1
     );
     done
