@@ -7,7 +7,7 @@ POLICY_BUILD := target/$(WASM_TARGET)/policy/config_snapshot_policy.wasm
 HOST := cargo run --quiet -p config-snapshot --
 SCENARIOS := $(sort $(wildcard e2e-tests/*.yaml))
 
-.PHONY: soak soak-cluster bench load tools deny deny-tool fuzz fuzz-host setup demo test unit-tests e2e-tests fmt fmt-check lint clean policy.wasm annotated-policy.wasm
+.PHONY: soak soak-cluster bench bench-cluster load tools deny deny-tool fuzz fuzz-host setup demo test unit-tests e2e-tests fmt fmt-check lint clean policy.wasm annotated-policy.wasm
 
 ## setup: install the pinned toolchain, its wasm target, rustfmt and clippy (idempotent)
 setup:
@@ -60,6 +60,13 @@ soak-cluster: policy.wasm
 
 bench: policy.wasm
 	cargo bench -p config-snapshot --bench admission --bench serve
+
+## bench-cluster: webhook latency as kube-apiserver records it, on the real control plane, optimised
+## build (BENCH_SAMPLES per group, default 1000; BENCH_CLIENTS, default 1,8,32); writes the table into
+## docs/BENCHMARKS.md. Not part of `test`, which runs a short version as a regression guard.
+bench-cluster: policy.wasm
+	CI=true REAL_CLUSTER_PART=bench BENCH_WRITE_DOCS=1 \
+	  cargo test --profile bench -p config-snapshot --test real_cluster -- --nocapture
 
 ## tools: the load generator oha, pinned, under target/tools (for `load` and the suite's smoke)
 OHA_VERSION := 1.16.0

@@ -1104,6 +1104,8 @@ fn scenarios_agree_with_replay(cp: &ControlPlane, serve: &mut ServeProcess, kube
     assert!(!everything || compared.len() >= 10, "{compared:?}");
 }
 
+#[path = "real_cluster/bench.rs"]
+mod bench;
 #[path = "real_cluster/fleet.rs"]
 mod fleet;
 #[path = "real_cluster/histories.rs"]
@@ -1120,6 +1122,10 @@ fn serve_on_a_real_control_plane() {
     // REAL_CLUSTER_PART=stories or =scenarios runs one half (while working
     // on it); both run by default.
     let part = std::env::var("REAL_CLUSTER_PART").unwrap_or_default();
+    if part == "bench" {
+        bench::webhook_latency(&cp, &mut serve, &kubeconfig, false);
+        return;
+    }
     if part == "fleet" {
         fleet::leader_killed_mid_storm(&cp, &mut serve, &kubeconfig, "fleet");
         return;
@@ -1149,6 +1155,8 @@ fn serve_on_a_real_control_plane() {
     let kubelet = start_kubelet_stand_in(&cp);
     scenarios_agree_with_replay(&cp, &mut serve, &kubeconfig);
     histories::random_histories(&cp, &mut serve, &kubeconfig);
+    // The latency regression guard: the cluster benchmark, short.
+    bench::webhook_latency(&cp, &mut serve, &kubeconfig, true);
     kubelet.store(true, Ordering::SeqCst);
     // Last: it takes the cluster-wide binding away.
     security::namespaced_story(&cp, &mut serve, &kubeconfig);

@@ -1,7 +1,8 @@
 //! Random histories driven as users drive them, on the real control plane
 //! (issue "Random histories and faults"): source edits, the three ways
 //! GitOps tools re-sync a manifest (client-side apply, server-side apply
-//! under another field manager, replace), scaling, `rollout undo`, waits,
+//! under another field manager, replace), scaling, `rollout undo` of a
+//! Deployment and a DaemonSet, `rollout pause`/`resume`, waits,
 //! and serve killed with SIGKILL right after a source edit (between the
 //! admission and the rollout it implies). The same seed replays the same
 //! history. After every step the invariants are checked against what the
@@ -48,7 +49,10 @@ enum Action {
     ServerSideApply,
     Replace,
     Scale(u32),
-    Undo,
+    /// `kubectl rollout undo` of this workload.
+    Undo(&'static str),
+    /// `kubectl rollout pause` of api, or `resume` if it is paused (live).
+    PauseOrResume,
     Wait(u64),
     /// A source edit, and a fault right after it: between the admission
     /// and the rollout it implies.
@@ -74,7 +78,7 @@ const SOURCES: [(&str, &str, &str); 3] = [
 
 impl Action {
     fn roll(dice: &mut Dice) -> Action {
-        match dice.below(18) {
+        match dice.below(20) {
             0..=3 => Action::Edit(dice.below(3) as usize),
             14 | 15 => Action::EditThen(dice.below(3) as usize, Fault::KillServe(dice.below(3))),
             16 => Action::EditThen(dice.below(3) as usize, Fault::RestartApiserver),
@@ -83,7 +87,9 @@ impl Action {
             6 | 7 => Action::ServerSideApply,
             8 | 9 => Action::Replace,
             10 => Action::Scale(1 + dice.below(3) as u32),
-            11 | 12 => Action::Undo,
+            11 | 12 => Action::Undo("deployment/web"),
+            18 => Action::Undo("daemonset/agent"),
+            19 => Action::PauseOrResume,
             13 => Action::Wait(dice.below(4)),
             _ => unreachable!(),
         }
@@ -92,7 +98,7 @@ impl Action {
     /// Whether the step may move a pod template: a source changes, or the
     /// user rolls the workload.
     fn has_reason(self) -> bool {
-        matches!(self, Action::Edit(_) | Action::EditThen(..) | Action::Undo)
+        matches!(self, Action::Edit(_) | Action::EditThen(..) | Action::Undo(_))
     }
 }
 
@@ -134,6 +140,14 @@ fn manifests() -> Vec<Value> {
             json!([{"configMapRef": {"name": "a"}}]),
             5,
         ),
+        workload(
+            "DaemonSet",
+            "agent",
+            json!({"config-snapshot.io/watch": "*"}),
+            "agent:1",
+            json!([{"configMapRef": {"name": "b"}}, {"secretRef": {"name": "s"}}]),
+            5,
+        ),
     ]
 }
 
@@ -142,6 +156,7 @@ fn watched(workload: &str) -> Vec<usize> {
     match workload {
         "web" => vec![0, 1, 2],
         "api" => vec![1],
+        "agent" => vec![1, 2],
         _ => vec![0],
     }
 }
@@ -158,6 +173,10 @@ fn templates(cp: &ControlPlane, ns: &str) -> BTreeMap<String, Value> {
         .collect()
 }
 
+fn is_paused(cp: &ControlPlane, ns: &str, kind: &str, name: &str) -> bool {
+    cp.get(ns, kind, name).is_some_and(|w| w["spec"]["paused"] == true)
+}
+
 fn sync(cp: &ControlPlane, ns: &str, how: &[&str]) {
     let list = json!({"apiVersion": "v1", "kind": "List", "items": manifests()});
     let mut args = vec!["-n", ns];
@@ -169,17 +188,21 @@ fn sync(cp: &ControlPlane, ns: &str, how: &[&str]) {
 
 /// Every fault once, each right after a source edit, among the three ways
 /// of re-syncing and a rollback: the history CI always runs.
-const TOUR: [Action; 10] = [
+const TOUR: [Action; 14] = [
     Action::Edit(0),
     Action::EditThen(1, Fault::KillServe(1)),
     Action::Replace,
-    Action::Undo,
+    Action::Undo("deployment/web"),
+    Action::PauseOrResume,
+    Action::Edit(1),
+    Action::Undo("daemonset/agent"),
     Action::ServerSideApply,
     Action::EditThen(2, Fault::RestartApiserver),
     Action::Apply,
     Action::EditThen(0, Fault::PauseEtcd(10)),
     Action::Replace,
     Action::Scale(2),
+    Action::PauseOrResume,
 ];
 
 /// One history, of `steps` random actions from `seed`, or of `script`;
@@ -241,13 +264,35 @@ fn history(
             Action::Scale(n) => {
                 cp.kubectl(&["-n", &ns, "scale", "deployment/web", &format!("--replicas={n}")]);
             }
-            Action::Undo => {
-                // Only once web has a revision to go back to.
-                if cp
-                    .try_kubectl(&["-n", &ns, "rollout", "undo", "deployment/web"], None)
-                    .is_ok()
-                {
-                    undone.insert("web".into());
+            Action::Undo(which) => {
+                // Only once it has a revision to go back to (and, for a
+                // Deployment, while it is not paused).
+                if cp.try_kubectl(&["-n", &ns, "rollout", "undo", which], None).is_ok() {
+                    undone.insert(which.split('/').nth(1).unwrap().into());
+                }
+            }
+            Action::PauseOrResume => {
+                // As it is live: a replace of the manifest resumes it.
+                let paused = is_paused(cp, &ns, "Deployment", "api");
+                let verb = if paused { "resume" } else { "pause" };
+                cp.kubectl(&["-n", &ns, "rollout", verb, "deployment/api"]);
+                if paused {
+                    // Resumed, it runs what its sources hold now.
+                    settle(cp, &ns);
+                    for &i in &watched("api") {
+                        let (kind, name, key) = SOURCES[i];
+                        let expected = json!({key: values[i].to_string()});
+                        eventually_or(
+                            &format!("the resumed api to run {kind}/{name} = {expected} (step {step})"),
+                            60,
+                            said,
+                            || {
+                                (effective(&cp.objects(&ns), "Deployment", "api", &ns, &format!("{kind}/{name}"))
+                                    == expected)
+                                    .then_some(())
+                            },
+                        );
+                    }
                 }
             }
             Action::Wait(secs) => std::thread::sleep(Duration::from_secs(secs)),
@@ -268,7 +313,7 @@ fn history(
                         "{name} rolled out without a reason at step {step}; {}\nbefore: {template}\nafter: {}\nlive: {}\nserve:\n{}",
                         said(),
                         after.get(name).cloned().unwrap_or_default(),
-                        ["deployment", "statefulset"]
+                        ["deployment", "statefulset", "daemonset"]
                             .iter()
                             .filter_map(|k| cp
                                 .try_kubectl(&["-n", &ns, "get", k, name, "-o", "json", "--show-managed-fields"], None)
@@ -284,17 +329,35 @@ fn history(
             let expected = json!({key: values[i].to_string()});
             for m in manifests() {
                 let workload = m["metadata"]["name"].as_str().unwrap().to_string();
-                if undone.contains(&workload) || !watched(&workload).contains(&i) {
+                let kind_of = m["kind"].as_str().unwrap().to_string();
+                // Paused, a Deployment runs what it ran: the new content
+                // comes with the resume (checked there).
+                if undone.contains(&workload)
+                    || !watched(&workload).contains(&i)
+                    || is_paused(cp, &ns, &kind_of, &workload)
+                {
                     continue;
                 }
-                let kind_of = m["kind"].as_str().unwrap().to_string();
                 let id = format!("{kind}/{name}");
                 eventually_or(
                     &format!("{kind_of}/{workload} to run {id} = {expected} (step {step})"),
                     // The resync interval (5 s), the storm guard, the
                     // watcher's relist backoff after a fault, and slack.
                     60,
-                    said,
+                    || {
+                        let logs: Vec<String> = serve
+                            .logs()
+                            .lines()
+                            .filter(|l| l.contains(&ns))
+                            .map(String::from)
+                            .collect();
+                        format!(
+                            "{}\nlive: {}\nserve:\n{}",
+                            said(),
+                            cp.get(&ns, &kind_of, &workload).unwrap_or_default(),
+                            logs[logs.len().saturating_sub(30)..].join("\n")
+                        )
+                    },
                     || (effective(&cp.objects(&ns), &kind_of, &workload, &ns, &id) == expected).then_some(()),
                 );
             }
