@@ -20,6 +20,11 @@ pub struct FakeHost {
     /// No write capability at all, like stock Kubewarden: our binding
     /// answers foreign text, and a missing object is foreign text too.
     pub stock: bool,
+    /// Answers `create_snapshots` as our hosts do (one `create_snapshot`
+    /// per item, each recorded and each open to injected failures);
+    /// without it the call is `Unsupported` and the policy creates one by
+    /// one.
+    pub batches: bool,
     pub now: i64,
     next_uid: RefCell<u64>,
 }
@@ -131,7 +136,7 @@ impl FakeHost {
 }
 
 impl Host for FakeHost {
-    fn call(&self, binding: &str, _ns: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, CallError> {
+    fn call(&self, binding: &str, ns: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, CallError> {
         let fail = |code: Code, message: String| Err(CallError::Host(HostError::new(code, message)));
         let req: Value = match serde_json::from_slice(payload) {
             Ok(v) => v,
@@ -240,6 +245,22 @@ impl Host for FakeHost {
                     o["metadata"]["uid"] != req["uid"] || (!rv.is_null() && o["metadata"]["resourceVersion"] != *rv)
                 });
                 json!({})
+            }
+            "create_snapshots" if self.batches => {
+                let results: Vec<Value> = req["items"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|item| {
+                        let bytes = serde_json::to_vec(item).unwrap_or_default();
+                        match self.call(binding, ns, "create_snapshot", &bytes) {
+                            Ok(answer) => serde_json::from_slice(&answer).unwrap_or_default(),
+                            Err(CallError::Host(e)) => json!({ "error": e }),
+                            Err(e) => json!({ "error": HostError::new(Code::Unavailable, e.to_string()) }),
+                        }
+                    })
+                    .collect();
+                json!({ "results": results })
             }
             "adopt" => json!({"queued": true}),
             "patch_workload" => json!({"queued": true}),

@@ -13,7 +13,7 @@ use kubewarden_policy_sdk::host_capabilities::kubernetes::{GetResourceRequest, L
 use serde_json::{json, Value};
 
 use crate::host_error::{Code, HostError};
-use crate::operation::Operation;
+use crate::operation::{Operation, SNAPSHOTS_PER_CALL};
 use crate::source::SourceId;
 
 /// One waPC host call.
@@ -226,6 +226,42 @@ impl<'h> HostApi<'h> {
     pub fn create_snapshot(&self, object: &Value, owner: &Value) -> Result<bool, CallError> {
         let answer = self.own(Operation::CreateSnapshot, &json!({ "object": object, "owner": owner }))?;
         Ok(answer.get("created").and_then(Value::as_bool).unwrap_or(false))
+    }
+
+    /// [`HostApi::create_snapshot`] for each of `objects`, in one call per
+    /// [`SNAPSHOTS_PER_CALL`]: one answer per object, in order. `Err` if the
+    /// host cannot take the call at all (a host without it answers
+    /// `Unsupported`: then call `create_snapshot` for each).
+    pub fn create_snapshots(
+        &self,
+        objects: &[&Value],
+        owner: &Value,
+    ) -> Result<Vec<Result<bool, CallError>>, CallError> {
+        let mut out = Vec::with_capacity(objects.len());
+        for chunk in objects.chunks(SNAPSHOTS_PER_CALL) {
+            let items: Vec<Value> = chunk.iter().map(|o| json!({"object": o, "owner": owner})).collect();
+            let answer = self.own(Operation::CreateSnapshots, &json!({ "items": items }))?;
+            let results = answer["results"]
+                .as_array()
+                .filter(|r| r.len() == chunk.len())
+                .ok_or_else(|| CallError::Answer {
+                    operation: Operation::CreateSnapshots.name(),
+                    what: format!("no result for each of {} snapshots", chunk.len()),
+                })?;
+            for result in results {
+                out.push(match result.get("error") {
+                    Some(error) => Err(serde_json::from_value::<HostError>(error.clone()).map_or_else(
+                        |_| CallError::Answer {
+                            operation: Operation::CreateSnapshots.name(),
+                            what: "an error that is not ours".to_string(),
+                        },
+                        CallError::Host,
+                    )),
+                    None => Ok(result["created"].as_bool().unwrap_or(false)),
+                });
+            }
+        }
+        Ok(out)
     }
 
     pub fn adopt(&self, owner: Value, snapshots: Vec<Value>) -> Result<(), CallError> {

@@ -18,6 +18,11 @@ pub enum Operation {
     Now,
     /// Ours: write a snapshot, or make an existing one outlive the reference.
     CreateSnapshot,
+    /// Ours: several `create_snapshot`s in one call, which the host may
+    /// carry out concurrently: a workload's snapshots cost about one API
+    /// round trip, not one each. A host without it answers `Unsupported`
+    /// and the policy calls `create_snapshot` for each.
+    CreateSnapshots,
     /// Ours: make a revision an owner of the snapshots it uses.
     Adopt,
     /// Ours: delete an unused snapshot, guarded by uid and version.
@@ -33,18 +38,23 @@ pub enum Operation {
     SnapshotName,
 }
 
+/// The most snapshots one `create_snapshots` call carries: the policy
+/// splits a longer list, the host refuses one.
+pub const SNAPSHOTS_PER_CALL: usize = 32;
+
 /// Kubewarden's binding and namespace for cluster reads.
 pub const KUBEWARDEN: (&str, &str) = ("kubewarden", "kubernetes");
 /// This project's capability: stock Kubewarden answers `unknown binding`.
 pub const CONFIG_SNAPSHOT: (&str, &str) = ("config-snapshot", "v1");
 
 impl Operation {
-    pub const ALL: [Operation; 10] = [
+    pub const ALL: [Operation; 11] = [
         Operation::GetResource,
         Operation::ListResourcesByNamespace,
         Operation::CanI,
         Operation::Now,
         Operation::CreateSnapshot,
+        Operation::CreateSnapshots,
         Operation::Adopt,
         Operation::DeleteSnapshot,
         Operation::PatchWorkload,
@@ -60,6 +70,7 @@ impl Operation {
             Operation::CanI => "can_i",
             Operation::Now => "now",
             Operation::CreateSnapshot => "create_snapshot",
+            Operation::CreateSnapshots => "create_snapshots",
             Operation::Adopt => "adopt",
             Operation::DeleteSnapshot => "delete_snapshot",
             Operation::PatchWorkload => "patch_workload",
@@ -74,6 +85,7 @@ impl Operation {
             Operation::GetResource | Operation::ListResourcesByNamespace | Operation::CanI => KUBEWARDEN,
             Operation::Now
             | Operation::CreateSnapshot
+            | Operation::CreateSnapshots
             | Operation::Adopt
             | Operation::DeleteSnapshot
             | Operation::PatchWorkload
@@ -94,7 +106,11 @@ impl Operation {
         // A full match, not `matches!`: a new operation must say whether a
         // dry run refuses it.
         match self {
-            Operation::CreateSnapshot | Operation::Adopt | Operation::DeleteSnapshot | Operation::PatchWorkload => true,
+            Operation::CreateSnapshot
+            | Operation::CreateSnapshots
+            | Operation::Adopt
+            | Operation::DeleteSnapshot
+            | Operation::PatchWorkload => true,
             Operation::GetResource
             | Operation::ListResourcesByNamespace
             | Operation::CanI

@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use crate::checksum;
 use crate::context::Context;
+use crate::host::CallError;
 use crate::keys;
 use crate::kinds::WorkloadKind;
 use crate::optin::OptIn;
@@ -124,9 +125,24 @@ pub fn admit(
     let mut created_sources: Vec<(SourceId, String)> = Vec::new();
     let owner = crate::records::owner_of(kind, &object);
     if !ctx.dry_run {
+        // Together where the host can (one call, created concurrently);
+        // one by one where it cannot, or for a single snapshot.
+        let mut answers: Vec<Result<bool, CallError>> = Vec::new();
+        if writes.len() > 1 {
+            let objects: Vec<&Value> = writes.iter().map(|w| &w.object).collect();
+            match ctx.host.create_snapshots(&objects, &owner) {
+                Ok(all) => answers = all,
+                Err(e) if e.unsupported() => {}
+                Err(e) => answers = writes.iter().map(|_| Err(e.clone())).collect(),
+            }
+        }
+        let mut answers = answers.into_iter();
         for (i, w) in writes.iter().enumerate() {
             let id = &groups[w.group].id;
-            match ctx.host.create_snapshot(&w.object, &owner) {
+            let answer = answers
+                .next()
+                .unwrap_or_else(|| ctx.host.create_snapshot(&w.object, &owner));
+            match answer {
                 Ok(true) => created_sources.push((id.clone(), w.name.clone())),
                 Ok(false) => {}
                 Err(e) if i == 0 && e.unsupported() => {

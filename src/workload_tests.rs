@@ -886,3 +886,49 @@ fn a_user_write_cannot_rewind_the_watch_rollout_record() {
     let out = update(&host, &live, &bare).mutated.expect("the record is restored");
     assert_eq!(out["metadata"]["annotations"][keys::WATCH_ROLLOUT], recent);
 }
+
+#[test]
+fn a_host_that_batches_gets_every_snapshot_in_one_call_and_the_same_result() {
+    let one_by_one = three_host();
+    let mut batching = three_host();
+    batching.batches = true;
+    let object = deployment(snapshot_all(), three_refs());
+    let (a, b) = (create(&one_by_one, &object), create(&batching, &object));
+    assert!(a.accepted && b.accepted);
+    assert_eq!(a.mutated, b.mutated);
+    assert_eq!(batching.ops("create_snapshots").len(), 1);
+    assert_eq!(batching.ops("create_snapshot").len(), 3);
+    // The host that does not batch was asked once, said so, and got one
+    // call per snapshot.
+    assert_eq!(one_by_one.ops("create_snapshots").len(), 1);
+    assert_eq!(one_by_one.ops("create_snapshot").len(), 3);
+    assert_eq!(batching.count("ConfigMap"), one_by_one.count("ConfigMap"));
+}
+
+#[test]
+fn a_batched_failure_is_judged_per_snapshot_as_a_single_one_is() {
+    for setting in ["warn", "reject"] {
+        let mut host = three_host();
+        host.batches = true;
+        host.fail("create_snapshot", "conflict");
+        let out = run(
+            &host,
+            &payload(
+                "Deployment",
+                "CREATE",
+                &deployment(snapshot_all(), three_refs()),
+                None,
+                false,
+                json!({"onSnapshotFailure": setting}),
+            ),
+        );
+        assert_eq!(host.ops("create_snapshots").len(), 1);
+        if setting == "warn" {
+            assert!(out.accepted);
+            assert_eq!(out.warnings.len(), 3, "{:?}", out.warnings);
+            assert!(out.mutated.is_none(), "a reference to a snapshot that was not made");
+        } else {
+            assert!(!out.accepted);
+        }
+    }
+}

@@ -135,6 +135,12 @@ pub trait Cluster: Send + Sync {
     }
     /// Creates an object that is believed not to exist.
     fn create(&self, object: Value) -> Result<()>;
+    /// Whether writes may be made from several threads at once and gain
+    /// by it (an API server across a network). The in-memory cluster says
+    /// no: one at a time keeps replay's histories the same on every run.
+    fn concurrent_writes(&self) -> bool {
+        false
+    }
     /// Applies a JSON Patch to the object if it is still at
     /// `resource_version`, else fails with [`ApiError::Conflict`].
     fn patch(&self, kind: &str, namespace: &str, name: &str, resource_version: &str, ops: Vec<Value>) -> Result<()>;

@@ -388,6 +388,10 @@ where
         self.inner.create(object)
     }
 
+    fn concurrent_writes(&self) -> bool {
+        self.inner.concurrent_writes()
+    }
+
     fn patch(
         &self,
         kind: &str,

@@ -146,6 +146,7 @@ impl Capability {
             Operation::CanI => Reply::Json(json!({"allowed": true, "reason": "config-snapshot host"})),
             Operation::Now => Reply::Json(json!({"unix": self.cluster.now()})),
             Operation::CreateSnapshot => Reply::Json(self.create_snapshot(parse(op, payload)?)?),
+            Operation::CreateSnapshots => Reply::Json(self.create_snapshots(parse(op, payload)?)?),
             Operation::Adopt => Reply::Json(self.adopt(parse(op, payload)?)?),
             Operation::DeleteSnapshot => Reply::Json(self.delete_snapshot(parse(op, payload)?)?),
             Operation::PatchWorkload => Reply::Json(self.patch_workload(parse(op, payload)?)?),

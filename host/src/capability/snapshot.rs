@@ -9,6 +9,7 @@ use config_snapshot_policy::duration::format_rfc3339;
 use config_snapshot_policy::host_error::{Code, HostError};
 use config_snapshot_policy::keys;
 use config_snapshot_policy::kinds::WorkloadKind;
+use config_snapshot_policy::operation::{Operation, SNAPSHOTS_PER_CALL};
 use config_snapshot_policy::plan::SA_TOKEN;
 use config_snapshot_policy::rewrite::annotation_path;
 use config_snapshot_policy::selection::is_dns_subdomain;
@@ -227,6 +228,52 @@ impl Capability {
             Code::Conflict,
             format!("refused: snapshot {name} kept changing while it was reused; try again"),
         ))
+    }
+
+    /// `create_snapshots`: each item as `create_snapshot` (its injected
+    /// faults included), one answer per item in order. Where the cluster
+    /// gains by it, a few at a time on threads of their own: a workload's
+    /// new snapshots cost about one API round trip, not one each.
+    pub(super) fn create_snapshots(&self, request: Value) -> Result<Value, HostError> {
+        /// Creations in flight at once, per call.
+        const AT_ONCE: usize = 8;
+        let items = request
+            .get("items")
+            .and_then(Value::as_array)
+            .ok_or_else(|| HostError::new(Code::BadRequest, "create_snapshots needs items"))?;
+        if items.len() > SNAPSHOTS_PER_CALL {
+            return Err(refused(format!(
+                "refused: at most {SNAPSHOTS_PER_CALL} snapshots per call, not {}",
+                items.len()
+            )));
+        }
+        let one = |item: &Value| -> Value {
+            let fault = self
+                .faults
+                .as_ref()
+                .and_then(|f| f.fault(Operation::CreateSnapshot.name()));
+            match fault.map_or_else(|| self.create_snapshot(item.clone()), Err) {
+                Ok(answer) => answer,
+                Err(e) => json!({ "error": e }),
+            }
+        };
+        let results: Vec<Value> = if self.cluster.concurrent_writes() {
+            let mut results = Vec::with_capacity(items.len());
+            for wave in items.chunks(AT_ONCE) {
+                std::thread::scope(|scope| {
+                    let running: Vec<_> = wave.iter().map(|item| scope.spawn(|| one(item))).collect();
+                    results.extend(running.into_iter().map(|r| {
+                        r.join().unwrap_or_else(
+                            |_| json!({ "error": HostError::new(Code::Unavailable, "creating the snapshot failed") }),
+                        )
+                    }));
+                });
+            }
+            results
+        } else {
+            items.iter().map(one).collect()
+        };
+        Ok(json!({ "results": results }))
     }
 
     /// The workload an admission makes name the snapshot, as an owner

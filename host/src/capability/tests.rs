@@ -21,6 +21,8 @@ pub(super) struct Recorder {
     /// A version `get` keeps answering for its name, as a cache that
     /// missed the object's deletion would.
     pinned: Mutex<Option<Value>>,
+    /// Says it gains by concurrent writes, as serve's API client does.
+    concurrent: bool,
 }
 
 impl Recorder {
@@ -76,6 +78,9 @@ impl Cluster for Recorder {
     fn create(&self, object: Value) -> cluster::Result<()> {
         let what = format!("create {}", object["metadata"]["name"]);
         self.landed(self.cluster.create(object), what)
+    }
+    fn concurrent_writes(&self) -> bool {
+        self.concurrent
     }
     fn delete(&self, kind: &str, ns: &str, name: &str, pre: &Preconditions) -> cluster::Result<()> {
         self.landed(self.cluster.delete(kind, ns, name, pre), format!("delete {name}"))
@@ -453,3 +458,47 @@ fn missing_objects_read_as_not_found_errors() {
 }
 
 mod attacks;
+
+/// `create_snapshots` answers each item as `create_snapshot` would, in
+/// order, whether the cluster takes the writes one by one or concurrently;
+/// it is bounded, and refused in a dry run like any write.
+#[test]
+fn create_snapshots_answers_each_item_in_order_and_is_bounded() {
+    for concurrent in [false, true] {
+        let backend = Arc::new(Recorder {
+            concurrent,
+            ..Recorder::default()
+        });
+        let cap = capability_on(backend.clone(), false);
+        let mut mutable = good_snapshot("team-a");
+        mutable["immutable"] = json!(false);
+        let items = json!({"items": [{"object": good_snapshot("team-a")}, {"object": mutable}, {"object": good_snapshot("team-a")}]});
+        let answer: Value = serde_json::from_slice(&write(&cap, "create_snapshots", items).unwrap()).unwrap();
+        let results = answer["results"].as_array().unwrap();
+        assert_eq!(results.len(), 3, "{answer}");
+        // The first and the third are the same snapshot: one of them made
+        // it, the other found it (concurrently, either may be first).
+        let created: Vec<bool> = [0, 2].iter().map(|&i| results[i]["created"] == true).collect();
+        assert_eq!(created.iter().filter(|c| **c).count(), 1, "{answer}");
+        let refused: HostError = serde_json::from_value(results[1]["error"].clone()).unwrap();
+        assert_eq!(refused.code, Code::Refused, "{refused}");
+        assert_eq!(backend.writes.lock().unwrap().len(), 1);
+
+        let too_many: Vec<Value> = (0..=config_snapshot_policy::operation::SNAPSHOTS_PER_CALL)
+            .map(|_| json!({"object": good_snapshot("team-a")}))
+            .collect();
+        let err = write(&cap, "create_snapshots", json!({ "items": too_many })).unwrap_err();
+        assert_eq!(err.code, Code::Refused, "{err}");
+    }
+    let (backend, cap) = capability(true);
+    assert_refused(
+        write(
+            &cap,
+            "create_snapshots",
+            json!({"items": [{"object": good_snapshot("team-a")}]}),
+        ),
+        &backend,
+        &cap,
+        "a dry run's batch",
+    );
+}

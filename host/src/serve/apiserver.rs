@@ -134,6 +134,10 @@ impl Cluster for KubeCluster {
         Ok(())
     }
 
+    fn concurrent_writes(&self) -> bool {
+        true
+    }
+
     fn delete(&self, kind: &str, namespace: &str, name: &str, pre: &Preconditions) -> cluster::Result<()> {
         let (api, _) = self.api(kind, namespace)?;
         let params = DeleteParams {

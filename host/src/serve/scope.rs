@@ -97,6 +97,9 @@ impl Cluster for RequestScope {
     fn create(&self, object: Value) -> cluster::Result<()> {
         self.cluster.create(object)
     }
+    fn concurrent_writes(&self) -> bool {
+        self.cluster.concurrent_writes()
+    }
     fn delete(&self, kind: &str, namespace: &str, name: &str, pre: &Preconditions) -> cluster::Result<()> {
         self.cluster.delete(kind, namespace, name, pre)
     }

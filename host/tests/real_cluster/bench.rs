@@ -165,8 +165,9 @@ fn source_names(w: usize) -> (Vec<String>, Vec<String>) {
     )
 }
 
-/// A paused Deployment with no replicas; `refs`: 0 (not opted in), 1 or 8.
-fn deployment(name: &str, worker: usize, refs: usize) -> Deployment {
+/// A Deployment with no replicas, paused (no ReplicaSet) or not; `refs`:
+/// 0 (not opted in), 1 or 8.
+fn deployment(name: &str, worker: usize, refs: usize, paused: bool) -> Deployment {
     let (cms, secrets) = source_names(worker);
     let mut container = json!({"name": "main", "image": "app:1"});
     let mut volumes = json!([]);
@@ -193,7 +194,7 @@ fn deployment(name: &str, worker: usize, refs: usize) -> Deployment {
     serde_json::from_value(json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": name, "annotations": annotations},
-        "spec": {"paused": true, "replicas": 0, "selector": {"matchLabels": {"app": "bench"}},
+        "spec": {"paused": paused, "replicas": 0, "selector": {"matchLabels": {"app": "bench"}},
             "template": {"metadata": {"labels": {"app": "bench"}},
                 "spec": {"containers": [container], "volumes": volumes}}}
     }))
@@ -251,10 +252,28 @@ async fn measure(
             _ => 8,
         };
         deployments
-            .create(&PostParams::default(), &deployment(&format!("warm-{w}"), w, refs))
+            .create(
+                &PostParams::default(),
+                &deployment(&format!("warm-{w}"), w, refs, false),
+            )
             .await
             .unwrap();
     }
+    // As in a running cluster, the snapshots that exist are owned by the
+    // warm Deployments' ReplicaSets: the reuse the groups measure is the
+    // common one, not the reuse of an orphan waiting for the sweep.
+    eventually(&format!("the warm snapshots in {ns} to be adopted"), 60, || {
+        let view = cp.objects(ns);
+        view.0
+            .iter()
+            .filter(|o| config_snapshot_policy::keys::is_snapshot(o))
+            .all(|o| {
+                o["metadata"]["ownerReferences"]
+                    .as_array()
+                    .is_some_and(|r| !r.is_empty())
+            })
+            .then_some(())
+    });
     let (api_before, serve_before) = (apiserver_buckets(cp), serve_buckets(serve));
     let per_worker = samples.div_ceil(clients);
     let mut tasks = Vec::new();
@@ -291,7 +310,7 @@ async fn measure(
                         8
                     }
                 };
-                let d = deployment(&format!("d-{w}-{i}"), w, refs);
+                let d = deployment(&format!("d-{w}-{i}"), w, refs, true);
                 let start = Instant::now();
                 let created = deployments.create(&PostParams::default(), &d).await.unwrap();
                 took.push(start.elapsed().as_micros() as u64);
@@ -470,33 +489,101 @@ fn client_kubeconfig(cp: &ControlPlane) -> PathBuf {
     path
 }
 
-/// The regression guard `make test` runs on its short version: 5 × the
-/// targets, loose enough for a shared 2-core machine and an unoptimised
-/// build, tight enough to catch sequential creates coming back (8 new
-/// snapshots one after another cost 8 API round trips).
-fn guard(rows: &[Row], fan: &[Duration]) {
+/// Every group measured what it says: kube-apiserver called the webhook
+/// once per create in the window, and no more (a skipped webhook, or
+/// other CREATEs in the window, would make the figures someone else's).
+fn valid(rows: &[Row]) {
     for r in rows {
-        let p99 = r.serve.quantile(0.99);
-        let bound = match r.group {
-            // Targets: 8 new snapshots p99 ≤ 15 ms in serve.
-            Group::EightNew => 5.0 * 15_000.0,
-            // With the snapshots existing, ≥ 95% within 5 ms at the
-            // apiserver: p99 under 25 ms is the loosest reading of it.
-            _ => 5.0 * 25_000.0,
-        };
-        assert!(
-            p99 <= bound,
-            "{} at {} clients: serve's p99 {} ms is over {} ms (5 × the target)",
+        assert_eq!(
+            r.apiserver.total() as usize,
+            r.samples,
+            "{} at {} clients: the apiserver counted {} webhook calls for {} creates",
             r.group.describe(),
             r.clients,
-            ms(p99),
-            ms(bound)
+            r.apiserver.total(),
+            r.samples
         );
     }
+}
+
+/// The targets, as met or missed by an optimised build (printed by
+/// `make bench-cluster`, not asserted: a benchmark reports its gaps).
+fn against_targets(rows: &[Row], fan: &[Duration]) -> String {
+    let mut out = String::from("\nAgainst the targets:\n\n");
+    let mut line = |what: String, met: bool| {
+        let _ = writeln!(out, "- {what}: {}", if met { "met" } else { "**missed**" });
+    };
+    for r in rows.iter().filter(|r| r.clients <= 8) {
+        match r.group {
+            Group::PassThrough => line(
+                format!(
+                    "pass-through at {} clients, ≥ 99% within 5 ms at the apiserver ({:.1}%)",
+                    r.clients,
+                    100.0 * r.apiserver.within(5_000)
+                ),
+                r.apiserver.within(5_000) >= 0.99,
+            ),
+            Group::EightExisting => line(
+                format!(
+                    "8 references existing at {} clients, ≥ 95% within 5 ms ({:.1}%)",
+                    r.clients,
+                    100.0 * r.apiserver.within(5_000)
+                ),
+                r.apiserver.within(5_000) >= 0.95,
+            ),
+            Group::EightNew => {
+                line(
+                    format!(
+                        "8 new snapshots at {} clients, 100% within 25 ms ({:.1}%)",
+                        r.clients,
+                        100.0 * r.apiserver.within(25_000)
+                    ),
+                    r.apiserver.within(25_000) >= 1.0,
+                );
+                line(
+                    format!(
+                        "8 new snapshots at {} clients, serve's p99 ≤ 15 ms ({} ms)",
+                        r.clients,
+                        ms(r.serve.quantile(0.99))
+                    ),
+                    r.serve.quantile(0.99) <= 15_000.0,
+                );
+            }
+            _ => {}
+        }
+    }
     if let Some(worst) = fan.last() {
+        line(
+            format!(
+                "50-Deployment fan-out fully rolled ≤ 2 s ({:.2} s worst)",
+                worst.as_secs_f64()
+            ),
+            *worst <= Duration::from_secs(2),
+        );
+    }
+    out
+}
+
+/// The regression guard `make test` runs on the short version. CI runs an
+/// unoptimised build on a shared machine, where absolute figures say little
+/// (see `docs/BENCHMARKS.md`); so the guard is a ratio within one run, at
+/// one client: a Deployment with 8 new snapshots may cost at most 2.5
+/// times one whose 8 snapshots exist. Made one after another, 8 creates
+/// cost 8 API round trips more (3.3 times, measured, before they were
+/// made together); made together, about one.
+fn guard(rows: &[Row]) {
+    let p50 = |group: Group| {
+        rows.iter()
+            .find(|r| r.group == group && r.clients == 1)
+            .map(|r| r.client_quantile(0.5) as f64)
+    };
+    if let (Some(new), Some(existing)) = (p50(Group::EightNew), p50(Group::EightExisting)) {
         assert!(
-            *worst <= Duration::from_secs(10),
-            "the fan-out took {worst:?} (5 × the 2 s target)"
+            new <= 2.5 * existing,
+            "8 new snapshots took {} ms (client p50), {:.1} times 8 existing ones ({} ms): are the creates sequential again?",
+            ms(new),
+            new / existing,
+            ms(existing)
         );
     }
 }
@@ -568,7 +655,10 @@ pub fn webhook_latency(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: 
         }
     }
     let fan = runtime.block_on(fan_out(cp, &client, "bench-fan-out", rounds));
-    let text = table(&rows, &fan, build);
+    let mut text = table(&rows, &fan, build);
+    if build == "release" {
+        text.push_str(&against_targets(&rows, &fan));
+    }
     eprintln!("{text}");
     std::fs::write(root().join("target/bench-cluster.md"), &text).unwrap();
     if std::env::var("BENCH_WRITE_DOCS").is_ok_and(|v| v == "1") {
@@ -581,7 +671,8 @@ pub fn webhook_latency(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: 
         let (_, tail) = rest.split_once(end).unwrap();
         std::fs::write(&path, format!("{head}{begin}\n{text}{end}{tail}")).unwrap();
     }
-    guard(&rows, &fan);
+    valid(&rows);
+    guard(&rows);
 
     drop(bench);
     serve.restart(kubeconfig, &serve_flags("{}"));
