@@ -240,3 +240,21 @@ fn a_revision_adopts_for_its_workload_too() {
         .collect();
     assert_eq!(kinds, ["Deployment", "ReplicaSet"]);
 }
+
+/// A namespaced install acts only in its list, and never in an excluded
+/// namespace even if it is listed; a cluster-wide one everywhere but the
+/// excluded ones.
+#[test]
+fn the_host_acts_only_where_its_install_reaches() {
+    let mut rules = Rules::new(Settings::default(), Arc::new(Prover::replay()));
+    rules.excluded_namespaces = vec!["kube-system".into(), "config-snapshot".into()];
+    assert!(!rules.excludes("team-a"));
+    assert!(rules.excludes("kube-system"));
+    rules.only_namespaces = Some(vec!["team-a".into(), "team-b".into(), "kube-system".into()]);
+    assert!(!rules.excludes("team-a"));
+    assert!(!rules.excludes("team-b"));
+    assert!(rules.excludes("team-c"), "a namespace outside the list");
+    assert!(rules.excludes(""), "no namespace at all");
+    assert!(rules.excludes("kube-system"), "listed, but excluded");
+    assert!(rules.excludes("config-snapshot"));
+}
