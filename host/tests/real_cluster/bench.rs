@@ -274,6 +274,9 @@ async fn measure(
             })
             .then_some(())
     });
+    // The warm Deployments' ReplicaSets are CREATEs too: all made before
+    // the window opens.
+    settle(cp, ns);
     let (api_before, serve_before) = (apiserver_buckets(cp), serve_buckets(serve));
     let per_worker = samples.div_ceil(clients);
     let mut tasks = Vec::new();
@@ -567,10 +570,11 @@ fn against_targets(rows: &[Row], fan: &[Duration]) -> String {
 /// The regression guard `make test` runs on the short version. CI runs an
 /// unoptimised build on a shared machine, where absolute figures say little
 /// (see `docs/BENCHMARKS.md`); so the guard is a ratio within one run, at
-/// one client: a Deployment with 8 new snapshots may cost at most 2.5
-/// times one whose 8 snapshots exist. Made one after another, 8 creates
-/// cost 8 API round trips more (3.3 times, measured, before they were
-/// made together); made together, about one.
+/// one client: a Deployment with 8 new snapshots may cost at most 3 times
+/// one whose 8 snapshots exist. Measured with the creates made together:
+/// 2.05 (unoptimised, 200 samples) and 1.36 (release, 1000). Loose, on
+/// purpose: it catches a gross regression of the create path, not a
+/// few milliseconds.
 fn guard(rows: &[Row]) {
     let p50 = |group: Group| {
         rows.iter()
@@ -579,7 +583,7 @@ fn guard(rows: &[Row]) {
     };
     if let (Some(new), Some(existing)) = (p50(Group::EightNew), p50(Group::EightExisting)) {
         assert!(
-            new <= 2.5 * existing,
+            new <= 3.0 * existing,
             "8 new snapshots took {} ms (client p50), {:.1} times 8 existing ones ({} ms): are the creates sequential again?",
             ms(new),
             new / existing,
