@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 
 use crate::host::{CallError, Host};
 use crate::host_error::{Code, HostError};
+use crate::operation::CONFIG_SNAPSHOT;
 
 #[derive(Default)]
 pub struct FakeHost {
@@ -136,7 +137,7 @@ impl FakeHost {
 }
 
 impl Host for FakeHost {
-    fn call(&self, binding: &str, ns: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, CallError> {
+    fn call(&self, binding: &str, _ns: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, CallError> {
         let fail = |code: Code, message: String| Err(CallError::Host(HostError::new(code, message)));
         let req: Value = match serde_json::from_slice(payload) {
             Ok(v) => v,
@@ -253,7 +254,7 @@ impl Host for FakeHost {
                     .flatten()
                     .map(|item| {
                         let bytes = serde_json::to_vec(item).unwrap_or_default();
-                        match self.call(binding, ns, "create_snapshot", &bytes) {
+                        match self.call(CONFIG_SNAPSHOT.0, CONFIG_SNAPSHOT.1, "create_snapshot", &bytes) {
                             Ok(answer) => serde_json::from_slice(&answer).unwrap_or_default(),
                             Err(CallError::Host(e)) => json!({ "error": e }),
                             Err(e) => json!({ "error": HostError::new(Code::Unavailable, e.to_string()) }),
