@@ -12,13 +12,18 @@
 #   control-plane.sh up DIR       starts a control plane with its state in DIR; writes DIR/env
 #   control-plane.sh down DIR     stops it (by pid)
 #
-# DIR/env sets KUBECONFIG (cluster admin), BIN (the binaries), APISERVER (its URL).
+# DIR/env sets KUBECONFIG (cluster admin), BIN (the binaries), APISERVER (its
+# URL) and HELM (the helm CLI, cached beside them).
 set -euo pipefail
 
 K8S_VERSION=v1.34.4
 ETCD_VERSION=v3.6.16
+# The helm CLI the chart tests drive (deploy/helm, and a user's chart).
+HELM_VERSION=v3.22.0
 HERE="$(cd "$(dirname "$0")" && pwd)"
-CACHE="${CONFIG_SNAPSHOT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/config-snapshot}/control-plane/k8s-$K8S_VERSION-etcd-$ETCD_VERSION"
+ROOT="${CONFIG_SNAPSHOT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/config-snapshot}"
+CACHE="$ROOT/control-plane/k8s-$K8S_VERSION-etcd-$ETCD_VERSION"
+HELM_DIR="$ROOT/tools/helm-$HELM_VERSION"
 
 log() { printf '[control-plane] %s\n' "$*" >&2; }
 
@@ -41,7 +46,12 @@ build() {
       (cd "$HERE/go/kubernetes" && go build -trimpath -o "$CACHE/$b.tmp" "k8s.io/kubernetes/cmd/$b") && mv "$CACHE/$b.tmp" "$CACHE/$b"
     fi
   done
-  log "binaries ready in $CACHE ($((SECONDS - started)) s)"
+  if [ ! -x "$HELM_DIR/helm" ]; then
+    log "building helm $HELM_VERSION"
+    mkdir -p "$HELM_DIR"
+    (cd "$HERE/go/helm" && go build -trimpath -o "$HELM_DIR/helm.tmp" helm.sh/helm/v3/cmd/helm) && mv "$HELM_DIR/helm.tmp" "$HELM_DIR/helm"
+  fi
+  log "binaries ready in $CACHE and $HELM_DIR ($((SECONDS - started)) s)"
   echo "$CACHE"
 }
 
@@ -61,19 +71,22 @@ certs() { # certs DIR
   openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" -keyout "$d/apiserver.key" -out "$d/apiserver.csr" 2>/dev/null
   openssl x509 -req -in "$d/apiserver.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial -days 2 \
     -extfile "$d/san.ext" -out "$d/apiserver.crt" 2>/dev/null
+  # Client certificates are X.509 v3 with clientAuth (an extension file
+  # makes openssl write v3): rustls, and so serve run with the admin
+  # kubeconfig as docs/serve.md shows, refuses v1 certificates.
+  printf 'basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n' > "$d/client.ext"
   # Cluster admin (system:masters) and the controller manager's identity.
   for who in admin:system:masters controller-manager:system:masters; do
     local name=${who%%:*} group=${who#*:}
     openssl req -newkey rsa:2048 -nodes -subj "/O=$group/CN=$name" -keyout "$d/$name.key" -out "$d/$name.csr" 2>/dev/null
-    openssl x509 -req -in "$d/$name.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial -days 2 -out "$d/$name.crt" 2>/dev/null
+    openssl x509 -req -in "$d/$name.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial -days 2 \
+      -extfile "$d/client.ext" -out "$d/$name.crt" 2>/dev/null
   done
   # The certificate kube-apiserver shows the webhooks it calls (mTLS, the
   # kustomize component deploy/components/mtls), from a CA of its own, so
   # that no other client certificate of this cluster passes serve's check.
-  # v3 with clientAuth: rustls refuses v1 certificates.
   openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=config-snapshot-e2e-webhook-client-ca" \
     -keyout "$d/webhook-ca.key" -out "$d/webhook-ca.crt" 2>/dev/null
-  printf 'basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n' > "$d/client.ext"
   openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver-webhook-client" \
     -keyout "$d/webhook-client.key" -out "$d/webhook-client.csr" 2>/dev/null
   openssl x509 -req -in "$d/webhook-client.csr" -CA "$d/webhook-ca.crt" -CAkey "$d/webhook-ca.key" -CAcreateserial \
@@ -208,6 +221,7 @@ up() {
 export KUBECONFIG="$d/admin.kubeconfig"
 export BIN="$bin"
 export APISERVER="$url"
+export HELM="$HELM_DIR/helm"
 EOF
   log "up: $url (state in $d)"
 }
@@ -224,6 +238,7 @@ down() {
 
 cached() {
   for b in etcd kube-apiserver kube-controller-manager kubectl; do [ -x "$CACHE/$b" ] || return 1; done
+  [ -x "$HELM_DIR/helm" ]
 }
 
 case "${1:-}" in

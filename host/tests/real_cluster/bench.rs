@@ -462,36 +462,6 @@ fn table(rows: &[Row], fan: &[Duration], build: &str) -> String {
     out
 }
 
-/// A kubeconfig for the benchmark's clients: a service account bound to
-/// cluster-admin, with a token (the control plane's admin certificate is
-/// X.509 v1, which rustls refuses).
-fn client_kubeconfig(cp: &ControlPlane) -> PathBuf {
-    if cp
-        .try_kubectl(&["-n", "default", "get", "serviceaccount", "bench-client"], None)
-        .is_err()
-    {
-        cp.kubectl(&["-n", "default", "create", "serviceaccount", "bench-client"]);
-        cp.kubectl(&[
-            "create",
-            "clusterrolebinding",
-            "bench-client",
-            "--clusterrole=cluster-admin",
-            "--serviceaccount=default:bench-client",
-        ]);
-    }
-    let token = cp.kubectl(&["-n", "default", "create", "token", "bench-client", "--duration=2h"]);
-    let path = cp.dir.join("bench-client.kubeconfig");
-    let config = format!(
-        "apiVersion: v1\nkind: Config\nclusters: [{{name: e2e, cluster: {{server: \"{}\", certificate-authority: \"{}\"}}}}]\n\
-         users: [{{name: bench, user: {{token: \"{}\"}}}}]\ncontexts: [{{name: e2e, context: {{cluster: e2e, user: bench}}}}]\ncurrent-context: e2e\n",
-        cp.url,
-        cp.dir.join("ca.crt").display(),
-        token.trim()
-    );
-    std::fs::write(&path, config).unwrap();
-    path
-}
-
 /// Every group measured what it says: kube-apiserver called the webhook
 /// once per create in the window, and no more (a skipped webhook, or
 /// other CREATEs in the window, would make the figures someone else's).
@@ -633,7 +603,8 @@ pub fn webhook_latency(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: 
         .unwrap();
     let client = runtime.block_on(async {
         let config = kube::Config::from_custom_kubeconfig(
-            kube::config::Kubeconfig::read_from(client_kubeconfig(cp)).unwrap(),
+            // The cluster admin: its certificate is X.509 v3, which rustls takes.
+            kube::config::Kubeconfig::read_from(&cp.kubeconfig).unwrap(),
             &Default::default(),
         )
         .await
