@@ -35,6 +35,8 @@ struct ControlPlane {
     dir: PathBuf,
     kubeconfig: PathBuf,
     bin: PathBuf,
+    /// The helm CLI, cached beside the binaries (control-plane.sh).
+    helm: PathBuf,
     url: String,
 }
 
@@ -85,6 +87,7 @@ impl ControlPlane {
         Some(ControlPlane {
             kubeconfig: PathBuf::from(var("KUBECONFIG")),
             bin: PathBuf::from(var("BIN")),
+            helm: PathBuf::from(var("HELM")),
             url: var("APISERVER"),
             dir,
         })
@@ -1106,12 +1109,31 @@ fn scenarios_agree_with_replay(cp: &ControlPlane, serve: &mut ServeProcess, kube
 
 #[path = "real_cluster/bench.rs"]
 mod bench;
+#[path = "real_cluster/drift.rs"]
+mod drift;
 #[path = "real_cluster/fleet.rs"]
 mod fleet;
+#[path = "real_cluster/helm.rs"]
+mod helm;
 #[path = "real_cluster/histories.rs"]
 mod histories;
+#[path = "real_cluster/recipe.rs"]
+mod recipe;
 #[path = "real_cluster/security.rs"]
 mod security;
+
+/// The tools users drive: docs/serve.md's recipe as documented, GitOps
+/// drift as kubectl diff computes it, and helm (config-snapshot's chart
+/// against its kustomize install, a user's chart with serve answering, the
+/// chart's own life cycle, last: its webhook is registered while it is
+/// installed).
+fn tool_stories(cp: &ControlPlane, serve: &ServeProcess) {
+    recipe::documented_recipe(cp, serve);
+    drift::gitops_drift_story(cp);
+    helm::chart_renders_what_kustomize_does(cp);
+    helm::user_chart_story(cp);
+    helm::chart_installs_upgrades_and_uninstalls(cp);
+}
 
 #[test]
 fn serve_on_a_real_control_plane() {
@@ -1134,6 +1156,10 @@ fn serve_on_a_real_control_plane() {
         histories::random_histories(&cp, &mut serve, &kubeconfig);
         return;
     }
+    if part == "tools" {
+        tool_stories(&cp, &serve);
+        return;
+    }
     if part == "attacks" {
         security::attack_stories(&cp, &mut serve, &kubeconfig);
         security::namespaced_story(&cp, &mut serve, &kubeconfig);
@@ -1144,6 +1170,7 @@ fn serve_on_a_real_control_plane() {
         revision_story(&cp, "StatefulSet");
         revision_story(&cp, "DaemonSet");
         secret_story(&cp, &serve);
+        tool_stories(&cp, &serve);
         outage_story(&cp, &mut serve, &kubeconfig);
         security::attack_stories(&cp, &mut serve, &kubeconfig);
         serve.restart(&kubeconfig, &serve_flags("{}"));

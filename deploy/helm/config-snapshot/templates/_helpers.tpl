@@ -1,0 +1,47 @@
+{{/*
+The name of every object: the release's name when it holds the chart's
+(`helm install config-snapshot ...` names them config-snapshot, as
+deploy/serve does), else <release>-config-snapshot.
+*/}}
+{{- define "config-snapshot.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "config-snapshot.labels" -}}
+app.kubernetes.io/name: config-snapshot
+{{- end -}}
+
+{{/* serve's service account, as the API server names it in a request. */}}
+{{- define "config-snapshot.username" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "config-snapshot.fullname" . }}
+{{- end -}}
+
+{{/*
+What serve may do in a namespace it acts in: the ClusterRole's rules, or
+each Role's in a namespaced install (host/tests/deploy.rs checks them
+against what serve calls).
+*/}}
+{{- define "config-snapshot.rules" -}}
+- apiGroups: [""]
+  resources: ["configmaps", "secrets"]
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["apps"]
+  resources: ["deployments", "statefulsets", "daemonsets"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["apps"]
+  resources: ["replicasets", "controllerrevisions"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["batch"]
+  resources: ["cronjobs", "jobs"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end -}}

@@ -1,0 +1,297 @@
+//! Helm, the real CLI, on the real control plane: config-snapshot's own
+//! chart (deploy/helm/config-snapshot) renders what the kustomize install
+//! does and installs, upgrades and uninstalls cleanly; and a user's chart
+//! (e2e-tests/helm/app) is installed, upgraded, rolled back and uninstalled
+//! with serve answering, as a team that ships with helm would.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::{count, effective, eventually, no_dangling, root, snapshots, ControlPlane, INTERVAL_SECS};
+
+impl ControlPlane {
+    /// Runs helm against this control plane as the cluster admin, with its
+    /// caches and release store under the control plane's directory.
+    fn try_helm(&self, args: &[&str]) -> Result<String, String> {
+        let home = self.dir.join("helm");
+        let out = std::process::Command::new(&self.helm)
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .env("HELM_CACHE_HOME", home.join("cache"))
+            .env("HELM_CONFIG_HOME", home.join("config"))
+            .env("HELM_DATA_HOME", home.join("data"))
+            .current_dir(root())
+            .output()
+            .map_err(|e| format!("helm {args:?} did not run: {e}"))?;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if out.status.success() {
+            Ok(stdout)
+        } else {
+            Err(format!(
+                "helm {args:?}: {}\n{stdout}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    }
+
+    fn helm(&self, args: &[&str]) -> String {
+        self.try_helm(args).unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+/// Objects by `kind namespace/name`.
+fn by_identity(text: &str) -> BTreeMap<String, Value> {
+    serde_yaml_ng::Deserializer::from_str(text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .filter(|v: &Value| !v.is_null())
+        .map(|o: Value| {
+            let key = format!(
+                "{} {}/{}",
+                o["kind"].as_str().unwrap_or_default(),
+                o["metadata"]["namespace"].as_str().unwrap_or_default(),
+                o["metadata"]["name"].as_str().unwrap_or_default()
+            );
+            (key, o)
+        })
+        .collect()
+}
+
+/// `helm template` of the chart agrees with `kubectl kustomize` of the
+/// install it stands for, object for object and field for field; the one
+/// addition is the settings checksum on serve's pod template (so that
+/// `helm upgrade` of settings restarts serve, which reads them at start).
+pub fn chart_renders_what_kustomize_does(cp: &ControlPlane) {
+    let ca = format!("clientCA={}", root().join("deploy/overlays/mtls/ca.crt").display());
+    let cases: [(&str, Vec<&str>); 3] = [
+        ("deploy/serve", vec![]),
+        (
+            "deploy/overlays/namespaced",
+            vec!["--set", "namespaces={team-a,team-b}"],
+        ),
+        ("deploy/overlays/mtls", vec!["--set-file", &ca]),
+    ];
+    for (dir, extra) in cases {
+        let kustomized = by_identity(&cp.kubectl(&["kustomize", root().join(dir).to_str().unwrap()]));
+        let mut args = vec![
+            "template",
+            "config-snapshot",
+            "deploy/helm/config-snapshot",
+            "--namespace",
+            "config-snapshot",
+            "--set",
+            "createNamespace=true",
+        ];
+        args.extend(extra.iter().copied());
+        let mut rendered = by_identity(&cp.helm(&args));
+        let deployment = rendered
+            .get_mut("Deployment config-snapshot/config-snapshot")
+            .expect("the chart renders serve's Deployment");
+        let annotations = deployment["spec"]["template"]["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("annotations")
+            .unwrap_or_default();
+        assert!(
+            annotations["checksum/settings"].is_string() && annotations.as_object().unwrap().len() == 1,
+            "{dir}: the chart's only addition is the settings checksum: {annotations}"
+        );
+        let (only_kustomize, only_helm): (Vec<_>, Vec<_>) = (
+            kustomized.keys().filter(|k| !rendered.contains_key(*k)).collect(),
+            rendered.keys().filter(|k| !kustomized.contains_key(*k)).collect(),
+        );
+        assert!(
+            only_kustomize.is_empty() && only_helm.is_empty(),
+            "{dir}: objects only kustomize renders {only_kustomize:?}, only the chart {only_helm:?}"
+        );
+        for (key, object) in &kustomized {
+            assert_eq!(
+                &rendered[key], object,
+                "{dir}: the chart renders {key} differently (left: helm template, right: kubectl kustomize)"
+            );
+        }
+        eprintln!(
+            "helm template agrees with kubectl kustomize {dir}: {} objects",
+            kustomized.len()
+        );
+    }
+}
+
+/// The chart installs, upgrades and uninstalls with the real helm: a
+/// namespaced install under its own release name (beside the install the
+/// other tests use), its rights as `kubectl auth can-i` sees them, an
+/// upgrade of settings restarting serve and an upgrade of nothing
+/// changing nothing, and nothing left after `helm uninstall`.
+pub fn chart_installs_upgrades_and_uninstalls(cp: &ControlPlane) {
+    let (release, ns, apps) = ("cs-helm", "cs-helm", "cs-helm-apps");
+    let fullname = "cs-helm-config-snapshot";
+    cp.namespace(apps);
+    // No cert-manager on this control plane: the serving certificate's CA
+    // comes from values, as for a cluster that brings its own (here the
+    // cluster's CA, which signed nothing serve shows: no serve runs).
+    let pem = std::fs::read(cp.dir.join("ca.crt")).unwrap();
+    let ca = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, pem);
+    let ca_value = format!("certificate.caBundle={ca}");
+    let install = [
+        "--namespace",
+        ns,
+        "--set",
+        "certificate.certManager=false",
+        "--set",
+        &ca_value,
+        "--set",
+        &format!("namespaces={{{apps}}}"),
+    ];
+    let mut args = vec!["install", release, "deploy/helm/config-snapshot", "--create-namespace"];
+    args.extend(install);
+    cp.helm(&args);
+    let sa = format!("system:serviceaccount:{ns}:{fullname}");
+    let can = |verb: &str, resource: &str, namespace: &str| {
+        cp.try_kubectl(&["auth", "can-i", verb, resource, "-n", namespace, "--as", &sa], None)
+            .is_ok_and(|out| out.trim() == "yes")
+    };
+    assert!(
+        can("delete", "secrets", apps),
+        "serve may collect snapshots where it acts"
+    );
+    assert!(can("patch", "deployments.apps", apps));
+    assert!(!can("delete", "secrets", "default"), "and nowhere else");
+    assert!(!can("get", "secrets", "kube-system"));
+    assert!(can("patch", "leases.coordination.k8s.io", ns), "its Lease");
+    let webhook: Value =
+        serde_json::from_str(&cp.kubectl(&["get", "mutatingwebhookconfiguration", fullname, "-o", "json"])).unwrap();
+    assert_eq!(
+        webhook["webhooks"][0]["namespaceSelector"]["matchExpressions"][0]["values"],
+        json!([apps])
+    );
+    assert_eq!(webhook["webhooks"][0]["clientConfig"]["service"]["namespace"], ns);
+
+    // serve's ReplicaSets, by the real Deployment controller.
+    let replica_sets = || -> usize {
+        let out = cp.kubectl(&["-n", ns, "get", "replicasets", "-o", "json"]);
+        serde_json::from_str::<Value>(&out).unwrap()["items"]
+            .as_array()
+            .unwrap()
+            .len()
+    };
+    eventually("serve's first ReplicaSet", 30, || (replica_sets() == 1).then_some(()));
+
+    // New settings restart serve (it reads them at start): one rollout.
+    let mut args = vec!["upgrade", release, "deploy/helm/config-snapshot"];
+    args.extend(install);
+    args.extend(["--set", "settings.onSnapshotFailure=warn"]);
+    cp.helm(&args);
+    let settings = cp.get(ns, "configmap", &format!("{fullname}-settings")).unwrap();
+    let parsed: Value = serde_json::from_str(settings["data"]["settings.json"].as_str().unwrap()).unwrap();
+    assert_eq!(parsed, json!({"onSnapshotFailure": "warn"}));
+    eventually("serve restarted on its new settings", 30, || {
+        (replica_sets() == 2).then_some(())
+    });
+    // The same values again: nothing rolls.
+    cp.helm(&args);
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(replica_sets(), 2, "an upgrade that changes nothing rolls nothing");
+
+    cp.helm(&["uninstall", release, "--namespace", ns, "--wait"]);
+    assert!(cp
+        .try_kubectl(&["get", "mutatingwebhookconfiguration", fullname], None)
+        .is_err());
+    let left = cp.kubectl(&[
+        "-n",
+        apps,
+        "get",
+        "roles,rolebindings",
+        "-l",
+        "app.kubernetes.io/name=config-snapshot",
+        "-o",
+        "name",
+    ]);
+    assert!(left.trim().is_empty(), "helm uninstall leaves no grant behind: {left}");
+    assert!(!can("delete", "secrets", apps));
+    eventually("serve's Deployment and its ReplicaSets gone", 60, || {
+        (replica_sets() == 0 && cp.get(ns, "deployment", fullname).is_none()).then_some(())
+    });
+}
+
+/// A user's chart with a ConfigMap, a Secret and a watched Deployment,
+/// driven with helm as its team would, serve answering: install pins the
+/// config; an upgrade with a changed value rolls once; `helm rollback`
+/// brings the old config back and makes no snapshot; an upgrade with the
+/// same values changes nothing; `helm uninstall` leaves no snapshot.
+pub fn user_chart_story(cp: &ControlPlane) {
+    let ns = "story-helm";
+    cp.namespace(ns);
+    let chart = "e2e-tests/helm/app";
+    let greeting = |view: &config_snapshot::view::Objects| {
+        effective(view, "Deployment", "web", ns, "configmap/app-config")["greeting"].clone()
+    };
+    let revisions = |view: &config_snapshot::view::Objects| count(view, "ReplicaSet");
+    let settled = |what: &str, replica_sets: usize| {
+        eventually(what, 30, || (revisions(&cp.objects(ns)) == replica_sets).then_some(()));
+        // Longer than the storm guard and a resync: nothing more rolls.
+        std::thread::sleep(Duration::from_secs(2 * INTERVAL_SECS + 6));
+        cp.objects(ns)
+    };
+
+    cp.helm(&["install", "app", chart, "--namespace", ns]);
+    let view = settled("the first ReplicaSet", 1);
+    let web = cp.get(ns, "deployment", "web").unwrap();
+    let first = super::env_ref(&web);
+    assert!(
+        first.starts_with("app-config-"),
+        "the Deployment helm installed runs a snapshot: {web}"
+    );
+    assert_eq!(greeting(&view), json!("hello"));
+    let installed = snapshots(&view);
+    assert_eq!(installed.len(), 2, "one snapshot per source: {installed:?}");
+
+    cp.helm(&["upgrade", "app", chart, "--namespace", ns, "--set", "greeting=bonjour"]);
+    let view = settled("the upgrade's rollout", 2);
+    assert_eq!(revisions(&view), 2, "an upgrade with a changed value rolls once");
+    assert_eq!(greeting(&view), json!("bonjour"));
+    let upgraded = snapshots(&view);
+    assert_eq!(
+        upgraded.len(),
+        3,
+        "one new snapshot, of the changed source: {upgraded:?}"
+    );
+    no_dangling(&view, "after helm upgrade");
+
+    cp.helm(&["rollback", "app", "1", "--namespace", ns]);
+    let view = eventually("helm rollback's config", 30, || {
+        let view = cp.objects(ns);
+        (greeting(&view) == json!("hello")).then_some(view)
+    });
+    assert_eq!(
+        super::env_ref(&cp.get(ns, "deployment", "web").unwrap()),
+        first,
+        "helm rollback runs revision 1's snapshot again"
+    );
+    std::thread::sleep(Duration::from_secs(2 * INTERVAL_SECS + 6));
+    let view_later = cp.objects(ns);
+    assert_eq!(greeting(&view_later), json!("hello"), "nothing rolls it forward again");
+    assert_eq!(snapshots(&view), upgraded, "helm rollback makes no snapshot");
+    assert_eq!(snapshots(&view_later), upgraded);
+    assert_eq!(revisions(&view_later), 2, "revision 1's ReplicaSet is current again");
+
+    // Re-applying what is deployed: no new ReplicaSet, no new snapshot.
+    cp.helm(&["upgrade", "app", chart, "--namespace", ns, "--reuse-values"]);
+    std::thread::sleep(Duration::from_secs(2 * INTERVAL_SECS + 6));
+    let view = cp.objects(ns);
+    assert_eq!(revisions(&view), 2, "an upgrade with the same values rolls nothing");
+    assert_eq!(snapshots(&view), upgraded);
+    assert_eq!(greeting(&view), json!("hello"));
+
+    cp.helm(&["uninstall", "app", "--namespace", ns, "--wait"]);
+    eventually("no snapshot left after helm uninstall", 60, || {
+        snapshots(&cp.objects(ns)).is_empty().then_some(())
+    });
+    let left = cp.kubectl(&["-n", ns, "get", "configmaps,secrets", "-o", "name"]);
+    assert!(
+        !left.contains("app-config") && !left.contains("app-secret"),
+        "helm uninstall leaves neither source nor snapshot: {left}"
+    );
+}
