@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use config_snapshot_policy::host_error::Code;
+use config_snapshot_policy::host_error::{Code, HostError};
 use config_snapshot_policy::keys;
 use config_snapshot_policy::operation::Operation;
 use config_snapshot_policy::source::SourceKind;
@@ -328,17 +328,48 @@ struct Counted {
 impl CallHandler for Counted {
     fn call(&self, binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, CallFailure> {
         let result = self.inner.answer(binding, namespace, operation, payload);
-        if let Err(e) = &result {
-            let operation = metrics::host_operation_label(operation);
-            // A missing object is an answer, not a failure.
-            if !(operation == Operation::GetResource.name() && e.code == Code::NotFound) {
-                self.metrics
-                    .host_call_errors
-                    .get_or_create(&OperationLabels { operation })
-                    .inc();
-                tracing::warn!(operation, "host call failed: {e}");
+        match &result {
+            Err(e) => {
+                let operation = metrics::host_operation_label(operation);
+                // A missing object is an answer, not a failure.
+                if !(operation == Operation::GetResource.name() && e.code == Code::NotFound) {
+                    self.failed(operation, e);
+                }
             }
+            // A batch answers each item: a failed item is a failed
+            // create_snapshot, counted as one made alone would be.
+            Ok(answer) if operation == Operation::CreateSnapshots.name() => {
+                for e in item_errors(answer) {
+                    self.failed(Operation::CreateSnapshot.name(), &e);
+                }
+            }
+            Ok(_) => {}
         }
         result.map_err(CallFailure::Ours)
     }
+}
+
+impl Counted {
+    fn failed(&self, operation: &'static str, e: &HostError) {
+        self.metrics
+            .host_call_errors
+            .get_or_create(&OperationLabels { operation })
+            .inc();
+        tracing::warn!(operation, "host call failed: {e}");
+    }
+}
+
+/// The errors among a `create_snapshots` answer's items.
+fn item_errors(answer: &[u8]) -> Vec<HostError> {
+    #[derive(Deserialize)]
+    struct Batch {
+        results: Vec<Item>,
+    }
+    #[derive(Deserialize)]
+    struct Item {
+        error: Option<HostError>,
+    }
+    serde_json::from_slice::<Batch>(answer)
+        .map(|b| b.results.into_iter().filter_map(|i| i.error).collect())
+        .unwrap_or_default()
 }
