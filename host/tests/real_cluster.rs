@@ -367,6 +367,26 @@ fn no_dangling(view: &Objects, when: &str) {
     assert!(broken.is_empty(), "{when}: {broken:?}");
 }
 
+/// Edits ConfigMap `app` to `mode: green` and waits for the watch to roll
+/// Deployment `web` off the snapshot `from`; the snapshot it rolled to.
+fn edit_and_roll(cp: &ControlPlane, ns: &str, from: &str) -> String {
+    cp.kubectl(&[
+        "-n",
+        ns,
+        "patch",
+        "configmap",
+        "app",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"data":{"mode":"green"}}"#,
+    ]);
+    eventually("the watch rollout", 30, || {
+        let name = env_ref(&cp.get(ns, "deployment", "web")?);
+        (name != from).then_some(name)
+    })
+}
+
 /// The KEP story on the Deployment controller: snapshots owned by the real
 /// ReplicaSets, a watch rollout (once), `rollout undo` with no new snapshot,
 /// pruning past revisionHistoryLimit, server-side dry run.
@@ -399,21 +419,7 @@ fn deployment_story(cp: &ControlPlane) {
     );
 
     // A source edit rolls out a new ReplicaSet, once.
-    cp.kubectl(&[
-        "-n",
-        ns,
-        "patch",
-        "configmap",
-        "app",
-        "--type",
-        "merge",
-        "-p",
-        r#"{"data":{"mode":"green"}}"#,
-    ]);
-    let green = eventually("the watch rollout", 30, || {
-        let name = env_ref(&cp.get(ns, "deployment", "web")?);
-        (name != blue).then_some(name)
-    });
+    let green = edit_and_roll(cp, ns, &blue);
     assert!(green.starts_with("app-"), "{green}");
     std::thread::sleep(Duration::from_secs(2 * INTERVAL_SECS + 6));
     let view = cp.objects(ns);

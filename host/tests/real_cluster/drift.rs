@@ -120,21 +120,7 @@ pub fn gitops_drift_story(cp: &ControlPlane) {
 
     // An in-cluster edit rolls the Deployment; the Git manifest of the
     // Deployment still shows no drift (the ConfigMap's does: it changed).
-    cp.kubectl(&[
-        "-n",
-        ns,
-        "patch",
-        "configmap",
-        "app",
-        "--type",
-        "merge",
-        "-p",
-        r#"{"data":{"mode":"green"}}"#,
-    ]);
-    let green = eventually("the watch rollout", 30, || {
-        let name = env_ref(&cp.get(ns, "deployment", "web")?);
-        (name != blue).then_some(name)
-    });
+    let green = super::edit_and_roll(cp, ns, &blue);
     std::thread::sleep(std::time::Duration::from_secs(INTERVAL_SECS + 3));
     no_drift(cp, ns, &[&web], "after a watch rollout");
 
