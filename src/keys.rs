@@ -36,6 +36,15 @@ pub const LAST_USED_AT: &str = "config-snapshot.io/last-used-at";
 /// what the user wrote, so it is ignored when comparing templates.
 pub const POD_TEMPLATE_HASH: &str = "pod-template-hash";
 
+/// Added by the Job controller to a Job's pod template (a CronJob's Jobs
+/// included): like `pod-template-hash`, ignored when comparing templates.
+pub const JOB_CONTROLLER_LABELS: [&str; 4] = [
+    "batch.kubernetes.io/controller-uid",
+    "batch.kubernetes.io/job-name",
+    "controller-uid",
+    "job-name",
+];
+
 /// Whether an object (as JSON) carries the snapshot label. The host's
 /// invariants, the sweep, adoption and the resync all decide "ours or not"
 /// by this one test.

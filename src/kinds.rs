@@ -18,7 +18,15 @@ pub enum Role {
     /// Its pod template's sources are snapshotted on CREATE and UPDATE.
     /// `revisions`: the kind its controller copies the template into, which
     /// owns the snapshots. `watch`: a source change may roll it out.
-    Workload { revisions: &'static str, watch: bool },
+    /// `rolls`: a template change makes a revision at once (a rollout);
+    /// otherwise revisions are made later from the template as it is then
+    /// (a CronJob's Jobs, on schedule), so the template itself is what runs
+    /// next.
+    Workload {
+        revisions: &'static str,
+        watch: bool,
+        rolls: bool,
+    },
     /// Made by a workload's controller with a copy of its template: on
     /// CREATE it adopts the snapshots the template names.
     Revision,
@@ -85,6 +93,7 @@ pub const KINDS: [Kind; 10] = [
         role: Role::Workload {
             revisions: "ReplicaSet",
             watch: true,
+            rolls: true,
         },
     },
     Kind {
@@ -96,6 +105,7 @@ pub const KINDS: [Kind; 10] = [
         role: Role::Workload {
             revisions: "ControllerRevision",
             watch: true,
+            rolls: true,
         },
     },
     Kind {
@@ -107,6 +117,7 @@ pub const KINDS: [Kind; 10] = [
         role: Role::Workload {
             revisions: "ControllerRevision",
             watch: true,
+            rolls: true,
         },
     },
     Kind {
@@ -149,16 +160,21 @@ pub const KINDS: [Kind; 10] = [
         template: Some(""),
         role: Role::Holder,
     },
-    // A CronJob's Jobs, and a Job's pods, run the config their template
-    // names: the sweep must count those references, or config only they
-    // use would be taken.
+    // A CronJob's revisions are the Jobs it runs: each carries a copy of
+    // its job template, so a Job keeps running the config it started with
+    // while the next ones run the new config, and the history limits that
+    // prune Jobs collect their snapshots.
     Kind {
         api_version: "batch/v1",
         kind: "CronJob",
         plural: "cronjobs",
         short: &["cj"],
         template: Some("/spec/jobTemplate/spec/template"),
-        role: Role::Holder,
+        role: Role::Workload {
+            revisions: "Job",
+            watch: true,
+            rolls: false,
+        },
     },
     Kind {
         api_version: "batch/v1",
@@ -166,7 +182,7 @@ pub const KINDS: [Kind; 10] = [
         plural: "jobs",
         short: &[],
         template: Some("/spec/template"),
-        role: Role::Holder,
+        role: Role::Revision,
     },
 ];
 
@@ -256,6 +272,26 @@ impl WorkloadKind {
     pub fn watches(self) -> bool {
         matches!(self.0.role, Role::Workload { watch: true, .. })
     }
+
+    /// Whether a template change makes a revision at once (see
+    /// [`Role::Workload`]).
+    pub fn rolls(self) -> bool {
+        matches!(self.0.role, Role::Workload { rolls: true, .. })
+    }
+}
+
+/// The pod template an object runs next: a revision's or a bare Job's own,
+/// a CronJob's job template (its next Job), and for a workload that rolls,
+/// its current revision's, which `current_revision` finds.
+pub fn running_template(
+    object: &serde_json::Value,
+    current_revision: impl FnOnce() -> Option<serde_json::Value>,
+) -> Option<serde_json::Value> {
+    let row = find(object["kind"].as_str()?)?;
+    match WorkloadKind::from_kind(row.kind) {
+        Some(w) if w.rolls() => current_revision(),
+        _ => row.template_of(object).cloned(),
+    }
 }
 
 #[cfg(test)]
@@ -271,7 +307,9 @@ mod tests {
         assert!(handles("apps", "ReplicaSet", "CREATE"));
         assert!(!handles("apps", "ReplicaSet", "UPDATE"));
         assert!(!handles("", "Pod", "CREATE"));
-        assert!(!handles("batch", "CronJob", "CREATE"), "read, not handled, yet");
+        assert!(handles("batch", "CronJob", "UPDATE"));
+        assert!(handles("batch", "Job", "CREATE"));
+        assert!(!handles("batch", "Job", "UPDATE"), "a Job's template is immutable");
         assert_eq!(holders().count(), 8);
         assert_eq!(find("CronJob").unwrap().group(), "batch");
     }
@@ -289,6 +327,11 @@ mod tests {
         assert_eq!(
             WorkloadKind::from_kind("StatefulSet").unwrap().revisions().template,
             Some("/data/spec/template")
+        );
+        let cron = WorkloadKind::from_kind("CronJob").unwrap();
+        assert_eq!(
+            (cron.template(), cron.revisions().kind),
+            ("/spec/jobTemplate/spec/template", "Job")
         );
     }
 

@@ -165,9 +165,9 @@ pub fn normalise_with(template: &Value, known: &Snapshots) -> Value {
 }
 
 /// A template without what controllers add to their copies: the
-/// Deployment controller's `pod-template-hash` label and the `$patch`
-/// marker of ControllerRevision data. `kubectl rollout undo` puts back
-/// exactly this.
+/// Deployment controller's `pod-template-hash` label, the Job controller's
+/// labels and the `$patch` marker of ControllerRevision data. `kubectl
+/// rollout undo` puts back exactly this.
 pub fn without_controller_marks(template: &Value) -> Value {
     let mut out = template.clone();
     strip_controller_marks(&mut out);
@@ -182,6 +182,9 @@ fn strip_controller_marks(template: &mut Value) {
     if let Some(meta) = template.get_mut("metadata").and_then(Value::as_object_mut) {
         if let Some(labels) = meta.get_mut("labels").and_then(Value::as_object_mut) {
             labels.remove(keys::POD_TEMPLATE_HASH);
+            for label in keys::JOB_CONTROLLER_LABELS {
+                labels.remove(label);
+            }
         }
         for key in ["annotations", "labels"] {
             if meta.get(key).and_then(Value::as_object).is_some_and(|m| m.is_empty()) {
@@ -279,6 +282,7 @@ mod tests {
         );
         let mut with_hash = snap.clone();
         with_hash["metadata"]["labels"]["pod-template-hash"] = json!("5d8f");
+        with_hash["metadata"]["labels"]["batch.kubernetes.io/job-name"] = json!("nightly-1");
         with_hash["$patch"] = json!("replace");
         let plain = template("app", json!({}));
         assert_eq!(normalise(&snap), normalise(&plain));

@@ -36,15 +36,33 @@ pub(crate) struct Quick {
 struct QuickMeta {
     annotations: Option<BTreeMap<String, String>>,
 }
+/// A workload's spec: its pod template, or a CronJob's job template, whose
+/// spec holds the pod template (the only nesting in the kinds table).
 #[derive(Deserialize, Default)]
 #[serde(default)]
 struct QuickSpec {
     template: QuickTemplate,
+    #[serde(rename = "jobTemplate")]
+    job_template: Option<Box<QuickJobTemplate>>,
+}
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct QuickJobTemplate {
+    spec: QuickSpec,
 }
 #[derive(Deserialize, Default)]
 #[serde(default)]
 struct QuickTemplate {
     metadata: QuickMeta,
+}
+
+impl QuickSpec {
+    fn pod_template(&self) -> &QuickTemplate {
+        match &self.job_template {
+            Some(job) => job.spec.pod_template(),
+            None => &self.template,
+        }
+    }
 }
 
 /// Whether a workload is ours to look at: it opts in (or the settings opt
@@ -53,7 +71,7 @@ struct QuickTemplate {
 pub(crate) fn opts_in(quick: &Quick, settings: &Settings) -> bool {
     let marked = quick
         .spec
-        .template
+        .pod_template()
         .metadata
         .annotations
         .as_ref()

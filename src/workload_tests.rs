@@ -29,11 +29,7 @@ pub fn deployment(annotations: Value, pod_spec: Value) -> Value {
 }
 
 pub fn payload(kind: &str, op: &str, object: &Value, old: Option<&Value>, dry_run: bool, settings: Value) -> Vec<u8> {
-    let group = if kind == "ConfigMap" || kind == "Secret" {
-        ""
-    } else {
-        "apps"
-    };
+    let group = crate::kinds::find(kind).map_or("apps", |k| k.group());
     serde_json::to_vec(&json!({
         "settings": settings,
         "request": {
@@ -569,7 +565,7 @@ fn handled_table_matches_the_dispatch() {
                 o["kind"] = json!(kind);
                 o
             }
-            "ReplicaSet" => {
+            "ReplicaSet" | "Job" => {
                 json!({"apiVersion": format!("{group}/v1"), "kind": kind, "metadata": {"name": "rs", "namespace": "default"},
                 "spec": {"template": {"metadata": {"annotations": {keys::SNAPSHOTS: "{\"configmap/app\":\"app-0123456789\"}"}},
                          "spec": {"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": "app-0123456789"}}]}]}}}})
@@ -578,6 +574,13 @@ fn handled_table_matches_the_dispatch() {
                 json!({"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": "cr", "namespace": "default"},
                 "data": {"spec": {"template": {"metadata": {"annotations": {keys::SNAPSHOTS: "{\"configmap/app\":\"app-0123456789\"}"}},
                          "spec": {"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": "app-0123456789"}}]}]}}}}})
+            }
+            "CronJob" => {
+                let mut w = d.clone();
+                w["kind"] = json!(kind);
+                w["metadata"]["annotations"][keys::WATCH] = json!("*");
+                w["spec"] = json!({"schedule": "@hourly", "jobTemplate": {"spec": {"template": template.clone()}}});
+                w
             }
             _ => {
                 let mut w = d.clone();
@@ -603,6 +606,7 @@ fn handled_table_matches_the_dispatch() {
         "Secret",
         "Pod",
         "Job",
+        "CronJob",
     ];
     for kind in all_kinds {
         for group in ["", "apps", "batch"] {
@@ -931,4 +935,62 @@ fn a_batched_failure_is_judged_per_snapshot_as_a_single_one_is() {
             assert!(!out.accepted);
         }
     }
+}
+
+/// A CronJob is a workload whose template sits in its job template: its
+/// sources are snapshotted on create, and a Job made from it (by the
+/// cronjob controller, or `kubectl create job --from`) adopts them.
+#[test]
+fn a_cronjob_pins_its_job_template_and_its_jobs_adopt_the_snapshots() {
+    let host = three_host();
+    let deploy = deployment(snapshot_all(), three_refs());
+    let cronjob = json!({"apiVersion": "batch/v1", "kind": "CronJob",
+        "metadata": {"name": "nightly", "namespace": "default", "annotations": snapshot_all()},
+        "spec": {"schedule": "@daily", "jobTemplate": {"spec": {"template": deploy["spec"]["template"].clone()}}}});
+    let out = run(&host, &payload("CronJob", "CREATE", &cronjob, None, false, json!({})));
+    assert!(out.accepted, "{out:?}");
+    let pinned = out.mutated.expect("the job template is rewritten");
+    let template = &pinned["spec"]["jobTemplate"]["spec"]["template"];
+    let (cfg, creds, extra) = names(&json!({"spec": {"template": template}}));
+    assert!(cfg.starts_with("app-") && creds.starts_with("creds-") && extra.starts_with("extra-"));
+    assert!(
+        pinned["spec"]["template"].is_null(),
+        "nothing written outside the job template"
+    );
+    for name in [&cfg, &creds, &extra] {
+        assert!(
+            host.objects
+                .borrow()
+                .iter()
+                .any(|o| o["metadata"]["name"] == name.as_str()),
+            "snapshot {name} made before the reference"
+        );
+    }
+
+    // A Job of it carries the template with the Job controller's labels.
+    let mut job_template = template.clone();
+    job_template["metadata"]["labels"]["batch.kubernetes.io/job-name"] = json!("nightly-29000000");
+    let job = json!({"apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "nightly-29000000", "namespace": "default",
+                     "ownerReferences": [{"apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly", "uid": "cj-uid", "controller": true}]},
+        "spec": {"template": job_template}});
+    let out = run(&host, &payload("Job", "CREATE", &job, None, false, json!({})));
+    assert!(out.accepted && out.mutated.is_none(), "{out:?}");
+    let adopt = host.ops("adopt");
+    assert_eq!(adopt.len(), 1);
+    assert_eq!(
+        adopt[0]["owner"],
+        json!({"apiVersion": "batch/v1", "kind": "Job", "name": "nightly-29000000"})
+    );
+    assert_eq!(adopt[0]["snapshots"].as_array().unwrap().len(), 3);
+
+    // An edit of the CronJob that leaves its template alone changes nothing.
+    let mut suspended = pinned.clone();
+    suspended["spec"]["suspend"] = json!(true);
+    let out = run(
+        &host,
+        &payload("CronJob", "UPDATE", &suspended, Some(&pinned), false, json!({})),
+    );
+    assert!(out.accepted, "{out:?}");
+    assert!(out.mutated.is_none_or(|m| m == suspended), "no rewrite on a suspend");
 }

@@ -34,6 +34,8 @@ pub enum Step {
     Delete(Deletion),
     RolloutUndo(Undo),
     RolloutRestart(Ref),
+    /// `kubectl create job NAME --from=cronjob/FROM`.
+    CreateJob(CreateJob),
     AdvanceTime(String),
     Review(String),
     Fault(FaultSpec),
@@ -63,6 +65,16 @@ pub struct Deletion {
     pub name: Option<String>,
     #[serde(default)]
     pub selector: Option<String>,
+    #[serde(default = "default_ns")]
+    pub namespace: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateJob {
+    /// The CronJob.
+    pub from: String,
+    pub name: String,
     #[serde(default = "default_ns")]
     pub namespace: String,
 }

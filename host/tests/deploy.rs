@@ -352,7 +352,7 @@ fn rbac_grants_exactly_what_serve_uses() {
         ("apps", "daemonsets", &["patch"]),
         ("apps", "replicasets", &[]),
         ("apps", "controllerrevisions", &[]),
-        ("batch", "cronjobs", &[]),
+        ("batch", "cronjobs", &["patch"]),
         ("batch", "jobs", &[]),
     ] {
         for verb in read.iter().chain(extra) {

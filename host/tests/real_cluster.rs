@@ -23,6 +23,7 @@ use config_snapshot::memory::Admission;
 use config_snapshot::replay;
 use config_snapshot::scenario::{EffectiveConfig, Step};
 use config_snapshot::view::{Objects, View};
+use config_snapshot_policy::kinds::WorkloadKind;
 use serde_json::{json, Value};
 use support::paths::root;
 use support::process::ServeProcess;
@@ -139,14 +140,14 @@ impl ControlPlane {
 
     /// Every object of the kinds config-snapshot touches, in `ns`.
     fn objects(&self, ns: &str) -> Objects {
-        let out = self.kubectl(&[
-            "-n",
-            ns,
-            "get",
-            "configmaps,secrets,pods,deployments.apps,statefulsets.apps,daemonsets.apps,replicasets.apps,controllerrevisions.apps",
-            "-o",
-            "json",
-        ]);
+        let kinds: Vec<String> = config_snapshot_policy::kinds::KINDS
+            .iter()
+            .map(|k| match k.group() {
+                "" => k.plural.to_string(),
+                group => format!("{}.{group}", k.plural),
+            })
+            .collect();
+        let out = self.kubectl(&["-n", ns, "get", &kinds.join(","), "-o", "json"]);
         let list: Value = serde_json::from_str(&out).unwrap();
         Objects(list["items"].as_array().cloned().unwrap_or_default())
     }
@@ -873,7 +874,7 @@ fn run_on_cluster(
     let predating = scenario
         .objects
         .iter()
-        .any(|o| matches!(o["kind"].as_str(), Some("Deployment" | "StatefulSet" | "DaemonSet")));
+        .any(|o| WorkloadKind::from_kind(o["kind"].as_str().unwrap_or_default()).is_some());
     // serve runs with the scenario's settings and storm guard.
     let settings = if scenario.settings.is_null() {
         json!({})
@@ -964,6 +965,12 @@ fn run_on_cluster(
                     cp.kubectl_warned(&["-n", ns, "rollout", "restart", &target], None),
                 ));
             }
+            Step::CreateJob(j) => {
+                let from = format!("--from=cronjob/{}", j.from);
+                last = Some(admission(
+                    cp.kubectl_warned(&["-n", ns, "create", "job", &j.name, &from], None),
+                ));
+            }
             Step::Repeat(r) => {
                 let mut expanded = Vec::new();
                 for i in 1..=r.times {
@@ -1007,55 +1014,50 @@ fn run_on_cluster(
 }
 
 /// What a user compares between two clusters: each workload's references,
-/// the snapshots there are, and what each revision runs (by number).
+/// the snapshots there are, and what each revision runs (by number; a
+/// CronJob's Jobs, which have none, by name).
 fn outcome(view: &Objects) -> Value {
     let mut out = serde_json::Map::new();
-    for w in view
-        .0
-        .iter()
-        .filter(|o| matches!(o["kind"].as_str(), Some("Deployment" | "StatefulSet" | "DaemonSet")))
-    {
-        let name = format!(
-            "{}/{}",
-            w["kind"].as_str().unwrap(),
-            w["metadata"]["name"].as_str().unwrap()
-        );
-        let refs: Vec<String> = config_snapshot_policy::references::collect(&w["spec"]["template"])
-            .into_iter()
-            .map(|r| r.name)
-            .collect();
+    for w in &view.0 {
+        let Some(kind) = WorkloadKind::from_kind(w["kind"].as_str().unwrap_or_default()) else {
+            continue;
+        };
+        let name = format!("{}/{}", kind.kind(), w["metadata"]["name"].as_str().unwrap());
+        let names = |template: Option<&Value>| -> Vec<String> {
+            template
+                .map(|t| {
+                    config_snapshot_policy::references::collect(t)
+                        .into_iter()
+                        .map(|r| r.name)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let refs = names(w.pointer(kind.template()));
         let uid = &w["metadata"]["uid"];
-        let mut revisions: Vec<(i64, Vec<String>)> = view
+        let revisions = kind.revisions();
+        let mut kept: Vec<(Value, Vec<String>)> = view
             .0
             .iter()
+            .filter(|o| o["kind"] == revisions.kind)
             .filter(|o| {
                 o["metadata"]["ownerReferences"]
                     .as_array()
                     .is_some_and(|r| r.iter().any(|r| r["uid"] == *uid))
             })
-            .filter_map(|r| {
-                let (n, t) = match r["kind"].as_str()? {
-                    "ReplicaSet" => (
-                        r["metadata"]["annotations"]["deployment.kubernetes.io/revision"]
-                            .as_str()?
-                            .parse()
-                            .ok()?,
-                        &r["spec"]["template"],
-                    ),
-                    "ControllerRevision" => (r["revision"].as_i64()?, &r["data"]["spec"]["template"]),
-                    _ => return None,
+            .map(|r| {
+                let number = match revisions.kind {
+                    "ReplicaSet" => json!(r["metadata"]["annotations"]["deployment.kubernetes.io/revision"]
+                        .as_str()
+                        .and_then(|n| n.parse::<i64>().ok())),
+                    "ControllerRevision" => r["revision"].clone(),
+                    _ => r["metadata"]["name"].clone(),
                 };
-                Some((
-                    n,
-                    config_snapshot_policy::references::collect(t)
-                        .into_iter()
-                        .map(|r| r.name)
-                        .collect(),
-                ))
+                (number, names(revisions.template_of(r)))
             })
             .collect();
-        revisions.sort();
-        out.insert(name, json!({"references": refs, "revisions": revisions}));
+        kept.sort_by(|(a, _), (b, _)| (a.as_i64(), a.as_str()).cmp(&(b.as_i64(), b.as_str())));
+        out.insert(name, json!({"references": refs, "revisions": kept}));
     }
     out.insert("snapshots".into(), json!(snapshots(view)));
     Value::Object(out)

@@ -17,7 +17,7 @@ impl Capability {
         let owner_kind = request["owner"]["kind"].as_str().unwrap_or_default().to_string();
         if kinds::find(&owner_kind).is_none_or(|k| k.role != Role::Revision) {
             return Err(refused(format!(
-                "refused: adopt owner must be a revision (ReplicaSet, ControllerRevision), not {owner_kind:?}"
+                "refused: adopt owner must be a revision (ReplicaSet, ControllerRevision, Job), not {owner_kind:?}"
             )));
         }
         let owner_name = request["owner"]["name"]

@@ -48,7 +48,7 @@ impl Target {
             .filter(|(_, n)| !n.is_empty())
             .ok_or_else(|| anyhow!("{text:?}: name a workload as KIND/NAME, e.g. deploy/web"))?;
         let Some(kind) = kinds::named(kind).and_then(|k| WorkloadKind::from_kind(k.kind)) else {
-            bail!("{kind}: only workloads (Deployments, StatefulSets, DaemonSets) keep revisions");
+            bail!("{kind}: only workloads (Deployments, StatefulSets, DaemonSets, CronJobs) keep revisions");
         };
         Ok(Target {
             kind,
@@ -133,7 +133,7 @@ pub fn history(cluster: &dyn View, target: &Target, namespace: &str, now: i64) -
         .get(target.kind.kind(), namespace, &target.name)
         .ok_or_else(|| anyhow!("{target} not found in namespace {namespace}"))?;
     let uid = workload["metadata"]["uid"].clone();
-    let mut kept: Vec<Value> = cluster
+    let kept: Vec<Value> = cluster
         .objects()
         .into_iter()
         .filter(|o| o["kind"] == target.revision_kind() && o["metadata"]["namespace"] == namespace)
@@ -146,10 +146,11 @@ pub fn history(cluster: &dyn View, target: &Target, namespace: &str, now: i64) -
     if kept.is_empty() {
         bail!("{target} has no revisions yet (its controller has not made one)");
     }
-    kept.sort_by_key(|r| revision_number(target, r));
-    let newest = kept.last().map(|r| revision_number(target, r));
+    let numbered = numbered(target, kept);
+    let newest = numbered.last().map(|(n, _)| *n);
     let mut revisions: Vec<Revision> = Vec::new();
-    for object in &kept {
+    for (number, object) in &numbered {
+        let number = *number;
         let template = object.pointer(target.template_path()).cloned().unwrap_or(Value::Null);
         let mut sources = sources_of(cluster, namespace, &template);
         if let Some(previous) = revisions.last() {
@@ -158,7 +159,6 @@ pub fn history(cluster: &dyn View, target: &Target, namespace: &str, now: i64) -
                 source.keys = KeyChanges::between(before.and_then(|b| b.values.as_ref()), source.values.as_ref());
             }
         }
-        let number = revision_number(target, object);
         revisions.push(Revision {
             revision: number,
             name: object["metadata"]["name"].as_str().unwrap_or_default().to_string(),
@@ -190,15 +190,33 @@ pub fn history(cluster: &dyn View, target: &Target, namespace: &str, now: i64) -
     })
 }
 
-fn revision_number(target: &Target, revision: &Value) -> i64 {
-    if target.revision_kind() == "ReplicaSet" {
-        revision["metadata"]["annotations"][REVISION_ANNOTATION]
+/// The revisions with their numbers, oldest first: a ReplicaSet's revision
+/// annotation, a ControllerRevision's `revision`, and for a CronJob's Jobs,
+/// which have no number, their order of creation (1 the oldest kept).
+fn numbered(target: &Target, mut kept: Vec<Value>) -> Vec<(i64, Value)> {
+    let number = |revision: &Value| match target.revision_kind() {
+        "ReplicaSet" => revision["metadata"]["annotations"][REVISION_ANNOTATION]
             .as_str()
             .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
-    } else {
-        revision["revision"].as_i64().unwrap_or(0)
-    }
+            .unwrap_or(0),
+        "ControllerRevision" => revision["revision"].as_i64().unwrap_or(0),
+        _ => 0,
+    };
+    let created = |r: &Value| {
+        (
+            r["metadata"]["creationTimestamp"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            r["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+        )
+    };
+    kept.sort_by_cached_key(|r| (number(r), created(r)));
+    let ordinal = !target.kind.rolls();
+    kept.into_iter()
+        .enumerate()
+        .map(|(i, r)| (if ordinal { i as i64 + 1 } else { number(&r) }, r))
+        .collect()
 }
 
 /// Each source a revision's template reads, and where its config comes from.

@@ -138,4 +138,29 @@ impl Simulator {
         );
         self.write(updated, Some(workload), false, "kubectl")
     }
+
+    /// `kubectl create job NAME --from=cronjob/FROM`: a Job with the
+    /// CronJob's job template, owned by it as the cronjob controller's own
+    /// Jobs are, admitted as a CREATE.
+    pub fn create_job(&self, namespace: &str, from: &str, name: &str) -> Result<Admission> {
+        let cronjob = self
+            .get("CronJob", namespace, from)
+            .ok_or_else(|| anyhow!("CronJob/{from} does not exist"))?;
+        let template = &cronjob["spec"]["jobTemplate"];
+        let mut metadata = json!({
+            "name": name,
+            "namespace": namespace,
+            "annotations": {"cronjob.kubernetes.io/instantiate": "manual"},
+            "ownerReferences": [super::controllers::owner_ref(&cronjob, true)],
+        });
+        for key in ["labels", "annotations"] {
+            if let Some(extra) = template["metadata"][key].as_object() {
+                for (k, v) in extra {
+                    metadata[key][k] = v.clone();
+                }
+            }
+        }
+        let job = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": template["spec"]});
+        self.write(job, None, false, "kubectl")
+    }
 }

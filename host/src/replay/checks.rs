@@ -236,7 +236,12 @@ pub fn effective_config(
     let kind = SourceKind::from_tag(tag).ok_or(EffectiveError::Source)?;
     let id = SourceId::new(kind, source_name);
     let template = sim
-        .current_revision_template(&ec.kind, &ec.namespace, &ec.name)
+        .get(&ec.kind, &ec.namespace, &ec.name)
+        .and_then(|object| {
+            config_snapshot_policy::kinds::running_template(&object, || {
+                sim.current_revision_template(&ec.kind, &ec.namespace, &ec.name)
+            })
+        })
         .ok_or_else(|| EffectiveError::NoRevision {
             kind: ec.kind.clone(),
             name: ec.name.clone(),

@@ -215,6 +215,7 @@ pub fn run_step(
         }
         Step::RolloutUndo(u) => *last = Some(sim.rollout_undo(&u.kind, &u.namespace, &u.name, u.to_revision)?),
         Step::RolloutRestart(r) => *last = Some(sim.rollout_restart(&r.kind, &r.namespace, &r.name)?),
+        Step::CreateJob(j) => *last = Some(sim.create_job(&j.namespace, &j.from, &j.name)?),
         Step::AdvanceTime(d) => {
             let secs = parse_go_duration(d).map_err(|e| anyhow!("advanceTime: {e}"))?;
             sim.note(format!("clock advanced by {d}"));
@@ -307,6 +308,7 @@ fn describe(step: &Step) -> String {
             None => format!("rollout undo {}/{}", u.kind, u.name),
         },
         Step::RolloutRestart(r) => format!("rollout restart {}/{}", r.kind, r.name),
+        Step::CreateJob(j) => format!("create job {} --from=cronjob/{}", j.name, j.from),
         Step::AdvanceTime(d) => format!("advance time {d}"),
         Step::Review(f) => format!("review {f}"),
         Step::Fault(f) => format!("fault {}", f.operation),
