@@ -324,3 +324,40 @@ async fn it_reads_a_live_cluster_through_the_kubeconfig() {
     );
     assert!(!text.contains("Q0FOQVJZ") && !text.contains("CANARY"), "{text}");
 }
+
+/// A CronJob's history is its Jobs, oldest first, numbered in the order
+/// they were made, each with the config it runs.
+#[test]
+fn a_cronjobs_history_is_its_jobs() {
+    let dir = std::env::temp_dir().join(format!("cs-history-cron-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let story = std::fs::read_to_string(root().join("e2e-tests/cronjob-story.yaml")).unwrap();
+    // The story up to the first Job deletion: report-1 (blue) and report-2 (green) are kept.
+    let (kept, _) = story.split_once("  # The history limit").unwrap();
+    let scenario = dir.join("cron.yaml");
+    std::fs::write(&scenario, kept).unwrap();
+    let scenario = scenario.to_str().unwrap();
+    let history = history_json("cronjob/report", scenario);
+    let revisions = history["revisions"].as_array().unwrap();
+    let names: Vec<(&Value, &Value, &Value)> = revisions
+        .iter()
+        .map(|r| (&r["revision"], &r["name"], &r["current"]))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            (&json!(1), &json!("report-1"), &json!(false)),
+            (&json!(2), &json!("report-2"), &json!(true))
+        ]
+    );
+    let (one, two) = (
+        source(&revisions[0], "configmap/report-config"),
+        source(&revisions[1], "configmap/report-config"),
+    );
+    assert_eq!((&one["state"], &two["state"]), (&json!("snapshot"), &json!("snapshot")));
+    assert_ne!(one["snapshot"], two["snapshot"]);
+    let (code, text, stderr) = on_scenario(&["diff", "cronjob/report", "1", "2"], scenario);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(text.contains("blue") && text.contains("green"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

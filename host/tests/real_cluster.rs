@@ -695,7 +695,9 @@ fn outage_story(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path) 
 /// A stand-in for the kubelet's one duty that matters here: pods become
 /// Ready, so rolling updates complete and the Deployment controller scales
 /// old ReplicaSets down and prunes them, as it would on real nodes (and as
-/// replay's controller does at once).
+/// replay's controller does at once). A Job's pod succeeds at once, so the
+/// Job controller completes the Job and the cronjob controller applies its
+/// history limits.
 fn start_kubelet_stand_in(cp: &ControlPlane) -> Arc<AtomicBool> {
     let stop = Arc::new(AtomicBool::new(false));
     let (kubectl, kubeconfig, flag) = (cp.bin.join("kubectl"), cp.kubeconfig.clone(), stop.clone());
@@ -717,7 +719,12 @@ fn start_kubelet_stand_in(cp: &ControlPlane) -> Arc<AtomicBool> {
                     let ready = pod["status"]["conditions"]
                         .as_array()
                         .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"));
-                    if ready || pod["metadata"]["deletionTimestamp"].is_string() {
+                    // A Job's pod runs to completion: it succeeds at once.
+                    let of_a_job = pod["metadata"]["ownerReferences"]
+                        .as_array()
+                        .is_some_and(|refs| refs.iter().any(|r| r["kind"] == "Job"));
+                    let done = pod["status"]["phase"] == "Succeeded";
+                    if (ready && !of_a_job) || done || pod["metadata"]["deletionTimestamp"].is_string() {
                         continue;
                     }
                     let (ns, name) = (
@@ -725,11 +732,28 @@ fn start_kubelet_stand_in(cp: &ControlPlane) -> Arc<AtomicBool> {
                         pod["metadata"]["name"].as_str().unwrap_or_default(),
                     );
                     let now = "2026-01-01T00:00:00Z";
-                    let status = json!({"status": {"phase": "Running", "conditions": [
-                        {"type": "Ready", "status": "True", "lastTransitionTime": now},
-                        {"type": "ContainersReady", "status": "True", "lastTransitionTime": now},
-                        {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
-                    ]}});
+                    let status = if of_a_job {
+                        let finished: Vec<Value> = pod["spec"]["containers"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .map(|c| {
+                                json!({"name": c["name"], "image": c["image"], "imageID": "", "ready": false,
+                                "restartCount": 0, "state": {"terminated": {"exitCode": 0, "reason": "Completed",
+                                "startedAt": now, "finishedAt": now}}})
+                            })
+                            .collect();
+                        json!({"status": {"phase": "Succeeded", "containerStatuses": finished, "conditions": [
+                            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+                            {"type": "Ready", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now},
+                        ]}})
+                    } else {
+                        json!({"status": {"phase": "Running", "conditions": [
+                            {"type": "Ready", "status": "True", "lastTransitionTime": now},
+                            {"type": "ContainersReady", "status": "True", "lastTransitionTime": now},
+                            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+                        ]}})
+                    };
                     let _ = run(&[
                         "-n",
                         ns,
@@ -1117,6 +1141,8 @@ fn scenarios_agree_with_replay(cp: &ControlPlane, serve: &mut ServeProcess, kube
 
 #[path = "real_cluster/bench.rs"]
 mod bench;
+#[path = "real_cluster/cronjob.rs"]
+mod cronjob;
 #[path = "real_cluster/drift.rs"]
 mod drift;
 #[path = "real_cluster/fleet.rs"]
@@ -1168,6 +1194,12 @@ fn serve_on_a_real_control_plane() {
         tool_stories(&cp, &serve);
         return;
     }
+    if part == "cronjob" {
+        let kubelet = start_kubelet_stand_in(&cp);
+        cronjob::history_limit_story(&cp);
+        kubelet.store(true, Ordering::SeqCst);
+        return;
+    }
     if part == "attacks" {
         security::attack_stories(&cp, &mut serve, &kubeconfig);
         security::namespaced_story(&cp, &mut serve, &kubeconfig);
@@ -1189,6 +1221,7 @@ fn serve_on_a_real_control_plane() {
     }
     let kubelet = start_kubelet_stand_in(&cp);
     scenarios_agree_with_replay(&cp, &mut serve, &kubeconfig);
+    cronjob::history_limit_story(&cp);
     histories::random_histories(&cp, &mut serve, &kubeconfig);
     // The latency regression guard: the cluster benchmark, short.
     bench::webhook_latency(&cp, &mut serve, &kubeconfig, true);

@@ -1,0 +1,124 @@
+//! A CronJob's config history, pruned by the real cronjob controller: each
+//! Job adopts the snapshots its template names, so when
+//! `successfulJobsHistoryLimit` deletes a finished Job, the garbage
+//! collector takes exactly the config no kept Job and not the CronJob name.
+//! Jobs are made with `kubectl create job --from=cronjob/…` (owned by the
+//! CronJob, as its scheduled Jobs are); the kubelet stand-in makes their pods
+//! succeed.
+
+use std::collections::BTreeSet;
+
+use serde_json::{json, Value};
+
+use super::{config_map, eventually_or, no_dangling, snapshots, ControlPlane};
+
+/// The snapshots a template at `pointer` names.
+fn names(object: &Value, pointer: &str) -> BTreeSet<String> {
+    object
+        .pointer(pointer)
+        .map(|t| {
+            config_snapshot_policy::references::collect(t)
+                .into_iter()
+                .map(|r| r.name)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub fn history_limit_story(cp: &ControlPlane) {
+    let ns = "story-cronjob";
+    cp.namespace(ns);
+    cp.apply(ns, &config_map("report-config", json!({"mode": "v1"})));
+    let cronjob = json!({
+        "apiVersion": "batch/v1", "kind": "CronJob",
+        "metadata": {"name": "report", "annotations": {"config-snapshot.io/watch": "report-config"}},
+        "spec": {
+            "schedule": "0 3 * * *",
+            // Only the Jobs made here: none on schedule while the story runs.
+            "suspend": true,
+            "successfulJobsHistoryLimit": 1,
+            "jobTemplate": {"spec": {"template": {"spec": {
+                "restartPolicy": "Never",
+                "containers": [{"name": "report", "image": "busybox:1.36",
+                    "envFrom": [{"configMapRef": {"name": "report-config"}}]}]}}}}
+        }
+    });
+    cp.apply(ns, &cronjob);
+    let template = "/spec/jobTemplate/spec/template";
+    let state = || {
+        let view = cp.objects(ns);
+        let jobs: Vec<String> = view
+            .0
+            .iter()
+            .filter(|o| o["kind"] == "Job")
+            .map(|j| {
+                format!(
+                    "{} {:?} {}",
+                    j["metadata"]["name"],
+                    names(j, "/spec/template"),
+                    j["status"]
+                )
+            })
+            .collect();
+        format!("jobs: {jobs:?}\nsnapshots: {:?}", snapshots(&view))
+    };
+    let mut pinned = BTreeSet::new();
+    for i in 1..=3 {
+        if i > 1 {
+            cp.kubectl(&[
+                "-n",
+                ns,
+                "patch",
+                "configmap",
+                "report-config",
+                "--type",
+                "merge",
+                "-p",
+                &json!({"data": {"mode": format!("v{i}")}}).to_string(),
+            ]);
+        }
+        // The CronJob names a snapshot of this version (the watch moved it).
+        let before = pinned.clone();
+        pinned = eventually_or("the CronJob pinned to a new snapshot", 60, state, || {
+            let names = names(&cp.get(ns, "cronjob", "report")?, template);
+            (names.len() == 1 && names != before && snapshots(&cp.objects(ns)).is_superset(&names)).then_some(names)
+        });
+        let job = format!("report-{i}");
+        cp.kubectl(&["-n", ns, "create", "job", &job, "--from=cronjob/report"]);
+        eventually_or(
+            &format!("Job {job} adopting {pinned:?} and completing"),
+            90,
+            state,
+            || {
+                let j = cp.get(ns, "job", &job)?;
+                let uid = j["metadata"]["uid"].clone();
+                let complete = j["status"]["conditions"]
+                    .as_array()
+                    .is_some_and(|c| c.iter().any(|c| c["type"] == "Complete" && c["status"] == "True"));
+                let owned = pinned.iter().all(|s| {
+                    cp.get(ns, "configmap", s).is_some_and(|o| {
+                        o["metadata"]["ownerReferences"]
+                            .as_array()
+                            .is_some_and(|r| r.iter().any(|r| r["uid"] == uid))
+                    })
+                });
+                (complete && owned && names(&j, "/spec/template") == pinned).then_some(())
+            },
+        );
+    }
+    // The controller keeps one finished Job: report-3. The garbage
+    // collector takes report-1's and report-2's config with them, and
+    // keeps the one report-3 and the CronJob name.
+    eventually_or("the history limit pruning Jobs and their config", 120, state, || {
+        let view = cp.objects(ns);
+        let jobs: Vec<&Value> = view.0.iter().filter(|o| o["kind"] == "Job").collect();
+        let kept = jobs.len() == 1 && jobs[0]["metadata"]["name"] == "report-3";
+        (kept && snapshots(&view) == pinned).then_some(())
+    });
+    let view = cp.objects(ns);
+    no_dangling(&view, "after the cronjob controller pruned its Jobs");
+    eprintln!(
+        "cronjob story: successfulJobsHistoryLimit 1 kept report-3 and its config {pinned:?}, and collected the rest"
+    );
+    cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
+}
