@@ -28,8 +28,13 @@ pub enum Role {
         rolls: bool,
     },
     /// Made by a workload's controller with a copy of its template: on
-    /// CREATE it adopts the snapshots the template names.
-    Revision,
+    /// CREATE it adopts the snapshots the template names. `standalone`:
+    /// users make objects of this kind directly too (a Job), and its
+    /// template can never change: one made without a controller and opted
+    /// in has its sources snapshotted at CREATE, and owns the snapshots, so
+    /// deleting it (by hand or `ttlSecondsAfterFinished`) collects them.
+    /// Watch cannot apply to it.
+    Revision { standalone: bool },
     /// Only read: the snapshots it names are in use (a Pod).
     Holder,
 }
@@ -69,9 +74,14 @@ impl Kind {
     pub fn handled(&self) -> &'static [&'static str] {
         match self.role {
             Role::Source(_) | Role::Workload { .. } => WRITES,
-            Role::Revision => CREATES,
+            Role::Revision { .. } => CREATES,
             Role::Holder => &[],
         }
+    }
+
+    /// Whether objects of this kind are a workload's revisions.
+    pub fn is_revision(&self) -> bool {
+        matches!(self.role, Role::Revision { .. })
     }
 
     /// The object's pod template, if it has one.
@@ -142,7 +152,7 @@ pub const KINDS: [Kind; 10] = [
         plural: "replicasets",
         short: &["rs"],
         template: Some("/spec/template"),
-        role: Role::Revision,
+        role: Role::Revision { standalone: false },
     },
     Kind {
         api_version: "apps/v1",
@@ -150,7 +160,7 @@ pub const KINDS: [Kind; 10] = [
         plural: "controllerrevisions",
         short: &[],
         template: Some("/data/spec/template"),
-        role: Role::Revision,
+        role: Role::Revision { standalone: false },
     },
     Kind {
         api_version: "v1",
@@ -182,7 +192,7 @@ pub const KINDS: [Kind; 10] = [
         plural: "jobs",
         short: &[],
         template: Some("/spec/template"),
-        role: Role::Revision,
+        role: Role::Revision { standalone: true },
     },
 ];
 
@@ -243,6 +253,17 @@ impl WorkloadKind {
             .map(WorkloadKind)
     }
 
+    /// A standalone revision kind (a Job) planned as a workload at its
+    /// CREATE: its own revision, never watched, never rolled.
+    pub fn standalone(row: &'static Kind) -> Option<WorkloadKind> {
+        matches!(row.role, Role::Revision { standalone: true }).then_some(WorkloadKind(row))
+    }
+
+    /// Whether this is a standalone revision kind (see [`Self::standalone`]).
+    pub fn is_standalone(self) -> bool {
+        self.0.is_revision()
+    }
+
     pub fn row(self) -> &'static Kind {
         self.0
     }
@@ -260,12 +281,13 @@ impl WorkloadKind {
         self.0.template.unwrap_or_default()
     }
 
-    /// The kind of its revisions, with their own template path.
+    /// The kind of its revisions, with their own template path (a
+    /// standalone kind is its own).
     pub fn revisions(self) -> &'static Kind {
-        let Role::Workload { revisions, .. } = self.0.role else {
-            unreachable!("a WorkloadKind is made from a workload row")
-        };
-        find(revisions).expect("a workload's revision kind is in the table")
+        match self.0.role {
+            Role::Workload { revisions, .. } => find(revisions).expect("a workload's revision kind is in the table"),
+            _ => self.0,
+        }
     }
 
     /// Whether a change of a source it watches rolls it out.
@@ -319,7 +341,7 @@ mod tests {
     fn each_workload_names_a_revision_kind_of_the_table() {
         for w in WorkloadKind::all() {
             let r = w.revisions();
-            assert_eq!(r.role, Role::Revision, "{}", w.kind());
+            assert!(r.is_revision(), "{}", w.kind());
             assert!(r.template.is_some_and(|t| !t.is_empty()), "{}", r.kind);
             assert!(w.template().starts_with('/'));
         }

@@ -93,7 +93,13 @@ pub(crate) fn decide(payload: &[u8], host: &dyn Host) -> Outcome {
             None => Outcome::accept(),
         },
         Role::Source(k) => watch::admit(&ctx, k, op, object, req.old_object),
-        Role::Revision => revision::admit(&ctx, row, object),
+        Role::Revision { standalone: true } if revision::standalone(object, &settings) => {
+            match kinds::WorkloadKind::standalone(row) {
+                Some(w) => workload::admit(&ctx, w, op, object, None),
+                None => Outcome::accept(),
+            }
+        }
+        Role::Revision { .. } => revision::admit(&ctx, row, object),
         Role::Holder => Outcome::accept(),
     }
 }

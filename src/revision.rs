@@ -6,6 +6,10 @@
 //! A revision whose adoption cannot even be queued is refused: if it were
 //! admitted, pruning the older revision that owns its snapshots would let
 //! the garbage collector delete them under it. The controller retries.
+//!
+//! A standalone revision kind (a Job) that a user makes, opted in and with
+//! no controller, is planned as a workload instead ([`standalone`]): its
+//! sources are snapshotted, and it adopts them the same way.
 
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -26,7 +30,6 @@ pub fn admit(ctx: &Context, revision: &Kind, raw: &RawValue) -> Outcome {
     let Some(template) = revision.template_of(&object) else {
         return Outcome::accept();
     };
-    let kind = revision.kind;
     let snapshots = used_snapshots(template);
     if snapshots.is_empty() {
         return Outcome::accept();
@@ -35,6 +38,13 @@ pub fn admit(ctx: &Context, revision: &Kind, raw: &RawValue) -> Outcome {
         .pointer("/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or_default();
+    adopt(ctx, revision, name, snapshots)
+}
+
+/// Asks the host to make `revision` (named `name`, being created) an owner
+/// of `snapshots` once it exists.
+pub fn adopt(ctx: &Context, revision: &Kind, name: &str, snapshots: Vec<Value>) -> Outcome {
+    let kind = revision.kind;
     let owner = json!({"apiVersion": revision.api_version, "kind": kind, "name": name});
     match ctx.host.adopt(owner, snapshots) {
         Ok(()) => Outcome::accept(),
@@ -50,6 +60,39 @@ pub fn admit(ctx: &Context, revision: &Kind, raw: &RawValue) -> Outcome {
             500,
         ),
     }
+}
+
+/// Whether `object`, of a standalone revision kind, is the user's own to
+/// snapshot: made without a controller (a CronJob's Job is its revision),
+/// opted in by its own annotations, and naming no snapshot yet (a copy of
+/// one that does adopts what it names).
+pub fn standalone(object: &RawValue, settings: &crate::settings::Settings) -> bool {
+    #[derive(serde::Deserialize, Default)]
+    #[serde(default)]
+    struct Meta {
+        #[serde(rename = "ownerReferences")]
+        owner_references: Vec<Owner>,
+    }
+    #[derive(serde::Deserialize, Default)]
+    #[serde(default)]
+    struct Owner {
+        controller: Option<bool>,
+    }
+    #[derive(serde::Deserialize, Default)]
+    #[serde(default)]
+    struct Object {
+        metadata: Meta,
+    }
+    let Ok(o) = serde_json::from_str::<Object>(object.get()) else {
+        return false;
+    };
+    if o.metadata.owner_references.iter().any(|r| r.controller == Some(true)) {
+        return false;
+    }
+    let Ok(quick) = serde_json::from_str::<crate::workload::Quick>(object.get()) else {
+        return false;
+    };
+    crate::workload::opts_in(&quick, settings) && !object.get().contains(crate::keys::SNAPSHOTS)
 }
 
 /// The snapshots a template references, per its mapping.

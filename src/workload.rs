@@ -141,7 +141,13 @@ pub fn admit(
     // Create every snapshot before rewriting anything: a reference to a
     // snapshot that does not exist would break the pods.
     let mut created_sources: Vec<(SourceId, String)> = Vec::new();
-    let owner = crate::records::owner_of(kind, &object);
+    // A standalone revision (a bare Job) is not a workload the host can
+    // make an owner at once: it adopts its snapshots below, as revisions do.
+    let owner = if kind.is_standalone() {
+        Value::Null
+    } else {
+        crate::records::owner_of(kind, &object)
+    };
     if !ctx.dry_run {
         // Together where the host can (one call, created concurrently);
         // one by one where it cannot, or for a single snapshot.
@@ -209,6 +215,24 @@ pub fn admit(
     if object.pointer(&path) != kept.as_ref() {
         rewrite::set_annotation(&mut object, keys::WATCH_ROLLOUT, kept);
     }
+    if kind.is_standalone() {
+        if !optin.watch.is_empty() {
+            warnings.push(format!(
+                "{SAY}{} {} cannot be watched: its template never changes, so it keeps the config it was created with",
+                kind.kind(),
+                name_of(&object)
+            ));
+        }
+        let template = object.pointer(kind.template()).unwrap_or(&Value::Null);
+        let used = crate::revision::used_snapshots(template);
+        if !ctx.dry_run && !used.is_empty() {
+            let adopted = crate::revision::adopt(ctx, kind.row(), name_of(&object), used);
+            if !adopted.accepted {
+                return adopted;
+            }
+            warnings.extend(adopted.warnings);
+        }
+    }
     let mutated = (object != original).then_some(object);
     Outcome {
         accepted: true,
@@ -217,6 +241,13 @@ pub fn admit(
         mutated,
         warnings,
     }
+}
+
+fn name_of(object: &Value) -> &str {
+    object
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -994,3 +994,60 @@ fn a_cronjob_pins_its_job_template_and_its_jobs_adopt_the_snapshots() {
     assert!(out.accepted, "{out:?}");
     assert!(out.mutated.is_none_or(|m| m == suspended), "no rewrite on a suspend");
 }
+
+/// A Job a user makes, opted in, has its sources snapshotted at CREATE and
+/// owns them (it adopts them, as a revision does); watch cannot apply, and
+/// says so. One a controller makes is its revision: nothing is snapshotted.
+#[test]
+fn a_bare_job_pins_its_config_and_owns_it() {
+    let host = three_host();
+    let deploy = deployment(
+        json!({ keys::SNAPSHOT: "*", keys::WATCH: "configmap/app" }),
+        three_refs(),
+    );
+    let job = json!({"apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "migrate", "namespace": "default", "annotations": deploy["metadata"]["annotations"].clone()},
+        "spec": {"template": deploy["spec"]["template"].clone()}});
+    let out = run(&host, &payload("Job", "CREATE", &job, None, false, json!({})));
+    assert!(out.accepted, "{out:?}");
+    let pinned = out.mutated.clone().expect("the template is rewritten");
+    let (cfg, creds, extra) = names(&pinned);
+    assert!(cfg.starts_with("app-") && creds.starts_with("creds-") && extra.starts_with("extra-"));
+    let adopt = host.ops("adopt");
+    assert_eq!(adopt.len(), 1, "the Job owns what it names");
+    assert_eq!(
+        adopt[0]["owner"],
+        json!({"apiVersion": "batch/v1", "kind": "Job", "name": "migrate"})
+    );
+    assert_eq!(adopt[0]["snapshots"].as_array().unwrap().len(), 3);
+    assert!(
+        out.warnings.iter().any(|w| w.contains("cannot be watched")),
+        "{:?}",
+        out.warnings
+    );
+
+    // Dry run: the same rewrite, no adoption.
+    let dry = run(&host, &payload("Job", "CREATE", &job, None, true, json!({})));
+    assert_eq!(dry.mutated, out.mutated);
+    assert_eq!(host.ops("adopt").len(), 1);
+
+    // Not opted in: untouched.
+    let mut plain = job.clone();
+    plain["metadata"]["annotations"] = json!({});
+    let out = run(&host, &payload("Job", "CREATE", &plain, None, false, json!({})));
+    assert!(out.accepted && out.mutated.is_none(), "{out:?}");
+
+    // Made by a controller (opted in or not), a Job is its revision: it
+    // adopts what its template names and snapshots nothing.
+    let mut owned = job.clone();
+    owned["metadata"]["ownerReferences"] =
+        json!([{"apiVersion": "batch/v1", "kind": "CronJob", "name": "c", "uid": "u", "controller": true}]);
+    let calls = host.calls.borrow().len();
+    let out = run(&host, &payload("Job", "CREATE", &owned, None, false, json!({})));
+    assert!(out.accepted && out.mutated.is_none(), "{out:?}");
+    assert_eq!(
+        host.calls.borrow().len(),
+        calls,
+        "no host call for a template naming no snapshot"
+    );
+}

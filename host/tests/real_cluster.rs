@@ -1194,9 +1194,16 @@ fn serve_on_a_real_control_plane() {
         tool_stories(&cp, &serve);
         return;
     }
-    if part == "cronjob" {
+    if part == "jobs" {
+        // With REAL_CLUSTER_SCENARIOS=job: the Job scenarios too.
         let kubelet = start_kubelet_stand_in(&cp);
+        if std::env::var("REAL_CLUSTER_SCENARIOS").is_ok() {
+            scenarios_agree_with_replay(&cp, &mut serve, &kubeconfig);
+            serve.restart(&kubeconfig, &serve_flags("{}"));
+            serve.wait_ready();
+        }
         cronjob::history_limit_story(&cp);
+        cronjob::bare_job_ttl_story(&cp);
         kubelet.store(true, Ordering::SeqCst);
         return;
     }
@@ -1221,7 +1228,12 @@ fn serve_on_a_real_control_plane() {
     }
     let kubelet = start_kubelet_stand_in(&cp);
     scenarios_agree_with_replay(&cp, &mut serve, &kubeconfig);
+    // The shipped settings again (the last scenario's may shorten the
+    // orphan grace period, which would hide a snapshot no Job owns).
+    serve.restart(&kubeconfig, &serve_flags("{}"));
+    serve.wait_ready();
     cronjob::history_limit_story(&cp);
+    cronjob::bare_job_ttl_story(&cp);
     histories::random_histories(&cp, &mut serve, &kubeconfig);
     // The latency regression guard: the cluster benchmark, short.
     bench::webhook_latency(&cp, &mut serve, &kubeconfig, true);

@@ -2,7 +2,7 @@
 //! admission, and `delete_snapshot`, carried out under the host's guard.
 
 use config_snapshot_policy::host_error::{Code, HostError};
-use config_snapshot_policy::kinds::{self, Role, WorkloadKind};
+use config_snapshot_policy::kinds::{self, WorkloadKind};
 use config_snapshot_policy::source::SourceKind;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -15,7 +15,7 @@ use crate::lifecycle::{guard, Effect};
 impl Capability {
     pub(super) fn adopt(&self, request: Value) -> Result<Value, HostError> {
         let owner_kind = request["owner"]["kind"].as_str().unwrap_or_default().to_string();
-        if kinds::find(&owner_kind).is_none_or(|k| k.role != Role::Revision) {
+        if kinds::find(&owner_kind).is_none_or(|k| !k.is_revision()) {
             return Err(refused(format!(
                 "refused: adopt owner must be a revision (ReplicaSet, ControllerRevision, Job), not {owner_kind:?}"
             )));

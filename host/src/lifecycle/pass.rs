@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use config_snapshot_policy::keys;
-use config_snapshot_policy::kinds::{self, Role, WorkloadKind};
+use config_snapshot_policy::kinds::{self, WorkloadKind};
 use config_snapshot_policy::optin::OptIn;
 use config_snapshot_policy::references;
 use config_snapshot_policy::revision::used_snapshots;
@@ -49,7 +49,7 @@ pub fn missing_adoptions(objects: &[&Value]) -> Vec<Effect> {
         .collect();
     let mut out = Vec::new();
     for revision in objects {
-        let Some(row) = kinds::find(kind_of(revision)).filter(|k| k.role == Role::Revision) else {
+        let Some(row) = kinds::find(kind_of(revision)).filter(|k| k.is_revision()) else {
             continue;
         };
         let Some(template) = row.template_of(revision) else {

@@ -1,3 +1,5 @@
+//! Jobs on the real control plane.
+//!
 //! A CronJob's config history, pruned by the real cronjob controller: each
 //! Job adopts the snapshots its template names, so when
 //! `successfulJobsHistoryLimit` deletes a finished Job, the garbage
@@ -5,6 +7,9 @@
 //! Jobs are made with `kubectl create job --from=cronjob/…` (owned by the
 //! CronJob, as its scheduled Jobs are); the kubelet stand-in makes their pods
 //! succeed.
+//!
+//! A Job made directly owns the config snapshotted at its creation, so the
+//! TTL-after-finished controller's delete collects it.
 
 use std::collections::BTreeSet;
 
@@ -120,5 +125,50 @@ pub fn history_limit_story(cp: &ControlPlane) {
     eprintln!(
         "cronjob story: successfulJobsHistoryLimit 1 kept report-3 and its config {pinned:?}, and collected the rest"
     );
+    cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
+}
+
+pub fn bare_job_ttl_story(cp: &ControlPlane) {
+    let ns = "story-bare-job";
+    cp.namespace(ns);
+    cp.apply(ns, &config_map("migrate-config", json!({"target": "v1"})));
+    let job = json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "migrate", "annotations": {"config-snapshot.io/snapshot": "migrate-config"}},
+        "spec": {
+            "ttlSecondsAfterFinished": 0,
+            "template": {"spec": {
+                "restartPolicy": "Never",
+                "containers": [{"name": "migrate", "image": "busybox:1.36",
+                    "envFrom": [{"configMapRef": {"name": "migrate-config"}}]}]}}
+        }
+    });
+    // `kubectl create -o json` prints the Job as stored: admitted, pinned.
+    let created: Value = serde_json::from_str(
+        &cp.try_kubectl(&["-n", ns, "create", "-o", "json", "-f", "-"], Some(&job.to_string()))
+            .unwrap_or_else(|e| panic!("{e}")),
+    )
+    .unwrap();
+    let pinned = names(&created, "/spec/template");
+    assert!(
+        pinned.len() == 1 && pinned.iter().all(|n| n.starts_with("migrate-config-")),
+        "the Job names a snapshot: {pinned:?}"
+    );
+    let state = || {
+        format!(
+            "snapshots: {:?}, job: {:?}",
+            snapshots(&cp.objects(ns)),
+            cp.get(ns, "job", "migrate")
+        )
+    };
+    // The Job finishes, the TTL controller deletes it, and the garbage
+    // collector takes the snapshot it owned (unowned, the sweep would keep
+    // it for orphanGracePeriod, far beyond this wait).
+    eventually_or("the finished Job and its config collected", 90, state, || {
+        let view = cp.objects(ns);
+        (cp.get(ns, "job", "migrate").is_none() && snapshots(&view).is_empty()).then_some(())
+    });
+    assert!(cp.get(ns, "configmap", "migrate-config").is_some(), "the source stays");
+    eprintln!("bare Job story: ttlSecondsAfterFinished took the Job and its snapshot {pinned:?}");
     cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
 }
