@@ -50,9 +50,12 @@ impl FakeHost {
 
     /// Fails every list of `kind`, and only those.
     pub fn fail_list_of(&self, kind: &str, message: &str) {
-        self.list_failures
-            .borrow_mut()
-            .insert(kind.into(), HostError::new(Code::Unavailable, message));
+        self.fail_list_of_with(kind, HostError::new(Code::Unavailable, message));
+    }
+
+    /// Fails every list of `kind`, and only those, with `error`.
+    pub fn fail_list_of_with(&self, kind: &str, error: HostError) {
+        self.list_failures.borrow_mut().insert(kind.into(), error);
     }
 
     pub fn find(&self, kind: &str, name: &str) -> Option<Value> {

@@ -36,9 +36,12 @@ pub const LAST_USED_AT: &str = "config-snapshot.io/last-used-at";
 /// what the user wrote, so it is ignored when comparing templates.
 pub const POD_TEMPLATE_HASH: &str = "pod-template-hash";
 
-/// Added by the Job controller to a Job's pod template (a CronJob's Jobs
-/// included): like `pod-template-hash`, ignored when comparing templates.
-pub const JOB_CONTROLLER_LABELS: [&str; 4] = [
+/// Added by controllers to the pod templates they copy, besides
+/// `pod-template-hash`: Argo Rollouts' hash on its ReplicaSets, and the Job
+/// controller's labels on a Job's template (a CronJob's Jobs included).
+/// Ignored when comparing templates.
+pub const CONTROLLER_TEMPLATE_LABELS: [&str; 5] = [
+    "rollouts-pod-template-hash",
     "batch.kubernetes.io/controller-uid",
     "batch.kubernetes.io/job-name",
     "controller-uid",

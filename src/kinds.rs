@@ -54,6 +54,9 @@ pub struct Kind {
     /// Pod's metadata and spec).
     pub template: Option<&'static str>,
     pub role: Role,
+    /// Served only where a CRD is installed (Argo Rollouts): the product
+    /// runs without it, and starts using it once the API serves it.
+    pub optional: bool,
 }
 
 const WRITES: &[&str] = &["CREATE", "UPDATE"];
@@ -93,7 +96,7 @@ impl Kind {
     }
 }
 
-pub const KINDS: [Kind; 10] = [
+pub const KINDS: [Kind; 11] = [
     Kind {
         api_version: "apps/v1",
         kind: "Deployment",
@@ -105,6 +108,7 @@ pub const KINDS: [Kind; 10] = [
             watch: true,
             rolls: true,
         },
+        optional: false,
     },
     Kind {
         api_version: "apps/v1",
@@ -117,6 +121,7 @@ pub const KINDS: [Kind; 10] = [
             watch: true,
             rolls: true,
         },
+        optional: false,
     },
     Kind {
         api_version: "apps/v1",
@@ -129,6 +134,7 @@ pub const KINDS: [Kind; 10] = [
             watch: true,
             rolls: true,
         },
+        optional: false,
     },
     Kind {
         api_version: "v1",
@@ -137,6 +143,7 @@ pub const KINDS: [Kind; 10] = [
         short: &["cm"],
         template: None,
         role: Role::Source(SourceKind::ConfigMap),
+        optional: false,
     },
     Kind {
         api_version: "v1",
@@ -145,6 +152,7 @@ pub const KINDS: [Kind; 10] = [
         short: &[],
         template: None,
         role: Role::Source(SourceKind::Secret),
+        optional: false,
     },
     Kind {
         api_version: "apps/v1",
@@ -153,6 +161,7 @@ pub const KINDS: [Kind; 10] = [
         short: &["rs"],
         template: Some("/spec/template"),
         role: Role::Revision { standalone: false },
+        optional: false,
     },
     Kind {
         api_version: "apps/v1",
@@ -161,6 +170,7 @@ pub const KINDS: [Kind; 10] = [
         short: &[],
         template: Some("/data/spec/template"),
         role: Role::Revision { standalone: false },
+        optional: false,
     },
     Kind {
         api_version: "v1",
@@ -169,6 +179,7 @@ pub const KINDS: [Kind; 10] = [
         short: &["po"],
         template: Some(""),
         role: Role::Holder,
+        optional: false,
     },
     // A CronJob's revisions are the Jobs it runs: each carries a copy of
     // its job template, so a Job keeps running the config it started with
@@ -185,6 +196,7 @@ pub const KINDS: [Kind; 10] = [
             watch: true,
             rolls: false,
         },
+        optional: false,
     },
     Kind {
         api_version: "batch/v1",
@@ -193,6 +205,23 @@ pub const KINDS: [Kind; 10] = [
         short: &[],
         template: Some("/spec/template"),
         role: Role::Revision { standalone: true },
+        optional: false,
+    },
+    // Argo Rollouts: a workload like a Deployment whose ReplicaSets its
+    // controller makes and owns (`kubectl argo rollouts undo` puts an older
+    // ReplicaSet's template back, as `rollout undo` does).
+    Kind {
+        api_version: "argoproj.io/v1alpha1",
+        kind: "Rollout",
+        plural: "rollouts",
+        short: &["ro"],
+        template: Some("/spec/template"),
+        role: Role::Workload {
+            revisions: "ReplicaSet",
+            watch: true,
+            rolls: true,
+        },
+        optional: true,
     },
 ];
 
@@ -295,6 +324,16 @@ impl WorkloadKind {
         matches!(self.0.role, Role::Workload { watch: true, .. })
     }
 
+    /// The annotation its controller numbers its revisions with, where the
+    /// revision kind has no number of its own (ReplicaSets).
+    pub fn revision_annotation(self) -> Option<&'static str> {
+        match (self.0.kind, self.revisions().kind) {
+            ("Rollout", _) => Some("rollout.argoproj.io/revision"),
+            (_, "ReplicaSet") => Some("deployment.kubernetes.io/revision"),
+            _ => None,
+        }
+    }
+
     /// Whether a template change makes a revision at once (see
     /// [`Role::Workload`]).
     pub fn rolls(self) -> bool {
@@ -332,7 +371,15 @@ mod tests {
         assert!(handles("batch", "CronJob", "UPDATE"));
         assert!(handles("batch", "Job", "CREATE"));
         assert!(!handles("batch", "Job", "UPDATE"), "a Job's template is immutable");
-        assert_eq!(holders().count(), 8);
+        assert_eq!(holders().count(), 9);
+        let rollout = WorkloadKind::from_kind("Rollout").unwrap();
+        assert!(handles("argoproj.io", "Rollout", "UPDATE") && rollout.row().optional);
+        assert_eq!(rollout.revisions().kind, "ReplicaSet");
+        assert_eq!(rollout.revision_annotation(), Some("rollout.argoproj.io/revision"));
+        assert_eq!(
+            WorkloadKind::from_kind("Deployment").unwrap().revision_annotation(),
+            Some("deployment.kubernetes.io/revision")
+        );
         assert_eq!(find("CronJob").unwrap().group(), "batch");
     }
 

@@ -165,8 +165,9 @@ pub fn normalise_with(template: &Value, known: &Snapshots) -> Value {
 }
 
 /// A template without what controllers add to their copies: the
-/// Deployment controller's `pod-template-hash` label, the Job controller's
-/// labels and the `$patch` marker of ControllerRevision data. `kubectl
+/// Deployment controller's `pod-template-hash` label (Argo Rollouts' too),
+/// the Job controller's labels and the `$patch` marker of ControllerRevision
+/// data. `kubectl
 /// rollout undo` puts back exactly this.
 pub fn without_controller_marks(template: &Value) -> Value {
     let mut out = template.clone();
@@ -182,7 +183,7 @@ fn strip_controller_marks(template: &mut Value) {
     if let Some(meta) = template.get_mut("metadata").and_then(Value::as_object_mut) {
         if let Some(labels) = meta.get_mut("labels").and_then(Value::as_object_mut) {
             labels.remove(keys::POD_TEMPLATE_HASH);
-            for label in keys::JOB_CONTROLLER_LABELS {
+            for label in keys::CONTROLLER_TEMPLATE_LABELS {
                 labels.remove(label);
             }
         }
@@ -283,6 +284,7 @@ mod tests {
         let mut with_hash = snap.clone();
         with_hash["metadata"]["labels"]["pod-template-hash"] = json!("5d8f");
         with_hash["metadata"]["labels"]["batch.kubernetes.io/job-name"] = json!("nightly-1");
+        with_hash["metadata"]["labels"]["rollouts-pod-template-hash"] = json!("7c9f");
         with_hash["$patch"] = json!("replace");
         let plain = template("app", json!({}));
         assert_eq!(normalise(&snap), normalise(&plain));

@@ -121,6 +121,9 @@ fn roll_out(ctx: &Context, id: &SourceId, content: &Content, change: &Change) ->
         let masks: Vec<&str> = masks.iter().map(String::as_str).collect();
         let workloads = match candidates(ctx, kind, id, &masks, &mut indexed) {
             Ok(w) => w,
+            // A CRD's kind (Argo Rollouts) where it is not installed: there
+            // is nothing of it to roll out.
+            Err(e) if kind.row().optional && e.code() == Some(crate::host_error::Code::NotFound) => continue,
             Err(e) => {
                 warnings.push(format!(
                     "{SAY}could not list {}s to roll out watchers of {id}: {e}",

@@ -283,3 +283,26 @@ mod rollback_tests {
         assert_eq!(p["snapshot"], name_of(json!({"mode": "green"})).as_str());
     }
 }
+
+/// Argo Rollouts' CRD not installed: its lists answer NotFound, and that
+/// is no rollout to make, not a warning. A built-in kind answering so is
+/// still reported.
+#[test]
+fn an_absent_crd_kind_has_no_watchers_to_roll_out() {
+    let (host, _) = cluster("app", env_from("app"));
+    host.fail_list_of_with(
+        "Rollout",
+        HostError::new(Code::NotFound, "the server could not find the requested resource"),
+    );
+    let out = edit(&host, json!({"mode": "green", "other": "x"}), false);
+    assert!(out.accepted && out.warnings.is_empty(), "{out:?}");
+    assert_eq!(host.ops("patch_workload").len(), 1, "the Deployment still rolls");
+
+    let (host, _) = cluster("app", env_from("app"));
+    host.fail_list_of_with("StatefulSet", HostError::new(Code::NotFound, "not found"));
+    let out = edit(&host, json!({"mode": "green", "other": "x"}), false);
+    assert!(
+        out.warnings.iter().any(|w| w.contains("could not list StatefulSets")),
+        "{out:?}"
+    );
+}

@@ -607,9 +607,10 @@ fn handled_table_matches_the_dispatch() {
         "Pod",
         "Job",
         "CronJob",
+        "Rollout",
     ];
     for kind in all_kinds {
-        for group in ["", "apps", "batch"] {
+        for group in ["", "apps", "batch", "argoproj.io"] {
             for op in ["CREATE", "UPDATE", "DELETE", "CONNECT"] {
                 let host = three_host();
                 host.objects.borrow_mut().push(watcher.clone());

@@ -13,17 +13,25 @@
 #   control-plane.sh down DIR     stops it (by pid)
 #
 # DIR/env sets KUBECONFIG (cluster admin), BIN (the binaries), APISERVER (its
-# URL) and HELM (the helm CLI, cached beside them).
+# URL), HELM (the helm CLI, cached beside them) and ARGO_ROLLOUTS (a
+# directory with rollouts-controller, the kubectl-argo-rollouts plugin and
+# the CRDs, installed by the test that uses them).
 set -euo pipefail
 
 K8S_VERSION=v1.34.4
 ETCD_VERSION=v3.6.16
 # The helm CLI the chart tests drive (deploy/helm, and a user's chart).
 HELM_VERSION=v3.22.0
+# Argo Rollouts: its controller, kubectl plugin and CRDs. Its module needs
+# Go >= 1.26.10, so it is built with the approved go1.27.3 toolchain, which
+# the go command fetches from the module proxy (only for this build).
+ARGO_VERSION=v1.10.2
+ARGO_TOOLCHAIN=go1.27.3
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="${CONFIG_SNAPSHOT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/config-snapshot}"
 CACHE="$ROOT/control-plane/k8s-$K8S_VERSION-etcd-$ETCD_VERSION"
 HELM_DIR="$ROOT/tools/helm-$HELM_VERSION"
+ARGO_DIR="$ROOT/tools/argo-rollouts-$ARGO_VERSION"
 
 log() { printf '[control-plane] %s\n' "$*" >&2; }
 
@@ -51,7 +59,21 @@ build() {
     mkdir -p "$HELM_DIR"
     (cd "$HERE/go/helm" && go build -trimpath -o "$HELM_DIR/helm.tmp" helm.sh/helm/v3/cmd/helm) && mv "$HELM_DIR/helm.tmp" "$HELM_DIR/helm"
   fi
-  log "binaries ready in $CACHE and $HELM_DIR ($((SECONDS - started)) s)"
+  if [ ! -x "$ARGO_DIR/rollouts-controller" ] || [ ! -x "$ARGO_DIR/kubectl-argo-rollouts" ] || [ ! -f "$ARGO_DIR/crds/rollout-crd.yaml" ]; then
+    log "building argo-rollouts $ARGO_VERSION"
+    mkdir -p "$ARGO_DIR/crds"
+    (
+      cd "$HERE/go/argo-rollouts"
+      export GOTOOLCHAIN=$ARGO_TOOLCHAIN
+      for b in rollouts-controller kubectl-argo-rollouts; do
+        go build -trimpath -o "$ARGO_DIR/$b.tmp" "github.com/argoproj/argo-rollouts/cmd/$b"
+        mv "$ARGO_DIR/$b.tmp" "$ARGO_DIR/$b"
+      done
+      src=$(go list -m -f '{{.Dir}}' github.com/argoproj/argo-rollouts)
+      for f in "$src"/manifests/crds/*-crd.yaml; do install -m 0644 "$f" "$ARGO_DIR/crds/"; done
+    )
+  fi
+  log "binaries ready in $CACHE, $HELM_DIR and $ARGO_DIR ($((SECONDS - started)) s)"
   echo "$CACHE"
 }
 
@@ -222,6 +244,7 @@ export KUBECONFIG="$d/admin.kubeconfig"
 export BIN="$bin"
 export APISERVER="$url"
 export HELM="$HELM_DIR/helm"
+export ARGO_ROLLOUTS="$ARGO_DIR"
 EOF
   log "up: $url (state in $d)"
 }
@@ -238,7 +261,8 @@ down() {
 
 cached() {
   for b in etcd kube-apiserver kube-controller-manager kubectl; do [ -x "$CACHE/$b" ] || return 1; done
-  [ -x "$HELM_DIR/helm" ]
+  [ -x "$HELM_DIR/helm" ] && [ -x "$ARGO_DIR/rollouts-controller" ] && [ -x "$ARGO_DIR/kubectl-argo-rollouts" ] \
+    && [ -f "$ARGO_DIR/crds/rollout-crd.yaml" ]
 }
 
 case "${1:-}" in

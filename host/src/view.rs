@@ -10,7 +10,6 @@ use serde_json::Value;
 use config_snapshot_policy::kinds::WorkloadKind;
 
 use crate::cluster::Key;
-use crate::memory::controllers::REVISION_ANNOTATION;
 use crate::memory::Simulator;
 
 pub trait View {
@@ -55,15 +54,15 @@ impl View for Objects {
     fn current_revision_template(&self, kind: &str, namespace: &str, name: &str) -> Option<Value> {
         let workload = self.get(kind, namespace, name)?;
         let uid = &workload["metadata"]["uid"];
-        let revisions = WorkloadKind::from_kind(kind)?.revisions();
+        let workload_kind = WorkloadKind::from_kind(kind)?;
+        let revisions = workload_kind.revisions();
         let number = |r: &Value| -> i64 {
-            if kind == "Deployment" {
-                r["metadata"]["annotations"][REVISION_ANNOTATION]
+            match workload_kind.revision_annotation() {
+                Some(annotation) => r["metadata"]["annotations"][annotation]
                     .as_str()
                     .and_then(|n| n.parse().ok())
-                    .unwrap_or(0)
-            } else {
-                r["revision"].as_i64().unwrap_or(0)
+                    .unwrap_or(0),
+                None => r["revision"].as_i64().unwrap_or(0),
             }
         };
         let current = self

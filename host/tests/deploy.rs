@@ -354,6 +354,7 @@ fn rbac_grants_exactly_what_serve_uses() {
         ("apps", "controllerrevisions", &[]),
         ("batch", "cronjobs", &["patch"]),
         ("batch", "jobs", &[]),
+        ("argoproj.io", "rollouts", &["patch"]),
     ] {
         for verb in read.iter().chain(extra) {
             expected.insert(format!("{group}/{resource}:{verb}"));

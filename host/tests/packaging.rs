@@ -25,7 +25,11 @@ fn expand(rules: &Value) -> BTreeSet<(String, String, String)> {
         for g in rule["apiGroups"].as_array().unwrap() {
             for r in rule["resources"].as_array().unwrap() {
                 for o in rule["operations"].as_array().unwrap() {
-                    assert_eq!(rule["apiVersions"], serde_json::json!(["v1"]));
+                    let version = config_snapshot_policy::kinds::KINDS
+                        .iter()
+                        .find(|k| k.group() == g.as_str().unwrap() && k.plural == r.as_str().unwrap())
+                        .map_or("v1", |k| k.version());
+                    assert_eq!(rule["apiVersions"], serde_json::json!([version]));
                     out.insert((
                         g.as_str().unwrap().into(),
                         r.as_str().unwrap().into(),
@@ -55,13 +59,10 @@ fn metadata_rules_are_exactly_what_the_policy_handles() {
     assert_eq!(expand(&metadata["rules"]), handled(), "rules and kinds::KINDS differ");
     // The host's own reading of the rules agrees.
     let rules = Rules::embedded();
-    for (g, r, o) in handled() {
-        let api_version = if g.is_empty() {
-            "v1".to_string()
-        } else {
-            format!("{g}/v1")
-        };
-        assert!(rules.matches(&api_version, &r, &o), "{g}/{r} {o}");
+    for k in config_snapshot_policy::kinds::KINDS.iter() {
+        for o in k.handled() {
+            assert!(rules.matches(k.api_version, k.plural, o), "{} {o}", k.api_version);
+        }
     }
     assert!(!rules.matches("v1", "pods", "CREATE"));
     assert!(!rules.matches("apps/v1", "replicasets", "UPDATE"));

@@ -38,6 +38,9 @@ struct ControlPlane {
     bin: PathBuf,
     /// The helm CLI, cached beside the binaries (control-plane.sh).
     helm: PathBuf,
+    /// Argo Rollouts' controller, kubectl plugin and CRDs (not installed
+    /// until the Rollout story installs them).
+    argo: PathBuf,
     url: String,
 }
 
@@ -89,6 +92,7 @@ impl ControlPlane {
             kubeconfig: PathBuf::from(var("KUBECONFIG")),
             bin: PathBuf::from(var("BIN")),
             helm: PathBuf::from(var("HELM")),
+            argo: PathBuf::from(var("ARGO_ROLLOUTS")),
             url: var("APISERVER"),
             dir,
         })
@@ -140,14 +144,21 @@ impl ControlPlane {
 
     /// Every object of the kinds config-snapshot touches, in `ns`.
     fn objects(&self, ns: &str) -> Objects {
-        let kinds: Vec<String> = config_snapshot_policy::kinds::KINDS
-            .iter()
-            .map(|k| match k.group() {
-                "" => k.plural.to_string(),
-                group => format!("{}.{group}", k.plural),
-            })
-            .collect();
-        let out = self.kubectl(&["-n", ns, "get", &kinds.join(","), "-o", "json"]);
+        let kinds = |optional: bool| -> String {
+            let names: Vec<String> = config_snapshot_policy::kinds::KINDS
+                .iter()
+                .filter(|k| optional || !k.optional)
+                .map(|k| match k.group() {
+                    "" => k.plural.to_string(),
+                    group => format!("{}.{group}", k.plural),
+                })
+                .collect();
+            names.join(",")
+        };
+        // A CRD's kind (Argo Rollouts) is listed once it is installed.
+        let out = self
+            .try_kubectl(&["-n", ns, "get", &kinds(true), "-o", "json"], None)
+            .unwrap_or_else(|_| self.kubectl(&["-n", ns, "get", &kinds(false), "-o", "json"]));
         let list: Value = serde_json::from_str(&out).unwrap();
         Objects(list["items"].as_array().cloned().unwrap_or_default())
     }
@@ -1153,6 +1164,8 @@ mod helm;
 mod histories;
 #[path = "real_cluster/recipe.rs"]
 mod recipe;
+#[path = "real_cluster/rollouts.rs"]
+mod rollouts;
 #[path = "real_cluster/security.rs"]
 mod security;
 
@@ -1207,6 +1220,12 @@ fn serve_on_a_real_control_plane() {
         kubelet.store(true, Ordering::SeqCst);
         return;
     }
+    if part == "rollouts" {
+        let kubelet = start_kubelet_stand_in(&cp);
+        rollouts::rollout_story(&cp);
+        kubelet.store(true, Ordering::SeqCst);
+        return;
+    }
     if part == "attacks" {
         security::attack_stories(&cp, &mut serve, &kubeconfig);
         security::namespaced_story(&cp, &mut serve, &kubeconfig);
@@ -1234,6 +1253,8 @@ fn serve_on_a_real_control_plane() {
     serve.wait_ready();
     cronjob::history_limit_story(&cp);
     cronjob::bare_job_ttl_story(&cp);
+    // After every other story: serve ran them all without the CRD.
+    rollouts::rollout_story(&cp);
     histories::random_histories(&cp, &mut serve, &kubeconfig);
     // The latency regression guard: the cluster benchmark, short.
     bench::webhook_latency(&cp, &mut serve, &kubeconfig, true);

@@ -26,7 +26,7 @@ use config_snapshot_policy::template::{self, Snapshots};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::memory::controllers::{REVISION_ANNOTATION, REVISION_HISTORY_ANNOTATION};
+use crate::memory::controllers::REVISION_HISTORY_ANNOTATION;
 use crate::view::View;
 pub use diff::{diff, Diff};
 pub use fetch::fetch;
@@ -194,12 +194,12 @@ pub fn history(cluster: &dyn View, target: &Target, namespace: &str, now: i64) -
 /// annotation, a ControllerRevision's `revision`, and for a CronJob's Jobs,
 /// which have no number, their order of creation (1 the oldest kept).
 fn numbered(target: &Target, mut kept: Vec<Value>) -> Vec<(i64, Value)> {
-    let number = |revision: &Value| match target.revision_kind() {
-        "ReplicaSet" => revision["metadata"]["annotations"][REVISION_ANNOTATION]
+    let number = |revision: &Value| match (target.kind.revision_annotation(), target.revision_kind()) {
+        (Some(annotation), _) => revision["metadata"]["annotations"][annotation]
             .as_str()
             .and_then(|n| n.parse().ok())
             .unwrap_or(0),
-        "ControllerRevision" => revision["revision"].as_i64().unwrap_or(0),
+        (None, "ControllerRevision") => revision["revision"].as_i64().unwrap_or(0),
         _ => 0,
     };
     let created = |r: &Value| {

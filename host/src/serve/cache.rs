@@ -6,7 +6,7 @@
 //! reads neither), so a get or a masked list serialises straight from here.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use futures::StreamExt;
@@ -84,6 +84,10 @@ struct KindCache {
     /// Watchers of this kind that have listed once (one per namespace
     /// watched, or one for the cluster).
     synced: AtomicUsize,
+    /// An optional kind (a CRD's) the API server does not serve: there are
+    /// none of its objects to wait for. Its watcher keeps retrying with
+    /// backoff, so installing the CRD later starts the cache.
+    absent: AtomicBool,
 }
 
 #[derive(Default)]
@@ -193,6 +197,7 @@ impl Cache {
                             None => *indexed = Indexed::of(objects),
                         }
                     }
+                    self.kinds[kind].absent.store(false, Ordering::SeqCst);
                     if !std::mem::replace(&mut listed, true) {
                         let synced = self.kinds[kind].synced.fetch_add(1, Ordering::SeqCst) + 1;
                         if synced == self.watchers() {
@@ -217,6 +222,14 @@ impl Cache {
                     let name = o.metadata.name.clone().unwrap_or_default();
                     self.kinds[kind].objects.write().unwrap().remove(kind, &ns, &name);
                 }
+                Err(e) if not_served(&e) && config_snapshot_policy::kinds::find(kind).is_some_and(|k| k.optional) => {
+                    if !self.kinds[kind].absent.swap(true, Ordering::SeqCst) {
+                        tracing::info!(
+                            kind,
+                            "not served by the API server (its CRD is not installed); retrying with backoff"
+                        );
+                    }
+                }
                 Err(e) => tracing::warn!(kind, error = %e, "watch failed; retrying with backoff"),
             }
         }
@@ -226,7 +239,9 @@ impl Cache {
     /// objects, so the webhook is not ready.
     pub fn synced(&self) -> bool {
         let watchers = self.watchers();
-        self.kinds.values().all(|k| k.synced.load(Ordering::SeqCst) >= watchers)
+        self.kinds
+            .values()
+            .all(|k| k.synced.load(Ordering::SeqCst) >= watchers || k.absent.load(Ordering::SeqCst))
     }
 
     pub fn get(&self, kind: &str, namespace: &str, name: &str) -> cluster::Result<Option<Value>> {
@@ -363,6 +378,17 @@ pub fn trim(object: DynamicObject, ar: &ApiResource) -> Value {
         }
     }
     value
+}
+
+/// Whether a watch failed because the API server does not serve the
+/// resource at all: a 404 on the list or the watch (the API server answers
+/// a path it does not serve with a plain-text 404, not a NotFound Status).
+fn not_served(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status)) => status.code == 404,
+        _ => false,
+    }
 }
 
 #[cfg(test)]
