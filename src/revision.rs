@@ -67,32 +67,19 @@ pub fn adopt(ctx: &Context, revision: &Kind, name: &str, snapshots: Vec<Value>) 
 /// opted in by its own annotations, and naming no snapshot yet (a copy of
 /// one that does adopts what it names).
 pub fn standalone(object: &RawValue, settings: &crate::settings::Settings) -> bool {
-    #[derive(serde::Deserialize, Default)]
-    #[serde(default)]
-    struct Meta {
-        #[serde(rename = "ownerReferences")]
-        owner_references: Vec<Owner>,
-    }
-    #[derive(serde::Deserialize, Default)]
-    #[serde(default)]
-    struct Owner {
-        controller: Option<bool>,
-    }
-    #[derive(serde::Deserialize, Default)]
-    #[serde(default)]
-    struct Object {
-        metadata: Meta,
-    }
-    let Ok(o) = serde_json::from_str::<Object>(object.get()) else {
+    // A Job's CREATE is rare: one generic parse (code the policy has
+    // anyway) rather than types of its own, which would grow the module.
+    let Ok(o) = serde_json::from_str::<Value>(object.get()) else {
         return false;
     };
-    if o.metadata.owner_references.iter().any(|r| r.controller == Some(true)) {
-        return false;
-    }
+    let controlled = o
+        .pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .is_some_and(|refs| refs.iter().any(|r| r["controller"] == true));
     let Ok(quick) = serde_json::from_str::<crate::workload::Quick>(object.get()) else {
         return false;
     };
-    crate::workload::opts_in(&quick, settings) && !object.get().contains(crate::keys::SNAPSHOTS)
+    !controlled && crate::workload::opts_in(&quick, settings) && !object.get().contains(crate::keys::SNAPSHOTS)
 }
 
 /// The snapshots a template references, per its mapping.
