@@ -35,8 +35,11 @@ pub enum Role {
     /// deleting it (by hand or `ttlSecondsAfterFinished`) collects them.
     /// Watch cannot apply to it.
     Revision { standalone: bool },
-    /// Only read: the snapshots it names are in use (a Pod).
-    Holder,
+    /// Runs its own template, made once (a Pod): one made directly and
+    /// opted in is snapshotted at CREATE and owns its snapshots, as a
+    /// standalone revision does; one a controller made (a ReplicaSet's
+    /// Pod) is left alone, its controller's revision owns its config.
+    Run,
 }
 
 /// One kind, as the API serves it.
@@ -77,14 +80,23 @@ impl Kind {
     pub fn handled(&self) -> &'static [&'static str] {
         match self.role {
             Role::Source(_) | Role::Workload { .. } => WRITES,
-            Role::Revision { .. } => CREATES,
-            Role::Holder => &[],
+            Role::Revision { .. } | Role::Run => CREATES,
         }
     }
 
     /// Whether objects of this kind are a workload's revisions.
     pub fn is_revision(&self) -> bool {
         matches!(self.role, Role::Revision { .. })
+    }
+
+    /// Whether an object of this kind may own the snapshots its template
+    /// names: a revision, or (made without a controller) a Pod.
+    pub fn owns(&self, object: &serde_json::Value) -> bool {
+        match self.role {
+            Role::Revision { .. } => true,
+            Role::Run => !controlled(object),
+            _ => false,
+        }
     }
 
     /// The object's pod template, if it has one.
@@ -178,7 +190,7 @@ pub const KINDS: [Kind; 11] = [
         plural: "pods",
         short: &["po"],
         template: Some(""),
-        role: Role::Holder,
+        role: Role::Run,
         optional: false,
     },
     // A CronJob's revisions are the Jobs it runs: each carries a copy of
@@ -224,6 +236,15 @@ pub const KINDS: [Kind; 11] = [
         optional: true,
     },
 ];
+
+/// Whether a controller made `object` (an ownerReference with
+/// `controller: true`).
+pub fn controlled(object: &serde_json::Value) -> bool {
+    object
+        .pointer("/metadata/ownerReferences")
+        .and_then(serde_json::Value::as_array)
+        .is_some_and(|refs| refs.iter().any(|r| r["controller"] == true))
+}
 
 /// The row for a kind name.
 pub fn find(kind: &str) -> Option<&'static Kind> {
@@ -285,12 +306,12 @@ impl WorkloadKind {
     /// A standalone revision kind (a Job) planned as a workload at its
     /// CREATE: its own revision, never watched, never rolled.
     pub fn standalone(row: &'static Kind) -> Option<WorkloadKind> {
-        matches!(row.role, Role::Revision { standalone: true }).then_some(WorkloadKind(row))
+        matches!(row.role, Role::Revision { standalone: true } | Role::Run).then_some(WorkloadKind(row))
     }
 
-    /// Whether this is a standalone revision kind (see [`Self::standalone`]).
+    /// Whether this is a standalone kind (see [`Self::standalone`]).
     pub fn is_standalone(self) -> bool {
-        self.0.is_revision()
+        !matches!(self.0.role, Role::Workload { .. })
     }
 
     pub fn row(self) -> &'static Kind {
@@ -367,7 +388,7 @@ mod tests {
         assert_eq!((c.group(), c.version()), ("", "v1"));
         assert!(handles("apps", "ReplicaSet", "CREATE"));
         assert!(!handles("apps", "ReplicaSet", "UPDATE"));
-        assert!(!handles("", "Pod", "CREATE"));
+        assert!(handles("", "Pod", "CREATE") && !handles("", "Pod", "UPDATE"));
         assert!(handles("batch", "CronJob", "UPDATE"));
         assert!(handles("batch", "Job", "CREATE"));
         assert!(!handles("batch", "Job", "UPDATE"), "a Job's template is immutable");

@@ -93,14 +93,19 @@ pub(crate) fn decide(payload: &[u8], host: &dyn Host) -> Outcome {
             None => Outcome::accept(),
         },
         Role::Source(k) => watch::admit(&ctx, k, op, object, req.old_object),
-        Role::Revision { standalone: true } if revision::standalone(object, &settings) => {
+        Role::Revision { standalone: true } | Role::Run if revision::standalone(object, &settings) => {
             match kinds::WorkloadKind::standalone(row) {
                 Some(w) => workload::admit(&ctx, w, op, object, None),
                 None => Outcome::accept(),
             }
         }
         Role::Revision { .. } => revision::admit(&ctx, row, object),
-        Role::Holder => Outcome::accept(),
+        // A controller's Pod: its revision owns its config.
+        Role::Run if !object.get().contains(keys::SNAPSHOTS) => Outcome::accept(),
+        Role::Run => match serde_json::from_str::<serde_json::Value>(object.get()) {
+            Ok(pod) if row.owns(&pod) => revision::admit(&ctx, row, object),
+            _ => Outcome::accept(),
+        },
     }
 }
 

@@ -7,8 +7,8 @@
 //! admitted, pruning the older revision that owns its snapshots would let
 //! the garbage collector delete them under it. The controller retries.
 //!
-//! A standalone revision kind (a Job) that a user makes, opted in and with
-//! no controller, is planned as a workload instead ([`standalone`]): its
+//! A standalone kind (a Job, a Pod) that a user makes, opted in and with no
+//! controller, is planned as a workload instead ([`standalone`]): its
 //! sources are snapshotted, and it adopts them the same way.
 
 use serde_json::value::RawValue;
@@ -67,19 +67,16 @@ pub fn adopt(ctx: &Context, revision: &Kind, name: &str, snapshots: Vec<Value>) 
 /// opted in by its own annotations, and naming no snapshot yet (a copy of
 /// one that does adopts what it names).
 pub fn standalone(object: &RawValue, settings: &crate::settings::Settings) -> bool {
-    // A Job's CREATE is rare: one generic parse (code the policy has
-    // anyway) rather than types of its own, which would grow the module.
-    let Ok(o) = serde_json::from_str::<Value>(object.get()) else {
-        return false;
-    };
-    let controlled = o
-        .pointer("/metadata/ownerReferences")
-        .and_then(Value::as_array)
-        .is_some_and(|refs| refs.iter().any(|r| r["controller"] == true));
+    // Most Jobs and Pods are not opted in: the cheap parse decides first.
     let Ok(quick) = serde_json::from_str::<crate::workload::Quick>(object.get()) else {
         return false;
     };
-    !controlled && crate::workload::opts_in(&quick, settings) && !object.get().contains(crate::keys::SNAPSHOTS)
+    if !crate::workload::opts_in(&quick, settings) || object.get().contains(crate::keys::SNAPSHOTS) {
+        return false;
+    }
+    // Then one generic parse (code the policy has anyway, rather than
+    // types of its own, which would grow the module).
+    serde_json::from_str::<Value>(object.get()).is_ok_and(|o| !crate::kinds::controlled(&o))
 }
 
 /// The snapshots a template references, per its mapping.

@@ -575,6 +575,11 @@ fn handled_table_matches_the_dispatch() {
                 "data": {"spec": {"template": {"metadata": {"annotations": {keys::SNAPSHOTS: "{\"configmap/app\":\"app-0123456789\"}"}},
                          "spec": {"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": "app-0123456789"}}]}]}}}}})
             }
+            "Pod" => {
+                json!({"apiVersion": "v1", "kind": kind,
+                       "metadata": {"name": "pod", "namespace": "default", "annotations": snapshot_all()},
+                       "spec": template["spec"].clone()})
+            }
             "CronJob" => {
                 let mut w = d.clone();
                 w["kind"] = json!(kind);
@@ -1051,4 +1056,48 @@ fn a_bare_job_pins_its_config_and_owns_it() {
         calls,
         "no host call for a template naming no snapshot"
     );
+}
+
+/// A Pod made directly and opted in is pinned at CREATE and owns its
+/// snapshots; a controller's Pod (its ReplicaSet owns the config) is left
+/// alone, even though it carries the template's mapping.
+#[test]
+fn a_bare_pod_pins_its_config_and_a_controllers_pod_is_left_alone() {
+    let host = three_host();
+    let template = deployment(snapshot_all(), three_refs())["spec"]["template"].clone();
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "debug", "namespace": "default", "annotations": snapshot_all()},
+        "spec": template["spec"].clone()});
+    let out = run(&host, &payload("Pod", "CREATE", &pod, None, false, json!({})));
+    assert!(out.accepted && out.warnings.is_empty(), "{out:?}");
+    let pinned = out.mutated.expect("the Pod is rewritten");
+    let name = pinned["spec"]["volumes"][0]["configMap"]["name"].as_str().unwrap();
+    assert!(name.starts_with("app-"), "{pinned}");
+    assert!(
+        pinned["metadata"]["annotations"][keys::SNAPSHOTS].is_string(),
+        "the mapping sits in the Pod's own metadata"
+    );
+    let adopt = host.ops("adopt");
+    assert_eq!(adopt.len(), 1);
+    assert_eq!(
+        adopt[0]["owner"],
+        json!({"apiVersion": "v1", "kind": "Pod", "name": "debug"})
+    );
+
+    // A ReplicaSet's Pod: the mapping came with the template; nothing to do.
+    let mut owned = pinned.clone();
+    owned["metadata"]["name"] = json!("web-abc-xyz");
+    owned["metadata"]["ownerReferences"] =
+        json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-abc", "uid": "u", "controller": true}]);
+    let calls = host.calls.borrow().len();
+    let out = run(&host, &payload("Pod", "CREATE", &owned, None, false, json!({})));
+    assert!(out.accepted && out.mutated.is_none(), "{out:?}");
+    assert_eq!(host.calls.borrow().len(), calls, "no host call for a controller's Pod");
+
+    // A copy of a pinned Pod, made directly: it owns what it names.
+    let mut copy = pinned.clone();
+    copy["metadata"]["name"] = json!("debug-2");
+    let out = run(&host, &payload("Pod", "CREATE", &copy, None, false, json!({})));
+    assert!(out.accepted && out.mutated.is_none(), "{out:?}");
+    assert_eq!(host.ops("adopt").len(), 2);
 }

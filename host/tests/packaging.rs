@@ -64,7 +64,7 @@ fn metadata_rules_are_exactly_what_the_policy_handles() {
             assert!(rules.matches(k.api_version, k.plural, o), "{} {o}", k.api_version);
         }
     }
-    assert!(!rules.matches("v1", "pods", "CREATE"));
+    assert!(!rules.matches("v1", "pods", "UPDATE"));
     assert!(!rules.matches("apps/v1", "replicasets", "UPDATE"));
 }
 

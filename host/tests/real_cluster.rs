@@ -1152,8 +1152,6 @@ fn scenarios_agree_with_replay(cp: &ControlPlane, serve: &mut ServeProcess, kube
 
 #[path = "real_cluster/bench.rs"]
 mod bench;
-#[path = "real_cluster/cronjob.rs"]
-mod cronjob;
 #[path = "real_cluster/drift.rs"]
 mod drift;
 #[path = "real_cluster/fleet.rs"]
@@ -1162,6 +1160,8 @@ mod fleet;
 mod helm;
 #[path = "real_cluster/histories.rs"]
 mod histories;
+#[path = "real_cluster/jobs.rs"]
+mod jobs;
 #[path = "real_cluster/recipe.rs"]
 mod recipe;
 #[path = "real_cluster/rollouts.rs"]
@@ -1215,8 +1215,9 @@ fn serve_on_a_real_control_plane() {
             serve.restart(&kubeconfig, &serve_flags("{}"));
             serve.wait_ready();
         }
-        cronjob::history_limit_story(&cp);
-        cronjob::bare_job_ttl_story(&cp);
+        jobs::history_limit_story(&cp);
+        jobs::bare_job_ttl_story(&cp);
+        jobs::bare_pod_story(&cp);
         kubelet.store(true, Ordering::SeqCst);
         return;
     }
@@ -1251,8 +1252,9 @@ fn serve_on_a_real_control_plane() {
     // orphan grace period, which would hide a snapshot no Job owns).
     serve.restart(&kubeconfig, &serve_flags("{}"));
     serve.wait_ready();
-    cronjob::history_limit_story(&cp);
-    cronjob::bare_job_ttl_story(&cp);
+    jobs::history_limit_story(&cp);
+    jobs::bare_job_ttl_story(&cp);
+    jobs::bare_pod_story(&cp);
     // After every other story: serve ran them all without the CRD.
     rollouts::rollout_story(&cp);
     histories::random_histories(&cp, &mut serve, &kubeconfig);

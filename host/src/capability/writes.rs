@@ -15,9 +15,9 @@ use crate::lifecycle::{guard, Effect};
 impl Capability {
     pub(super) fn adopt(&self, request: Value) -> Result<Value, HostError> {
         let owner_kind = request["owner"]["kind"].as_str().unwrap_or_default().to_string();
-        if kinds::find(&owner_kind).is_none_or(|k| !k.is_revision()) {
+        if kinds::find(&owner_kind).is_none_or(|k| !k.is_revision() && k.role != kinds::Role::Run) {
             return Err(refused(format!(
-                "refused: adopt owner must be a revision (ReplicaSet, ControllerRevision, Job), not {owner_kind:?}"
+                "refused: adopt owner must be a revision (ReplicaSet, ControllerRevision, Job) or a Pod, not {owner_kind:?}"
             )));
         }
         let owner_name = request["owner"]["name"]

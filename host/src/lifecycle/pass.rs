@@ -49,7 +49,7 @@ pub fn missing_adoptions(objects: &[&Value]) -> Vec<Effect> {
         .collect();
     let mut out = Vec::new();
     for revision in objects {
-        let Some(row) = kinds::find(kind_of(revision)).filter(|k| k.is_revision()) else {
+        let Some(row) = kinds::find(kind_of(revision)).filter(|k| k.owns(revision)) else {
             continue;
         };
         let Some(template) = row.template_of(revision) else {

@@ -137,6 +137,34 @@ fn a_workload_owns_an_owned_snapshot_while_it_names_it() {
     assert_eq!(owners(&snap), ["cr-uid"]);
 }
 
+/// Adoption repair reaches a Pod made directly, never a controller's Pod
+/// (it carries its ReplicaSet's mapping; the ReplicaSet owns the config).
+#[test]
+fn a_bare_pod_adopts_what_it_names_and_a_controllers_pod_does_not() {
+    let b = snap("b", 0);
+    let snapshot = name(&b);
+    let pod = |pod: &str, owners: Value| {
+        json!({"kind": "Pod", "metadata": {"name": pod, "namespace": "ns", "uid": format!("{pod}-uid"), "ownerReferences": owners,
+            "annotations": {"config-snapshot.io/snapshots": json!({"configmap/app": snapshot}).to_string()}},
+            "spec": {"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": snapshot}}]}]}})
+    };
+    let bare = pod("debug", json!([]));
+    let controlled = pod(
+        "web-1-x",
+        json!([{"kind": "ReplicaSet", "uid": "rs-uid", "controller": true}]),
+    );
+    let effects = missing_adoptions(&[&b, &bare, &controlled]);
+    assert_eq!(
+        effects,
+        vec![Effect::Adopt {
+            namespace: "ns".into(),
+            owner_kind: "Pod".into(),
+            owner_name: "debug".into(),
+            snapshots: vec![("ConfigMap".into(), name(&b))],
+        }]
+    );
+}
+
 #[test]
 fn a_revision_adopts_what_it_references_and_does_not_own() {
     let mut a = snap("a", 0);

@@ -9,7 +9,8 @@
 //! succeed.
 //!
 //! A Job made directly owns the config snapshotted at its creation, so the
-//! TTL-after-finished controller's delete collects it.
+//! TTL-after-finished controller's delete collects it; so does a Pod made
+//! directly, while a ReplicaSet's Pods are not even reviewed.
 
 use std::collections::BTreeSet;
 
@@ -170,5 +171,95 @@ pub fn bare_job_ttl_story(cp: &ControlPlane) {
     });
     assert!(cp.get(ns, "configmap", "migrate-config").is_some(), "the source stays");
     eprintln!("bare Job story: ttlSecondsAfterFinished took the Job and its snapshot {pinned:?}");
+    cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
+}
+
+/// A Pod made directly owns the config snapshotted at its creation; the
+/// Pods a ReplicaSet makes are not reviewed at all (the webhook's
+/// matchCondition) and own nothing.
+pub fn bare_pod_story(cp: &ControlPlane) {
+    let ns = "story-bare-pod";
+    cp.namespace(ns);
+    cp.apply(ns, &config_map("debug-config", json!({"level": "info"})));
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "debug", "annotations": {"config-snapshot.io/snapshot": "debug-config"}},
+        "spec": {"containers": [{"name": "debug", "image": "busybox:1.36",
+            "envFrom": [{"configMapRef": {"name": "debug-config"}}]}]}
+    });
+    let created: Value = serde_json::from_str(
+        &cp.try_kubectl(&["-n", ns, "create", "-o", "json", "-f", "-"], Some(&pod.to_string()))
+            .unwrap_or_else(|e| panic!("{e}")),
+    )
+    .unwrap();
+    // The ServiceAccount admission plugin, which runs before webhooks, has
+    // added the token volume and its `kube-root-ca.crt` (excluded from
+    // snapshots by default): left as it is.
+    let all = names(&created, "");
+    assert!(all.contains("kube-root-ca.crt"), "{all:?}");
+    let pinned: Vec<String> = all.into_iter().filter(|n| n.starts_with("debug-config")).collect();
+    assert!(
+        pinned.len() == 1 && pinned[0].starts_with("debug-config-"),
+        "the Pod names a snapshot: {pinned:?}"
+    );
+    let uid = created["metadata"]["uid"].clone();
+    let owners = |name: &str| -> Vec<Value> {
+        cp.get(ns, "configmap", name)
+            .and_then(|o| o["metadata"]["ownerReferences"].as_array().cloned())
+            .unwrap_or_default()
+    };
+    let state = || format!("snapshots: {:?}", snapshots(&cp.objects(ns)));
+    eventually_or("the Pod owning its snapshot", 60, state, || {
+        owners(&pinned[0]).iter().any(|r| r["uid"] == uid).then_some(())
+    });
+    // New content for the Deployment below, so its snapshot is not the
+    // Pod's.
+    cp.kubectl(&[
+        "-n",
+        ns,
+        "patch",
+        "configmap",
+        "debug-config",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"data":{"level":"debug"}}"#,
+    ]);
+    // A Deployment's Pods carry its template's mapping, and own nothing.
+    let web = super::workload(
+        "Deployment",
+        "web",
+        json!({"config-snapshot.io/snapshot": "debug-config"}),
+        "nginx:1.25",
+        json!([{"configMapRef": {"name": "debug-config"}}]),
+        2,
+    );
+    cp.apply(ns, &web);
+    let deployed = eventually_or("the Deployment's Pod", 60, state, || {
+        let view = cp.objects(ns);
+        view.0
+            .iter()
+            .find(|o| o["kind"] == "Pod" && o["metadata"]["name"] != "debug")
+            .map(|p| super::env_ref(&json!({"spec": {"template": p}})))
+    });
+    assert_ne!(deployed, pinned[0], "the Deployment pinned the new content");
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let kinds: BTreeSet<String> = owners(&deployed)
+        .iter()
+        .map(|r| r["kind"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert!(!kinds.contains("Pod"), "a ReplicaSet's Pod owns nothing: {kinds:?}");
+    // Deleting the Pod takes its config (unowned, the sweep would keep it
+    // for the 600 s grace period); the Deployment's stays.
+    cp.kubectl(&["-n", ns, "delete", "pod", "debug", "--wait=false"]);
+    eventually_or("the Pod's snapshot collected with it", 90, state, || {
+        let kept = snapshots(&cp.objects(ns));
+        (kept.contains(&deployed) && !kept.contains(&pinned[0])).then_some(())
+    });
+    no_dangling(&cp.objects(ns), "after the bare Pod went");
+    eprintln!(
+        "bare Pod story: {} owned by the Pod and collected with it; the ReplicaSet's Pods own nothing",
+        pinned[0]
+    );
     cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
 }
