@@ -206,4 +206,95 @@ pub fn rollout_story(cp: &ControlPlane) {
         snapshots(&cp.objects(ns)).is_empty().then_some(())
     });
     eprintln!("rollout story: pinned {blue}, rolled to {green}, undone to {blue}, rolled to {red}; history limit and delete collected the rest");
+    abort_story(cp);
+}
+
+/// `kubectl argo rollouts abort` of a canary paused half way: the stable
+/// ReplicaSet, which names the old snapshot, takes every replica back, and
+/// both configs stay (the Rollout's spec still asks for the new one).
+fn abort_story(cp: &ControlPlane) {
+    let ns = "story-rollout-abort";
+    cp.namespace(ns);
+    cp.apply(ns, &config_map("app", json!({"mode": "one"})));
+    let rollout = json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout",
+        "metadata": {"name": "canary", "annotations": {"config-snapshot.io/watch": "app"}},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "canary"}},
+            "strategy": {"canary": {"steps": [{"setWeight": 50}, {"pause": {}}]}},
+            "template": {
+                "metadata": {"labels": {"app": "canary"}},
+                "spec": {"containers": [{"name": "web", "image": "nginx:1.25",
+                    "envFrom": [{"configMapRef": {"name": "app"}}]}]}
+            }
+        }
+    });
+    cp.apply(ns, &rollout);
+    let state = || {
+        format!(
+            "replica sets: {:?}\nsnapshots: {:?}",
+            replica_sets(cp, ns),
+            snapshots(&cp.objects(ns))
+        )
+    };
+    let pinned = |cp: &ControlPlane| cp.get(ns, "rollout.argoproj.io", "canary").map(|r| env_ref(&r));
+    let one = pinned(cp).unwrap();
+    let replicas = |snapshot: &str| -> Option<i64> {
+        let view = cp.objects(ns);
+        view.0
+            .iter()
+            .find(|o| {
+                o["kind"] == "ReplicaSet" && env_ref(&json!({"spec": {"template": o["spec"]["template"]}})) == snapshot
+            })
+            .and_then(|rs| rs["spec"]["replicas"].as_i64())
+    };
+    eventually_or("the stable ReplicaSet with both replicas", 90, state, || {
+        (replicas(&one) == Some(2)).then_some(())
+    });
+    cp.kubectl(&[
+        "-n",
+        ns,
+        "patch",
+        "configmap",
+        "app",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"data":{"mode":"two"}}"#,
+    ]);
+    let two = eventually_or("the watch starting the canary", 90, state, || {
+        pinned(cp).filter(|name| *name != one)
+    });
+    eventually_or("the canary paused at 50%", 90, state, || {
+        (replicas(&two) == Some(1)).then_some(())
+    });
+    plugin(cp, ns, &["abort", "canary"]);
+    eventually_or(
+        "the abort giving the stable ReplicaSet every replica",
+        90,
+        state,
+        || (replicas(&one) == Some(2) && replicas(&two) == Some(0)).then_some(()),
+    );
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let kept = snapshots(&cp.objects(ns));
+    assert!(
+        kept.contains(&one) && kept.contains(&two),
+        "both configs stay: {kept:?}"
+    );
+    assert_eq!(
+        pinned(cp).as_deref(),
+        Some(two.as_str()),
+        "nothing rewrote the Rollout's spec"
+    );
+    assert!(
+        adopted_by_its_replica_set(cp, ns, &one),
+        "the stable ReplicaSet still owns the old config"
+    );
+    no_dangling(&cp.objects(ns), "after the abort");
+    eprintln!("rollout abort story: the stable ReplicaSet runs {one} again at full scale; {two} kept for the canary");
+}
+
+fn adopted_by_its_replica_set(cp: &ControlPlane, ns: &str, snapshot: &str) -> bool {
+    replica_sets(cp, ns).iter().any(|(_, s, owned)| s == snapshot && *owned)
 }
