@@ -379,20 +379,17 @@ fn no_dangling(view: &Objects, when: &str) {
     assert!(broken.is_empty(), "{when}: {broken:?}");
 }
 
+/// `kubectl patch configmap NAME --type merge` setting `data`: a user's
+/// edit of a source.
+fn set_data(cp: &ControlPlane, ns: &str, name: &str, data: Value) {
+    let patch = json!({ "data": data }).to_string();
+    cp.kubectl(&["-n", ns, "patch", "configmap", name, "--type", "merge", "-p", &patch]);
+}
+
 /// Edits ConfigMap `app` to `mode: green` and waits for the watch to roll
 /// Deployment `web` off the snapshot `from`; the snapshot it rolled to.
 fn edit_and_roll(cp: &ControlPlane, ns: &str, from: &str) -> String {
-    cp.kubectl(&[
-        "-n",
-        ns,
-        "patch",
-        "configmap",
-        "app",
-        "--type",
-        "merge",
-        "-p",
-        r#"{"data":{"mode":"green"}}"#,
-    ]);
+    set_data(cp, ns, "app", json!({"mode": "green"}));
     eventually("the watch rollout", 30, || {
         let name = env_ref(&cp.get(ns, "deployment", "web")?);
         (name != from).then_some(name)

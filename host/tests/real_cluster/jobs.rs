@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 
 use serde_json::{json, Value};
 
-use super::{config_map, eventually_or, no_dangling, snapshots, ControlPlane};
+use super::{config_map, eventually_or, no_dangling, set_data, snapshots, ControlPlane};
 
 /// The snapshots a template at `pointer` names.
 fn names(object: &Value, pointer: &str) -> BTreeSet<String> {
@@ -71,17 +71,7 @@ pub fn history_limit_story(cp: &ControlPlane) {
     let mut pinned = BTreeSet::new();
     for i in 1..=3 {
         if i > 1 {
-            cp.kubectl(&[
-                "-n",
-                ns,
-                "patch",
-                "configmap",
-                "report-config",
-                "--type",
-                "merge",
-                "-p",
-                &json!({"data": {"mode": format!("v{i}")}}).to_string(),
-            ]);
+            set_data(cp, ns, "report-config", json!({"mode": format!("v{i}")}));
         }
         // The CronJob names a snapshot of this version (the watch moved it).
         let before = pinned.clone();
@@ -214,17 +204,7 @@ pub fn bare_pod_story(cp: &ControlPlane) {
     });
     // New content for the Deployment below, so its snapshot is not the
     // Pod's.
-    cp.kubectl(&[
-        "-n",
-        ns,
-        "patch",
-        "configmap",
-        "debug-config",
-        "--type",
-        "merge",
-        "-p",
-        r#"{"data":{"level":"debug"}}"#,
-    ]);
+    set_data(cp, ns, "debug-config", json!({"level": "debug"}));
     // A Deployment's Pods carry its template's mapping, and own nothing.
     let web = super::workload(
         "Deployment",

@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 
 use serde_json::json;
 
-use super::{config_map, env_ref, eventually_or, no_dangling, snapshots, ControlPlane};
+use super::{config_map, env_ref, eventually_or, no_dangling, set_data, snapshots, ControlPlane};
 
 /// The rollouts-controller, stopped when dropped.
 struct Controller(Child);
@@ -143,17 +143,7 @@ pub fn rollout_story(cp: &ControlPlane) {
 
     // A watch rollout: one new snapshot, one new ReplicaSet that owns it.
     // (serve's watch of Rollouts began when the CRD appeared.)
-    cp.kubectl(&[
-        "-n",
-        ns,
-        "patch",
-        "configmap",
-        "app",
-        "--type",
-        "merge",
-        "-p",
-        r#"{"data":{"mode":"green"}}"#,
-    ]);
+    set_data(cp, ns, "app", json!({"mode": "green"}));
     let green = eventually_or("the watch rolling the Rollout out", 90, state, || {
         pinned(cp).filter(|name| *name != blue)
     });
@@ -178,17 +168,7 @@ pub fn rollout_story(cp: &ControlPlane) {
 
     // revisionHistoryLimit 1: after the next rollout the oldest ReplicaSet
     // goes, and its config with it.
-    cp.kubectl(&[
-        "-n",
-        ns,
-        "patch",
-        "configmap",
-        "app",
-        "--type",
-        "merge",
-        "-p",
-        r#"{"data":{"mode":"red"}}"#,
-    ]);
+    set_data(cp, ns, "app", json!({"mode": "red"}));
     let red = eventually_or("the next watch rollout", 90, state, || {
         pinned(cp).filter(|name| *name != blue && *name != green)
     });
@@ -252,17 +232,7 @@ fn abort_story(cp: &ControlPlane) {
     eventually_or("the stable ReplicaSet with both replicas", 90, state, || {
         (replicas(&one) == Some(2)).then_some(())
     });
-    cp.kubectl(&[
-        "-n",
-        ns,
-        "patch",
-        "configmap",
-        "app",
-        "--type",
-        "merge",
-        "-p",
-        r#"{"data":{"mode":"two"}}"#,
-    ]);
+    set_data(cp, ns, "app", json!({"mode": "two"}));
     let two = eventually_or("the watch starting the canary", 90, state, || {
         pinned(cp).filter(|name| *name != one)
     });
