@@ -63,15 +63,20 @@ pub fn last_used(snapshot: &Value) -> Option<i64> {
     created.max(used)
 }
 
+/// Whether an object has an owner: a snapshot with one is the garbage
+/// collector's to delete, never the sweep's, and its reuse writes nothing
+/// but a bridge.
+pub fn owned(object: &Value) -> bool {
+    object["metadata"]["ownerReferences"]
+        .as_array()
+        .is_some_and(|o| !o.is_empty())
+}
+
 /// Whether a snapshot may be swept, as far as it alone can tell: ours, with
 /// no owner, and unused for at least `grace` seconds. The caller must also
 /// know that nothing references it.
 pub fn is_orphan(snapshot: &Value, now: i64, grace: u64) -> bool {
-    keys::is_snapshot(snapshot)
-        && snapshot["metadata"]["ownerReferences"]
-            .as_array()
-            .is_none_or(|o| o.is_empty())
-        && last_used(snapshot).is_some_and(|t| now - t >= grace as i64)
+    keys::is_snapshot(snapshot) && !owned(snapshot) && last_used(snapshot).is_some_and(|t| now - t >= grace as i64)
 }
 
 /// How much of the grace period a reused snapshot must have left for its

@@ -351,6 +351,14 @@ async fn serve_admits_snapshots_adopts_and_rolls_out_over_https() {
     );
 
     let metrics = serve.ops_get("/metrics").expect("metrics").1;
+    // Where the admissions' time went: the snapshots they made, timed per
+    // host call.
+    assert!(
+        metrics.lines().any(|l| l
+            .starts_with("config_snapshot_host_call_duration_seconds_count{operation=\"create_snapshots\"}")
+            && !l.ends_with(" 0")),
+        "{metrics}"
+    );
 
     // 8. Graceful shutdown on SIGTERM.
     let status = serve.terminate();

@@ -14,7 +14,7 @@ use config_snapshot_policy::plan::SA_TOKEN;
 use config_snapshot_policy::rewrite::annotation_path;
 use config_snapshot_policy::selection::is_dns_subdomain;
 use config_snapshot_policy::source::{SourceId, SourceKind};
-use config_snapshot_policy::sweep::must_mark_reuse;
+use config_snapshot_policy::sweep::{must_mark_reuse, owned};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -335,10 +335,4 @@ impl Capability {
             kind.kind()
         )))
     }
-}
-
-fn owned(object: &Value) -> bool {
-    object["metadata"]["ownerReferences"]
-        .as_array()
-        .is_some_and(|o| !o.is_empty())
 }

@@ -327,7 +327,14 @@ struct Counted {
 
 impl CallHandler for Counted {
     fn call(&self, binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, CallFailure> {
+        let start = std::time::Instant::now();
         let result = self.inner.answer(binding, namespace, operation, payload);
+        self.metrics
+            .host_call_duration
+            .get_or_create(&OperationLabels {
+                operation: metrics::host_operation_label(operation),
+            })
+            .observe(start.elapsed().as_secs_f64());
         match &result {
             Err(e) => {
                 let operation = metrics::host_operation_label(operation);

@@ -45,6 +45,10 @@ pub struct Metrics {
     pub deletions: Counter,
     pub rollouts: Counter,
     pub host_call_errors: Family<OperationLabels, Counter>,
+    /// Where an admission's time goes: each host call the policy makes,
+    /// by operation (its API round trips, cache reads and waits for reads
+    /// made ahead). An admission's time less its calls' is the policy's.
+    pub host_call_duration: Family<OperationLabels, Histogram, fn() -> Histogram>,
     pub effects: Family<EffectLabels, Counter>,
     pub queue_depth: Gauge,
     /// Seconds from a deferred effect's enqueue to its end.
@@ -56,6 +60,14 @@ pub struct Metrics {
     /// Objects that carry config-snapshot's label but no valid signature,
     /// as the last pass found them: left alone, and worth a look.
     pub unproven: Gauge,
+}
+
+fn host_call_buckets() -> Histogram {
+    // 50 µs .. ~1 s: a cache read is microseconds, an API round trip
+    // milliseconds.
+    Histogram::new([
+        0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+    ])
 }
 
 fn latency_buckets() -> Histogram {
@@ -76,6 +88,13 @@ impl Default for Metrics {
         let deletions = Counter::default();
         let rollouts = Counter::default();
         let host_call_errors = Family::<OperationLabels, Counter>::default();
+        let host_call_duration: Family<OperationLabels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(host_call_buckets);
+        registry.register(
+            "host_call_duration_seconds",
+            "Time the policy's host calls took, by operation",
+            host_call_duration.clone(),
+        );
         let effects = Family::<EffectLabels, Counter>::default();
         let queue_depth = Gauge::default();
         let leader = Gauge::default();
@@ -141,6 +160,7 @@ impl Default for Metrics {
             deletions,
             rollouts,
             host_call_errors,
+            host_call_duration,
             effects,
             queue_depth,
             effect_wait,

@@ -30,7 +30,9 @@
 //! (`sweep::must_mark_reuse`): the reads of every source and snapshot run
 //! at once, where the writes would run one after another. The host waits
 //! for a snapshot's read only then: one its cache shows missing (a new
-//! content, created at once) or owned needs no fresh read.
+//! content, created at once) or owned needs no fresh read, and one the
+//! cache shows owned is not read ahead at all (a snapshot shared by many
+//! workloads carries an ownerReference for each).
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap};
@@ -137,6 +139,11 @@ pub async fn read_ahead(
         Ok(Some(object)) => snapshot_of(&wanted, object),
         _ => None,
     };
+    // A snapshot the cache shows owned is reused from the cache: the host
+    // reads it fresh only when it is unowned (to judge the reuse mark),
+    // and a fresh read of a snapshot many workloads share carries all of
+    // their ownerReferences.
+    let snapshot = snapshot.filter(|name| !owned_in_cache(&cluster, wanted.kind, &namespace, name));
     let snapshot = snapshot.and_then(|name| {
         let (tx, rx) = oneshot::channel();
         let mut pending = pending.lock().unwrap_or_else(|e| e.into_inner());
@@ -150,6 +157,17 @@ pub async fn read_ahead(
     if let Some((name, tx)) = snapshot {
         let _ = tx.send(cluster.fetch(wanted.kind.kind(), &namespace, &name).await);
     }
+}
+
+/// Whether serve's cache has `name` with an owner: then
+/// `create_snapshot` reuses it from the cache and waits for no fresh read.
+fn owned_in_cache(cluster: &KubeCluster, kind: SourceKind, namespace: &str, name: &str) -> bool {
+    use crate::cluster::Cluster;
+    cluster
+        .get(kind.kind(), namespace, name)
+        .ok()
+        .flatten()
+        .is_some_and(|found| config_snapshot_policy::sweep::owned(&found))
 }
 
 #[cfg(test)]
