@@ -781,6 +781,41 @@ async fn an_opted_in_admission_reads_its_sources_together_and_fresh() {
         "reusing the snapshots wrote: {during:?}"
     );
 
+    // Once revisions own the snapshots (as a ReplicaSet's adoption makes
+    // them), a third Deployment reads only its sources: create_snapshot
+    // reuses an owned snapshot from serve's cache, so it is not read ahead
+    // (a snapshot many workloads share carries an owner for each).
+    for i in 0..N {
+        let name = env_ref(&web, &format!("E{i}"), "configMapKeyRef");
+        let mut snapshot = api.get("ConfigMap", NS, name).unwrap();
+        snapshot["metadata"]["ownerReferences"] =
+            json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1", "uid": "rs-uid"}]);
+        api.put(snapshot);
+    }
+    let mut reads = Vec::new();
+    for attempt in 0..20 {
+        // serve's cache sees the owners through its watch, a moment later.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let seen = api.log().len();
+        let name = format!("owned-{attempt}");
+        let (response, owned) = serve.admit(&name, "CREATE", &workload(&name), None, false).await;
+        assert_eq!(response["allowed"], true, "{response}");
+        assert_eq!(owned["spec"]["template"]["spec"], web["spec"]["template"]["spec"]);
+        reads = api.log()[seen..]
+            .iter()
+            .filter(|l| l.starts_with(&format!("GET /api/v1/namespaces/{NS}/configmaps/")))
+            .cloned()
+            .collect();
+        if reads.len() == N {
+            break;
+        }
+    }
+    assert_eq!(
+        reads.len(),
+        N,
+        "the sources alone, not their owned snapshots: {reads:?}"
+    );
+
     // The next request reads again: nothing is kept between requests.
     api.put(source(3, "newer"));
     let (_, api_web) = serve.admit("create-api", "CREATE", &workload("api"), None, false).await;
