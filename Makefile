@@ -7,17 +7,25 @@ POLICY_BUILD := target/$(WASM_TARGET)/policy/config_snapshot_policy.wasm
 HOST := cargo run --quiet -p config-snapshot --
 SCENARIOS := $(sort $(wildcard e2e-tests/*.yaml))
 
-.PHONY: soak soak-cluster bench bench-cluster load tools deny deny-tool fuzz fuzz-host setup demo test unit-tests e2e-tests fmt fmt-check lint clean policy.wasm annotated-policy.wasm
+.PHONY: wasm-opt soak soak-cluster bench bench-cluster load tools deny deny-tool fuzz fuzz-host setup demo test unit-tests e2e-tests fmt fmt-check lint clean policy.wasm annotated-policy.wasm
 
 ## setup: install the pinned toolchain, its wasm target, rustfmt and clippy (idempotent)
 setup:
 	@rustup toolchain list | grep -q "^$(TOOLCHAIN)" && rustup target list --installed --toolchain $(TOOLCHAIN) | grep -q $(WASM_TARGET) \
 	  || rustup toolchain install $(TOOLCHAIN) --profile minimal --component rustfmt,clippy --target $(WASM_TARGET)
 
-## policy.wasm: the policy, built for wasm32-wasip1 with the size-tuned `policy` profile
-policy.wasm: setup
+## policy.wasm: the policy, built for wasm32-wasip1 with the size-tuned `policy` profile, then
+## optimised by binaryen's wasm-opt: 14% smaller and a few percent faster than rustc's output
+## (docs/BENCHMARKS.md, "Size"). Tests, benches, replay and serve all run this file.
+WASM_OPT_FLAGS := -O3 --enable-bulk-memory --enable-sign-ext --enable-nontrapping-float-to-int \
+  --enable-mutable-globals --enable-reference-types --enable-multivalue
+policy.wasm: setup wasm-opt
 	cargo build --profile policy --target $(WASM_TARGET) -p config-snapshot-policy
-	cp $(POLICY_BUILD) policy.wasm
+	wasm-opt $(WASM_OPT_FLAGS) $(POLICY_BUILD) -o policy.wasm
+
+## wasm-opt: binaryen, from the distribution's packages when it is missing
+wasm-opt:
+	@command -v wasm-opt > /dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq binaryen > /dev/null)
 
 ## annotated-policy.wasm: the policy with its Kubewarden metadata embedded
 annotated-policy.wasm: policy.wasm

@@ -218,12 +218,13 @@ fn the_module_imports_only_wapc_and_wasi() {
 #[test]
 fn the_module_is_within_its_size_budget() {
     let size = policy_wasm().len();
-    // 500 KB until the rollback records and snapshot recognition
-    // (issue 14) added ~25 KB of real code; every kilobyte over this needs
-    // the same kind of reason.
+    // rustc's output alone passed 500 KB with the workload kinds of issue
+    // 31 (516 KB); binaryen's wasm-opt -O3 (`make policy.wasm`) brings it
+    // to about 443 KB and runs a few percent faster (docs/BENCHMARKS.md,
+    // "Size"). Every kilobyte over this budget needs a reason.
     assert!(
-        size <= 512 * 1024,
-        "policy.wasm is {size} bytes, over the 512 KiB budget"
+        size <= 500_000,
+        "policy.wasm is {size} bytes, over the 500 KB budget"
     );
 }
 

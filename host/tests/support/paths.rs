@@ -8,9 +8,10 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The policy wasm as `make policy.wasm` builds it.
+/// The policy wasm as `make policy.wasm` builds it (optimised by
+/// wasm-opt): the module that ships.
 pub fn policy() -> PathBuf {
-    let built = root().join("target/wasm32-wasip1/policy/config_snapshot_policy.wasm");
+    let built = root().join("policy.wasm");
     assert!(built.exists(), "build the policy first: make policy.wasm");
     built
 }
