@@ -165,15 +165,14 @@ impl ControlPlane {
 
     /// A kubeconfig for serve's service account, with a fresh token.
     fn serve_kubeconfig(&self) -> PathBuf {
-        let token = self.kubectl(&[
-            "-n",
-            "config-snapshot",
-            "create",
-            "token",
-            "config-snapshot",
-            "--duration=2h",
-        ]);
-        let path = self.dir.join("serve.kubeconfig");
+        self.token_kubeconfig("config-snapshot", "config-snapshot")
+    }
+
+    /// A kubeconfig that acts as ServiceAccount `account` of `namespace`,
+    /// with a token of its own, as a pod of that account would.
+    fn token_kubeconfig(&self, namespace: &str, account: &str) -> PathBuf {
+        let token = self.kubectl(&["-n", namespace, "create", "token", account, "--duration=2h"]);
+        let path = self.dir.join(format!("{account}.kubeconfig"));
         let config = format!(
             "apiVersion: v1\nkind: Config\nclusters: [{{name: e2e, cluster: {{server: \"{}\", certificate-authority: \"{}\"}}}}]\n\
              users: [{{name: serve, user: {{token: \"{}\"}}}}]\ncontexts: [{{name: e2e, context: {{cluster: e2e, user: serve}}}}]\ncurrent-context: e2e\n",
@@ -1159,6 +1158,8 @@ mod helm;
 mod histories;
 #[path = "real_cluster/jobs.rs"]
 mod jobs;
+#[path = "real_cluster/policy_server.rs"]
+mod policy_server;
 #[path = "real_cluster/recipe.rs"]
 mod recipe;
 #[path = "real_cluster/rollouts.rs"]
@@ -1190,6 +1191,10 @@ fn serve_on_a_real_control_plane() {
     let part = std::env::var("REAL_CLUSTER_PART").unwrap_or_default();
     if part == "bench" {
         bench::webhook_latency(&cp, &mut serve, &kubeconfig, false);
+        return;
+    }
+    if part == "policy-server" {
+        policy_server::checksum_story(&cp);
         return;
     }
     if part == "fleet" {
