@@ -756,6 +756,13 @@ async fn an_opted_in_admission_reads_its_sources_together_and_fresh() {
         "the sources were read one at a time (at most {} at once)",
         api.peak_gets_in_flight()
     );
+    // Its eight new snapshots were created together too (create_snapshots):
+    // about one round trip, not eight.
+    assert!(
+        api.peak_creates_in_flight() >= N,
+        "the snapshots were created one at a time (at most {} at once)",
+        api.peak_creates_in_flight()
+    );
 
     // A second Deployment of the same sources reuses the snapshots just
     // made. Each is read ahead with its source, as fresh, and none is

@@ -106,11 +106,16 @@ pub(super) async fn handle(State(inner): State<Arc<Inner>>, request: Request) ->
         return refusal;
     }
     let one_get = method == Method::GET && path.name.is_some();
+    let config_map_create = method == Method::POST && uri.path().ends_with("/configmaps");
     let latency = {
         let mut conduct = lock(&inner.conduct);
         if one_get {
             conduct.gets_in_flight += 1;
             conduct.peak_gets_in_flight = conduct.peak_gets_in_flight.max(conduct.gets_in_flight);
+        }
+        if config_map_create {
+            conduct.creates_in_flight += 1;
+            conduct.peak_creates_in_flight = conduct.peak_creates_in_flight.max(conduct.creates_in_flight);
         }
         conduct.latency
     };
@@ -119,6 +124,9 @@ pub(super) async fn handle(State(inner): State<Arc<Inner>>, request: Request) ->
     }
     if one_get {
         lock(&inner.conduct).gets_in_flight -= 1;
+    }
+    if config_map_create {
+        lock(&inner.conduct).creates_in_flight -= 1;
     }
     let body: Value = if body.is_empty() {
         Value::Null

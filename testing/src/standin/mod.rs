@@ -75,6 +75,9 @@ struct Conduct {
     /// GETs of one object in flight: now, and at most.
     gets_in_flight: usize,
     peak_gets_in_flight: usize,
+    /// ConfigMap creations in flight: now, and at most.
+    creates_in_flight: usize,
+    peak_creates_in_flight: usize,
     /// Every request, as "METHOD path".
     log: Vec<String>,
 }
@@ -225,6 +228,12 @@ impl ApiServer {
     /// The most GETs of one object that were in flight at the same time.
     pub fn peak_gets_in_flight(&self) -> usize {
         lock(&self.inner.conduct).peak_gets_in_flight
+    }
+
+    /// The most ConfigMap creations (POSTs) that were in flight at the
+    /// same time.
+    pub fn peak_creates_in_flight(&self) -> usize {
+        lock(&self.inner.conduct).peak_creates_in_flight
     }
 
     /// The requests answered, as "METHOD path".
