@@ -9,6 +9,9 @@
 //!   their snapshots existing (re-apply, GitOps re-sync: the common case);
 //! - opted in with 8 references whose content changed since the last
 //!   create: 8 new snapshots to make;
+//! - opted in with 8 references, re-applied: UPDATEs (a label edit) of
+//!   Deployments whose templates name their snapshots, as a re-apply or a
+//!   GitOps re-sync that changes nothing sends;
 //!
 //! and a watch fan-out: one ConfigMap edit rolls 50 Deployments.
 //!
@@ -18,6 +21,15 @@
 //! (`apiserver_admission_webhook_admission_duration_seconds`, CREATE, read
 //! before and after), serve's finer one (`config_snapshot_admission_
 //! duration_seconds`, Deployment CREATE) and what the clients saw.
+//!
+//! Each client keeps a fleet of at most [`FLEET`] Deployments sharing its
+//! sources, as in the issue's setup (50 opted-in Deployments): once its
+//! fleet is full, it deletes its oldest Deployment after each measured
+//! create (not timed). Every workload that names a snapshot owns it
+//! (docs/design.md, "Garbage collection"), so a snapshot shared by a
+//! thousand workloads carries a thousand ownerReferences, and every write
+//! and read of it grows with them: that is a measure of sharing, not of
+//! the common admission, and docs/BENCHMARKS.md reports it apart.
 //!
 //! Deployments are created paused, with no replicas: the Deployment
 //! controller makes no ReplicaSet for them, so the only CREATE admissions in
@@ -38,6 +50,9 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use super::*;
 
 const WEBHOOK: &str = "config-snapshot.config-snapshot.io";
+
+/// The most Deployments one client keeps sharing its sources.
+const FLEET: usize = 50;
 
 /// A histogram as cumulative counts per upper bound (seconds).
 #[derive(Clone, Debug, Default)]
@@ -113,21 +128,97 @@ impl Buckets {
     }
 }
 
-fn apiserver_buckets(cp: &ControlPlane) -> Buckets {
+/// The webhook a group measures: serve, or the real Kubewarden
+/// policy-server running the same policy (`POLICY_SERVER`).
+#[derive(Clone, Copy)]
+enum Hook<'a> {
+    Serve(&'a ServeProcess),
+    PolicyServer,
+}
+
+impl Hook<'_> {
+    /// Its name in kube-apiserver's histogram.
+    fn name(self) -> &'static str {
+        match self {
+            Hook::Serve(_) => WEBHOOK,
+            Hook::PolicyServer => policy_server::WEBHOOK,
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Hook::Serve(_) => "serve",
+            Hook::PolicyServer => "policy-server",
+        }
+    }
+}
+
+/// kube-apiserver's histogram of `webhook`'s CREATE calls, and their
+/// total seconds.
+fn apiserver_buckets(cp: &ControlPlane, webhook: &str, operation: &str) -> (Buckets, f64) {
     let text = cp.kubectl(&["get", "--raw", "/metrics"]);
-    Buckets::parse(
-        &text,
-        "apiserver_admission_webhook_admission_duration_seconds_bucket",
-        &[&format!("name=\"{WEBHOOK}\""), "operation=\"CREATE\"", "type=\"admit\""],
+    let (name, operation) = (format!("name=\"{webhook}\""), format!("operation=\"{operation}\""));
+    let labels = [name.as_str(), operation.as_str(), "type=\"admit\""];
+    let seconds = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("apiserver_admission_webhook_admission_duration_seconds_sum"))
+        .filter(|l| labels.iter().all(|label| l.contains(label)))
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+        .sum();
+    (
+        Buckets::parse(
+            &text,
+            "apiserver_admission_webhook_admission_duration_seconds_bucket",
+            &labels,
+        ),
+        seconds,
     )
 }
 
-fn serve_buckets(serve: &ServeProcess) -> Buckets {
+/// serve's host-call histogram's sums and counts, by operation: where an
+/// admission's time goes.
+fn host_calls(serve: &ServeProcess) -> BTreeMap<String, (f64, f64)> {
+    let (_, text) = serve.ops_get("/metrics").expect("serve's metrics");
+    let mut calls: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("config_snapshot_host_call_duration_seconds_") else {
+            continue;
+        };
+        let (series, value) = rest.rsplit_once(' ').unwrap_or_default();
+        let Some(op) = series.split("operation=\"").nth(1).and_then(|o| o.split('"').next()) else {
+            continue;
+        };
+        let value: f64 = value.parse().unwrap_or(0.0);
+        let entry = calls.entry(op.to_string()).or_default();
+        if series.starts_with("sum") {
+            entry.0 += value;
+        } else if series.starts_with("count") {
+            entry.1 += value;
+        }
+    }
+    calls
+}
+
+/// serve's total seconds answering Deployment `operation`s.
+fn serve_seconds(serve: &ServeProcess, operation: &str) -> f64 {
+    let (_, text) = serve.ops_get("/metrics").expect("serve's metrics");
+    let operation = format!("operation=\"{operation}\"");
+    text.lines()
+        .filter(|l| {
+            l.starts_with("config_snapshot_admission_duration_seconds_sum{")
+                && l.contains("kind=\"Deployment\"")
+                && l.contains(&operation)
+        })
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+        .sum()
+}
+
+fn serve_buckets(serve: &ServeProcess, operation: &str) -> Buckets {
     let (_, text) = serve.ops_get("/metrics").expect("serve's metrics");
     Buckets::parse(
         &text,
         "config_snapshot_admission_duration_seconds_bucket",
-        &["kind=\"Deployment\"", "operation=\"CREATE\""],
+        &["kind=\"Deployment\"", &format!("operation=\"{operation}\"")],
     )
 }
 
@@ -137,15 +228,27 @@ enum Group {
     OneExisting,
     EightExisting,
     EightNew,
+    /// UPDATEs of opted-in Deployments that keep their snapshots: a
+    /// re-apply, a label edit, a GitOps re-sync that changes nothing.
+    Reapplied,
 }
 
 impl Group {
-    const ALL: [Group; 4] = [
+    const ALL: [Group; 5] = [
         Group::PassThrough,
         Group::OneExisting,
         Group::EightExisting,
         Group::EightNew,
+        Group::Reapplied,
     ];
+
+    /// The admissions the group measures.
+    fn operation(self) -> &'static str {
+        match self {
+            Group::Reapplied => "UPDATE",
+            _ => "CREATE",
+        }
+    }
 
     fn describe(self) -> &'static str {
         match self {
@@ -153,6 +256,7 @@ impl Group {
             Group::OneExisting => "opted in, 1 reference, snapshot exists",
             Group::EightExisting => "opted in, 8 references, snapshots exist",
             Group::EightNew => "opted in, 8 references, 8 new snapshots",
+            Group::Reapplied => "opted in, 8 references, re-applied (UPDATE keeping its snapshots)",
         }
     }
 }
@@ -203,16 +307,36 @@ fn deployment(name: &str, worker: usize, refs: usize, paused: bool) -> Deploymen
 
 /// What one group at one client count measured.
 struct Row {
+    /// serve or policy-server.
+    hook: &'static str,
     group: Group,
     clients: usize,
     samples: usize,
     apiserver: Buckets,
+    /// kube-apiserver's total seconds in the webhook for the window.
+    apiserver_secs: f64,
     serve: Buckets,
     /// What the clients saw, sorted (µs).
     client: Vec<u64>,
+    /// serve's host calls in the window, by operation: seconds, calls.
+    calls: BTreeMap<String, (f64, f64)>,
+    /// serve's seconds answering the window's creates.
+    serve_secs: f64,
 }
 
 impl Row {
+    fn describe(&self) -> String {
+        match self.hook {
+            "serve" => self.group.describe().to_string(),
+            hook => format!("{hook}: {}", self.group.describe()),
+        }
+    }
+
+    /// kube-apiserver's mean time in the webhook (µs).
+    fn apiserver_mean(&self) -> f64 {
+        self.apiserver_secs * 1e6 / self.apiserver.total().max(1.0)
+    }
+
     fn client_quantile(&self, q: f64) -> u64 {
         let i = ((self.client.len() as f64 * q).ceil() as usize).clamp(1, self.client.len()) - 1;
         self.client[i]
@@ -222,7 +346,7 @@ impl Row {
 /// Runs one group at one client count in namespace `ns`.
 async fn measure(
     cp: &ControlPlane,
-    serve: &ServeProcess,
+    hook: Hook<'_>,
     client: &kube::Client,
     ns: &str,
     group: Group,
@@ -262,6 +386,7 @@ async fn measure(
     // As in a running cluster, the snapshots that exist are owned by the
     // warm Deployments' ReplicaSets: the reuse the groups measure is the
     // common one, not the reuse of an orphan waiting for the sweep.
+    // (policy-server makes none: nothing to wait for.)
     eventually(&format!("the warm snapshots in {ns} to be adopted"), 60, || {
         let view = cp.objects(ns);
         view.0
@@ -274,10 +399,42 @@ async fn measure(
             })
             .then_some(())
     });
+    // The fleet a re-apply group updates, made once the warm snapshots are
+    // owned (each fleet Deployment becomes an owner too, a deferred bridge):
+    // at most 400 in all, so that the bridges are done within the settling.
+    let fleet = if group == Group::Reapplied {
+        FLEET.min(samples.div_ceil(clients)).min((400 / clients).max(1))
+    } else {
+        FLEET
+    };
+    if group == Group::Reapplied {
+        for w in 0..clients {
+            for j in 0..fleet {
+                deployments
+                    .create(&PostParams::default(), &deployment(&format!("d-{w}-{j}"), w, 8, true))
+                    .await
+                    .unwrap();
+            }
+        }
+    }
     // The warm Deployments' ReplicaSets are CREATEs too: all made before
     // the window opens.
     settle(cp, ns);
-    let (api_before, serve_before) = (apiserver_buckets(cp), serve_buckets(serve));
+    let operation = group.operation();
+    let (api_before, api_secs_before) = apiserver_buckets(cp, hook.name(), operation);
+    let serve_view = |serve: Option<&ServeProcess>| match serve {
+        Some(serve) => (
+            serve_buckets(serve, operation),
+            host_calls(serve),
+            serve_seconds(serve, operation),
+        ),
+        None => (Buckets::default(), BTreeMap::new(), 0.0),
+    };
+    let serve = match hook {
+        Hook::Serve(serve) => Some(serve),
+        Hook::PolicyServer => None,
+    };
+    let (serve_before, calls_before, secs_before) = serve_view(serve);
     let per_worker = samples.div_ceil(clients);
     let mut tasks = Vec::new();
     for w in 0..clients {
@@ -286,10 +443,20 @@ async fn measure(
             let mut took = Vec::with_capacity(per_worker);
             let (cms, ss) = source_names(w);
             for i in 0..per_worker {
+                if group == Group::Reapplied {
+                    // A metadata edit: the template, which names the
+                    // snapshots, stays as it is.
+                    let name = format!("d-{w}-{}", i % fleet);
+                    let edit = Patch::Merge(json!({"metadata": {"labels": {"sample": i.to_string()}}}));
+                    let start = Instant::now();
+                    deployments.patch(&name, &PatchParams::default(), &edit).await.unwrap();
+                    took.push(start.elapsed().as_micros() as u64);
+                    continue;
+                }
                 let refs = match group {
                     Group::PassThrough => 0,
                     Group::OneExisting => 1,
-                    Group::EightExisting => 8,
+                    Group::EightExisting | Group::Reapplied => 8,
                     Group::EightNew => {
                         // New content in all 8 (UPDATE admissions, not
                         // counted with the creates).
@@ -317,13 +484,25 @@ async fn measure(
                 let start = Instant::now();
                 let created = deployments.create(&PostParams::default(), &d).await.unwrap();
                 took.push(start.elapsed().as_micros() as u64);
-                // The measurement is void if the webhook was skipped.
-                let pinned = created
-                    .spec
-                    .and_then(|s| s.template.spec)
+                if i >= FLEET {
+                    deployments
+                        .delete(&format!("d-{w}-{}", i - FLEET), &Default::default())
+                        .await
+                        .unwrap();
+                }
+                // The measurement is void if the webhook was skipped: serve
+                // pins a snapshot, policy-server stamps checksums.
+                let template = created.spec.map(|s| s.template);
+                let pinned = template
+                    .as_ref()
+                    .and_then(|t| t.spec.as_ref())
                     .map(|s| serde_json::to_value(&s.containers[0]).unwrap().to_string());
+                let stamped = template
+                    .and_then(|t| t.metadata)
+                    .and_then(|m| m.annotations)
+                    .is_some_and(|a| a.keys().any(|k| k.starts_with("config-snapshot.io/checksum-")));
                 assert!(
-                    refs == 0 || !pinned.unwrap_or_default().contains(&format!("\"{}\"", cms[0])),
+                    refs == 0 || stamped || !pinned.unwrap_or_default().contains(&format!("\"{}\"", cms[0])),
                     "an opted-in Deployment was not mutated: the webhook did not answer"
                 );
             }
@@ -335,13 +514,26 @@ async fn measure(
         client_times.extend(t.await.unwrap());
     }
     client_times.sort_unstable();
+    let (api_after, api_secs_after) = apiserver_buckets(cp, hook.name(), operation);
+    let (serve_after, calls_after, secs_after) = serve_view(serve);
     Row {
+        hook: hook.label(),
         group,
         clients,
         samples: client_times.len(),
-        apiserver: apiserver_buckets(cp).minus(&api_before),
-        serve: serve_buckets(serve).minus(&serve_before),
+        apiserver: api_after.minus(&api_before),
+        apiserver_secs: api_secs_after - api_secs_before,
+        serve: serve_after.minus(&serve_before),
         client: client_times,
+        serve_secs: secs_after - secs_before,
+        calls: calls_after
+            .into_iter()
+            .map(|(op, (secs, n))| {
+                let (secs0, n0) = calls_before.get(&op).copied().unwrap_or_default();
+                (op, (secs - secs0, n - n0))
+            })
+            .filter(|(_, (_, n))| *n > 0.0)
+            .collect(),
     }
 }
 
@@ -426,7 +618,8 @@ fn table(rows: &[Row], fan: &[Duration], build: &str) -> String {
         out,
         "Measured {date} on {cores} cores ({machine}), shared by etcd, kube-apiserver, \
          kube-controller-manager, serve ({build} build) and the clients. Deployment CREATEs \
-         through the API with kube-rs; the shipped webhook configuration.\n"
+         (for re-applies, UPDATEs) through the API with kube-rs; the shipped webhook \
+         configuration; each client keeps at most {FLEET} Deployments sharing its sources.\n"
     );
     let _ = writeln!(
         out,
@@ -437,7 +630,7 @@ fn table(rows: &[Row], fan: &[Duration], build: &str) -> String {
         let _ = writeln!(
             out,
             "| {} | {} | {} | {:.1}% | {:.1}% | {:.1}% | {} / {} | {} / {} |",
-            r.group.describe(),
+            r.describe(),
             r.clients,
             r.samples,
             100.0 * r.apiserver.within(5_000),
@@ -448,6 +641,72 @@ fn table(rows: &[Row], fan: &[Duration], build: &str) -> String {
             ms(r.client_quantile(0.5) as f64),
             ms(r.client_quantile(0.99) as f64),
         );
+    }
+    let _ = writeln!(
+        out,
+        "\nWhere serve's time went: the policy's host calls per admission, by operation \
+         (calls, and mean ms per admission; `config_snapshot_host_call_duration_seconds`), \
+         against serve's mean time per admission. The rest is the policy's own work and the \
+         HTTP and JSON around it.\n"
+    );
+    let _ = writeln!(out, "| group | clients | serve mean (ms) | host calls per admission |");
+    let _ = writeln!(out, "|---|---|---|---|");
+    for r in rows.iter().filter(|r| r.hook == "serve") {
+        let n = r.samples.max(1) as f64;
+        let calls: Vec<String> = r
+            .calls
+            .iter()
+            .map(|(op, (secs, count))| format!("{op} {:.1} × {:.2} ms", count / n, secs * 1000.0 / n))
+            .collect();
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} |",
+            r.describe(),
+            r.clients,
+            ms(r.serve_secs * 1e6 / n),
+            if calls.is_empty() {
+                "none".to_string()
+            } else {
+                calls.join(", ")
+            }
+        );
+    }
+    let compared: Vec<(&Row, &Row)> = rows
+        .iter()
+        .filter(|r| r.hook != "serve")
+        .filter_map(|p| {
+            rows.iter()
+                .find(|s| s.hook == "serve" && s.group == p.group && s.clients == p.clients)
+                .map(|s| (s, p))
+        })
+        .collect();
+    if !compared.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nserve : policy-server, the same creates through the same kube-apiserver (below 1: \
+             serve is faster). policy-server runs the same policy in checksum mode, reading every \
+             opted-in source fresh; serve makes and reuses snapshots.\n"
+        );
+        let _ = writeln!(
+            out,
+            "| group | clients | apiserver mean, serve / policy-server (ms) | ratio | client p50, serve / policy-server (ms) | ratio |"
+        );
+        let _ = writeln!(out, "|---|---|---|---|---|---|");
+        for (s, p) in compared {
+            let (sp50, pp50) = (s.client_quantile(0.5) as f64, p.client_quantile(0.5) as f64);
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} / {} | {:.2} | {} / {} | {:.2} |",
+                s.group.describe(),
+                s.clients,
+                ms(s.apiserver_mean()),
+                ms(p.apiserver_mean()),
+                s.apiserver_mean() / p.apiserver_mean().max(1.0),
+                ms(sp50),
+                ms(pp50),
+                sp50 / pp50.max(1.0),
+            );
+        }
     }
     if !fan.is_empty() {
         let _ = writeln!(
@@ -471,7 +730,7 @@ fn valid(rows: &[Row]) {
             r.apiserver.total() as usize,
             r.samples,
             "{} at {} clients: the apiserver counted {} webhook calls for {} creates",
-            r.group.describe(),
+            r.describe(),
             r.clients,
             r.apiserver.total(),
             r.samples
@@ -486,7 +745,7 @@ fn against_targets(rows: &[Row], fan: &[Duration]) -> String {
     let mut line = |what: String, met: bool| {
         let _ = writeln!(out, "- {what}: {}", if met { "met" } else { "**missed**" });
     };
-    for r in rows.iter().filter(|r| r.clients <= 8) {
+    for r in rows.iter().filter(|r| r.clients <= 8 && r.hook == "serve") {
         match r.group {
             Group::PassThrough => line(
                 format!(
@@ -496,9 +755,10 @@ fn against_targets(rows: &[Row], fan: &[Duration]) -> String {
                 ),
                 r.apiserver.within(5_000) >= 0.99,
             ),
-            Group::EightExisting => line(
+            Group::EightExisting | Group::Reapplied => line(
                 format!(
-                    "8 references existing at {} clients, ≥ 95% within 5 ms ({:.1}%)",
+                    "{} at {} clients, ≥ 95% within 5 ms ({:.1}%)",
+                    r.group.describe(),
                     r.clients,
                     100.0 * r.apiserver.within(5_000)
                 ),
@@ -540,20 +800,22 @@ fn against_targets(rows: &[Row], fan: &[Duration]) -> String {
 /// The regression guard `make test` runs on the short version. CI runs an
 /// unoptimised build on a shared machine, where absolute figures say little
 /// (see `docs/BENCHMARKS.md`); so the guard is a ratio within one run, at
-/// one client: a Deployment with 8 new snapshots may cost at most 3 times
-/// one whose 8 snapshots exist. Measured with the creates made together:
-/// 2.05 (unoptimised, 200 samples) and 1.36 (release, 1000). Loose, on
-/// purpose: it catches a gross regression of the create path, not a
-/// few milliseconds.
+/// one client: a Deployment with 8 new snapshots may cost at most 5 times
+/// one whose 8 snapshots exist (client p50; measured 2.7 in release with
+/// 1,000 samples, where the bench's paused Deployments leave every new
+/// snapshot unowned and each sweep lists more of them). That the creates
+/// run together is proven apart, without timing: host/tests/serve.rs counts
+/// them in flight against a slow stand-in. This bound catches a gross
+/// regression of the create path on the real control plane.
 fn guard(rows: &[Row]) {
     let p50 = |group: Group| {
         rows.iter()
-            .find(|r| r.group == group && r.clients == 1)
+            .find(|r| r.group == group && r.clients == 1 && r.hook == "serve")
             .map(|r| r.client_quantile(0.5) as f64)
     };
     if let (Some(new), Some(existing)) = (p50(Group::EightNew), p50(Group::EightExisting)) {
         assert!(
-            new <= 3.0 * existing,
+            new <= 5.0 * existing,
             "8 new snapshots took {} ms (client p50), {:.1} times 8 existing ones ({} ms): are the creates sequential again?",
             ms(new),
             new / existing,
@@ -616,7 +878,7 @@ pub fn webhook_latency(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: 
         for &n in &clients {
             let ns = format!("bench-{}-{n}", rows.len());
             cp.namespace(&ns);
-            let row = runtime.block_on(measure(cp, &bench, &client, &ns, group, n, samples));
+            let row = runtime.block_on(measure(cp, Hook::Serve(&bench), &client, &ns, group, n, samples));
             eprintln!(
                 "bench: {} at {n} clients: {} samples, apiserver within 5 ms {:.1}%, serve p99 {} ms",
                 group.describe(),
@@ -630,6 +892,45 @@ pub fn webhook_latency(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: 
         }
     }
     let fan = runtime.block_on(fan_out(cp, &client, "bench-fan-out", rounds));
+    // The real Kubewarden engine on the same creates, if POLICY_SERVER
+    // names it: serve and its webhook out of the way first.
+    if let Some(binary) = policy_server::binary() {
+        bench.stop();
+        let _ = cp.try_kubectl(&["delete", "mutatingwebhookconfiguration", "config-snapshot"], None);
+        let groups = [
+            Group::PassThrough,
+            Group::OneExisting,
+            Group::EightExisting,
+            Group::Reapplied,
+        ];
+        let names: Vec<String> = groups
+            .iter()
+            .enumerate()
+            .flat_map(|(g, _)| clients.iter().map(move |n| format!("ps-bench-{g}-{n}")))
+            .collect();
+        let server = policy_server::PolicyServer::start(&binary, &policy_server::reader_kubeconfig(cp));
+        let mut namespaces: Vec<&str> = names.iter().map(String::as_str).collect();
+        namespaces.push("ps-bench-probe");
+        policy_server::register(cp, &server, &namespaces);
+        policy_server::answers(cp, "ps-bench-probe");
+        for (g, group) in groups.into_iter().enumerate() {
+            for &n in &clients {
+                let ns = format!("ps-bench-{g}-{n}");
+                cp.namespace(&ns);
+                let row = runtime.block_on(measure(cp, Hook::PolicyServer, &client, &ns, group, n, samples));
+                eprintln!(
+                    "bench: policy-server, {} at {n} clients: apiserver within 5 ms {:.1}%, mean {} ms",
+                    group.describe(),
+                    100.0 * row.apiserver.within(5_000),
+                    ms(row.apiserver_mean())
+                );
+                rows.push(row);
+                let _ = cp.try_kubectl(&["delete", "namespace", &ns, "--timeout=300s"], None);
+            }
+        }
+        policy_server::unregister(cp);
+        drop(server);
+    }
     let mut text = table(&rows, &fan, build);
     if build == "release" {
         text.push_str(&against_targets(&rows, &fan));
