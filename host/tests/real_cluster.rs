@@ -1194,7 +1194,7 @@ fn serve_on_a_real_control_plane() {
         return;
     }
     if part == "policy-server" {
-        policy_server::checksum_story(&cp);
+        policy_server::checksum_story(&cp, &serve);
         return;
     }
     if part == "fleet" {

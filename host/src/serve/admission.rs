@@ -329,15 +329,13 @@ impl CallHandler for Counted {
     fn call(&self, binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, CallFailure> {
         let start = std::time::Instant::now();
         let result = self.inner.answer(binding, namespace, operation, payload);
+        let operation = metrics::host_operation_label(operation);
         self.metrics
             .host_call_duration
-            .get_or_create(&OperationLabels {
-                operation: metrics::host_operation_label(operation),
-            })
+            .get_or_create(&OperationLabels { operation })
             .observe(start.elapsed().as_secs_f64());
         match &result {
             Err(e) => {
-                let operation = metrics::host_operation_label(operation);
                 // A missing object is an answer, not a failure.
                 if !(operation == Operation::GetResource.name() && e.code == Code::NotFound) {
                     self.failed(operation, e);

@@ -136,7 +136,14 @@ enum Hook<'a> {
     PolicyServer,
 }
 
-impl Hook<'_> {
+/// Which engine a row measured.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Engine {
+    Serve,
+    PolicyServer,
+}
+
+impl<'a> Hook<'a> {
     /// Its name in kube-apiserver's histogram.
     fn name(self) -> &'static str {
         match self {
@@ -145,10 +152,18 @@ impl Hook<'_> {
         }
     }
 
-    fn label(self) -> &'static str {
+    fn engine(self) -> Engine {
         match self {
-            Hook::Serve(_) => "serve",
-            Hook::PolicyServer => "policy-server",
+            Hook::Serve(_) => Engine::Serve,
+            Hook::PolicyServer => Engine::PolicyServer,
+        }
+    }
+
+    /// serve, whose own metrics the row reads too.
+    fn serve(self) -> Option<&'a ServeProcess> {
+        match self {
+            Hook::Serve(serve) => Some(serve),
+            Hook::PolicyServer => None,
         }
     }
 }
@@ -308,7 +323,7 @@ fn deployment(name: &str, worker: usize, refs: usize, paused: bool) -> Deploymen
 /// What one group at one client count measured.
 struct Row {
     /// serve or policy-server.
-    hook: &'static str,
+    hook: Engine,
     group: Group,
     clients: usize,
     samples: usize,
@@ -327,8 +342,8 @@ struct Row {
 impl Row {
     fn describe(&self) -> String {
         match self.hook {
-            "serve" => self.group.describe().to_string(),
-            hook => format!("{hook}: {}", self.group.describe()),
+            Engine::Serve => self.group.describe().to_string(),
+            Engine::PolicyServer => format!("policy-server: {}", self.group.describe()),
         }
     }
 
@@ -430,10 +445,7 @@ async fn measure(
         ),
         None => (Buckets::default(), BTreeMap::new(), 0.0),
     };
-    let serve = match hook {
-        Hook::Serve(serve) => Some(serve),
-        Hook::PolicyServer => None,
-    };
+    let serve = hook.serve();
     let (serve_before, calls_before, secs_before) = serve_view(serve);
     let per_worker = samples.div_ceil(clients);
     let mut tasks = Vec::new();
@@ -517,7 +529,7 @@ async fn measure(
     let (api_after, api_secs_after) = apiserver_buckets(cp, hook.name(), operation);
     let (serve_after, calls_after, secs_after) = serve_view(serve);
     Row {
-        hook: hook.label(),
+        hook: hook.engine(),
         group,
         clients,
         samples: client_times.len(),
@@ -651,7 +663,7 @@ fn table(rows: &[Row], fan: &[Duration], build: &str) -> String {
     );
     let _ = writeln!(out, "| group | clients | serve mean (ms) | host calls per admission |");
     let _ = writeln!(out, "|---|---|---|---|");
-    for r in rows.iter().filter(|r| r.hook == "serve") {
+    for r in rows.iter().filter(|r| r.hook == Engine::Serve) {
         let n = r.samples.max(1) as f64;
         let calls: Vec<String> = r
             .calls
@@ -673,10 +685,10 @@ fn table(rows: &[Row], fan: &[Duration], build: &str) -> String {
     }
     let compared: Vec<(&Row, &Row)> = rows
         .iter()
-        .filter(|r| r.hook != "serve")
+        .filter(|r| r.hook != Engine::Serve)
         .filter_map(|p| {
             rows.iter()
-                .find(|s| s.hook == "serve" && s.group == p.group && s.clients == p.clients)
+                .find(|s| s.hook == Engine::Serve && s.group == p.group && s.clients == p.clients)
                 .map(|s| (s, p))
         })
         .collect();
@@ -745,7 +757,7 @@ fn against_targets(rows: &[Row], fan: &[Duration]) -> String {
     let mut line = |what: String, met: bool| {
         let _ = writeln!(out, "- {what}: {}", if met { "met" } else { "**missed**" });
     };
-    for r in rows.iter().filter(|r| r.clients <= 8 && r.hook == "serve") {
+    for r in rows.iter().filter(|r| r.clients <= 8 && r.hook == Engine::Serve) {
         match r.group {
             Group::PassThrough => line(
                 format!(
@@ -810,7 +822,7 @@ fn against_targets(rows: &[Row], fan: &[Duration]) -> String {
 fn guard(rows: &[Row]) {
     let p50 = |group: Group| {
         rows.iter()
-            .find(|r| r.group == group && r.clients == 1 && r.hook == "serve")
+            .find(|r| r.group == group && r.clients == 1 && r.hook == Engine::Serve)
             .map(|r| r.client_quantile(0.5) as f64)
     };
     if let (Some(new), Some(existing)) = (p50(Group::EightNew), p50(Group::EightExisting)) {

@@ -11,12 +11,12 @@
 //! mutating webhook on the real control plane that calls it.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
 use std::process::Child;
 use std::sync::Mutex;
 
-use support::process::free_port;
+use support::process::{capture_logs, free_port};
 
 use super::*;
 
@@ -120,20 +120,7 @@ impl PolicyServer {
             .stderr(Stdio::piped())
             .spawn()
             .expect("policy-server starts");
-        let logs = Arc::new(Mutex::new(String::new()));
-        for stream in [
-            Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
-            Box::new(child.stderr.take().unwrap()),
-        ] {
-            let logs = logs.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                    let mut logs = logs.lock().unwrap();
-                    logs.push_str(&line);
-                    logs.push('\n');
-                }
-            });
-        }
+        let logs = capture_logs(&mut child);
         let mut server = PolicyServer {
             child,
             address: format!("127.0.0.1:{port}").parse().unwrap(),
@@ -274,15 +261,11 @@ fn checksums(workload: &Value) -> BTreeMap<String, String> {
 /// warning; a source edit rolls nothing (no watch); a client-side apply of
 /// the unchanged manifest sends nothing, and a server-side apply of it
 /// rolls out; no snapshot is made; Secret data never leaves the Secret.
-pub fn checksum_story(cp: &ControlPlane) {
+pub fn checksum_story(cp: &ControlPlane, serve: &ServeProcess) {
     let Some(binary) = binary() else { return };
     let ns = "policy-server-story";
     cp.namespace(ns);
     // serve's webhook is out of the way: policy-server alone answers here.
-    let serve_hook = cp.try_kubectl(
-        &["get", "mutatingwebhookconfiguration", "config-snapshot", "-o", "json"],
-        None,
-    );
     let _ = cp.try_kubectl(
         &[
             "delete",
@@ -406,21 +389,8 @@ pub fn checksum_story(cp: &ControlPlane) {
 
     unregister(cp);
     drop(server);
-    if let Ok(hook) = serve_hook {
-        let mut hook: Value = serde_json::from_str(&hook).unwrap();
-        for field in [
-            "resourceVersion",
-            "uid",
-            "creationTimestamp",
-            "generation",
-            "managedFields",
-        ] {
-            hook["metadata"].as_object_mut().unwrap().remove(field);
-        }
-        cp.try_kubectl(&["apply", "-f", "-"], Some(&hook.to_string()))
-            .unwrap_or_else(|e| panic!("{e}"));
-        webhook_answers(cp);
-    }
+    super::register(cp, serve, yaml("deploy/serve/webhook.yaml").remove(0));
+    webhook_answers(cp);
     let _ = cp.try_kubectl(&["delete", "namespace", ns, "--wait=false"], None);
     eprintln!("policy-server: checksum mode on the real Kubewarden engine held");
 }

@@ -20,6 +20,26 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// The child's stdout and stderr, line by line, into one string, read on
+/// threads of their own so that the child never blocks on a full pipe.
+pub fn capture_logs(child: &mut Child) -> Arc<Mutex<String>> {
+    let logs = Arc::new(Mutex::new(String::new()));
+    for stream in [
+        Box::new(child.stdout.take().expect("stdout piped")) as Box<dyn Read + Send>,
+        Box::new(child.stderr.take().expect("stderr piped")),
+    ] {
+        let logs = logs.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                let mut logs = logs.lock().unwrap();
+                logs.push_str(&line);
+                logs.push('\n');
+            }
+        });
+    }
+    logs
+}
+
 pub struct ServeProcess {
     pub child: Child,
     pub webhook: SocketAddr,
@@ -105,20 +125,7 @@ impl ServeProcess {
             .stderr(Stdio::piped())
             .spawn()
             .expect("serve starts");
-        let logs = Arc::new(Mutex::new(String::new()));
-        for stream in [
-            Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
-            Box::new(child.stderr.take().unwrap()),
-        ] {
-            let logs = logs.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                    let mut logs = logs.lock().unwrap();
-                    logs.push_str(&line);
-                    logs.push('\n');
-                }
-            });
-        }
+        let logs = capture_logs(&mut child);
         ServeProcess {
             child,
             webhook,
