@@ -137,23 +137,24 @@ fn everything(cluster: &dyn Cluster) -> Vec<Value> {
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_same_effects_leave_the_same_objects_in_memory_and_over_http() {
+/// `run` over replay's in-memory cluster and over serve's kube-rs cluster
+/// (to the stand-in API server), each starting from `objects`: what each
+/// run answered, and every object each left.
+async fn on_both<R: Send + 'static>(
+    objects: &[Value],
+    run: fn(&dyn Cluster) -> R,
+) -> ((R, Vec<Value>), (R, Vec<Value>)) {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let (objects, effects) = cluster();
-
     let memory = Arc::new(Shared::default());
-    memory.store().reset(&objects);
+    memory.store().reset(objects);
     memory.store().now = NOW;
     let in_memory = {
-        let (memory, effects) = (memory.clone(), effects.clone());
-        tokio::task::spawn_blocking(move || drive(memory.as_ref(), &effects))
-            .await
-            .unwrap()
+        let memory = memory.clone();
+        tokio::task::spawn_blocking(move || run(memory.as_ref())).await.unwrap()
     };
 
     let api = ApiServer::start().await;
-    api.reset(&objects);
+    api.reset(objects);
     api.fix_clock(NOW);
     let client = kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap();
     let cache = Arc::new(Cache::new());
@@ -169,14 +170,22 @@ async fn the_same_effects_leave_the_same_objects_in_memory_and_over_http() {
     ));
     kube.fix_clock(NOW);
     let over_http = {
-        let (kube, effects) = (kube.clone(), effects.clone());
-        tokio::task::spawn_blocking(move || drive(kube.as_ref(), &effects))
-            .await
-            .unwrap()
+        let kube = kube.clone();
+        tokio::task::spawn_blocking(move || run(kube.as_ref())).await.unwrap()
     };
     for w in watchers {
         w.abort();
     }
+    (
+        (in_memory, everything(memory.as_ref())),
+        (over_http, everything(kube.as_ref())),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_effects_leave_the_same_objects_in_memory_and_over_http() {
+    let (objects, _) = cluster();
+    let ((in_memory, left), (over_http, right)) = on_both(&objects, |c| drive(c, &cluster().1)).await;
 
     // The effects ended the same way, and as the rules say.
     assert_eq!(in_memory, over_http);
@@ -189,7 +198,6 @@ async fn the_same_effects_leave_the_same_objects_in_memory_and_over_http() {
         ]
     );
     // The same objects, version for version.
-    let (left, right) = (everything(memory.as_ref()), everything(kube.as_ref()));
     let names = |v: &[Value]| v.iter().map(config_snapshot::cluster::key).collect::<Vec<_>>();
     assert_eq!(names(&left), names(&right));
     for (a, b) in left.iter().zip(&right) {
@@ -215,4 +223,55 @@ async fn the_same_effects_leave_the_same_objects_in_memory_and_over_http() {
         !left.iter().any(|o| o["metadata"]["uid"] == "u-old"),
         "the unused snapshot was swept"
     );
+}
+
+/// A watch rollout onto a snapshot that revisions own (here the watcher's
+/// own older ReplicaSet, as after a change back) makes the workload an
+/// owner before it moves the workload there: the controller may prune that
+/// ReplicaSet as it makes the rollout's new one, before the new one adopts
+/// the snapshot, and the garbage collector must not take it meanwhile
+/// (docs/design.md, "Garbage collection"). The same on both clusters, with no pass to
+/// mend it afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_rollout_makes_the_workload_own_the_snapshot_before_it_names_it() {
+    let (mut objects, effects) = cluster();
+    let green = objects[4]["metadata"]["name"].as_str().unwrap().to_string();
+    objects[4]["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "name": "web-0", "uid": "u-rs0"}]);
+    objects.push(json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "metadata": {"name": "web-0", "namespace": "shop", "uid": "u-rs0", "resourceVersion": "2",
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": "u-web", "controller": true}]},
+        "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "app:0"}]}}}}));
+    let rollout = effects[1].clone();
+    assert_eq!(rollout.target().unwrap().2, green);
+    let ((a, left), (b, right)) = on_both(&objects, |c| {
+        let rules = Rules::new(
+            Settings::from_json(br#"{"orphanGracePeriod": "10m"}"#).unwrap(),
+            Arc::new(Prover::replay()),
+        );
+        let register = Register::default();
+        let driver = Driver::new(c, &rules, &register, &Silent);
+        let (_, effects) = cluster();
+        assert!(register.begin(&effects[1]));
+        driver.step(&effects[1], false, 0)
+    })
+    .await;
+    assert_eq!((&a, &b), (&Next::Over(Ending::Done), &Next::Over(Ending::Done)));
+    for objects in [&left, &right] {
+        let web = objects.iter().find(|o| o["kind"] == "Deployment").unwrap();
+        let env = &web["spec"]["template"]["spec"]["containers"][0]["envFrom"][0]["configMapRef"]["name"];
+        assert_eq!(*env, json!(green), "rolled out to green");
+        let snapshot = objects
+            .iter()
+            .find(|o| o["metadata"]["name"] == green.as_str())
+            .unwrap();
+        let owners: Vec<&str> = snapshot["metadata"]["ownerReferences"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["uid"].as_str().unwrap())
+            .collect();
+        assert_eq!(owners, ["u-rs0", "u-web"]);
+    }
+    assert_eq!(left, right);
 }

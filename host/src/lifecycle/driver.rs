@@ -7,6 +7,7 @@
 
 use config_snapshot_policy::keys;
 use config_snapshot_policy::kinds;
+use config_snapshot_policy::sweep::owned;
 use serde_json::Value;
 
 use super::effect::{Effect, PatchIntent};
@@ -223,7 +224,7 @@ impl Driver<'_> {
             return;
         };
         let objects: Vec<&Value> = std::iter::once(&workload).chain(&snapshots).collect();
-        for ((k, ns, n), rv, ops) in bridges(&objects) {
+        for ((k, ns, n), rv, ops) in bridges(&objects, &self.register.targets()) {
             match self.cluster.patch(&k, &ns, &n, &rv, ops) {
                 Ok(()) => self
                     .observer
@@ -264,6 +265,11 @@ impl Driver<'_> {
         };
         match decide_patch(&intent, &seen, self.cluster.now(), self.rules) {
             Verdict::Apply { resource_version, ops } => {
+                if let (Some(w), Some(s)) = (&workload, &snapshot) {
+                    if let Err(why) = self.bridge(w, s) {
+                        return Attempt::Retry(why);
+                    }
+                }
                 match self
                     .cluster
                     .patch(intent.kind.kind(), ns, &intent.name, &resource_version, ops)
@@ -312,6 +318,45 @@ impl Driver<'_> {
                 }
             }
         }
+    }
+
+    /// Before a watch rollout makes `workload` name `snapshot`: if revisions
+    /// own the snapshot (the workload's own older ones, after a rollback
+    /// and a change back, or another workload's), the workload becomes an
+    /// owner first, as an admission's bridge does. Otherwise the controller
+    /// could prune those revisions as it makes the workload's new one, and
+    /// the garbage collector take the snapshot before that revision adopts
+    /// it. An unowned snapshot needs nothing: the garbage collector leaves
+    /// it alone, and the sweep spares what the effect awaits.
+    fn bridge(&self, workload: &Value, snapshot: &Value) -> Result<(), String> {
+        let (kind, ns, name) = cluster::key(snapshot);
+        let mut current = Some(snapshot.clone());
+        for _ in 0..3 {
+            let Some(found) = current.take() else {
+                return Err(format!("{kind}/{name} is gone"));
+            };
+            let Some(ops) = adopt_ops(workload, &found).filter(|_| owned(&found)) else {
+                return Ok(());
+            };
+            match self.cluster.patch(&kind, &ns, &name, version_of(&found), ops) {
+                Ok(()) => {
+                    let who = format!(
+                        "{}/{}",
+                        workload["kind"].as_str().unwrap_or_default(),
+                        workload["metadata"]["name"].as_str().unwrap_or_default()
+                    );
+                    self.observer.note(format!("{kind}/{name} bridged to {who}"));
+                    return Ok(());
+                }
+                // Changed since it was read (the cache lags, an adoption
+                // landed): judge it again as it is.
+                Err(ApiError::Conflict(_)) => {
+                    current = self.cluster.get_fresh(&kind, &ns, &name).map_err(|e| e.to_string())?;
+                }
+                Err(e) => return Err(format!("bridging {kind}/{name}: {e}")),
+            }
+        }
+        Err(format!("{kind}/{name} kept changing while it was bridged"))
     }
 
     /// Deletes a snapshot made for a patch that was dropped, at once, if

@@ -84,8 +84,10 @@ pub fn missing_adoptions(objects: &[&Value]) -> Vec<Effect> {
 /// workload names owned by that workload too (so the garbage collector
 /// cannot take it while it is named, whatever happens to the revisions),
 /// and that drop a workload's ownership once it no longer names the
-/// snapshot (so its revisions alone decide how long it lives).
-pub fn bridges(objects: &[&Value]) -> Vec<Patch> {
+/// snapshot (so its revisions alone decide how long it lives), unless a
+/// rollout on its way will make it name the snapshot (`awaited`): that
+/// rollout's bridge must hold until the workload names what it bridges.
+pub fn bridges(objects: &[&Value], awaited: &HashSet<Key>) -> Vec<Patch> {
     let workloads: Vec<&Value> = objects
         .iter()
         .filter(|o| WorkloadKind::from_kind(kind_of(o)).is_some())
@@ -119,7 +121,9 @@ pub fn bridges(objects: &[&Value]) -> Vec<Patch> {
             .filter(|r| {
                 let Some(uid) = r["uid"].as_str() else { return true };
                 // Owners that are gone are the garbage collector's business.
-                if WorkloadKind::from_kind(r["kind"].as_str().unwrap_or_default()).is_none() || !named.contains_key(uid)
+                if WorkloadKind::from_kind(r["kind"].as_str().unwrap_or_default()).is_none()
+                    || !named.contains_key(uid)
+                    || awaited.contains(&k)
                 {
                     return true;
                 }

@@ -140,7 +140,7 @@ impl Driver<'_> {
             host.submit(effect);
             pass.adoptions += 1;
         }
-        for ((kind, ns, name), rv, ops) in bridges(&all) {
+        for ((kind, ns, name), rv, ops) in bridges(&all, &self.register.targets()) {
             match self.cluster.patch(&kind, &ns, &name, &rv, ops) {
                 Ok(()) => self
                     .observer
