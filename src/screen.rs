@@ -19,7 +19,7 @@ use serde_json::value::RawValue;
 use crate::kinds::WorkloadKind;
 use crate::request::{Gvk, Outcome};
 use crate::settings::Settings;
-use crate::workload::{self, Quick};
+use crate::workload::{self, Annotated, Quick};
 
 /// The answer for a workload that neither opts in nor carries our marks:
 /// `None` when the full path must decide.
@@ -69,6 +69,7 @@ impl<'de> Visitor<'de> for ScreenedVisitor {
         let mut operation: Option<String> = None;
         let mut object: Option<Option<Quick>> = None;
         let (mut namespace, mut dry_run, mut old_object) = (false, false, false);
+        let mut old_record: Option<String> = None;
         // The fields the full path types, typed the same, each once; the
         // rest skipped as it skips them.
         while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
@@ -85,7 +86,9 @@ impl<'de> Visitor<'de> for ScreenedVisitor {
                 }
                 "oldObject" if !old_object => {
                     old_object = true;
-                    map.next_value::<IgnoredAny>()?;
+                    old_record = map
+                        .next_value::<Option<Annotated>>()?
+                        .and_then(Annotated::into_watch_record);
                 }
                 // The API server writes kind and operation before the
                 // object; only then is it known to be worth reading here.
@@ -108,6 +111,11 @@ impl<'de> Visitor<'de> for ScreenedVisitor {
             }
         }
         match object {
+            // A watch-rollout record the write would drop is kept, by the
+            // full path (`workload::keep_watch_record`).
+            Some(Some(quick)) if old_record.is_some() && quick.watch_record() != old_record.as_ref() => {
+                Err(de::Error::custom(NOT_SCREENED))
+            }
             Some(object) => Ok(Screened { object }),
             None => Err(de::Error::custom(NOT_SCREENED)),
         }
@@ -122,10 +130,14 @@ mod tests {
     use serde_json::{json, Value};
 
     fn payload(kind: &str, group: &str, op: &str, object: Value, settings: Value) -> Vec<u8> {
+        with_old(kind, group, op, object, Value::Null, settings)
+    }
+
+    fn with_old(kind: &str, group: &str, op: &str, object: Value, old: Value, settings: Value) -> Vec<u8> {
         serde_json::to_vec(&json!({
             "request": {"uid": "u", "kind": {"group": group, "version": "v1", "kind": kind},
                         "operation": op, "namespace": "ns", "userInfo": {"username": "u"},
-                        "object": object, "oldObject": null, "dryRun": false},
+                        "object": object, "oldObject": old, "dryRun": false},
             "settings": settings}))
         .unwrap()
     }
@@ -188,6 +200,17 @@ mod tests {
                 ),
             ),
             (
+                "drops the watch-rollout record the old object had",
+                with_old(
+                    "Deployment",
+                    "apps",
+                    "UPDATE",
+                    plain(),
+                    deployment(json!({"config-snapshot.io/watch-rollout": "{}"}), json!({})),
+                    json!({}),
+                ),
+            ),
+            (
                 "a ConfigMap",
                 payload("ConfigMap", "", "UPDATE", json!({"data": {}}), json!({})),
             ),
@@ -240,6 +263,7 @@ mod tests {
             "config-snapshot.io/snapshots",
             "config-snapshot.io/exclude",
             "config-snapshot.io/bogus",
+            "config-snapshot.io/watch-rollout",
         ]);
         let value = prop::sample::select(vec!["", "*", "app", "1h", "{}", "no"]);
         prop::collection::btree_map(key, value, 0..3)
@@ -253,10 +277,13 @@ mod tests {
         fn the_screen_never_answers_otherwise_than_the_full_path(
             top in annotations(),
             template in annotations(),
+            old in prop::option::of(annotations()),
             watch_by_default in any::<bool>(),
             op in prop::sample::select(vec!["CREATE", "UPDATE"]),
         ) {
-            let p = payload("Deployment", "apps", op, deployment(top, template), json!({"watchByDefault": watch_by_default}));
+            let old = old.map_or(Value::Null, |a| deployment(a, json!({})));
+            let settings = json!({"watchByDefault": watch_by_default});
+            let p = with_old("Deployment", "apps", op, deployment(top, template), old, settings);
             if let Some(screened) = pass_through(&p) {
                 prop_assert_eq!(serde_json::to_value(screened.to_response()).unwrap(), full(&p));
             }

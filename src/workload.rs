@@ -67,7 +67,8 @@ impl QuickSpec {
 
 /// Whether a workload is ours to look at: it opts in (or the settings opt
 /// every workload in), or its template carries our marks, which must be
-/// kept or cleaned. Anything else passes through untouched.
+/// kept or cleaned. Anything else passes through untouched, but for the
+/// watch-rollout record an update would drop ([`keep_watch_record`]).
 pub(crate) fn opts_in(quick: &Quick, settings: &Settings) -> bool {
     let marked = quick
         .spec
@@ -91,7 +92,7 @@ pub fn admit(
         Err(e) => return Outcome::reject(format!("{SAY}invalid {}: {e}", kind.kind()), 400),
     };
     if !opts_in(&quick, ctx.settings) {
-        return Outcome::accept();
+        return keep_watch_record(&quick, raw, old_raw.filter(|_| operation == "UPDATE"));
     }
 
     let mut object: Value = match serde_json::from_str(raw.get()) {
@@ -240,6 +241,62 @@ pub fn admit(
         code: None,
         mutated,
         warnings,
+    }
+}
+
+/// Only the annotations of the object an UPDATE replaces.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub(crate) struct Annotated {
+    metadata: QuickMeta,
+}
+
+impl Annotated {
+    pub(crate) fn into_watch_record(self) -> Option<String> {
+        self.metadata
+            .annotations
+            .and_then(|mut a| a.remove(keys::WATCH_ROLLOUT))
+    }
+}
+
+impl Quick {
+    pub(crate) fn watch_record(&self) -> Option<&String> {
+        self.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(keys::WATCH_ROLLOUT))
+    }
+}
+
+/// A workload that stops opting in keeps the watch-rollout record it had:
+/// `kubectl rollout undo` replaces a Deployment's annotations with an older
+/// revision's, so an undo to a revision from before the opt-in drops the
+/// opt-in and the record together. Without the record, an undo back to a
+/// watching revision would let the next watch rollout through the storm
+/// guard at once, however recent the last one (docs/design.md, "Deferred
+/// effects"). Everything else about such a workload passes through.
+fn keep_watch_record(quick: &Quick, raw: &RawValue, old_raw: Option<&RawValue>) -> Outcome {
+    let Some(old) = old_raw.and_then(|o| serde_json::from_str::<Annotated>(o.get()).ok()) else {
+        return Outcome::accept();
+    };
+    let Some(kept) = old.into_watch_record() else {
+        return Outcome::accept();
+    };
+    if quick.watch_record() == Some(&kept) {
+        return Outcome::accept();
+    }
+    let Ok(mut object) = serde_json::from_str::<Value>(raw.get()) else {
+        return Outcome::accept();
+    };
+    if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+        if meta.get("annotations").is_some_and(Value::is_null) {
+            meta.remove("annotations");
+        }
+    }
+    rewrite::set_annotation(&mut object, keys::WATCH_ROLLOUT, Some(Value::String(kept)));
+    Outcome {
+        mutated: Some(object),
+        ..Outcome::accept()
     }
 }
 

@@ -537,6 +537,47 @@ fn deployment_story(cp: &ControlPlane) {
     no_dangling(&view, "after pruning");
 }
 
+/// `kubectl rollout undo` to a revision from before the Deployment opted
+/// in puts back that ReplicaSet's annotations: the opt-in goes, and so would
+/// the record of the last watch rollout, which the storm guard counts from.
+/// serve keeps the record (docs/design.md, "Deferred effects").
+fn undo_to_before_opt_in_story(cp: &ControlPlane) {
+    let ns = "story-undo-opt-in";
+    cp.namespace(ns);
+    cp.apply(ns, &config_map("app", json!({"mode": "blue"})));
+    let env = json!([{"configMapRef": {"name": "app"}}]);
+    cp.apply(ns, &workload("Deployment", "web", json!({}), "nginx:1", env.clone(), 5));
+    assert_eq!(
+        env_ref(&cp.get(ns, "deployment", "web").unwrap()),
+        "app",
+        "not opted in"
+    );
+    let watching = json!({"config-snapshot.io/watch": "app"});
+    cp.apply(ns, &workload("Deployment", "web", watching, "nginx:2", env, 5));
+    let blue = env_ref(&cp.get(ns, "deployment", "web").unwrap());
+    assert!(blue.starts_with("app-"), "{blue}");
+    edit_and_roll(cp, ns, &blue);
+    let record = |web: &Value| web["metadata"]["annotations"]["config-snapshot.io/watch-rollout"].clone();
+    let recorded = record(&cp.get(ns, "deployment", "web").unwrap());
+    assert!(recorded.is_string(), "the rollout is recorded");
+
+    cp.kubectl(&["-n", ns, "rollout", "undo", "deployment/web", "--to-revision=1"]);
+    let web = eventually("the undo to revision 1", 30, || {
+        let web = cp.get(ns, "deployment", "web")?;
+        (web["spec"]["template"]["spec"]["containers"][0]["image"] == "nginx:1").then_some(web)
+    });
+    let annotations = &web["metadata"]["annotations"];
+    assert!(
+        annotations["config-snapshot.io/watch"].is_null(),
+        "kubectl put back revision 1's annotations: {annotations}"
+    );
+    assert_eq!(
+        record(&web),
+        recorded,
+        "the storm guard's record is kept: {annotations}"
+    );
+}
+
 /// StatefulSet and DaemonSet: the same through ControllerRevisions.
 fn revision_story(cp: &ControlPlane, kind: &str) {
     let ns = &format!("story-{}", kind.to_lowercase());
@@ -1223,6 +1264,10 @@ fn serve_on_a_real_control_plane() {
         kubelet.store(true, Ordering::SeqCst);
         return;
     }
+    if part == "undo" {
+        undo_to_before_opt_in_story(&cp);
+        return;
+    }
     if part == "rollouts" {
         let kubelet = start_kubelet_stand_in(&cp);
         rollouts::rollout_story(&cp);
@@ -1236,6 +1281,7 @@ fn serve_on_a_real_control_plane() {
     }
     if part != "scenarios" {
         deployment_story(&cp);
+        undo_to_before_opt_in_story(&cp);
         revision_story(&cp, "StatefulSet");
         revision_story(&cp, "DaemonSet");
         secret_story(&cp, &serve);
