@@ -20,6 +20,8 @@ pub const CHECKSUM_PREFIX: &str = "config-snapshot.io/checksum-";
 // out of the pod template, so writing them never rolls pods.
 pub const ROLLBACK: &str = "config-snapshot.io/rollback";
 pub const WATCH_ROLLOUT: &str = "config-snapshot.io/watch-rollout";
+/// Both, the host's bookkeeping on a workload: no user write changes them.
+pub const RECORDS: [&str; 2] = [ROLLBACK, WATCH_ROLLOUT];
 
 // Snapshot metadata.
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";

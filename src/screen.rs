@@ -19,7 +19,7 @@ use serde_json::value::RawValue;
 use crate::kinds::WorkloadKind;
 use crate::request::{Gvk, Outcome};
 use crate::settings::Settings;
-use crate::workload::{self, Annotated, Quick};
+use crate::workload::{self, Annotated, Quick, Records};
 
 /// The answer for a workload that neither opts in nor carries our marks:
 /// `None` when the full path must decide.
@@ -69,7 +69,7 @@ impl<'de> Visitor<'de> for ScreenedVisitor {
         let mut operation: Option<String> = None;
         let mut object: Option<Option<Quick>> = None;
         let (mut namespace, mut dry_run, mut old_object) = (false, false, false);
-        let mut old_record: Option<String> = None;
+        let mut old_records: Records = Default::default();
         // The fields the full path types, typed the same, each once; the
         // rest skipped as it skips them.
         while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
@@ -86,9 +86,9 @@ impl<'de> Visitor<'de> for ScreenedVisitor {
                 }
                 "oldObject" if !old_object => {
                     old_object = true;
-                    old_record = map
-                        .next_value::<Option<Annotated>>()?
-                        .and_then(Annotated::into_watch_record);
+                    if let Some(old) = map.next_value::<Option<Annotated>>()? {
+                        old_records = old.into_records();
+                    }
                 }
                 // The API server writes kind and operation before the
                 // object; only then is it known to be worth reading here.
@@ -111,11 +111,9 @@ impl<'de> Visitor<'de> for ScreenedVisitor {
             }
         }
         match object {
-            // A watch-rollout record the write would drop is kept, by the
-            // full path (`workload::keep_watch_record`).
-            Some(Some(quick)) if old_record.is_some() && quick.watch_record() != old_record.as_ref() => {
-                Err(de::Error::custom(NOT_SCREENED))
-            }
+            // A record of the host's the write would drop is kept, by the
+            // full path (`workload::keep_records`).
+            Some(Some(quick)) if quick.loses_records(&old_records) => Err(de::Error::custom(NOT_SCREENED)),
             Some(object) => Ok(Screened { object }),
             None => Err(de::Error::custom(NOT_SCREENED)),
         }
@@ -211,6 +209,17 @@ mod tests {
                 ),
             ),
             (
+                "drops the rollback record the old object had",
+                with_old(
+                    "Deployment",
+                    "apps",
+                    "UPDATE",
+                    deployment(json!({"team": "a"}), json!({})),
+                    deployment(json!({"config-snapshot.io/rollback": "{}"}), json!({})),
+                    json!({}),
+                ),
+            ),
+            (
                 "a ConfigMap",
                 payload("ConfigMap", "", "UPDATE", json!({"data": {}}), json!({})),
             ),
@@ -264,6 +273,7 @@ mod tests {
             "config-snapshot.io/exclude",
             "config-snapshot.io/bogus",
             "config-snapshot.io/watch-rollout",
+            "config-snapshot.io/rollback",
         ]);
         let value = prop::sample::select(vec!["", "*", "app", "1h", "{}", "no"]);
         prop::collection::btree_map(key, value, 0..3)

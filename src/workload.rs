@@ -68,7 +68,7 @@ impl QuickSpec {
 /// Whether a workload is ours to look at: it opts in (or the settings opt
 /// every workload in), or its template carries our marks, which must be
 /// kept or cleaned. Anything else passes through untouched, but for the
-/// watch-rollout record an update would drop ([`keep_watch_record`]).
+/// host's records an update would drop ([`keep_records`]).
 pub(crate) fn opts_in(quick: &Quick, settings: &Settings) -> bool {
     let marked = quick
         .spec
@@ -92,7 +92,7 @@ pub fn admit(
         Err(e) => return Outcome::reject(format!("{SAY}invalid {}: {e}", kind.kind()), 400),
     };
     if !opts_in(&quick, ctx.settings) {
-        return keep_watch_record(&quick, raw, old_raw.filter(|_| operation == "UPDATE"));
+        return keep_records(&quick, raw, old_raw.filter(|_| operation == "UPDATE"));
     }
 
     let mut object: Value = match serde_json::from_str(raw.get()) {
@@ -252,37 +252,42 @@ pub(crate) struct Annotated {
 }
 
 impl Annotated {
-    pub(crate) fn into_watch_record(self) -> Option<String> {
-        self.metadata
-            .annotations
-            .and_then(|mut a| a.remove(keys::WATCH_ROLLOUT))
+    /// The host's records ([`keys::RECORDS`]) the object carries.
+    pub(crate) fn into_records(self) -> Records {
+        let mut annotations = self.metadata.annotations.unwrap_or_default();
+        keys::RECORDS.map(|key| annotations.remove(key))
     }
 }
+
+/// Each of [`keys::RECORDS`], if present.
+pub(crate) type Records = [Option<String>; 2];
 
 impl Quick {
-    pub(crate) fn watch_record(&self) -> Option<&String> {
-        self.metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(keys::WATCH_ROLLOUT))
+    /// Whether this object drops or changes a record `old` carried.
+    pub(crate) fn loses_records(&self, old: &Records) -> bool {
+        let annotations = self.metadata.annotations.as_ref();
+        keys::RECORDS
+            .iter()
+            .zip(old)
+            .any(|(key, kept)| kept.is_some() && annotations.and_then(|a| a.get(*key)) != kept.as_ref())
     }
 }
 
-/// A workload that stops opting in keeps the watch-rollout record it had:
+/// A workload that stops opting in keeps the records the host made on it:
 /// `kubectl rollout undo` replaces a Deployment's annotations with an older
 /// revision's, so an undo to a revision from before the opt-in drops the
-/// opt-in and the record together. Without the record, an undo back to a
-/// watching revision would let the next watch rollout through the storm
-/// guard at once, however recent the last one (docs/design.md, "Deferred
-/// effects"). Everything else about such a workload passes through.
-fn keep_watch_record(quick: &Quick, raw: &RawValue, old_raw: Option<&RawValue>) -> Outcome {
+/// opt-in and the records together. An undo back to a watching revision
+/// would then find neither: the storm guard would let the next watch
+/// rollout through at once, however recent the last one, and the rollback
+/// count would start again, below what a waiting rollout saw, so that
+/// rollout would not be voided (docs/design.md, "Deferred effects").
+/// Everything else about such a workload passes through.
+fn keep_records(quick: &Quick, raw: &RawValue, old_raw: Option<&RawValue>) -> Outcome {
     let Some(old) = old_raw.and_then(|o| serde_json::from_str::<Annotated>(o.get()).ok()) else {
         return Outcome::accept();
     };
-    let Some(kept) = old.into_watch_record() else {
-        return Outcome::accept();
-    };
-    if quick.watch_record() == Some(&kept) {
+    let kept = old.into_records();
+    if !quick.loses_records(&kept) {
         return Outcome::accept();
     }
     let Ok(mut object) = serde_json::from_str::<Value>(raw.get()) else {
@@ -293,7 +298,11 @@ fn keep_watch_record(quick: &Quick, raw: &RawValue, old_raw: Option<&RawValue>) 
             meta.remove("annotations");
         }
     }
-    rewrite::set_annotation(&mut object, keys::WATCH_ROLLOUT, Some(Value::String(kept)));
+    for (key, record) in keys::RECORDS.iter().zip(kept) {
+        if let Some(record) = record {
+            rewrite::set_annotation(&mut object, key, Some(Value::String(record)));
+        }
+    }
     Outcome {
         mutated: Some(object),
         ..Outcome::accept()

@@ -898,28 +898,35 @@ fn a_user_write_cannot_rewind_the_watch_rollout_record() {
 }
 
 /// An undo to a revision from before the opt-in drops the opt-in and the
-/// record together (kubectl replaces a Deployment's annotations); the
-/// record stays, so an undo back cannot reset the storm guard.
+/// host's records together (kubectl replaces a Deployment's annotations);
+/// the records stay, so an undo back resets neither the storm guard nor the
+/// rollback count.
 #[test]
-fn a_workload_that_stops_opting_in_keeps_its_watch_rollout_record() {
+fn a_workload_that_stops_opting_in_keeps_the_hosts_records() {
     let host = FakeHost::with(vec![cm("app", json!({"mode": "blue"}))]);
     let mut live = create(&host, &deployment(json!({ keys::WATCH: "app" }), env_from_cm("app")))
         .mutated
         .unwrap();
     let recent = r#"{"generation":7,"at":"2027-01-15T08:00:00Z","source":"configmap/app","snapshot":"app-0123456789"}"#;
+    let rollback = r#"{"generation":6,"count":3,"at":"2027-01-15T07:00:00Z"}"#;
     live["metadata"]["annotations"][keys::WATCH_ROLLOUT] = json!(recent);
-    let before_opt_in = deployment(json!({}), env_from_cm("app"));
+    live["metadata"]["annotations"][keys::ROLLBACK] = json!(rollback);
+    let before_opt_in = deployment(json!({"team": "a"}), env_from_cm("app"));
     let out = update(&host, &live, &before_opt_in)
         .mutated
-        .expect("the record is kept");
-    assert_eq!(out["metadata"]["annotations"], json!({ keys::WATCH_ROLLOUT: recent }));
+        .expect("the records are kept");
+    assert_eq!(
+        out["metadata"]["annotations"],
+        json!({"team": "a", keys::WATCH_ROLLOUT: recent, keys::ROLLBACK: rollback})
+    );
     assert_eq!(out["spec"], before_opt_in["spec"], "nothing else is touched");
-    // With no annotations at all, as an undo to a bare revision sends them.
+    // With no annotations at all, as an undo to a bare revision may send them.
     let mut bare = before_opt_in.clone();
     bare["metadata"]["annotations"] = Value::Null;
-    let out = update(&host, &live, &bare).mutated.expect("the record is kept");
+    let out = update(&host, &live, &bare).mutated.expect("the records are kept");
     assert_eq!(out["metadata"]["annotations"][keys::WATCH_ROLLOUT], recent);
-    // A workload that never had one passes through untouched.
+    assert_eq!(out["metadata"]["annotations"][keys::ROLLBACK], rollback);
+    // A workload that never had them passes through untouched.
     let never = deployment(json!({}), env_from_cm("app"));
     assert!(update(&host, &never, &before_opt_in).mutated.is_none());
     assert!(update(&host, &out, &out).mutated.is_none());
