@@ -26,6 +26,9 @@ pub struct FakeHost {
     /// without it the call is `Unsupported` and the policy creates one by
     /// one.
     pub batches: bool,
+    /// Answers a created snapshot as our hosts do: the host sweeps its
+    /// source after the admission, so the policy need not.
+    pub sweeps: bool,
     pub now: i64,
     next_uid: RefCell<u64>,
 }
@@ -240,7 +243,7 @@ impl Host for FakeHost {
                     object["metadata"]["uid"] = json!(format!("uid-{}", self.next_uid.borrow()));
                     object["metadata"]["creationTimestamp"] = json!(crate::duration::format_rfc3339(self.now));
                     self.objects.borrow_mut().push(object);
-                    json!({"created": true})
+                    json!({"created": true, "sweeps": self.sweeps})
                 }
             }
             "delete_snapshot" => {

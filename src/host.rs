@@ -223,9 +223,13 @@ impl<'h> HostApi<'h> {
     /// `Ok(true)` if new, `Ok(false)` if it already existed (the host then
     /// makes sure it outlives the reference: see docs/design.md, "Garbage
     /// collection").
+    /// `Ok(true)`: the snapshot was made, and sweeping its source's older
+    /// versions is the policy's ([`crate::sweep::sweep`]). A host that
+    /// sweeps after the admission itself, off its latency, says so
+    /// (`"sweeps": true`).
     pub fn create_snapshot(&self, object: &Value, owner: &Value) -> Result<bool, CallError> {
         let answer = self.own(Operation::CreateSnapshot, &json!({ "object": object, "owner": owner }))?;
-        Ok(answer.get("created").and_then(Value::as_bool).unwrap_or(false))
+        Ok(sweep_due(&answer))
     }
 
     /// [`HostApi::create_snapshot`] for each of `objects`, in one call per
@@ -257,7 +261,7 @@ impl<'h> HostApi<'h> {
                         },
                         CallError::Host,
                     )),
-                    None => Ok(result["created"].as_bool().unwrap_or(false)),
+                    None => Ok(sweep_due(result)),
                 });
             }
         }
@@ -300,6 +304,12 @@ impl<'h> HostApi<'h> {
             .and_then(|v| v.get("unix").and_then(Value::as_i64))
             .unwrap_or_else(crate::duration::unix_now)
     }
+}
+
+/// Whether a `create_snapshot` answer leaves the sweep to the policy: the
+/// snapshot was created, and the host does not sweep after it.
+fn sweep_due(answer: &Value) -> bool {
+    answer["created"].as_bool().unwrap_or(false) && answer["sweeps"] != true
 }
 
 #[cfg(test)]

@@ -263,7 +263,7 @@ fn roll_out_one(
         step,
         error,
     };
-    let created = ctx
+    let sweep_due = ctx
         .host
         .create_snapshot(&snapshot, &crate::records::owner_of(kind, workload))
         .map_err(|e| fail(Operation::CreateSnapshot, e))?;
@@ -291,7 +291,7 @@ fn roll_out_one(
     ctx.host
         .patch_workload(request)
         .map_err(|e| fail(Operation::PatchWorkload, e))?;
-    if created {
+    if sweep_due {
         crate::sweep::sweep(ctx, id, &name);
     }
     Ok(())

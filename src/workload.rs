@@ -141,7 +141,8 @@ pub fn admit(
 
     // Create every snapshot before rewriting anything: a reference to a
     // snapshot that does not exist would break the pods.
-    let mut created_sources: Vec<(SourceId, String)> = Vec::new();
+    // The sources whose older versions this admission must sweep.
+    let mut to_sweep: Vec<(SourceId, String)> = Vec::new();
     // A standalone revision (a bare Job) is not a workload the host can
     // make an owner at once: it adopts its snapshots below, as revisions do.
     let owner = if kind.is_standalone() {
@@ -168,7 +169,7 @@ pub fn admit(
                 .next()
                 .unwrap_or_else(|| ctx.host.create_snapshot(&w.object, &owner));
             match answer {
-                Ok(true) => created_sources.push((id.clone(), w.name.clone())),
+                Ok(true) => to_sweep.push((id.clone(), w.name.clone())),
                 Ok(false) => {}
                 Err(e) if i == 0 && e.unsupported() => {
                     return checksum::degrade(ctx, &reads, (kind, &mut object), &groups, &optin, &e);
@@ -187,7 +188,7 @@ pub fn admit(
                 },
             }
         }
-        for (id, keep) in &created_sources {
+        for (id, keep) in &to_sweep {
             sweep::sweep(ctx, id, keep);
         }
     }

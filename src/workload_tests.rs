@@ -650,6 +650,30 @@ fn dropping_the_opt_in_restores_source_names() {
     assert!(restored["spec"]["template"]["metadata"]["annotations"][keys::SNAPSHOTS].is_null());
 }
 
+/// Making a snapshot sweeps its source's older versions: the policy does,
+/// inline, unless the host says it sweeps after the admission itself (our
+/// hosts do, off the admission's latency). Then the admission lists and
+/// deletes nothing.
+#[test]
+fn the_sweep_after_a_new_snapshot_is_the_hosts_when_it_says_so() {
+    let (old, orphan) = snapshot_of_cm("app", json!({"mode": "old"}));
+    let web = deployment(json!({ keys::SNAPSHOT: "*" }), env_from_cm("app"));
+    for host_sweeps in [false, true] {
+        let mut host = FakeHost::with(vec![cm("app", json!({"mode": "blue"})), orphan.clone()]);
+        host.sweeps = host_sweeps;
+        let out = create(&host, &web);
+        assert!(out.accepted, "{:?}", out.message);
+        assert_eq!(host.ops("create_snapshot").len(), 1, "a new snapshot");
+        let deleted: Vec<Value> = host.ops("delete_snapshot").iter().map(|d| d["name"].clone()).collect();
+        if host_sweeps {
+            assert!(deleted.is_empty(), "the host sweeps");
+            assert!(host.ops("list_resources_by_namespace").is_empty(), "nothing listed");
+        } else {
+            assert_eq!(deleted, [json!(old)], "the policy swept the old version");
+        }
+    }
+}
+
 /// A snapshot object as the host would have created it for `source`.
 fn snapshot_of_cm(source: &str, data: Value) -> (String, Value) {
     let content =

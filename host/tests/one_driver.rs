@@ -275,3 +275,45 @@ async fn a_watch_rollout_makes_the_workload_own_the_snapshot_before_it_names_it(
     }
     assert_eq!(left, right);
 }
+
+/// The sweep after a new snapshot, the host's own effect: of `app`'s other
+/// versions, the hour-old one nothing owns, uses or references goes; blue
+/// (referenced) and the one just made (`keep`) stay. The same on both
+/// clusters, under the guard's preconditions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_after_a_new_snapshot_takes_only_the_sources_unused_versions() {
+    let (objects, _) = cluster();
+    let ((a, left), (b, right)) = on_both(&objects, |c| {
+        let rules = Rules::new(
+            Settings::from_json(br#"{"orphanGracePeriod": "10m"}"#).unwrap(),
+            Arc::new(Prover::replay()),
+        );
+        let register = Register::default();
+        let driver = Driver::new(c, &rules, &register, &Silent);
+        let (objects, _) = cluster();
+        let sweep = |keep: &Value| Effect::Sweep {
+            namespace: "shop".into(),
+            source: SourceId::new(SourceKind::ConfigMap, "app"),
+            keep: keep["metadata"]["name"].as_str().unwrap().to_string(),
+        };
+        // Kept as the one just made, the hour-old version stays.
+        let spared = sweep(&objects[5]);
+        assert!(register.begin(&spared));
+        let first = driver.step(&spared, false, 0);
+        let kept = c.get("ConfigMap", "shop", objects[5]["metadata"]["name"].as_str().unwrap());
+        assert!(kept.unwrap().is_some(), "the snapshot kept is never swept");
+        let swept = sweep(&objects[4]);
+        assert!(register.begin(&swept));
+        (first, driver.step(&swept, false, 0))
+    })
+    .await;
+    assert_eq!(a, (Next::Over(Ending::Done), Next::Over(Ending::Done)));
+    assert_eq!(a, b);
+    let snapshots: std::collections::BTreeSet<&str> = left
+        .iter()
+        .filter(|o| config_snapshot_policy::keys::is_snapshot(o))
+        .map(|o| o["metadata"]["uid"].as_str().unwrap())
+        .collect();
+    assert_eq!(snapshots, ["u-blue", "u-green"].into(), "only the unused version went");
+    assert_eq!(left, right);
+}

@@ -763,6 +763,14 @@ async fn an_opted_in_admission_reads_its_sources_together_and_fresh() {
         "the snapshots were created one at a time (at most {} at once)",
         api.peak_creates_in_flight()
     );
+    // And the sweep of their sources' older versions is serve's, after the
+    // admission: the policy listed nothing while the request waited.
+    let metrics = serve.ops_get("/metrics").expect("metrics").1;
+    let listed = metrics.lines().find(|l| {
+        l.starts_with("config_snapshot_host_call_duration_seconds_count{operation=\"list_resources_by_namespace\"}")
+            && !l.ends_with(" 0")
+    });
+    assert!(listed.is_none(), "the admission listed: {listed:?}");
 
     // A second Deployment of the same sources reuses the snapshots just
     // made. Each is read ahead with its source, as fresh, and none is

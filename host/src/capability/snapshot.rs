@@ -70,7 +70,7 @@ impl Capability {
     /// the source's version, and nothing else (no owners, finalizers, other
     /// labels or annotations); the name must be the one the content gets,
     /// and a Secret's type Opaque or its source's own, never a token's.
-    fn build(&self, proposed: &Value) -> Result<(SourceKind, String, Content, Value), HostError> {
+    fn build(&self, proposed: &Value) -> Result<(SourceId, String, Content, Value), HostError> {
         let kind = proposed["kind"]
             .as_str()
             .and_then(SourceKind::from_kind)
@@ -113,9 +113,10 @@ impl Capability {
             .as_str()
             .unwrap_or_default();
         let version: String = version.chars().filter(char::is_ascii_digit).take(20).collect();
-        let mut object = snapshot_object(&SourceId::new(kind, &source), ns, &name, &version, &content);
+        let id = SourceId::new(kind, &source);
+        let mut object = snapshot_object(&id, ns, &name, &version, &content);
         self.prover().sign(&mut object);
-        Ok((kind, name, content, object))
+        Ok((id, name, content, object))
     }
 
     /// A Secret snapshot's type: Opaque, or its source's own; never one
@@ -145,12 +146,21 @@ impl Capability {
         let proposed = request
             .get("object")
             .ok_or_else(|| HostError::new(Code::BadRequest, "create_snapshot needs an object"))?;
-        let (kind, name, content, object) = self.build(proposed)?;
+        let (source, name, content, object) = self.build(proposed)?;
+        let kind = source.kind;
         let owner = self.owner(&request)?;
         let ns = self.caller.namespace.clone();
+        // A new snapshot: its source's older versions are swept after the
+        // admission, by the host, so that the admission does not wait for
+        // the lists a sweep makes; the policy is told it need not.
         let created = || {
             self.observer.note(format!("snapshot {}/{name} created", kind.kind()));
-            Ok(json!({"created": true}))
+            self.stage(Effect::Sweep {
+                namespace: ns.clone(),
+                source: source.clone(),
+                keep: name.clone(),
+            });
+            Ok(json!({"created": true, "sweeps": true}))
         };
         // A cached read first: most snapshots made are new, and most reused
         // ones are owned, and neither needs more.

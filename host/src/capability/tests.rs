@@ -180,13 +180,22 @@ fn a_good_snapshot_is_created_once() {
     let answer = write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap();
     assert_eq!(
         serde_json::from_slice::<Value>(&answer).unwrap(),
-        json!({"created": true})
+        json!({"created": true, "sweeps": true})
+    );
+    // The sweep of its source's older versions is staged for after the
+    // admission; a reuse stages none.
+    let staged = cap.take_staged();
+    assert!(
+        matches!(&staged[..], [Effect::Sweep { namespace, source, keep }]
+            if namespace == "team-a" && source.name == "app" && *keep == name_of(&good_snapshot("team-a"))),
+        "{staged:?}"
     );
     let again = write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap();
     assert_eq!(
         serde_json::from_slice::<Value>(&again).unwrap(),
         json!({"created": false})
     );
+    assert!(cap.take_staged().is_empty(), "a reuse sweeps nothing");
     // Created once; reused a moment later, with no sweep near, it needs
     // no mark (see the next test).
     let writes = backend.writes.lock().unwrap().clone();
@@ -272,7 +281,7 @@ fn a_reuse_is_marked_unless_a_fresh_read_shows_the_sweep_a_margin_away() {
     let answer = write(&cap, "create_snapshot", json!({"object": gone.clone()})).unwrap();
     assert_eq!(
         serde_json::from_slice::<Value>(&answer).unwrap(),
-        json!({"created": true})
+        json!({"created": true, "sweeps": true})
     );
     assert!(cached
         .cluster

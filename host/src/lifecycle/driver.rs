@@ -7,13 +7,14 @@
 
 use config_snapshot_policy::keys;
 use config_snapshot_policy::kinds;
-use config_snapshot_policy::sweep::owned;
+use config_snapshot_policy::source::SourceId;
+use config_snapshot_policy::sweep::{self, owned};
 use serde_json::Value;
 
 use super::effect::{Effect, PatchIntent};
 use super::guard;
 use super::observe::{Observer, Reason};
-use super::pass::{bridges, controller_of, orphans};
+use super::pass::{bridges, controller_of, orphans, Doomed};
 use super::register::Register;
 use super::verdict::{adopt_ops, decide_patch, version_of, Observed, Rules, Verdict};
 use crate::cluster::{self, ApiError, Cluster, Key, Preconditions, Selector};
@@ -156,7 +157,92 @@ impl Driver<'_> {
                 snapshots,
             } => self.adopt(namespace, owner_kind, owner_name, snapshots),
             Effect::Patch { namespace, request } => self.patch(namespace, request),
+            Effect::Sweep {
+                namespace,
+                source,
+                keep,
+            } => self.sweep_source(namespace, source, keep),
         }
+    }
+
+    /// The sweep after a new snapshot of `source`: every other snapshot of
+    /// it that nothing owns, references or awaits, unused for the grace
+    /// period, deleted under the guard (uid and the version judged). Best
+    /// effort: if anything cannot be listed, nothing goes, and the periodic
+    /// pass sweeps later.
+    fn sweep_source(&self, ns: &str, source: &SourceId, keep: &str) -> Attempt {
+        let grace = self.rules.settings.orphan_grace_period_secs;
+        let now = self.cluster.now();
+        // The candidates first, copied only if they could go: most versions
+        // of a busy source are young or owned, and then nothing else is
+        // listed.
+        let mut objects = Vec::new();
+        let listed = self
+            .cluster
+            .list(source.kind.kind(), Some(ns), &Selector::managed(), &mut |o| {
+                if keys::snapshot_source(o) == Some(source.name.as_str())
+                    && o["metadata"]["name"].as_str() != Some(keep)
+                    && sweep::is_orphan(o, now, grace)
+                {
+                    objects.push(o.clone())
+                }
+            });
+        if objects.is_empty() && listed.is_ok() {
+            return Attempt::Done;
+        }
+        let listed = kinds::holders().fold(listed, |listed, holder| {
+            listed.and_then(|()| {
+                self.cluster
+                    .list(holder.kind, Some(ns), &Selector::default(), &mut |o| {
+                        objects.push(o.clone())
+                    })
+            })
+        });
+        if let Err(e) = listed {
+            return Attempt::Dropped {
+                why: format!("not sweeping {source}'s snapshots, could not list: {e}"),
+                collect: None,
+            };
+        }
+        let all: Vec<&Value> = objects.iter().collect();
+        let doomed = orphans(&all, &self.register.targets(), now, grace);
+        self.delete_doomed(&doomed, &all, |d| {
+            format!("{}/{} swept: unowned, unused for {grace}s", d.kind, d.name)
+        });
+        Attempt::Done
+    }
+
+    /// Deletes what a sweep judged, each under the guard with the uid and
+    /// version it was judged at: a snapshot reused since is kept. How many
+    /// went.
+    pub fn delete_doomed(&self, doomed: &[Doomed], objects: &[&Value], gone: impl Fn(&Doomed) -> String) -> usize {
+        let mut deleted = 0;
+        for d in doomed {
+            let Some(snapshot) = objects
+                .iter()
+                .find(|o| cluster::key(o) == (d.kind.clone(), d.namespace.clone(), d.name.clone()))
+            else {
+                continue;
+            };
+            let preconditions = Preconditions {
+                uid: d.uid.clone(),
+                resource_version: Some(d.resource_version.clone()),
+            };
+            match guard::delete_snapshot(
+                &self.cluster,
+                self.register,
+                &self.rules.prover,
+                snapshot,
+                &preconditions,
+            ) {
+                Ok(()) => {
+                    deleted += 1;
+                    self.observer.note(gone(d));
+                }
+                Err(e) => self.observer.note(format!("kept {}/{}: {e}", d.kind, d.name)),
+            }
+        }
+        deleted
     }
 
     /// A read from the cache, or the API server when the cache does not

@@ -19,6 +19,15 @@ pub enum Effect {
     },
     /// A watch rollout: the `patch_workload` request the policy made.
     Patch { namespace: String, request: Value },
+    /// After a new snapshot of `source`: its older versions that nothing
+    /// owns, uses or references go (docs/design.md, "Garbage collection",
+    /// The sweep). The host's own, off the admission's latency; `keep` is
+    /// the snapshot just made.
+    Sweep {
+        namespace: String,
+        source: SourceId,
+        keep: String,
+    },
 }
 
 impl Effect {
@@ -31,7 +40,7 @@ impl Effect {
                 namespace.clone(),
                 request["snapshot"].as_str()?.to_string(),
             )),
-            Effect::Adopt { .. } => None,
+            Effect::Adopt { .. } | Effect::Sweep { .. } => None,
         }
     }
 
@@ -39,12 +48,15 @@ impl Effect {
         match self {
             Effect::Adopt { .. } => "adopt",
             Effect::Patch { .. } => "patch_workload",
+            Effect::Sweep { .. } => "sweep",
         }
     }
 
     pub fn namespace(&self) -> &str {
         match self {
-            Effect::Adopt { namespace, .. } | Effect::Patch { namespace, .. } => namespace,
+            Effect::Adopt { namespace, .. } | Effect::Patch { namespace, .. } | Effect::Sweep { namespace, .. } => {
+                namespace
+            }
         }
     }
 
@@ -77,6 +89,7 @@ impl Effect {
                 request["kind"].as_str().unwrap_or(""),
                 request["name"].as_str().unwrap_or("")
             ),
+            Effect::Sweep { source, .. } => format!("sweep of {source}'s snapshots"),
         }
     }
 
@@ -95,6 +108,9 @@ impl Effect {
                 owner_name,
                 ..
             } => (owner_kind.clone(), namespace.clone(), owner_name.clone()),
+            Effect::Sweep { namespace, source, .. } => {
+                (source.kind.kind().to_string(), namespace.clone(), source.name.clone())
+            }
         }
     }
 }

@@ -10,11 +10,10 @@ use serde_json::{json, Value};
 
 use super::driver::Driver;
 use super::effect::Effect;
-use super::guard;
 use super::observe::Reason;
 use super::pass::{bridges, missing_adoptions, orphans, renewals, watched_sources};
 use super::verdict::version_of;
-use crate::cluster::{self, key, Cluster, Preconditions, Selector};
+use crate::cluster::{self, key, Cluster, Selector};
 use crate::proof::SIGNATURE;
 
 /// Why a synthetic admission gave no answer.
@@ -212,34 +211,10 @@ impl Driver<'_> {
         };
         let all: Vec<&Value> = objects.iter().collect();
         let grace = self.rules.settings.orphan_grace_period_secs;
-        let mut swept = 0;
-        for d in orphans(&all, &self.register.targets(), self.cluster.now(), grace) {
-            let Some(snapshot) = all
-                .iter()
-                .find(|o| key(o) == (d.kind.clone(), d.namespace.clone(), d.name.clone()))
-            else {
-                continue;
-            };
-            let preconditions = Preconditions {
-                uid: d.uid.clone(),
-                resource_version: Some(d.resource_version.clone()),
-            };
-            match guard::delete_snapshot(
-                &self.cluster,
-                self.register,
-                &self.rules.prover,
-                snapshot,
-                &preconditions,
-            ) {
-                Ok(()) => {
-                    swept += 1;
-                    self.observer
-                        .note(format!("{}/{} swept: unowned, unused for {grace}s", d.kind, d.name));
-                }
-                Err(e) => self.observer.note(format!("resync: kept {}/{}: {e}", d.kind, d.name)),
-            }
-        }
-        swept
+        let doomed = orphans(&all, &self.register.targets(), self.cluster.now(), grace);
+        self.delete_doomed(&doomed, &all, |d| {
+            format!("{}/{} swept: unowned, unused for {grace}s", d.kind, d.name)
+        })
     }
 }
 
