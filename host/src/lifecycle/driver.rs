@@ -9,12 +9,14 @@ use config_snapshot_policy::keys;
 use config_snapshot_policy::kinds;
 use config_snapshot_policy::source::SourceId;
 use config_snapshot_policy::sweep::{self, owned};
+use std::collections::HashSet;
+
 use serde_json::Value;
 
 use super::effect::{Effect, PatchIntent};
 use super::guard;
 use super::observe::{Observer, Reason};
-use super::pass::{bridges, controller_of, orphans, Doomed};
+use super::pass::{add_references, bridges, controller_of, doomed, orphans, Doomed};
 use super::register::Register;
 use super::verdict::{adopt_ops, decide_patch, version_of, Observed, Rules, Verdict};
 use crate::cluster::{self, ApiError, Cluster, Key, Preconditions, Selector};
@@ -175,38 +177,40 @@ impl Driver<'_> {
         let now = self.cluster.now();
         // The candidates first, copied only if they could go: most versions
         // of a busy source are young or owned, and then nothing else is
-        // listed.
-        let mut objects = Vec::new();
-        let listed = self
+        // read.
+        let mut candidates = Vec::new();
+        let mut listed = self
             .cluster
             .list(source.kind.kind(), Some(ns), &Selector::managed(), &mut |o| {
                 if keys::snapshot_source(o) == Some(source.name.as_str())
                     && o["metadata"]["name"].as_str() != Some(keep)
                     && sweep::is_orphan(o, now, grace)
                 {
-                    objects.push(o.clone())
+                    candidates.push(o.clone())
                 }
             });
-        if objects.is_empty() && listed.is_ok() {
+        if candidates.is_empty() && listed.is_ok() {
             return Attempt::Done;
         }
-        let listed = kinds::holders().fold(listed, |listed, holder| {
-            listed.and_then(|()| {
+        // What the namespace's holders reference, read in place.
+        let mut referenced = HashSet::new();
+        for holder in kinds::holders() {
+            listed = listed.and_then(|()| {
                 self.cluster
                     .list(holder.kind, Some(ns), &Selector::default(), &mut |o| {
-                        objects.push(o.clone())
+                        add_references(&mut referenced, o)
                     })
-            })
-        });
+            });
+        }
         if let Err(e) = listed {
             return Attempt::Dropped {
                 why: format!("not sweeping {source}'s snapshots, could not list: {e}"),
                 collect: None,
             };
         }
-        let all: Vec<&Value> = objects.iter().collect();
-        let doomed = orphans(&all, &self.register.targets(), now, grace);
-        self.delete_doomed(&doomed, &all, |d| {
+        let candidates: Vec<&Value> = candidates.iter().collect();
+        let doomed = doomed(&candidates, &referenced, &self.register.targets(), now, grace);
+        self.delete_doomed(&doomed, &candidates, |d| {
             format!("{}/{} swept: unowned, unused for {grace}s", d.kind, d.name)
         });
         Attempt::Done

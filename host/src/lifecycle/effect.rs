@@ -61,8 +61,8 @@ impl Effect {
     }
 
     /// Whether running `self` after `other` could change nothing `other`
-    /// will not: the same adoption, or a patch of the same workload to the
-    /// same snapshot. Two such patches differ at most in the source
+    /// will not: the same adoption, a patch of the same workload to the
+    /// same snapshot, or a sweep of the same source. Two such patches differ at most in the source
     /// version they wait to see persisted, and a resync derives one only
     /// from a source already persisted with that content, so the one
     /// already on its way sees it too.
@@ -75,6 +75,16 @@ impl Effect {
                     request: r,
                 },
             ) => namespace == ns && ["kind", "name", "snapshot"].iter().all(|f| request[f] == r[f]),
+            // One sweep of a source at a time: the one on its way judges
+            // every version by its age, whichever snapshot asked for it.
+            (
+                Effect::Sweep { namespace, source, .. },
+                Effect::Sweep {
+                    namespace: ns,
+                    source: s,
+                    ..
+                },
+            ) => namespace == ns && source == s,
             _ => self == other,
         }
     }

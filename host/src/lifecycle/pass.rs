@@ -209,17 +209,35 @@ pub struct Doomed {
 pub fn orphans(objects: &[&Value], pending: &HashSet<Key>, now: i64, grace: u64) -> Vec<Doomed> {
     let mut referenced: HashSet<Key> = HashSet::new();
     for holder in objects {
-        let Some(row) = kinds::find(kind_of(holder)).filter(|k| k.template.is_some()) else {
-            continue;
-        };
-        let ns = holder["metadata"]["namespace"].as_str().unwrap_or_default();
-        for kind in [SourceKind::ConfigMap, SourceKind::Secret] {
-            let mut names = std::collections::BTreeSet::new();
-            sweep::add_references(&mut names, row, holder, kind);
-            referenced.extend(names.into_iter().map(|n| (kind.kind().to_string(), ns.to_string(), n)));
-        }
+        add_references(&mut referenced, holder);
     }
-    objects
+    doomed(objects, &referenced, pending, now, grace)
+}
+
+/// Adds every ConfigMap and Secret `holder` references, if it is a kind
+/// that holds references (workloads, revisions, Pods).
+pub fn add_references(referenced: &mut HashSet<Key>, holder: &Value) {
+    let Some(row) = kinds::find(kind_of(holder)).filter(|k| k.template.is_some()) else {
+        return;
+    };
+    let ns = holder["metadata"]["namespace"].as_str().unwrap_or_default();
+    for kind in [SourceKind::ConfigMap, SourceKind::Secret] {
+        let mut names = std::collections::BTreeSet::new();
+        sweep::add_references(&mut names, row, holder, kind);
+        referenced.extend(names.into_iter().map(|n| (kind.kind().to_string(), ns.to_string(), n)));
+    }
+}
+
+/// The snapshots among `candidates` a sweep deletes: ours, unowned, unused
+/// for the grace period, and neither `referenced` nor `pending`.
+pub fn doomed(
+    candidates: &[&Value],
+    referenced: &HashSet<Key>,
+    pending: &HashSet<Key>,
+    now: i64,
+    grace: u64,
+) -> Vec<Doomed> {
+    candidates
         .iter()
         .filter(|o| sweep::is_orphan(o, now, grace))
         .filter(|o| {
