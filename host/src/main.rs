@@ -72,7 +72,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Diff(args) => cli::history::diff(args),
         Command::Serve(options) => {
             serve::init_logging(&options.log_format);
-            cli::runtime()?.block_on(serve::run(options))?;
+            let runtime = cli::runtime()?;
+            let served = runtime.block_on(serve::run(options));
+            // The HTTP server has had its grace. Effects still running (a
+            // sweep, an API call that cannot finish now) must not hold the
+            // exit: dropping the runtime would wait for them without end.
+            // What they leave undone, a replica's resync re-derives.
+            runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+            served?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Precompile(args) => cli::module::precompile(args),
