@@ -24,6 +24,9 @@ use crate::cluster::Cluster;
 use crate::lifecycle::verdict::{adopt_ops, version_of};
 use crate::lifecycle::Effect;
 
+/// The most often a source is swept after its new snapshots (seconds).
+const SWEEP_EVERY_SECS: i64 = 60;
+
 /// Secret types that mint credentials when created: never a snapshot's.
 const TOKEN_TYPES: [&str; 2] = [SA_TOKEN, "bootstrap.kubernetes.io/token"];
 
@@ -152,14 +155,19 @@ impl Capability {
         let ns = self.caller.namespace.clone();
         // A new snapshot: its source's older versions are swept after the
         // admission, by the host, so that the admission does not wait for
-        // the lists a sweep makes; the policy is told it need not.
+        // the lists a sweep makes; the policy is told it need not. At most
+        // once a minute per source (half the grace period, if shorter).
         let created = || {
             self.observer.note(format!("snapshot {}/{name} created", kind.kind()));
-            self.stage(Effect::Sweep {
-                namespace: ns.clone(),
-                source: source.clone(),
-                keep: name.clone(),
-            });
+            let grace = self.rules.settings.orphan_grace_period_secs as i64;
+            let every = SWEEP_EVERY_SECS.min(grace / 2);
+            if self.register.sweep_due(&ns, &source, self.cluster.now(), every) {
+                self.stage(Effect::Sweep {
+                    namespace: ns.clone(),
+                    source: source.clone(),
+                    keep: name.clone(),
+                });
+            }
             Ok(json!({"created": true, "sweeps": true}))
         };
         // A cached read first: most snapshots made are new, and most reused

@@ -4,8 +4,10 @@
 //! its way is not queued again, and a snapshot an effect on its way will
 //! make a workload reference may not be deleted meanwhile.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard};
+
+use config_snapshot_policy::source::SourceId;
 
 use super::effect::Effect;
 use crate::cluster::Key;
@@ -13,13 +15,37 @@ use crate::cluster::Key;
 #[derive(Debug, Default)]
 pub struct Register {
     effects: Mutex<Vec<Effect>>,
+    /// (namespace, source) → when its last sweep was asked for (unix
+    /// seconds).
+    swept: Mutex<HashMap<(String, SourceId), i64>>,
 }
+
+/// Entries of [`Register::swept`] past which old ones are forgotten.
+const SWEPT_REMEMBERED: usize = 10_000;
 
 impl Register {
     fn effects(&self) -> MutexGuard<'_, Vec<Effect>> {
         // Every write is one push or one removal: a poisoned lock still
         // holds a consistent list.
         self.effects.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether a new snapshot of `source` should be followed by a sweep:
+    /// none was asked for in the last `every` seconds. A sweep judges
+    /// versions by an age of minutes (the grace period), so sweeping a busy
+    /// source at every new snapshot finds nothing sooner; it only adds work
+    /// beside the admissions. Records this one.
+    pub fn sweep_due(&self, namespace: &str, source: &SourceId, now: i64, every: i64) -> bool {
+        let mut swept = self.swept.lock().unwrap_or_else(|e| e.into_inner());
+        if swept.len() >= SWEPT_REMEMBERED {
+            swept.retain(|_, at| now - *at < every);
+        }
+        let slot = (namespace.to_string(), source.clone());
+        if swept.get(&slot).is_some_and(|at| now - at < every) {
+            return false;
+        }
+        swept.insert(slot, now);
+        true
     }
 
     /// Records `effect` as on its way; `false` when one doing the same work
@@ -67,6 +93,30 @@ impl Register {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_source_is_swept_at_most_once_an_interval_and_sweeps_of_it_coalesce() {
+        use config_snapshot_policy::source::SourceKind;
+        let (app, other) = (
+            SourceId::new(SourceKind::ConfigMap, "app"),
+            SourceId::new(SourceKind::ConfigMap, "other"),
+        );
+        let register = Register::default();
+        assert!(register.sweep_due("ns", &app, 1000, 60));
+        assert!(!register.sweep_due("ns", &app, 1059, 60), "within the interval");
+        assert!(register.sweep_due("ns", &other, 1059, 60), "per source");
+        assert!(register.sweep_due("other-ns", &app, 1059, 60), "per namespace");
+        assert!(register.sweep_due("ns", &app, 1060, 60), "the interval passed");
+        let sweep = |keep: &str| Effect::Sweep {
+            namespace: "ns".into(),
+            source: app.clone(),
+            keep: keep.into(),
+        };
+        assert!(register.begin(&sweep("app-1")));
+        assert!(!register.begin(&sweep("app-2")), "one sweep of a source at a time");
+        register.end(&sweep("app-1"));
+        assert!(register.is_empty());
+    }
 
     #[test]
     fn the_same_work_is_registered_once_and_its_target_is_awaited_until_it_ends() {
