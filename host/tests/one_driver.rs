@@ -89,6 +89,15 @@ fn cluster() -> (Vec<Value>, Vec<Effect>) {
     (vec![web, rs, source, blue_snap, green_snap, old_snap], effects)
 }
 
+/// The rules both clusters are driven by: the shipped grace period and
+/// replay's key.
+fn rules() -> Rules {
+    Rules::new(
+        Settings::from_json(br#"{"orphanGracePeriod": "10m"}"#).unwrap(),
+        Arc::new(Prover::replay()),
+    )
+}
+
 /// The pass's host where nothing is admitted again: this test is about
 /// what the driver writes, and effects queued by the pass run at once.
 struct Pass<'a>(&'a Driver<'a>);
@@ -108,10 +117,7 @@ impl PassHost for Pass<'_> {
 fn drive(cluster: &dyn Cluster, effects: &[Effect]) -> Vec<Next> {
     let rules = Rules {
         watch_min_interval: 30,
-        ..Rules::new(
-            Settings::from_json(br#"{"orphanGracePeriod": "10m"}"#).unwrap(),
-            Arc::new(Prover::replay()),
-        )
+        ..rules()
     };
     let register = Register::default();
     let driver = Driver::new(cluster, &rules, &register, &Silent);
@@ -245,10 +251,7 @@ async fn a_watch_rollout_makes_the_workload_own_the_snapshot_before_it_names_it(
     let rollout = effects[1].clone();
     assert_eq!(rollout.target().unwrap().2, green);
     let ((a, left), (b, right)) = on_both(&objects, |c| {
-        let rules = Rules::new(
-            Settings::from_json(br#"{"orphanGracePeriod": "10m"}"#).unwrap(),
-            Arc::new(Prover::replay()),
-        );
+        let rules = rules();
         let register = Register::default();
         let driver = Driver::new(c, &rules, &register, &Silent);
         let (_, effects) = cluster();
@@ -284,10 +287,7 @@ async fn a_watch_rollout_makes_the_workload_own_the_snapshot_before_it_names_it(
 async fn the_sweep_after_a_new_snapshot_takes_only_the_sources_unused_versions() {
     let (objects, _) = cluster();
     let ((a, left), (b, right)) = on_both(&objects, |c| {
-        let rules = Rules::new(
-            Settings::from_json(br#"{"orphanGracePeriod": "10m"}"#).unwrap(),
-            Arc::new(Prover::replay()),
-        );
+        let rules = rules();
         let register = Register::default();
         let driver = Driver::new(c, &rules, &register, &Silent);
         let (objects, _) = cluster();
