@@ -17,7 +17,22 @@ pub enum SettingsError {
     Excluded(#[from] ListError),
     #[error("orphanGracePeriod: {0}")]
     GracePeriod(#[from] DurationError),
+    /// A grace period shorter than an admission can take to be stored
+    /// would let a sweep delete a snapshot its workload is about to name.
+    #[error(
+        "orphanGracePeriod: {0}s is shorter than the minimum of {MIN_ORPHAN_GRACE_SECS}s: a snapshot \
+         has no owner and no reference until the request that made it is stored, which kube-apiserver \
+         allows up to its request timeout (60 s by default)"
+    )]
+    GracePeriodTooShort(u64),
 }
+
+/// The shortest `orphanGracePeriod` accepted. A snapshot made during an
+/// admission is unowned and unreferenced until kube-apiserver stores the
+/// request, after the other webhooks, up to its request timeout (60 s by
+/// default). A sweep inside that window would leave the stored workload
+/// naming a snapshot that no longer exists.
+pub const MIN_ORPHAN_GRACE_SECS: u64 = 60;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -98,6 +113,9 @@ impl TryFrom<RawSettings> for Settings {
     fn try_from(raw: RawSettings) -> Result<Self, SettingsError> {
         let excluded = SourceList::parse("excludedSources", &raw.excluded_sources.join(","), false)?;
         let grace = parse_go_duration(&raw.orphan_grace_period)?;
+        if grace < MIN_ORPHAN_GRACE_SECS {
+            return Err(SettingsError::GracePeriodTooShort(grace));
+        }
         Ok(Settings {
             snapshot_by_default: raw.snapshot_by_default,
             watch_by_default: raw.watch_by_default,
@@ -182,5 +200,18 @@ mod tests {
             "{err}"
         );
         assert!(Settings::from_json(b"[1,2]").is_err());
+    }
+
+    /// A grace period shorter than an admission can take to be stored is
+    /// refused; the minimum itself is accepted.
+    #[test]
+    fn a_grace_period_below_the_request_timeout_is_refused() {
+        for short in ["0s", "1s", "59s"] {
+            let err = Settings::from_json(format!(r#"{{"orphanGracePeriod":"{short}"}}"#).as_bytes()).unwrap_err();
+            assert!(matches!(err, SettingsError::GracePeriodTooShort(_)), "{short}: {err}");
+            assert!(err.to_string().contains("orphanGracePeriod"), "{err}");
+        }
+        let s = Settings::from_json(br#"{"orphanGracePeriod":"1m"}"#).unwrap();
+        assert_eq!(s.orphan_grace_period_secs, MIN_ORPHAN_GRACE_SECS);
     }
 }

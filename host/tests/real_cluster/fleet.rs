@@ -142,9 +142,9 @@ fn patches(replicas: &[ServeProcess]) -> Vec<(f64, String)> {
 pub fn leader_killed_mid_storm(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path, ns: &str) {
     cp.namespace(ns);
     serve.stop();
-    // A short orphan grace, so that the collection of the storm's unused
-    // snapshots is seen within the story.
-    let settings = r#"{"orphanGracePeriod": "10s"}"#;
+    // The shortest orphan grace accepted, so that the collection of the
+    // storm's unused snapshots is seen within the story.
+    let settings = r#"{"orphanGracePeriod": "1m"}"#;
     let mut flags = serve_flags(settings);
     flags.extend([
         "--leader-elect",
@@ -297,7 +297,7 @@ pub fn leader_killed_mid_storm(cp: &ControlPlane, serve: &mut ServeProcess, kube
     // The storm's unused snapshots go once the grace has passed.
     eventually_or(
         "the storm's unused snapshots to be collected",
-        60,
+        60 + 3 * RESYNC_SECS + 30,
         || state(&replicas),
         || {
             invariants::garbage_bounded(&cp.objects(ns).objects(), &Default::default())

@@ -30,10 +30,11 @@ fn passes(serve: &ServeProcess, passes: f64) {
 /// by a CronJob, in an excluded namespace, or with a made-up signature.
 /// Each is counted and reported instead. On c7d6a24 the sweep deleted the
 /// first three.
-/// serve runs with a 1 s orphan grace period, so that only the proof
-/// stands between the forgeries and the sweep.
+/// serve runs with the shortest orphan grace period accepted (1 m), and
+/// the story waits it out, so that only the proof stands between the
+/// forgeries and the sweep.
 fn forged_label_story(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path) {
-    serve.restart(kubeconfig, &serve_flags(r#"{"orphanGracePeriod": "1s"}"#));
+    serve.restart(kubeconfig, &serve_flags(r#"{"orphanGracePeriod": "1m"}"#));
     serve.wait_ready();
     let ns = "attack-label";
     cp.namespace(ns);
@@ -55,6 +56,8 @@ fn forged_label_story(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &
                             "envFrom": [{"configMapRef": {"name": "cron-only"}}]}]}}}}}
     });
     cp.apply(ns, &cron);
+    // Past the grace period, then three passes that judge them.
+    std::thread::sleep(std::time::Duration::from_secs(61));
     passes(serve, 3.0);
     for (namespace, name) in [
         (ns, "unused"),
