@@ -210,7 +210,7 @@ impl Driver<'_> {
         }
         let candidates: Vec<&Value> = candidates.iter().collect();
         let doomed = doomed(&candidates, &referenced, &self.register.targets(), now, grace);
-        self.delete_doomed(&doomed, &candidates, |d| {
+        self.delete_doomed(&doomed, |d| {
             format!("{}/{} swept: unowned, unused for {grace}s", d.kind, d.name)
         });
         Attempt::Done
@@ -219,15 +219,9 @@ impl Driver<'_> {
     /// Deletes what a sweep judged, each under the guard with the uid and
     /// version it was judged at: a snapshot reused since is kept. How many
     /// went.
-    pub fn delete_doomed(&self, doomed: &[Doomed], objects: &[&Value], gone: impl Fn(&Doomed) -> String) -> usize {
+    pub fn delete_doomed(&self, doomed: &[Doomed], gone: impl Fn(&Doomed) -> String) -> usize {
         let mut deleted = 0;
         for d in doomed {
-            let Some(snapshot) = objects
-                .iter()
-                .find(|o| cluster::key(o) == (d.kind.clone(), d.namespace.clone(), d.name.clone()))
-            else {
-                continue;
-            };
             let preconditions = Preconditions {
                 uid: d.uid.clone(),
                 resource_version: Some(d.resource_version.clone()),
@@ -236,7 +230,7 @@ impl Driver<'_> {
                 &self.cluster,
                 self.register,
                 &self.rules.prover,
-                snapshot,
+                d.snapshot,
                 &preconditions,
             ) {
                 Ok(()) => {

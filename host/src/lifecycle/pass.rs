@@ -193,20 +193,22 @@ pub fn watched_sources<'a>(objects: &[&'a Value], settings: &Settings) -> Vec<&'
 }
 
 /// A snapshot the timed sweep deletes, with the preconditions that make
-/// the delete fail if it was reused since it was judged.
+/// the delete fail if it was reused since it was judged. It borrows the
+/// object judged, so that the delete needs no search for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Doomed {
+pub struct Doomed<'a> {
     pub kind: String,
     pub namespace: String,
     pub name: String,
     pub uid: String,
     pub resource_version: String,
+    pub snapshot: &'a Value,
 }
 
 /// The snapshots among `objects` that nothing owns, nothing references,
 /// no pending effect targets (`pending`), and nothing has used for the
 /// grace period.
-pub fn orphans(objects: &[&Value], pending: &HashSet<Key>, now: i64, grace: u64) -> Vec<Doomed> {
+pub fn orphans<'a>(objects: &[&'a Value], pending: &HashSet<Key>, now: i64, grace: u64) -> Vec<Doomed<'a>> {
     let mut referenced: HashSet<Key> = HashSet::new();
     for holder in objects {
         add_references(&mut referenced, holder);
@@ -230,13 +232,13 @@ pub fn add_references(referenced: &mut HashSet<Key>, holder: &Value) {
 
 /// The snapshots among `candidates` a sweep deletes: ours, unowned, unused
 /// for the grace period, and neither `referenced` nor `pending`.
-pub fn doomed(
-    candidates: &[&Value],
+pub fn doomed<'a>(
+    candidates: &[&'a Value],
     referenced: &HashSet<Key>,
     pending: &HashSet<Key>,
     now: i64,
     grace: u64,
-) -> Vec<Doomed> {
+) -> Vec<Doomed<'a>> {
     candidates
         .iter()
         .filter(|o| sweep::is_orphan(o, now, grace))
@@ -253,6 +255,7 @@ pub fn doomed(
                 name,
                 uid: text(&o["metadata"]["uid"]),
                 resource_version: text(&o["metadata"]["resourceVersion"]),
+                snapshot: o,
             }
         })
         .collect()

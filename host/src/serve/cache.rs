@@ -245,9 +245,21 @@ impl Cache {
     }
 
     pub fn get(&self, kind: &str, namespace: &str, name: &str) -> cluster::Result<Option<Value>> {
+        self.inspect(kind, namespace, name, Value::clone)
+    }
+
+    /// `look` at one cached object in place: a question about a large
+    /// object (a snapshot can be 1 MiB) need not copy it.
+    pub fn inspect<T>(
+        &self,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+        look: impl FnOnce(&Value) -> T,
+    ) -> cluster::Result<Option<T>> {
         let cache = self.kind(kind)?;
         let indexed = cache.objects.read().unwrap();
-        Ok(indexed.objects.get(namespace).and_then(|n| n.get(name)).cloned())
+        Ok(indexed.objects.get(namespace).and_then(|n| n.get(name)).map(look))
     }
 
     /// The `kind` workloads of `namespace` whose template references

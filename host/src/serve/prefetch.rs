@@ -162,12 +162,10 @@ pub async fn read_ahead(
 /// Whether serve's cache has `name` with an owner: then
 /// `create_snapshot` reuses it from the cache and waits for no fresh read.
 fn owned_in_cache(cluster: &KubeCluster, kind: SourceKind, namespace: &str, name: &str) -> bool {
-    use crate::cluster::Cluster;
     cluster
-        .get(kind.kind(), namespace, name)
-        .ok()
-        .flatten()
-        .is_some_and(|found| config_snapshot_policy::sweep::owned(&found))
+        .cache
+        .inspect(kind.kind(), namespace, name, config_snapshot_policy::sweep::owned)
+        .is_ok_and(|owned| owned == Some(true))
 }
 
 #[cfg(test)]
