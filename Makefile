@@ -76,11 +76,16 @@ bench-cluster: policy.wasm
 	CI=true REAL_CLUSTER_PART=bench BENCH_WRITE_DOCS=1 \
 	  cargo test --profile bench -p config-snapshot --test real_cluster -- --nocapture
 
-## tools: the load generator oha, pinned, under target/tools (for `load` and the suite's smoke)
+## tools: the load generator oha, pinned, built once into a cache keyed by its version
+## and linked under target/tools (for `load` and the suite's smoke)
 OHA_VERSION := 1.16.0
+OHA_ROOT := $(HOME)/.cache/config-snapshot/tools/oha-$(OHA_VERSION)
 tools: setup target/tools/bin/oha
-target/tools/bin/oha:
-	cargo install oha --version $(OHA_VERSION) --locked --root target/tools
+target/tools/bin/oha: $(OHA_ROOT)/bin/oha
+	mkdir -p target/tools/bin && ln -sf $(OHA_ROOT)/bin/oha $@
+$(OHA_ROOT)/bin/oha:
+	cargo install oha --version $(OHA_VERSION) --locked --root $(OHA_ROOT).tmp
+	rm -rf $(OHA_ROOT) && mv $(OHA_ROOT).tmp $(OHA_ROOT)
 
 ## deny: cargo deny over the lock file (deny.toml): bans, licenses and sources always;
 ## advisories when the RustSec database can be fetched (github.com; not from every machine)
