@@ -210,16 +210,14 @@ impl Driver<'_> {
         }
         let candidates: Vec<&Value> = candidates.iter().collect();
         let doomed = doomed(&candidates, &referenced, &self.register.targets(), now, grace);
-        self.delete_doomed(&doomed, |d| {
-            format!("{}/{} swept: unowned, unused for {grace}s", d.kind, d.name)
-        });
+        self.delete_doomed(&doomed, grace);
         Attempt::Done
     }
 
-    /// Deletes what a sweep judged, each under the guard with the uid and
-    /// version it was judged at: a snapshot reused since is kept. How many
-    /// went.
-    pub fn delete_doomed(&self, doomed: &[Doomed], gone: impl Fn(&Doomed) -> String) -> usize {
+    /// Deletes what a sweep judged, unused for `grace` seconds, each under
+    /// the guard with the uid and version it was judged at: a snapshot
+    /// reused since is kept. How many went.
+    pub fn delete_doomed(&self, doomed: &[Doomed], grace: u64) -> usize {
         let mut deleted = 0;
         for d in doomed {
             let preconditions = Preconditions {
@@ -235,7 +233,8 @@ impl Driver<'_> {
             ) {
                 Ok(()) => {
                     deleted += 1;
-                    self.observer.note(gone(d));
+                    self.observer
+                        .note(format!("{}/{} swept: unowned, unused for {grace}s", d.kind, d.name));
                 }
                 Err(e) => self.observer.note(format!("kept {}/{}: {e}", d.kind, d.name)),
             }

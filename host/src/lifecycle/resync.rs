@@ -212,9 +212,7 @@ impl Driver<'_> {
         let all: Vec<&Value> = objects.iter().collect();
         let grace = self.rules.settings.orphan_grace_period_secs;
         let doomed = orphans(&all, &self.register.targets(), self.cluster.now(), grace);
-        self.delete_doomed(&doomed, |d| {
-            format!("{}/{} swept: unowned, unused for {grace}s", d.kind, d.name)
-        })
+        self.delete_doomed(&doomed, grace)
     }
 }
 
