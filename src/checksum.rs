@@ -86,16 +86,28 @@ pub fn degrade(
 /// nothing about the value to them. The key is the setting
 /// `secretChecksumKey` when given; else the Secret's own uid, which only
 /// those who can read the Secret (or its metadata) know, so that guessing
-/// a value needs access that reads it (docs/hash-spec.md).
+/// a value needs access that reads it (docs/hash-spec.md). Under the
+/// setting, one key for every namespace, the namespace is in the message
+/// too: a checksum read in one namespace is no oracle for guesses made in
+/// another. (A uid is one object's: the uid-keyed checksum keeps its form.)
 pub fn secret_checksum(settings: &Settings, secret: &Value, content_hash: &str) -> String {
     use hmac::Mac as _;
-    let uid = secret
-        .pointer("/metadata/uid")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    let key = settings.secret_checksum_key.as_deref().unwrap_or(uid);
+    let meta = |field: &str| {
+        secret
+            .pointer(&format!("/metadata/{field}"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    };
+    let (key, purpose, namespace) = match settings.secret_checksum_key.as_deref() {
+        Some(key) => (key, "config-snapshot/secret-checksum/v2\0", Some(meta("namespace"))),
+        None => (meta("uid"), "config-snapshot/secret-checksum/v1\0", None),
+    };
     let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(key.as_bytes()).expect("HMAC takes a key of any length");
-    mac.update(b"config-snapshot/secret-checksum/v1\0");
+    mac.update(purpose.as_bytes());
+    if let Some(namespace) = namespace {
+        mac.update(namespace.as_bytes());
+        mac.update(b"\0");
+    }
     mac.update(content_hash.as_bytes());
     content::hex(&mac.finalize().into_bytes())
 }
@@ -110,4 +122,36 @@ pub fn checksum_key(id: &SourceId) -> String {
     let digest = content::hex(&sha2::Sha256::digest(id.name.as_bytes()));
     let head = name_part[..52].trim_end_matches(['-', '.']);
     format!("{}{head}-{}", keys::PREFIX, &digest[..10])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Under `secretChecksumKey` (one key for every namespace) the same
+    /// value of `db` in two namespaces gets two checksums: a checksum read
+    /// in `prod` confirms no guess made in `dev` (docs/security.md,
+    /// finding 3). The uid-keyed checksum is one object's anyway.
+    #[test]
+    fn a_keyed_checksum_depends_on_the_namespace() {
+        let keyed = Settings {
+            secret_checksum_key: Some("one key for the cluster".into()),
+            ..Settings::default()
+        };
+        let secret = |ns: &str| json!({"metadata": {"name": "db", "namespace": ns, "uid": "u-1"}});
+        let hash = "0".repeat(64);
+        let (prod, dev) = (
+            secret_checksum(&keyed, &secret("prod"), &hash),
+            secret_checksum(&keyed, &secret("dev"), &hash),
+        );
+        assert_ne!(prod, dev);
+        assert_eq!(prod, secret_checksum(&keyed, &secret("prod"), &hash), "deterministic");
+        let by_uid = Settings::default();
+        assert_eq!(
+            secret_checksum(&by_uid, &secret("prod"), &hash),
+            secret_checksum(&by_uid, &secret("dev"), &hash),
+            "the uid decides"
+        );
+    }
 }

@@ -160,7 +160,6 @@ pub fn snapshot_object(
     source_resource_version: &str,
     content: &Content,
 ) -> Value {
-    let hash = content.hash();
     let mut object = Map::new();
     object.insert("apiVersion".into(), json!("v1"));
     object.insert("kind".into(), json!(source.kind.kind()));
@@ -175,11 +174,16 @@ pub fn snapshot_object(
             },
             "annotations": {
                 keys::SOURCE_NAME: source.name,
-                keys::CONTENT_HASH: hash,
                 keys::SOURCE_RESOURCE_VERSION: source_resource_version,
             },
         }),
     );
+    // A Secret's plain content hash would let anyone who reads metadata
+    // test guesses of its value: its snapshot carries none (its keyed name
+    // says what it holds).
+    if source.kind == SourceKind::ConfigMap {
+        object["metadata"]["annotations"][keys::CONTENT_HASH] = json!(content.hash());
+    }
     object.insert("immutable".into(), json!(true));
     if source.kind == SourceKind::Secret {
         object.insert("type".into(), json!(content.type_));
@@ -337,8 +341,14 @@ mod tests {
         assert_eq!(obj["metadata"]["labels"].as_object().unwrap().len(), 2);
         let label = obj["metadata"]["labels"][keys::SOURCE_LABEL].as_str().unwrap();
         assert!(label.len() <= 63);
-        assert_eq!(obj["metadata"]["annotations"][keys::CONTENT_HASH], content.hash());
+        assert!(
+            obj["metadata"]["annotations"].get(keys::CONTENT_HASH).is_none(),
+            "a Secret snapshot carries no unkeyed hash of its value"
+        );
         assert_eq!(obj["metadata"]["annotations"][keys::SOURCE_RESOURCE_VERSION], "42");
+        let cm = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"k": "v"}})).unwrap();
         assert_eq!(Content::from_object(SourceKind::Secret, &obj).unwrap(), content);
+        let cm_obj = snapshot_object(&SourceId::new(SourceKind::ConfigMap, "x"), "ns", "x-0", "42", &cm);
+        assert_eq!(cm_obj["metadata"]["annotations"][keys::CONTENT_HASH], cm.hash());
     }
 }

@@ -81,6 +81,21 @@ fn decode(operation: Operation, bytes: &[u8]) -> Result<Value, CallError> {
     })
 }
 
+/// The name a snapshot of some content gets, and the names snapshots of
+/// the same content already carry in the namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Names {
+    pub name: String,
+    pub aliases: Vec<String>,
+}
+
+impl Names {
+    /// Whether `snapshot` holds this content.
+    pub fn include(&self, snapshot: &str) -> bool {
+        self.name == snapshot || self.aliases.iter().any(|a| a == snapshot)
+    }
+}
+
 /// Typed access to the host, borrowing the trait object: the guest's view
 /// of the cluster.
 pub struct HostApi<'h> {
@@ -194,20 +209,39 @@ impl<'h> HostApi<'h> {
     /// A host without our capability makes no snapshots (checksum mode): it
     /// gets the plain name, never written anywhere.
     pub fn snapshot_name(&self, id: &SourceId, content: &crate::content::Content) -> Result<String, CallError> {
+        self.snapshot_names(id, content).map(|names| names.name)
+    }
+
+    /// [`HostApi::snapshot_name`], with the other names of snapshots of
+    /// this content that exist in the namespace: a Secret's snapshot made
+    /// under an earlier naming scheme or key keeps its name, and holds the
+    /// same content.
+    pub fn snapshot_names(&self, id: &SourceId, content: &crate::content::Content) -> Result<Names, CallError> {
         let hash = content.hash();
+        let plain = || Names {
+            name: crate::content::snapshot_name(&id.name, &hash),
+            aliases: Vec::new(),
+        };
         if id.kind == crate::source::SourceKind::ConfigMap {
-            return Ok(crate::content::snapshot_name(&id.name, &hash));
+            return Ok(plain());
         }
         let request = json!({"source": {"kind": id.kind.kind(), "name": id.name}, "contentHash": hash});
         match self.own(Operation::SnapshotName, &request) {
-            Ok(answer) => answer["name"]
-                .as_str()
-                .map(str::to_string)
-                .ok_or_else(|| CallError::Answer {
-                    operation: Operation::SnapshotName.name(),
-                    what: "no name".into(),
-                }),
-            Err(e) if e.unsupported() => Ok(crate::content::snapshot_name(&id.name, &hash)),
+            Ok(answer) => {
+                let name = answer["name"]
+                    .as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| CallError::Answer {
+                        operation: Operation::SnapshotName.name(),
+                        what: "no name".into(),
+                    })?;
+                let aliases = answer["aliases"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+                    .unwrap_or_default();
+                Ok(Names { name, aliases })
+            }
+            Err(e) if e.unsupported() => Ok(plain()),
             Err(e) => Err(e),
         }
     }

@@ -44,6 +44,21 @@ pub fn masks(prefix: &str) -> Vec<String> {
     masks
 }
 
+/// The most distinct ConfigMaps and Secrets (by kind and name) an
+/// opted-in pod template may name, counted before anything is read
+/// (docs/design.md, "Limits"). Each may cost a read, a snapshot and a
+/// write; a forged review of a template naming thousands would otherwise
+/// make the host read thousands of objects for one request.
+pub const MAX_SOURCES: usize = 64;
+
+/// How many distinct objects (by kind and name) `refs` name.
+pub fn distinct(refs: &[Reference]) -> usize {
+    refs.iter()
+        .map(|r| (r.kind, r.name.as_str()))
+        .collect::<BTreeSet<_>>()
+        .len()
+}
+
 /// Collects the references of a pod template (`{metadata, spec}`).
 pub fn collect(template: &Value) -> Vec<Reference> {
     let mut out = Vec::new();
@@ -169,7 +184,10 @@ fn push(
     let Some(name) = selector.get(name_field).and_then(Value::as_str) else {
         return;
     };
-    if name.is_empty() {
+    // The API server refuses a template naming anything else; a review
+    // carrying one is forged (or refused later): such a name is no source,
+    // and nothing is read or written for it.
+    if !crate::selection::is_dns_subdomain(name) {
         return;
     }
     out.push(Reference {

@@ -107,6 +107,12 @@ fn parse_token(what: &str, token: &str, allow_wildcard: bool) -> Result<Pattern,
     })
 }
 
+/// RFC 1123 label, the rule for namespace names: at most 63 lowercase
+/// letters, digits and `-`, starting and ending with a letter or digit.
+pub fn is_dns_label(name: &str) -> bool {
+    name.len() <= 63 && !name.contains('.') && is_dns_subdomain(name)
+}
+
 /// RFC 1123 subdomain, the rule for ConfigMap and Secret names.
 pub fn is_dns_subdomain(name: &str) -> bool {
     if name.is_empty() || name.len() > 253 {
@@ -131,6 +137,34 @@ mod tests {
     }
     fn secret(name: &str) -> SourceId {
         SourceId::new(SourceKind::Secret, name)
+    }
+
+    #[test]
+    fn names_are_what_kubernetes_accepts() {
+        for good in ["a", "kube-system", "x1", &"a".repeat(63)] {
+            assert!(is_dns_label(good), "{good}");
+        }
+        let long = "a".repeat(64);
+        for bad in [
+            "",
+            "-a",
+            "a-",
+            "A",
+            "a.b",
+            "a/b",
+            "kube-system/configmaps/aws-auth?",
+            "a b",
+            "%2e",
+            &long,
+        ] {
+            assert!(!is_dns_label(bad), "{bad}");
+        }
+        for good in ["a.b", "app-config", "x.y-z.0"] {
+            assert!(is_dns_subdomain(good), "{good}");
+        }
+        for bad in ["", "a..b", ".a", "a/b", "..", "a?b", "a%2fb", &"a".repeat(254)] {
+            assert!(!is_dns_subdomain(bad), "{bad}");
+        }
     }
 
     #[test]

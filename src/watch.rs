@@ -12,9 +12,9 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use crate::content::{self, Content};
+use crate::content::Content;
 use crate::context::Context;
-use crate::host::CallError;
+use crate::host::{CallError, Names};
 use crate::keys;
 use crate::kinds::WorkloadKind;
 use crate::operation::Operation;
@@ -220,56 +220,41 @@ fn roll_out_one(
     let Some(group) = template::own_group(template, id) else {
         return Ok(());
     };
-    let subset = content.subset(group.key_subset().as_ref());
+    let keys = group.key_subset();
+    let subset = content.subset(keys.as_ref());
     let workload_name = workload
         .pointer("/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    let name = ctx.host.snapshot_name(id, &subset).map_err(|error| RollOutFailed {
+    let names = ctx.host.snapshot_names(id, &subset).map_err(|error| RollOutFailed {
         kind,
         workload: workload_name.to_string(),
         snapshot: String::new(),
         step: Operation::SnapshotName,
         error,
     })?;
-    if group.refs.iter().all(|r| r.name == name) {
-        // An edit outside this workload's keys: nothing to roll.
+    if group.refs.iter().all(|r| names.include(&r.name)) {
+        // An edit outside this workload's keys, or a snapshot it runs that
+        // holds this content under an earlier name: nothing to roll.
         return Ok(());
     }
-    if group
-        .refs
-        .first()
-        .filter(|first| group.refs.iter().all(|r| r.name == first.name))
-        .is_some_and(|r| same_content(ctx, id, &r.name, &subset))
-    {
-        // The snapshot it runs holds this content under another name (a
-        // Secret's, named before its names were keyed): nothing to roll.
-        return Ok(());
-    }
-    if change.operation == "CREATE" && declined_by_rollback(ctx, workload, id, &name, &subset) {
-        // A re-admission (the resync's) or a re-created source with the
-        // content a rollback turned down: the rollback stands until the
-        // source changes again.
+    if declined_by_rollback(workload, id, &names, change.operation) {
+        // The content a rollback turned down: the rollback stands until
+        // the source changes to something else.
         return Ok(());
     }
     if ctx.dry_run {
         return Ok(());
     }
-    let snapshot = content::snapshot_object(id, ctx.namespace, &name, "", &subset);
-    let fail = |step: Operation, error: CallError| RollOutFailed {
-        kind,
-        workload: workload_name.to_string(),
-        snapshot: name.clone(),
-        step,
-        error,
-    };
-    let sweep_due = ctx
-        .host
-        .create_snapshot(&snapshot, &crate::records::owner_of(kind, workload))
-        .map_err(|e| fail(Operation::CreateSnapshot, e))?;
+    let name = names.name;
     let Some(patch) = retarget_ops(kind, workload, id, &name) else {
         return Ok(());
     };
+    // No snapshot is made here: this content is the request's, which the
+    // API server has not stored yet (and a forged or later refused request
+    // never stores). The host makes the snapshot from the source as stored,
+    // once it holds this content, and only then patches (docs/design.md,
+    // "Deferred effects").
     let request = json!({
         "apiVersion": kind.api_version(),
         "kind": kind.kind(),
@@ -287,41 +272,30 @@ fn roll_out_one(
             "resourceVersion": change.resource_version,
         },
         "snapshot": name,
+        // The keys the snapshot holds (null: all of them).
+        "keys": keys,
     });
-    ctx.host
-        .patch_workload(request)
-        .map_err(|e| fail(Operation::PatchWorkload, e))?;
-    if sweep_due {
-        crate::sweep::sweep(ctx, id, &name);
-    }
+    ctx.host.patch_workload(request).map_err(|error| RollOutFailed {
+        kind,
+        workload: workload_name.to_string(),
+        snapshot: name.clone(),
+        step: Operation::PatchWorkload,
+        error,
+    })?;
     Ok(())
 }
 
-/// Whether `workload`'s last rollback declined this very content of `id`
-/// (`""`: the rollback could not read it, so it declines any).
-fn declined_by_rollback(ctx: &Context, workload: &Value, id: &SourceId, snapshot: &str, content: &Content) -> bool {
+/// Whether `workload`'s last rollback declined this very content of `id`,
+/// under any name it has. On every write of the source, not only on the
+/// periodic pass's re-admission (a CREATE): a review of an UPDATE carrying
+/// the content the rollback turned down would otherwise roll it back in,
+/// and a forged one can carry anything. `""` (the rollback could not read
+/// the source) declines any content re-admitted, but not a real change.
+fn declined_by_rollback(workload: &Value, id: &SourceId, names: &Names, operation: &str) -> bool {
     Rollback::of(workload).is_some_and(|r| {
-        r.declined(id).is_some_and(|declined| {
-            declined.is_empty() || declined == snapshot || same_content(ctx, id, declined, content)
-        })
+        r.declined(id)
+            .is_some_and(|declined| (declined.is_empty() && operation == "CREATE") || names.include(declined))
     })
-}
-
-/// Whether `name` is a snapshot of `id` that holds `content`: a Secret
-/// snapshot named before Secret names were keyed has another name for the
-/// same content. Only a Secret can: a ConfigMap's name is its content's.
-/// The host shows its label only on snapshots it proves its own.
-fn same_content(ctx: &Context, id: &SourceId, name: &str, content: &Content) -> bool {
-    if id.kind != SourceKind::Secret || name == id.name {
-        return false;
-    }
-    match ctx.host.get("v1", id.kind.kind(), ctx.namespace, name) {
-        Ok(Some(object)) => {
-            keys::snapshot_source(&object) == Some(id.name.as_str())
-                && object["metadata"]["annotations"][keys::CONTENT_HASH].as_str() == Some(content.hash().as_str())
-        }
-        _ => false,
-    }
 }
 
 /// The JSON Patch that points every reference of `id` in a `kind`

@@ -37,18 +37,28 @@ fn edit(host: &FakeHost, data: Value, dry_run: bool) -> crate::request::Outcome 
     )
 }
 
+/// A source's review carries content the API server has not stored (and a
+/// forged one, content it never will): no snapshot is made of it. Each
+/// watcher gets a deferred patch naming the snapshot the host makes once
+/// the content is stored, and the keys it holds.
 #[test]
-fn a_content_change_rolls_out_every_watcher_through_a_snapshot_and_a_patch() {
+fn a_content_change_rolls_out_every_watcher_through_a_deferred_patch() {
     let (host, _) = cluster("app", env_from("app"));
     let out = edit(&host, json!({"mode": "green", "other": "x"}), false);
     assert!(
         out.accepted && out.mutated.is_none() && out.warnings.is_empty(),
         "{out:?}"
     );
-    let created = host.ops("create_snapshot");
-    assert_eq!(created.len(), 1);
-    let snap = created[0]["object"]["metadata"]["name"].as_str().unwrap().to_string();
-    assert_eq!(created[0]["object"]["data"], json!({"mode": "green", "other": "x"}));
+    assert!(
+        host.ops("create_snapshot").is_empty(),
+        "no snapshot of unstored content"
+    );
+    let green = crate::content::Content::from_object(
+        crate::source::SourceKind::ConfigMap,
+        &json!({"data": {"mode": "green", "other": "x"}}),
+    )
+    .unwrap();
+    let snap = crate::content::snapshot_name("app", &green.hash());
     let patches = host.ops("patch_workload");
     assert_eq!(patches.len(), 1);
     let p = &patches[0];
@@ -68,6 +78,8 @@ fn a_content_change_rolls_out_every_watcher_through_a_snapshot_and_a_patch() {
     );
     assert_eq!(last["value"], json!({"configmap/app": snap}).to_string());
     assert_eq!(p["source"]["name"], "app");
+    assert_eq!(p["source"]["contentHash"], green.hash());
+    assert_eq!(p["keys"], Value::Null, "the whole source");
     // Only the workloads that reference the source were asked for,
     // with field masks; nothing listed the namespace.
     let list = &host.ops("list_referencing")[0];
@@ -168,10 +180,17 @@ fn an_edit_outside_the_key_subset_rolls_nothing() {
     assert!(host.ops("create_snapshot").is_empty());
     assert!(host.ops("patch_workload").is_empty());
     edit(&host, json!({"mode": "green", "other": "CHANGED"}), false);
-    assert_eq!(host.ops("patch_workload").len(), 1);
+    let patches = host.ops("patch_workload");
+    assert_eq!(patches.len(), 1);
+    assert_eq!(patches[0]["keys"], json!(["mode"]), "the snapshot holds the key read");
+    let green = crate::content::Content::from_object(
+        crate::source::SourceKind::ConfigMap,
+        &json!({"data": {"mode": "green"}}),
+    )
+    .unwrap();
     assert_eq!(
-        host.ops("create_snapshot")[0]["object"]["data"],
-        json!({"mode": "green"})
+        patches[0]["snapshot"],
+        crate::content::snapshot_name("app", &green.hash())
     );
 }
 
@@ -252,17 +271,41 @@ mod rollback_tests {
         run(&host, &payload("ConfigMap", "CREATE", &green, None, false, json!({})));
         assert!(host.ops("patch_workload").is_empty(), "the rollback stands");
         assert!(host.ops("create_snapshot").is_empty(), "and no garbage is made");
-        // A content the rollback never saw rolls out.
+        // Nor a review of an UPDATE that carries it (a forged one can
+        // carry anything): the rollback stands until the source holds
+        // something else.
+        let blue = cm("app", json!({"mode": "blue"}));
+        run(
+            &host,
+            &payload("ConfigMap", "UPDATE", &green, Some(&blue), false, json!({})),
+        );
+        assert!(host.ops("patch_workload").is_empty(), "the rollback stands");
+        // A content the rollback never saw rolls out, by either.
         let red = cm("app", json!({"mode": "red"}));
         run(&host, &payload("ConfigMap", "CREATE", &red, None, false, json!({})));
         assert_eq!(host.ops("patch_workload").len(), 1);
-        // So does a real edit, even back to the declined content: it is a
-        // change made after the rollback.
         host.calls.borrow_mut().clear();
-        let old = cm("app", json!({"mode": "red"}));
         run(
             &host,
-            &payload("ConfigMap", "UPDATE", &green, Some(&old), false, json!({})),
+            &payload("ConfigMap", "UPDATE", &red, Some(&green), false, json!({})),
+        );
+        assert_eq!(host.ops("patch_workload").len(), 1);
+    }
+
+    /// A rollback that could not read the source declines whatever is
+    /// re-admitted, but not a real change.
+    #[test]
+    fn an_unreadable_decline_holds_against_readmission_only() {
+        let host = FakeHost::with(vec![cm("app", json!({"mode": "blue"}))]);
+        let record = r#"{"generation":6,"at":"2026-01-01T00:00:00Z","sources":{"configmap/app":""}}"#;
+        watcher(&host, Some(record));
+        let green = cm("app", json!({"mode": "green"}));
+        run(&host, &payload("ConfigMap", "CREATE", &green, None, false, json!({})));
+        assert!(host.ops("patch_workload").is_empty());
+        let blue = cm("app", json!({"mode": "blue"}));
+        run(
+            &host,
+            &payload("ConfigMap", "UPDATE", &green, Some(&blue), false, json!({})),
         );
         assert_eq!(host.ops("patch_workload").len(), 1);
     }

@@ -17,6 +17,7 @@ use crate::optin::OptIn;
 use crate::plan::{Change, Plan, Planner, Target};
 use crate::reads::Reads;
 use crate::records::WatchRollout;
+use crate::references;
 use crate::request::{Outcome, SAY};
 use crate::rewrite::{self, annotation_path};
 use crate::settings::{OnSnapshotFailure, Settings};
@@ -113,6 +114,9 @@ pub fn admit(
         ("UPDATE", Some(old)) => serde_json::from_str::<Value>(old.get()).ok(),
         _ => None,
     };
+    if let Some(outcome) = too_many_sources(ctx, kind, &object) {
+        return outcome;
+    }
 
     let reads = Reads::new(&ctx.host, ctx.namespace);
     let planner = Planner {
@@ -308,6 +312,30 @@ fn keep_records(quick: &Quick, raw: &RawValue, old_raw: Option<&RawValue>) -> Ou
         mutated: Some(object),
         ..Outcome::accept()
     }
+}
+
+/// The answer for a template that names more distinct ConfigMaps and
+/// Secrets than [`references::MAX_SOURCES`], decided before anything is
+/// read: refused, or with `onSnapshotFailure: warn` admitted as it is,
+/// with a warning. (The old object's names cost no more than as many
+/// reads: the planner looks up at most that many.)
+fn too_many_sources(ctx: &Context, kind: WorkloadKind, object: &Value) -> Option<Outcome> {
+    let named = object
+        .pointer(kind.template())
+        .map_or(0, |t| references::distinct(&references::collect(t)));
+    if named <= references::MAX_SOURCES {
+        return None;
+    }
+    let (kind, name, most) = (kind.kind(), name_of(object), references::MAX_SOURCES);
+    Some(match ctx.settings.on_snapshot_failure {
+        OnSnapshotFailure::Reject => Outcome::reject(
+            format!("{SAY}{kind} {name} names {named} distinct ConfigMaps and Secrets; config-snapshot takes at most {most} per workload"),
+            400,
+        ),
+        OnSnapshotFailure::Warn => Outcome::accept_with(vec![format!(
+            "{SAY}{kind} {name} names {named} distinct ConfigMaps and Secrets; config-snapshot takes at most {most} per workload, so it was admitted without snapshots"
+        )]),
+    })
 }
 
 fn name_of(object: &Value) -> &str {

@@ -1160,3 +1160,54 @@ fn a_bare_pod_pins_its_config_and_a_controllers_pod_is_left_alone() {
     assert!(out.accepted && out.mutated.is_none(), "{out:?}");
     assert_eq!(host.ops("adopt").len(), 2);
 }
+
+/// Finding 5 of docs/security.md: a template naming more distinct
+/// ConfigMaps and Secrets than the limit is refused (or, with
+/// `onSnapshotFailure: warn`, admitted unchanged) before anything is read;
+/// one at the limit is planned as usual.
+#[test]
+fn a_template_past_the_source_limit_is_refused_before_any_read() {
+    let many = |n: usize| {
+        let env: Vec<Value> = (0..n)
+            .map(|i| json!({"name": format!("V{i}"), "valueFrom": {"configMapKeyRef": {"name": format!("cm-{i}"), "key": "k"}}}))
+            .collect();
+        deployment(
+            json!({keys::SNAPSHOT: "*"}),
+            json!({"containers": [{"name": "c", "env": env}]}),
+        )
+    };
+    let limit = crate::references::MAX_SOURCES;
+    let host = FakeHost::with((0..=limit).map(|i| cm(&format!("cm-{i}"), json!({"k": "v"}))).collect());
+    let out = run(
+        &host,
+        &payload("Deployment", "CREATE", &many(limit + 1), None, false, json!({})),
+    );
+    assert!(!out.accepted, "{out:?}");
+    assert!(
+        out.message
+            .as_deref()
+            .unwrap_or_default()
+            .contains(&format!("takes at most {limit} per workload")),
+        "{out:?}"
+    );
+    assert!(host.ops("get_resource").is_empty(), "nothing read for it");
+    let warned = run(
+        &host,
+        &payload(
+            "Deployment",
+            "CREATE",
+            &many(limit + 1),
+            None,
+            false,
+            json!({"onSnapshotFailure": "warn"}),
+        ),
+    );
+    assert!(warned.accepted && warned.mutated.is_none(), "{warned:?}");
+    assert!(warned.warnings[0].contains("admitted without snapshots"), "{warned:?}");
+    assert!(host.ops("get_resource").is_empty());
+    let at_limit = run(
+        &host,
+        &payload("Deployment", "CREATE", &many(limit), None, false, json!({})),
+    );
+    assert!(at_limit.accepted && at_limit.mutated.is_some(), "{at_limit:?}");
+}

@@ -47,6 +47,7 @@ fn capability(store: &Arc<Shared>) -> Capability {
             uid: "bench".into(),
             namespace: "default".into(),
             dry_run: false,
+            subject: Default::default(),
         },
         Arc::new(Rules::new(
             config_snapshot_policy::settings::Settings::default(),

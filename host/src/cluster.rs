@@ -168,6 +168,17 @@ pub fn key(object: &Value) -> Key {
     )
 }
 
+/// A name that was refused, for a message: quoted, and cut short (it
+/// may come from a forged review).
+pub fn shown(name: &str) -> String {
+    let cut: String = name.chars().take(64).collect();
+    if cut.len() < name.len() {
+        format!("{cut:?}…")
+    } else {
+        format!("{cut:?}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,7 +27,7 @@ const EXCLUDED_NS: &str = "kube-system";
 const NOW: i64 = 1_900_000_000;
 
 fn prover() -> Arc<Prover> {
-    Arc::new(Prover::new(b"the fuzz targets' key, 32 bytes..", NOW - 86_400 * 365))
+    Arc::new(Prover::new(b"the fuzz targets' key, 32 bytes.."))
 }
 
 fn rules(prover: Arc<Prover>) -> Rules {
@@ -43,7 +43,7 @@ fn snapshot(prover: &Prover, ns: &str, value: &str) -> Value {
     let content = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"v": value}})).unwrap_or_else(|_| {
         Content::from_object(SourceKind::ConfigMap, &json!({"data": {}})).expect("empty content is content")
     });
-    let name = prover.snapshot_name("app", &content);
+    let name = prover.snapshot_name(ns, "app", &content);
     let mut o = snapshot_object(&SourceId::new(SourceKind::ConfigMap, "app"), ns, &name, "1", &content);
     prover.sign(&mut o);
     o["metadata"]["creationTimestamp"] = json!("2020-01-01T00:00:00Z");
@@ -106,6 +106,7 @@ pub fn capability_call(operation: u8, payload: &[u8]) {
             uid: "fuzz".into(),
             namespace: CALLER_NS.into(),
             dry_run: operation >= 128,
+            subject: Default::default(),
         },
         Arc::new(rules(prover.clone())),
         Arc::default(),
@@ -227,7 +228,7 @@ pub fn forged_labels(data: &[u8]) {
             continue;
         }
         // Judged apart from `Prover::ours`, which the pass relies on.
-        if prover.verify(object).is_ok() || prover.legacy(object) {
+        if prover.verify(object).is_ok() {
             continue;
         }
         let now = after

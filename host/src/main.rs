@@ -50,6 +50,9 @@ enum Command {
     Precompile(cli::module::PrecompileArgs),
     /// Embed policy metadata in the wasm, as `kwctl annotate` does.
     Annotate(cli::module::AnnotateArgs),
+    /// The signing keyring: list, rotate, restore from a backup, and sign
+    /// the snapshots of a version that did not sign (docs/security.md).
+    Keys(cli::keys::Args),
 }
 
 fn main() -> ExitCode {
@@ -84,5 +87,6 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Precompile(args) => cli::module::precompile(args),
         Command::Annotate(args) => cli::module::annotate(args),
+        Command::Keys(args) => cli::keys::run(args),
     }
 }

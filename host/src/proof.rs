@@ -1,31 +1,38 @@
 //! A snapshot is proven, not labelled (docs/security.md): the host signs
-//! what it creates with an HMAC under a per-installation key that only it
-//! reads, and acts on a labelled object (sweeps, adopts, deletes, reuses
+//! what it creates with an HMAC under a per-installation keyring that only
+//! it reads, and acts on a labelled object (sweeps, adopts, deletes, reuses
 //! it, skips it as its own write) only once it verifies.
 //!
 //! The signature covers the snapshot's kind, namespace, name, source and
-//! content hash; verification recomputes the content hash from the data,
-//! checks the name is the one that content gets, and that the object is
-//! immutable. The same key makes Secret snapshots' names: their hash part
-//! is an HMAC of the content hash, so a name reveals nothing about a
-//! Secret's value to someone without the key (ConfigMaps keep the plain
-//! SHA-256: anyone who can read the name can read the ConfigMap).
+//! content hash, recomputed from its data; verification also checks the
+//! name is one that content gets and that the object is immutable. The
+//! current key signs and names; every key of the ring still verifies, so a
+//! rotated or restored key leaves what it signed proven.
 //!
-//! Snapshots made before the key existed (an upgrade from a version that
-//! trusted the label) are legacy: immutable, named for their content, and
-//! created before the key. The periodic pass signs them; anything labelled
-//! after the key was made and not signed is a forgery, left alone.
+//! A Secret snapshot's name is keyed too (docs/hash-spec.md): its hash part
+//! is an HMAC of the namespace, the source's name and the content hash, so
+//! a name reveals nothing about a Secret's value to someone without the
+//! key, and a name read in one namespace is no oracle in another. Names
+//! given by earlier schemes (unkeyed, then keyed without the namespace)
+//! stay valid for what carries them: upgrading renames nothing.
+//! ConfigMaps keep the plain SHA-256: anyone who can read the name can
+//! read the ConfigMap.
+//!
+//! Nothing is ours because of when it was made: an unsigned object is
+//! unproven, whatever its age. An installation upgraded from a version
+//! that did not sign signs its earlier snapshots once, by a command an
+//! operator runs (`config-snapshot keys sign-unsigned`).
 
 use std::fmt;
 use std::ops::Deref;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use config_snapshot_policy::content::{hex, snapshot_name, Content};
-use config_snapshot_policy::duration::parse_rfc3339;
 use config_snapshot_policy::keys;
 use config_snapshot_policy::source::SourceKind;
 use ring::hmac;
 use serde_json::Value;
+use sha2::Digest as _;
 use zeroize::Zeroizing;
 
 use crate::cluster::{self, Cluster, Preconditions, Selector};
@@ -33,9 +40,30 @@ use crate::cluster::{self, Cluster, Preconditions, Selector};
 /// The annotation that carries a snapshot's signature.
 pub const SIGNATURE: &str = "config-snapshot.io/signature";
 
+/// The field in place of a source's data in serve's cache
+/// ([`Prover::digested`]). Only the cache writes it: the API server stores
+/// no such field, and a review's objects are cleared of it before they are
+/// judged ([`Prover::screen`]).
+pub const DIGESTED: &str = "$config-snapshot-digested";
+
+/// Whether `object` is a source as serve's cache keeps it, without its
+/// data: whoever needs the data reads it fresh.
+pub fn digested(object: &Value) -> bool {
+    object.get(DIGESTED).is_some()
+}
+
 /// The purpose a snapshot's signature is made for: a MAC made for another
 /// (a Secret's name) is never one.
 const SIGNED: &str = "config-snapshot/snapshot/v1";
+
+/// The purposes of a Secret snapshot name's MAC: with the namespace (v2),
+/// and without it (v1, the names made until it was added).
+const SECRET_NAME_V2: &str = "config-snapshot/secret-name/v2";
+const SECRET_NAME_V1: &str = "config-snapshot/secret-name/v1";
+
+/// The purpose of a content's keyed digest, which serve's cache keeps of a
+/// Secret instead of its data.
+const CONTENT_DIGEST: &str = "config-snapshot/content-digest/v1";
 
 /// Lowercase or uppercase hex to bytes; `None` if it is not hex.
 fn unhex(text: &str) -> Option<Vec<u8>> {
@@ -51,11 +79,138 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
 /// A key's length: HMAC-SHA256's block-sized key.
 pub const KEY_BYTES: usize = 32;
 
-/// The installation's key, and when it came to be.
+/// The least key length accepted: below, a key could be guessed.
+pub const MIN_KEY_BYTES: usize = 16;
+
+/// The keys of an installation: the first signs and names, every one
+/// verifies. Never printed.
+#[derive(Clone)]
+pub struct Keyring {
+    keys: Vec<Zeroizing<Vec<u8>>>,
+}
+
+/// Why a keyring cannot be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyringError {
+    #[error("a keyring has at least one key")]
+    Empty,
+    #[error("a key has at least {MIN_KEY_BYTES} bytes, not {0}")]
+    Short(usize),
+    #[error("a keyring holds at most {MAX_KEYS} keys, not {0}")]
+    TooMany(usize),
+}
+
+/// The most keys a ring holds: each costs a MAC per verification.
+pub const MAX_KEYS: usize = 16;
+
+impl Keyring {
+    /// A ring of `keys`, the current one first.
+    pub fn new(keys: Vec<Zeroizing<Vec<u8>>>) -> Result<Keyring, KeyringError> {
+        if keys.is_empty() {
+            return Err(KeyringError::Empty);
+        }
+        if keys.len() > MAX_KEYS {
+            return Err(KeyringError::TooMany(keys.len()));
+        }
+        if let Some(short) = keys.iter().find(|k| k.len() < MIN_KEY_BYTES) {
+            return Err(KeyringError::Short(short.len()));
+        }
+        let mut unique: Vec<Zeroizing<Vec<u8>>> = Vec::with_capacity(keys.len());
+        for key in keys {
+            if !unique.iter().any(|k| **k == *key) {
+                unique.push(key);
+            }
+        }
+        Ok(Keyring { keys: unique })
+    }
+
+    /// A ring of one key.
+    pub fn of(key: &[u8]) -> Result<Keyring, KeyringError> {
+        Keyring::new(vec![Zeroizing::new(key.to_vec())])
+    }
+
+    /// A fresh random key.
+    pub fn generate_key() -> Zeroizing<Vec<u8>> {
+        use ring::rand::SecureRandom;
+        let mut key = Zeroizing::new(vec![0u8; KEY_BYTES]);
+        ring::rand::SystemRandom::new()
+            .fill(&mut key)
+            .expect("the system's random source works");
+        key
+    }
+
+    /// The keys, the current one first.
+    pub fn keys(&self) -> &[Zeroizing<Vec<u8>>] {
+        &self.keys
+    }
+
+    /// The same ring with `key` current, and the current one kept to
+    /// verify.
+    pub fn rotated(&self, key: Zeroizing<Vec<u8>>) -> Result<Keyring, KeyringError> {
+        let mut keys = vec![key];
+        keys.extend(self.keys.iter().cloned());
+        Keyring::new(keys)
+    }
+
+    /// The same ring with `other`'s keys added to verify (a restore: what
+    /// the backup's keys signed is proven again, and the current key
+    /// stays current).
+    pub fn merged(&self, other: &Keyring) -> Result<Keyring, KeyringError> {
+        let mut keys = self.keys.clone();
+        keys.extend(other.keys.iter().cloned());
+        Keyring::new(keys)
+    }
+
+    /// A key's public name: the start of a hash of it, for logs and for
+    /// `config-snapshot keys list`. Tells nothing of the key.
+    pub fn id(key: &[u8]) -> String {
+        let mut hash = sha2::Sha256::new();
+        hash.update(b"config-snapshot/key-id/v1\0");
+        hash.update(key);
+        hex(&hash.finalize())[..12].to_string()
+    }
+
+    /// The ids of the keys, the current one first.
+    pub fn ids(&self) -> Vec<String> {
+        self.keys.iter().map(|k| Keyring::id(k)).collect()
+    }
+}
+
+impl fmt::Debug for Keyring {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never a key: their ids.
+        f.debug_struct("Keyring").field("ids", &self.ids()).finish()
+    }
+}
+
+/// The keyring as the MACs use it.
+struct Ring {
+    macs: Vec<hmac::Key>,
+    ids: Vec<String>,
+}
+
+impl Ring {
+    fn of(keyring: &Keyring) -> Ring {
+        Ring {
+            macs: keyring
+                .keys
+                .iter()
+                .map(|k| hmac::Key::new(hmac::HMAC_SHA256, k))
+                .collect(),
+            ids: keyring.ids(),
+        }
+    }
+
+    fn current(&self) -> &hmac::Key {
+        &self.macs[0]
+    }
+}
+
+/// The installation's keyring, which a running host may be given anew
+/// ([`Prover::replace`]): replicas pick up a rotated or restored ring
+/// without a restart.
 pub struct Prover {
-    key: hmac::Key,
-    /// Unix seconds: snapshots created before are legacy.
-    since: i64,
+    ring: RwLock<Arc<Ring>>,
 }
 
 /// Why a labelled object is not a proven snapshot.
@@ -83,89 +238,148 @@ fn annotation<'a>(object: &'a Value, key: &str) -> Option<&'a str> {
     object["metadata"]["annotations"][key].as_str()
 }
 
+/// What a MAC covers: the parts, each ended by a NUL (no part holds one:
+/// names, hashes and a fixed purpose), so no two lists of parts make the
+/// same message.
+fn message(parts: &[&str]) -> Vec<u8> {
+    let mut message = Vec::with_capacity(parts.iter().map(|p| p.len() + 1).sum());
+    for part in parts {
+        message.extend_from_slice(part.as_bytes());
+        message.push(0);
+    }
+    message
+}
+
+fn mac_with(key: &hmac::Key, parts: &[&str]) -> String {
+    hex(hmac::sign(key, &message(parts)).as_ref())
+}
+
 impl Prover {
-    /// A prover with `key` (at least 16 bytes; [`KEY_BYTES`] made here)
-    /// that came to be at `since` (unix seconds).
-    pub fn new(key: &[u8], since: i64) -> Prover {
+    /// A prover with the one key `key` (at least [`MIN_KEY_BYTES`]).
+    ///
+    /// # Panics
+    /// On a shorter key: a fixed key of the code's own (tests, replay).
+    pub fn new(key: &[u8]) -> Prover {
+        Prover::with(&Keyring::of(key).expect("a key of at least 16 bytes"))
+    }
+
+    /// A prover with `keyring`.
+    pub fn with(keyring: &Keyring) -> Prover {
         Prover {
-            key: hmac::Key::new(hmac::HMAC_SHA256, key),
-            since,
+            ring: RwLock::new(Arc::new(Ring::of(keyring))),
         }
+    }
+
+    /// Uses `keyring` from now on: the host was given a rotated or restored
+    /// ring.
+    pub fn replace(&self, keyring: &Keyring) {
+        *self.ring.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Ring::of(keyring));
+    }
+
+    fn ring(&self) -> Arc<Ring> {
+        self.ring.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The ids of the keys in use, the current one first.
+    pub fn key_ids(&self) -> Vec<String> {
+        self.ring().ids.clone()
     }
 
     /// A fresh random key.
     pub fn generate_key() -> Zeroizing<Vec<u8>> {
-        use ring::rand::SecureRandom;
-        let mut key = Zeroizing::new(vec![0u8; KEY_BYTES]);
-        ring::rand::SystemRandom::new()
-            .fill(&mut key)
-            .expect("the system's random source works");
-        key
+        Keyring::generate_key()
     }
 
     /// Replay's prover: a fixed, public key, so that a scenario's names
     /// are the same on every run. Never a cluster's.
     pub fn replay() -> Prover {
-        Prover::new(Prover::REPLAY_KEY, i64::MIN)
+        Prover::new(Prover::REPLAY_KEY)
     }
 
     /// Replay's public key: a serve given it (`--signing-key-file`) names
     /// Secret snapshots as the scenarios pin them. Never a cluster's.
     pub const REPLAY_KEY: &'static [u8] = b"config-snapshot replay: a public key for offline scenarios";
 
-    /// What a MAC covers: the parts, each ended by a NUL (no part holds
-    /// one: names, hashes and a fixed purpose), so no two lists of parts
-    /// make the same message.
-    fn message(parts: &[&str]) -> Vec<u8> {
-        let mut message = Vec::with_capacity(parts.iter().map(|p| p.len() + 1).sum());
-        for part in parts {
-            message.extend_from_slice(part.as_bytes());
-            message.push(0);
-        }
-        message
+    /// The hash part of a Secret snapshot's name: keyed, per namespace and
+    /// source, so that the same value of a Secret of the same name in two
+    /// namespaces gets two unrelated names.
+    pub fn secret_digest(&self, namespace: &str, source: &str, content_hash: &str) -> String {
+        mac_with(
+            self.ring().current(),
+            &[SECRET_NAME_V2, namespace, source, content_hash],
+        )
     }
 
-    fn mac(&self, parts: &[&str]) -> String {
-        hex(hmac::sign(&self.key, &Prover::message(parts)).as_ref())
+    /// The name the snapshot of `content` from `source` in `namespace`
+    /// gets.
+    pub fn snapshot_name(&self, namespace: &str, source: &str, content: &Content) -> String {
+        self.name_for(content.kind, namespace, source, &content.hash())
     }
 
-    /// The hash part of a Secret snapshot's name: keyed, per source. Not
-    /// per namespace, so that a scenario names its snapshots the same in
-    /// any namespace (as a ConfigMap's plain name does); equal Secrets of
-    /// one name in two namespaces share a name, which tells only that.
-    pub fn secret_digest(&self, source: &str, content_hash: &str) -> String {
-        self.mac(&["config-snapshot/secret-name/v1", source, content_hash])
-    }
-
-    /// The name the snapshot of `content` from `source` gets.
-    pub fn snapshot_name(&self, source: &str, content: &Content) -> String {
-        self.name_for(content.kind, source, &content.hash())
-    }
-
-    /// The name a snapshot of `kind` from `source` gets for content whose
-    /// hash is `content_hash`: plain for a ConfigMap, keyed for a Secret
-    /// (docs/hash-spec.md).
-    pub fn name_for(&self, kind: SourceKind, source: &str, content_hash: &str) -> String {
+    /// The name a snapshot of `kind` from `source` in `namespace` gets for
+    /// content whose hash is `content_hash`: plain for a ConfigMap, keyed
+    /// for a Secret (docs/hash-spec.md).
+    pub fn name_for(&self, kind: SourceKind, namespace: &str, source: &str, content_hash: &str) -> String {
         match kind {
             SourceKind::ConfigMap => snapshot_name(source, content_hash),
-            SourceKind::Secret => snapshot_name(source, &self.secret_digest(source, content_hash)),
+            SourceKind::Secret => snapshot_name(source, &self.secret_digest(namespace, source, content_hash)),
         }
+    }
+
+    /// Every name this installation may have given the snapshot of this
+    /// content: [`Prover::name_for`]'s first, then for a Secret the names
+    /// of every key of the ring and of the earlier schemes (keyed without
+    /// the namespace, and unkeyed, from before names were keyed). A
+    /// snapshot keeps the name it was made with: upgrading or rotating
+    /// renames nothing.
+    pub fn names_for(&self, kind: SourceKind, namespace: &str, source: &str, content_hash: &str) -> Vec<String> {
+        let mut names = vec![self.name_for(kind, namespace, source, content_hash)];
+        if kind == SourceKind::Secret {
+            let ring = self.ring();
+            for key in &ring.macs {
+                for digest in [
+                    mac_with(key, &[SECRET_NAME_V2, namespace, source, content_hash]),
+                    mac_with(key, &[SECRET_NAME_V1, source, content_hash]),
+                ] {
+                    names.push(snapshot_name(source, &digest));
+                }
+            }
+            names.push(snapshot_name(source, content_hash));
+        }
+        let mut seen = std::collections::HashSet::new();
+        names.retain(|n| seen.insert(n.clone()));
+        names
+    }
+
+    /// A keyed digest of a content, under the current key: what serve's
+    /// cache keeps of a Secret instead of its data. Equal contents have
+    /// equal digests; the digest tells nothing to whoever lacks the key.
+    pub fn content_digest(&self, content_hash: &str) -> String {
+        mac_with(self.ring().current(), &[CONTENT_DIGEST, content_hash])
     }
 
     fn signature_of(&self, kind: &str, namespace: &str, name: &str, source: &str, content_hash: &str) -> String {
-        self.mac(&[SIGNED, kind, namespace, name, source, content_hash])
+        mac_with(
+            self.ring().current(),
+            &[SIGNED, kind, namespace, name, source, content_hash],
+        )
     }
 
-    /// Signs a snapshot object the host is about to create (or found
-    /// legacy): the signature annotation over what it is.
+    /// Signs a snapshot object the host is about to create: the signature
+    /// annotation over what it is, its content hash computed from its data.
     pub fn sign(&self, snapshot: &mut Value) {
+        let kind = snapshot["kind"].as_str().and_then(SourceKind::from_kind);
+        let hash = kind
+            .and_then(|k| Content::from_object(k, snapshot).ok())
+            .map(|c| c.hash())
+            .unwrap_or_default();
         let meta = &snapshot["metadata"];
         let signature = self.signature_of(
             snapshot["kind"].as_str().unwrap_or_default(),
             meta["namespace"].as_str().unwrap_or_default(),
             meta["name"].as_str().unwrap_or_default(),
             annotation(snapshot, keys::SOURCE_NAME).unwrap_or_default(),
-            annotation(snapshot, keys::CONTENT_HASH).unwrap_or_default(),
+            &hash,
         );
         if !snapshot["metadata"]["annotations"].is_object() {
             snapshot["metadata"]["annotations"] = serde_json::json!({});
@@ -174,9 +388,11 @@ impl Prover {
     }
 
     /// What the object is, signature aside: labelled, a ConfigMap or
-    /// Secret, immutable, naming its source, its content what its hash
-    /// says and its name what that content gets.
-    fn well_formed(&self, object: &Value) -> Result<(), Unproven> {
+    /// Secret, immutable, naming its source, its content what its content
+    /// hash annotation says (a ConfigMap's; a Secret snapshot carries none
+    /// since the hash is unkeyed, or did before and says it right) and its
+    /// name one that content gets. The content's hash, if so.
+    fn well_formed(&self, object: &Value) -> Result<String, Unproven> {
         if !keys::is_snapshot(object) {
             return Err(Unproven::Unlabelled);
         }
@@ -192,51 +408,111 @@ impl Prover {
             .ok_or(Unproven::NoSource)?;
         let content = Content::from_object(kind, object).map_err(|_| Unproven::Content)?;
         let hash = content.hash();
-        if annotation(object, keys::CONTENT_HASH) != Some(hash.as_str()) {
-            return Err(Unproven::Content);
+        match (kind, annotation(object, keys::CONTENT_HASH)) {
+            (_, Some(said)) if said != hash => return Err(Unproven::Content),
+            (SourceKind::ConfigMap, None) => return Err(Unproven::Content),
+            _ => {}
         }
         let name = object["metadata"]["name"].as_str().unwrap_or_default();
-        // A Secret snapshot made before names were keyed has the plain
-        // name; its signature (given at migration) covers it.
-        let plain = snapshot_name(source, &hash);
-        if name != self.snapshot_name(source, &content) && name != plain {
+        let namespace = object["metadata"]["namespace"].as_str().unwrap_or_default();
+        if !self.names_for(kind, namespace, source, &hash).iter().any(|n| n == name) {
             return Err(Unproven::Name);
         }
-        Ok(())
+        Ok(hash)
     }
 
-    /// `Ok` when `object` is a snapshot this installation made.
+    /// `Ok` when `object` is a snapshot this installation made: well
+    /// formed, and signed by a key of the ring. A source as serve's cache
+    /// keeps it ([`Prover::digested`]) was judged when it was cached.
     pub fn verify(&self, object: &Value) -> Result<(), Unproven> {
-        self.well_formed(object)?;
+        if let Some(cached) = object.get(DIGESTED) {
+            return match cached["unproven"].as_str() {
+                None if keys::is_snapshot(object) => Ok(()),
+                None => Err(Unproven::Unlabelled),
+                Some(_) => Err(Unproven::Signature),
+            };
+        }
+        let hash = self.well_formed(object)?;
         let given = annotation(object, SIGNATURE).ok_or(Unproven::Unsigned)?;
         let tag = unhex(given).ok_or(Unproven::Signature)?;
         let meta = &object["metadata"];
-        let message = Prover::message(&[
+        let message = message(&[
             SIGNED,
             object["kind"].as_str().unwrap_or_default(),
             meta["namespace"].as_str().unwrap_or_default(),
             meta["name"].as_str().unwrap_or_default(),
             annotation(object, keys::SOURCE_NAME).unwrap_or_default(),
-            annotation(object, keys::CONTENT_HASH).unwrap_or_default(),
+            &hash,
         ]);
         // ring compares the tags in constant time.
-        hmac::verify(&self.key, &message, &tag).map_err(|_| Unproven::Signature)
+        let ring = self.ring();
+        if ring.macs.iter().any(|key| hmac::verify(key, &message, &tag).is_ok()) {
+            Ok(())
+        } else {
+            Err(Unproven::Signature)
+        }
     }
 
     pub fn proves(&self, object: &Value) -> bool {
         self.verify(object).is_ok()
     }
 
-    /// Whether the host may act on `object` as its snapshot: proven, or
-    /// legacy (made before the key; the periodic pass signs it).
+    /// `object` (a ConfigMap or Secret as read) as serve's cache keeps it:
+    /// its metadata, its type, and in place of its data a keyed digest of
+    /// its content and the verdict on its proof, both made now. A cache of
+    /// every Secret's data would hold the cluster's credentials in serve's
+    /// memory for nothing: the policy reads sources fresh, a rollout's
+    /// snapshot is made from a fresh read, and a reuse compares digests.
+    /// A changed keyring makes both stale: the cache lists sources again.
+    pub fn digested(&self, object: &Value) -> Value {
+        let kind = object["kind"].as_str().and_then(SourceKind::from_kind);
+        let digest = kind
+            .and_then(|k| Content::from_object(k, object).ok())
+            .map(|c| self.content_digest(&c.hash()))
+            .unwrap_or_default();
+        let unproven = match self.verify(object) {
+            Ok(()) => Value::Null,
+            Err(why) => Value::String(why.to_string()),
+        };
+        let mut kept = serde_json::Map::new();
+        for field in ["apiVersion", "kind", "metadata", "type", "immutable"] {
+            if let Some(value) = object.get(field) {
+                kept.insert(field.to_string(), value.clone());
+            }
+        }
+        kept.insert(
+            DIGESTED.to_string(),
+            serde_json::json!({"digest": digest, "unproven": unproven}),
+        );
+        Value::Object(kept)
+    }
+
+    /// Whether `object`, as read or as the cache keeps it, holds `content`.
+    pub fn holds(&self, object: &Value, content: &Content) -> bool {
+        match object.get(DIGESTED) {
+            Some(cached) => cached["digest"].as_str() == Some(self.content_digest(&content.hash()).as_str()),
+            None => Content::from_object(content.kind, object).is_ok_and(|c| c == *content),
+        }
+    }
+
+    /// Whether the host may act on `object` as its snapshot: proven.
     pub fn ours(&self, object: &Value) -> bool {
-        self.proves(object) || self.legacy(object)
+        self.proves(object)
     }
 
     /// Whether `object` carries our label without being ours: a forgery,
-    /// left alone, counted and reported.
+    /// or a snapshot signed by a key the ring no longer holds; left alone,
+    /// counted and reported.
     pub fn forged(&self, object: &Value) -> bool {
         keys::is_snapshot(object) && !self.ours(object)
+    }
+
+    /// Whether `object` is well formed and unsigned: a snapshot made by a
+    /// version that did not sign, or a forgery of one. Only an operator
+    /// can tell them apart (`config-snapshot keys sign-unsigned` lists and
+    /// signs them); the host never does.
+    pub fn unsigned(&self, object: &Value) -> bool {
+        annotation(object, SIGNATURE).is_none() && self.well_formed(object).is_ok()
     }
 
     /// `object` as the guest may see it: our label only on what is ours.
@@ -251,18 +527,6 @@ impl Prover {
             labels.remove(keys::MANAGED_BY);
         }
         Some(shown)
-    }
-
-    /// Whether `object` is a snapshot made before this key existed, by a
-    /// version that trusted the label: well formed, unsigned, and created
-    /// before the key. The periodic pass signs it.
-    pub fn legacy(&self, object: &Value) -> bool {
-        annotation(object, SIGNATURE).is_none()
-            && self.well_formed(object).is_ok()
-            && object["metadata"]["creationTimestamp"]
-                .as_str()
-                .and_then(parse_rfc3339)
-                .is_some_and(|created| created < self.since)
     }
 }
 
@@ -286,6 +550,22 @@ impl Prover {
     /// on the label (an objectSelector would let anyone's labelled write
     /// through unreviewed).
     pub fn screen(&self, request: &Value) -> Screen {
+        // A review's objects never speak for the cache.
+        if ["object", "oldObject"]
+            .iter()
+            .any(|f| request[f].get(DIGESTED).is_some())
+        {
+            let mut cleared = request.clone();
+            for field in ["object", "oldObject"] {
+                if let Some(object) = cleared[field].as_object_mut() {
+                    object.remove(DIGESTED);
+                }
+            }
+            return match self.screen(&cleared) {
+                Screen::Policy => Screen::Unlabel(cleared),
+                other => other,
+            };
+        }
         let object = &request["object"];
         if !keys::is_snapshot(object) {
             return Screen::Policy;
@@ -414,10 +694,8 @@ where
 
 impl fmt::Debug for Prover {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Never the key.
-        f.debug_struct("Prover")
-            .field("since", &self.since)
-            .finish_non_exhaustive()
+        // Never a key: their ids.
+        f.debug_struct("Prover").field("keys", &self.key_ids()).finish()
     }
 }
 
@@ -425,23 +703,26 @@ impl fmt::Debug for Prover {
 mod tests {
     use super::*;
     use config_snapshot_policy::content::snapshot_object;
-    use config_snapshot_policy::duration::format_rfc3339;
     use config_snapshot_policy::source::SourceId;
     use serde_json::json;
 
-    const SINCE: i64 = 1_800_000_000;
+    const KEY: &[u8] = b"a test key of thirty-two bytes!!";
+    const OTHER: &[u8] = b"another key, also thirty-two by!";
 
     fn prover() -> Prover {
-        Prover::new(b"a test key of thirty-two bytes!!", SINCE)
+        Prover::new(KEY)
+    }
+
+    fn made_in(p: &Prover, namespace: &str, kind: SourceKind, data: Value) -> Value {
+        let content = Content::from_object(kind, &json!({ "data": data })).unwrap();
+        let name = p.snapshot_name(namespace, "app", &content);
+        let mut object = snapshot_object(&SourceId::new(kind, "app"), namespace, &name, "7", &content);
+        p.sign(&mut object);
+        object
     }
 
     fn made(p: &Prover, kind: SourceKind, data: Value) -> Value {
-        let content = Content::from_object(kind, &json!({ "data": data })).unwrap();
-        let name = p.snapshot_name("app", &content);
-        let mut object = snapshot_object(&SourceId::new(kind, "app"), "shop", &name, "7", &content);
-        object["metadata"]["creationTimestamp"] = json!(format_rfc3339(SINCE + 10));
-        p.sign(&mut object);
-        object
+        made_in(p, "shop", kind, data)
     }
 
     #[test]
@@ -461,7 +742,7 @@ mod tests {
         relabelled["immutable"] = json!(true);
         assert_eq!(p.verify(&relabelled), Err(Unproven::NoSource));
         // Another key's signature does not verify.
-        let other = Prover::new(b"another key, also thirty-two by!", SINCE);
+        let other = Prover::new(OTHER);
         assert_eq!(
             other.verify(&good),
             Err(Unproven::Signature),
@@ -487,50 +768,135 @@ mod tests {
     }
 
     /// A Secret snapshot's name is keyed: the same content gets another
-    /// name under another key or in another namespace, and the plain
-    /// SHA-256 of its content appears nowhere in it.
+    /// name under another key, for another source, or in another
+    /// namespace (a name read in `prod` is no oracle in `dev`), and the
+    /// plain SHA-256 of its content appears nowhere on it.
     #[test]
-    fn secret_names_are_keyed() {
+    fn secret_names_are_keyed_per_namespace_and_carry_no_plain_hash() {
         let p = prover();
         let content = Content::from_object(SourceKind::Secret, &json!({"data": {"pw": "aHVudGVyMg=="}})).unwrap();
-        let name = p.snapshot_name("db", &content);
+        let name = p.snapshot_name("prod", "db", &content);
         assert!(!name.contains(&content.hash()[..10]), "{name}");
-        let other = Prover::new(b"another key, also thirty-two by!", SINCE);
-        assert_ne!(other.snapshot_name("db", &content), name);
-        assert_ne!(p.snapshot_name("other-db", &content), name);
-        assert_eq!(p.snapshot_name("db", &content), name, "deterministic");
-        let secret = made(&p, SourceKind::Secret, json!({"pw": "aHVudGVyMg=="}));
+        assert_ne!(Prover::new(OTHER).snapshot_name("prod", "db", &content), name);
+        assert_ne!(p.snapshot_name("prod", "other-db", &content), name);
+        assert_ne!(p.snapshot_name("dev", "db", &content), name, "per namespace");
+        assert_eq!(p.snapshot_name("prod", "db", &content), name, "deterministic");
+        let secret = made_in(&p, "prod", SourceKind::Secret, json!({"pw": "aHVudGVyMg=="}));
         assert_eq!(p.verify(&secret), Ok(()));
-        // ConfigMaps keep the plain, reproducible name.
+        let text = secret.to_string();
+        assert!(!text.contains(&content.hash()), "no unkeyed hash on it: {text}");
+        assert!(secret["metadata"]["annotations"].get(keys::CONTENT_HASH).is_none());
+        // ConfigMaps keep the plain, reproducible name and hash.
         let cm = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"a": "1"}})).unwrap();
-        assert_eq!(p.snapshot_name("app", &cm), snapshot_name("app", &cm.hash()));
+        assert_eq!(p.snapshot_name("prod", "app", &cm), snapshot_name("app", &cm.hash()));
+        assert_eq!(p.snapshot_name("dev", "app", &cm), snapshot_name("app", &cm.hash()));
     }
 
+    /// Secret snapshots named by earlier schemes stay proven: keyed without
+    /// the namespace (c7d6a24's), and unkeyed (before names were keyed).
+    /// Upgrading renames nothing, so no template changes.
     #[test]
-    fn only_well_formed_unsigned_snapshots_older_than_the_key_are_legacy() {
+    fn names_of_earlier_schemes_stay_valid() {
+        let p = prover();
+        let content = Content::from_object(SourceKind::Secret, &json!({"data": {"pw": "aHVudGVyMg=="}})).unwrap();
+        let hash = content.hash();
+        let v1 = snapshot_name("app", &mac_with(p.ring().current(), &[SECRET_NAME_V1, "app", &hash]));
+        let plain = snapshot_name("app", &hash);
+        let names = p.names_for(SourceKind::Secret, "shop", "app", &hash);
+        assert_eq!(names[0], p.snapshot_name("shop", "app", &content));
+        assert!(names.contains(&v1) && names.contains(&plain), "{names:?}");
+        for name in [v1, plain] {
+            let mut old = snapshot_object(&SourceId::new(SourceKind::Secret, "app"), "shop", &name, "7", &content);
+            // As those versions made them: with the content hash.
+            old["metadata"]["annotations"][keys::CONTENT_HASH] = json!(hash);
+            p.sign(&mut old);
+            assert_eq!(p.verify(&old), Ok(()), "{name}");
+            let mut lying = old.clone();
+            lying["metadata"]["annotations"][keys::CONTENT_HASH] = json!("0".repeat(64));
+            assert_eq!(p.verify(&lying), Err(Unproven::Content));
+        }
+    }
+
+    /// After a rotation the new key signs and names, and what the old one
+    /// signed still verifies; a ring that lost the old key no longer
+    /// proves it.
+    #[test]
+    fn a_rotated_ring_still_proves_what_its_older_keys_signed() {
+        let old = Keyring::of(KEY).unwrap();
+        let p = Prover::with(&old);
+        let before = made(&p, SourceKind::Secret, json!({"pw": "b2xk"}));
+        let rotated = old.rotated(Zeroizing::new(OTHER.to_vec())).unwrap();
+        p.replace(&rotated);
+        assert_eq!(p.key_ids(), vec![Keyring::id(OTHER), Keyring::id(KEY)]);
+        assert_eq!(p.verify(&before), Ok(()), "signed and named by the old key");
+        let after = made(&p, SourceKind::Secret, json!({"pw": "b2xk"}));
+        assert_ne!(
+            after["metadata"]["name"], before["metadata"]["name"],
+            "the new key names"
+        );
+        assert_eq!(p.verify(&after), Ok(()));
+        assert!(Prover::new(KEY).verify(&after).is_err(), "another installation's");
+        p.replace(&Keyring::of(OTHER).unwrap());
+        assert!(p.verify(&before).is_err(), "the old key gone: unproven, left alone");
+        assert_eq!(Keyring::of(b"short").err(), Some(KeyringError::Short(5)));
+        assert_eq!(
+            rotated.merged(&old).unwrap().ids(),
+            rotated.ids(),
+            "a restore adds no key twice"
+        );
+    }
+
+    /// Nothing is ours because of when it was made: an unsigned snapshot
+    /// is unproven, whatever its age, and only listed as unsigned.
+    #[test]
+    fn an_unsigned_snapshot_is_never_ours() {
         let p = prover();
         let mut old = made(&p, SourceKind::ConfigMap, json!({"mode": "blue"}));
         old["metadata"]["annotations"]
             .as_object_mut()
             .unwrap()
             .remove(SIGNATURE);
-        old["metadata"]["creationTimestamp"] = json!(format_rfc3339(SINCE - 3600));
-        assert!(p.legacy(&old));
-        let mut after = old.clone();
-        after["metadata"]["creationTimestamp"] = json!(format_rfc3339(SINCE + 1));
-        assert!(!p.legacy(&after), "labelled after the key: a forgery");
+        old["metadata"]["creationTimestamp"] = json!("2000-01-01T00:00:00Z");
+        assert!(!p.ours(&old) && p.forged(&old));
+        assert!(p.unsigned(&old));
         let mut mutable = old.clone();
         mutable["immutable"] = json!(false);
-        assert!(!p.legacy(&mutable));
-        let mut undated = old.clone();
-        undated["metadata"].as_object_mut().unwrap().remove("creationTimestamp");
-        assert!(!p.legacy(&undated));
+        assert!(!p.unsigned(&mutable));
         p.sign(&mut old);
-        assert!(p.proves(&old) && !p.legacy(&old), "signed at migration");
+        assert!(p.proves(&old) && !p.unsigned(&old));
+    }
+
+    /// serve's cache keeps a source without its data: a keyed digest in
+    /// its place, and the verdict on its proof, which stand for them.
+    #[test]
+    fn a_digested_source_keeps_no_data_and_stands_for_it() {
+        let p = prover();
+        let ours = made(&p, SourceKind::Secret, json!({"pw": "aHVudGVyMg=="}));
+        let kept = p.digested(&ours);
+        assert!(kept.get("data").is_none() && digested(&kept), "{kept}");
+        assert!(!kept.to_string().contains("aHVudGVyMg=="));
+        assert_eq!(p.verify(&kept), Ok(()), "proven as it was cached");
+        let content = Content::from_object(SourceKind::Secret, &ours).unwrap();
+        assert!(p.holds(&kept, &content) && p.holds(&ours, &content));
+        let other = Content::from_object(SourceKind::Secret, &json!({"data": {"pw": "eA=="}})).unwrap();
+        assert!(!p.holds(&kept, &other));
+        let mut forged = ours.clone();
+        forged["metadata"]["annotations"][SIGNATURE] = json!("00");
+        assert!(p.forged(&p.digested(&forged)), "a forgery stays one");
+        let plain = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db"}, "data": {"pw": "eA=="}});
+        assert!(!keys::is_snapshot(&p.digested(&plain)) && p.verify(&p.digested(&plain)).is_err());
+        // A review cannot pass a forgery off as the cache's verdict.
+        let mut pretend = forged.clone();
+        pretend[DIGESTED] = json!({"digest": "", "unproven": null});
+        let review = json!({"object": pretend, "oldObject": null});
+        assert!(matches!(p.screen(&review), Screen::Unlabel(_)));
     }
 
     #[test]
     fn the_key_never_prints() {
-        assert!(!format!("{:?}", prover()).contains("thirty"));
+        let p = prover();
+        let printed = format!("{p:?} {:?}", Keyring::of(KEY).unwrap());
+        assert!(!printed.contains("thirty"), "{printed}");
+        assert!(printed.contains(&Keyring::id(KEY)), "{printed}");
     }
 }

@@ -30,7 +30,7 @@ pub fn cluster_host(sim: &Simulator, request: &Value) -> Arc<dyn CallHandler> {
         sim.shared.clone(),
         Caller {
             dry_run: true,
-            ..Caller::of(request)
+            ..Caller::of(request, sim.now())
         },
         Arc::new(sim.effect_rules.clone()),
         sim.register.clone(),

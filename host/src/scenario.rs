@@ -192,12 +192,30 @@ pub struct Count {
 #[serde(deny_unknown_fields)]
 pub struct JsonPathCheck {
     pub kind: String,
+    /// The object; or, with `snapshotOf`, none.
+    #[serde(default)]
     pub name: String,
+    /// Instead of `name`: the object a workload's pods read `source` from
+    /// (its snapshot), as `effectiveConfig` finds it. A Secret snapshot's
+    /// name depends on the namespace and the key (docs/hash-spec.md), so a
+    /// scenario that runs in any namespace names it this way.
+    #[serde(default, rename = "snapshotOf")]
+    pub snapshot_of: Option<SnapshotOf>,
     #[serde(default = "default_ns")]
     pub namespace: String,
     /// RFC 9535 JSONPath; a leading `$` is optional (`.spec.replicas`).
     pub path: String,
     pub equals: Value,
+}
+
+/// A workload and one of its sources: `snapshotOf` in a `jsonPath` check.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotOf {
+    pub kind: String,
+    pub name: String,
+    /// `configmap/NAME` or `secret/NAME`.
+    pub source: String,
 }
 
 fn outage() -> Code {

@@ -10,6 +10,7 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use config_snapshot_policy::duration::unix_now;
 use config_snapshot_testing::standin::ApiServer;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -209,93 +210,36 @@ async fn a_forged_review_for_an_excluded_namespace_writes_nothing() {
     drop(serve);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connections_past_the_limit_are_closed_and_slow_clients_cut_off() {
-    let _serial = SERIAL.lock().await;
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let api = ApiServer::start().await;
-    let mut serve = ServeProcess::start(
-        &api.kubeconfig(),
-        &[
-            "--max-connections",
-            "2",
-            "--header-read-timeout",
-            "1s",
-            "--body-read-timeout",
-            "1s",
-        ],
-    );
-    serve.wait_ready();
-    tokio::task::spawn_blocking(move || {
-        // Two idle connections hold both places; a third is closed at once.
-        let held: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(serve.webhook).unwrap()).collect();
-        std::thread::sleep(Duration::from_millis(300));
-        let body = review("shop", json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "plain", "namespace": "shop"}}));
-        assert!(post(&serve, None, &body).is_err(), "a third connection is refused");
-        drop(held);
-        let deadline = Instant::now() + Duration::from_secs(15);
-        // The places free up once those connections close (or time out).
-        loop {
-            match post(&serve, None, &body) {
-                Ok((status, _)) => {
-                    assert_eq!(status, 200);
-                    break;
-                }
-                Err(e) => assert!(Instant::now() < deadline, "never answered again: {e}"),
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        // A client that sends its headers slowly is cut off.
-        let started = Instant::now();
-        let config = tls_config(&serve, None);
-        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
-        let tcp = TcpStream::connect(serve.webhook).unwrap();
-        tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let mut tls = rustls::StreamOwned::new(rustls::ClientConnection::new(config.clone(), name.clone()).unwrap(), tcp);
-        tls.write_all(b"POST /mutate HTTP/1.1\r\nHost: 127.0.0.1\r\n").unwrap();
-        let mut rest = Vec::new();
-        let _ = tls.read_to_end(&mut rest);
-        assert!(started.elapsed() < Duration::from_secs(10), "headers: held {:?}", started.elapsed());
-        // One that sends a body slower than the body timeout gets no answer
-        // from the policy: an error status, soon.
-        let started = Instant::now();
-        let tcp = TcpStream::connect(serve.webhook).unwrap();
-        tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let mut tls = rustls::StreamOwned::new(rustls::ClientConnection::new(config, name).unwrap(), tcp);
-        tls.write_all(b"POST /mutate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"apiVersion\"")
-            .unwrap();
-        let mut answer = String::new();
-        let _ = tls.read_to_string(&mut answer);
-        assert!(started.elapsed() < Duration::from_secs(10), "body: held {:?}", started.elapsed());
-        let status: u16 = answer.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-        assert!(status == 0 || status >= 400, "{answer}");
-    })
-    .await
-    .unwrap();
+/// The key's guard as the kustomize install ships it.
+fn keyguard() -> String {
+    std::fs::read_to_string(support::paths::root().join("deploy/serve/keyguard.yaml")).unwrap()
 }
 
+const KEY_FLAGS: [&str; 4] = [
+    "--signing-key-secret",
+    "config-snapshot-signing-key",
+    "--namespace",
+    "config-snapshot",
+];
+
 /// Without --signing-key-file, the first serve makes the key Secret in its
-/// own namespace, and a restart (or another replica) reads the same key:
-/// the snapshot a second serve makes for the same content has the same
-/// keyed name.
+/// own namespace, under its guard, and a restart (or another replica)
+/// reads the same key: the snapshot a second serve makes for the same
+/// content has the same keyed name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_signing_key_is_made_once_and_shared() {
     let _serial = SERIAL.lock().await;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let api = ApiServer::start().await;
     api.put(secret("shop"));
-    let flags = [
-        "--signing-key-secret",
-        "config-snapshot-signing-key",
-        "--namespace",
-        "config-snapshot",
-    ];
+    api.guard_signing_key(&keyguard(), "config-snapshot");
+    let flags = KEY_FLAGS;
     let mut serve = ServeProcess::start(&api.kubeconfig(), &flags);
     serve.wait_ready();
     let key = api
         .get("Secret", "config-snapshot", "config-snapshot-signing-key")
         .expect("made on first start");
-    assert_eq!(key["immutable"], true);
+    assert!(key["data"]["key"].is_string(), "{key}");
     let ordinary = review("shop", opted_in("shop"));
     let names = |api: &ApiServer| -> Vec<String> {
         snapshots(api)
@@ -328,4 +272,102 @@ async fn the_signing_key_is_made_once_and_shared() {
     let (_serve, (status, _)) = post_once(serve);
     assert_eq!(status, 200);
     assert_eq!(names(&api), first, "the same keyed name: reused, not made again");
+}
+
+/// Finding 6 of docs/security.md: a key Secret planted before serve made
+/// one is not trusted. Without its guard serve waits (not ready) rather
+/// than read or make a key; with the guard in force, a Secret older than
+/// the guard is refused, and serve says why and stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planted_signing_key_is_not_trusted() {
+    let _serial = SERIAL.lock().await;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let api = ApiServer::start().await;
+    api.put(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "config-snapshot-signing-key", "namespace": "config-snapshot"},
+        "data": {"key": "a25vd24tdG8tdGhlLWF0dGFja2VyLWFuZC0zMi1ieXRlcw=="}}));
+    let mut serve = ServeProcess::start(&api.kubeconfig(), &KEY_FLAGS);
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        !matches!(serve.ops_get("/readyz"), Some((200, _))),
+        "not ready without the guard"
+    );
+    assert!(serve.logs().contains("guard is not in force"), "{}", serve.logs());
+    // The guard comes after the planted Secret: that Secret is refused.
+    api.fix_clock(unix_now() + 60);
+    api.guard_signing_key(&keyguard(), "config-snapshot");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = serve.try_exit() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "serve kept running:\n{}", serve.logs());
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(!status.success());
+    assert!(serve.logs().contains("created before its guard"), "{}", serve.logs());
+    assert!(snapshots(&api).is_empty());
+}
+
+/// Finding 2 of docs/security.md: a forged review whose namespace or name
+/// is not one (here a path into kube-system) is answered untouched, with a
+/// warning, and serve reads nothing for it: the API server sees no request
+/// about it at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_review_whose_names_are_not_names_reads_nothing() {
+    let _serial = SERIAL.lock().await;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let api = ApiServer::start().await;
+    api.put(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "aws-auth-like", "namespace": "kube-system"}, "data": {"mapRoles": "secret-ish"}}));
+    let mut serve = ServeProcess::start(&api.kubeconfig(), &[]);
+    serve.wait_ready();
+    let reads_before = api.log().len();
+    let opted = |ns: &str, name: &str, source: &str| {
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": ns, "annotations": {"config-snapshot.io/snapshot": "*"}},
+            "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "x",
+                "env": [{"name": "R", "valueFrom": {"configMapKeyRef": {"name": source, "key": "mapRoles"}}}]}]}}}})
+    };
+    let forged = [
+        review(
+            "kube-system/configmaps/aws-auth-like?",
+            opted("kube-system/configmaps/aws-auth-like?", "web", "cm"),
+        ),
+        review(
+            "shop",
+            opted("shop", "../../kube-system/configmaps/aws-auth-like", "cm"),
+        ),
+        review(
+            "shop",
+            opted("shop", "web", "../../../kube-system/configmaps/aws-auth-like"),
+        ),
+    ];
+    let (serve, answers) = tokio::task::spawn_blocking(move || {
+        let answers: Vec<(u16, String)> = forged.iter().map(|body| post(&serve, None, body).unwrap()).collect();
+        (serve, answers)
+    })
+    .await
+    .unwrap();
+    for (i, (status, body)) in answers.iter().enumerate() {
+        assert_eq!(*status, 200, "{body}");
+        let response: Value = serde_json::from_str(body).unwrap();
+        assert_eq!(response["response"]["allowed"], true, "{body}");
+        assert!(
+            response["response"].get("patch").is_none(),
+            "review {i} was mutated: {body}"
+        );
+        assert!(
+            !body.contains("585e") && !body.contains("cm-"),
+            "no snapshot name: {body}"
+        );
+    }
+    let made: Vec<String> = api.log()[reads_before..]
+        .iter()
+        .filter(|l| !l.contains("(watch)") && l.contains("configmaps"))
+        .cloned()
+        .collect();
+    assert!(made.is_empty(), "serve read for a forged review: {made:?}");
+    assert!(serve.logs().contains("not reviewed"), "said why");
+    drop(serve);
 }

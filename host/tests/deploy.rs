@@ -72,13 +72,19 @@ fn every_object_is_valid_for_its_kubernetes_type() {
             "RoleBinding" => drop(typed::<RoleBinding>(&object)),
             "MutatingWebhookConfiguration" => drop(typed::<MutatingWebhookConfiguration>(&object)),
             "NetworkPolicy" => drop(typed::<k8s_openapi::api::networking::v1::NetworkPolicy>(&object)),
+            "ValidatingAdmissionPolicy" => drop(typed::<
+                k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy,
+            >(&object)),
+            "ValidatingAdmissionPolicyBinding" => drop(typed::<
+                k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding,
+            >(&object)),
             // cert-manager's CRDs have no k8s-openapi type; checked below.
             "Issuer" | "Certificate" => assert_eq!(object["apiVersion"], "cert-manager.io/v1", "{file}"),
             other => panic!("{file}: unexpected kind {other}"),
         }
         kinds.insert(kind);
     }
-    assert_eq!(kinds.len(), 14, "{kinds:?}");
+    assert_eq!(kinds.len(), 16, "{kinds:?}");
 }
 
 #[test]
@@ -363,6 +369,10 @@ fn rbac_grants_exactly_what_serve_uses() {
     // Events on the workloads serve changes: exactly create and patch.
     expected.insert("events.k8s.io/events:create".to_string());
     expected.insert("events.k8s.io/events:patch".to_string());
+    // The signing key's guard: read by name, to know it is in force.
+    for resource in ["validatingadmissionpolicies", "validatingadmissionpolicybindings"] {
+        expected.insert(format!("admissionregistration.k8s.io/{resource}:get"));
+    }
     assert_eq!(grants, expected);
     // The serve cache watches exactly these kinds.
     let cached: BTreeSet<String> = config_snapshot::serve::cache::KINDS

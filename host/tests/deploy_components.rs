@@ -72,10 +72,18 @@ fn options_with(added: &[Value]) -> config_snapshot::serve::Options {
     options
 }
 
-/// Each (group, resource, verb) a rule list grants.
+/// The ClusterRole's one rule by name: the signing key's guard, read.
+fn reads_the_guard(rule: &Value) -> bool {
+    rule["apiGroups"] == serde_json::json!(["admissionregistration.k8s.io"])
+        && rule["resourceNames"] == serde_json::json!(["config-snapshot-signing-key"])
+        && rule["verbs"] == serde_json::json!(["get"])
+}
+
+/// Each (group, resource, verb) a rule list grants in a namespace (the
+/// guard's read, cluster-scoped, apart).
 fn grants(rules: &Value) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
-    for rule in rules.as_array().unwrap() {
+    for rule in rules.as_array().unwrap().iter().filter(|r| !reads_the_guard(r)) {
         assert!(rule.get("resourceNames").is_none(), "{rule}");
         for group in rule["apiGroups"].as_array().unwrap() {
             for resource in rule["resources"].as_array().unwrap() {
@@ -131,7 +139,7 @@ fn the_namespaced_component_names_one_list_and_grants_no_more_than_the_cluster_r
             assert_eq!(role["metadata"]["name"], "config-snapshot-signing-key");
             let rules = role["rules"].as_array().unwrap();
             assert_eq!(rules[0]["resourceNames"][0], options.signing_key_secret.as_str());
-            assert_eq!(rules[0]["verbs"], serde_json::json!(["get"]));
+            assert_eq!(rules[0]["verbs"], serde_json::json!(["get", "list", "watch"]));
             assert_eq!(rules[1]["verbs"], serde_json::json!(["create"]));
             continue;
         }
@@ -157,6 +165,11 @@ fn the_namespaced_component_names_one_list_and_grants_no_more_than_the_cluster_r
         .collect();
     assert!(deleted.iter().any(|t| t.contains("kind: ClusterRole\n")));
     assert!(deleted.iter().any(|t| t.contains("kind: ClusterRoleBinding")));
+    // But for the guard's read, by name, which is cluster-scoped.
+    let cluster_wide: Vec<&Value> = roles.iter().filter(|o| o["kind"] == "ClusterRole").collect();
+    assert_eq!(cluster_wide.len(), 1);
+    let rules = cluster_wide[0]["rules"].as_array().unwrap();
+    assert!(rules.len() == 1 && reads_the_guard(&rules[0]), "{rules:?}");
 }
 
 #[test]

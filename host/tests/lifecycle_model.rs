@@ -616,7 +616,11 @@ impl Model<'_> {
                     continue;
                 };
                 // Secrets' names are keyed (docs/hash-spec.md): replay's key.
-                let want = Prover::replay().snapshot_name(&group.id.name, &content.subset(group.key_subset().as_ref()));
+                let want = Prover::replay().snapshot_name(
+                    "default",
+                    &group.id.name,
+                    &content.subset(group.key_subset().as_ref()),
+                );
                 // The documented limit: the resync never rolls a rollback
                 // forward to the very content it declined.
                 // (`""`: the rollback could not read the source, so it

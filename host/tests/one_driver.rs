@@ -79,6 +79,7 @@ fn cluster() -> (Vec<Value>, Vec<Effect>) {
             owner_kind: "ReplicaSet".into(),
             owner_name: "web-1".into(),
             snapshots: vec![("ConfigMap".into(), blue.clone())],
+            stored_as: None,
         },
         // The edit to green landed: the watcher rolls out to green.
         patch(&green, "green", "1"),

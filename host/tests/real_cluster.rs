@@ -239,6 +239,7 @@ fn start_serve(cp: &ControlPlane) -> (ServeProcess, PathBuf) {
     for object in yaml("deploy/serve/namespace.yaml")
         .into_iter()
         .chain(yaml("deploy/serve/rbac.yaml"))
+        .chain(yaml("deploy/serve/keyguard.yaml"))
         .chain(yaml("deploy/serve/settings.yaml"))
     {
         cp.apply("config-snapshot", &object);
@@ -1089,6 +1090,28 @@ fn run_on_cluster(
 /// the snapshots there are, and what each revision runs (by number; a
 /// CronJob's Jobs, which have none, by name).
 fn outcome(view: &Objects) -> Value {
+    // A Secret snapshot's name is keyed per namespace (docs/hash-spec.md):
+    // the scenario runs in a namespace of its own here and in `default`
+    // under replay, so a Secret snapshot stands for its source and content.
+    let secret_snapshots: std::collections::HashMap<String, String> = view
+        .0
+        .iter()
+        .filter(|o| o["kind"] == "Secret" && config_snapshot_policy::keys::is_snapshot(o))
+        .map(|o| {
+            let content = config_snapshot_policy::content::Content::from_object(
+                config_snapshot_policy::source::SourceKind::Secret,
+                o,
+            )
+            .map(|c| c.hash()[..10].to_string())
+            .unwrap_or_default();
+            let source = config_snapshot_policy::keys::snapshot_source(o).unwrap_or_default();
+            (
+                o["metadata"]["name"].as_str().unwrap().to_string(),
+                format!("{source}@{content}"),
+            )
+        })
+        .collect();
+    let alias = |name: String| secret_snapshots.get(&name).cloned().unwrap_or(name);
     let mut out = serde_json::Map::new();
     for w in &view.0 {
         let Some(kind) = WorkloadKind::from_kind(w["kind"].as_str().unwrap_or_default()) else {
@@ -1100,7 +1123,7 @@ fn outcome(view: &Objects) -> Value {
                 .map(|t| {
                     config_snapshot_policy::references::collect(t)
                         .into_iter()
-                        .map(|r| r.name)
+                        .map(|r| alias(r.name))
                         .collect()
                 })
                 .unwrap_or_default()
@@ -1131,7 +1154,8 @@ fn outcome(view: &Objects) -> Value {
         kept.sort_by(|(a, _), (b, _)| (a.as_i64(), a.as_str()).cmp(&(b.as_i64(), b.as_str())));
         out.insert(name, json!({"references": refs, "revisions": kept}));
     }
-    out.insert("snapshots".into(), json!(snapshots(view)));
+    let snapshots: BTreeSet<String> = snapshots(view).into_iter().map(alias).collect();
+    out.insert("snapshots".into(), json!(snapshots));
     Value::Object(out)
 }
 
@@ -1193,12 +1217,16 @@ mod bench;
 mod drift;
 #[path = "real_cluster/fleet.rs"]
 mod fleet;
+#[path = "real_cluster/forged.rs"]
+mod forged;
 #[path = "real_cluster/helm.rs"]
 mod helm;
 #[path = "real_cluster/histories.rs"]
 mod histories;
 #[path = "real_cluster/jobs.rs"]
 mod jobs;
+#[path = "real_cluster/keys.rs"]
+mod keys;
 #[path = "real_cluster/policy_server.rs"]
 mod policy_server;
 #[path = "real_cluster/recipe.rs"]

@@ -29,6 +29,7 @@ fn capability(cluster: Arc<dyn Cluster>, uid: &str, namespace: &str, dry_run: bo
         uid: uid.into(),
         namespace: namespace.into(),
         dry_run,
+        subject: Default::default(),
     };
     let rules = Rules::new(Settings::default(), Arc::new(Prover::replay()));
     Capability::new(cluster, caller, Arc::new(rules), Arc::default(), Arc::new(Silent))
@@ -614,7 +615,7 @@ fn a_hostile_wasm_guest_cannot_break_the_host_invariants() {
             &json!({"type": "kubernetes.io/service-account-token", "data": {"k": "dg=="}}),
         )
         .unwrap();
-        let name = Prover::replay().snapshot_name("app", &content);
+        let name = Prover::replay().snapshot_name("team-a", "app", &content);
         config_snapshot_policy::content::snapshot_object(
             &SourceId::new(SourceKind::Secret, "app"),
             "team-a",
@@ -625,13 +626,20 @@ fn a_hostile_wasm_guest_cannot_break_the_host_invariants() {
     };
     let mut wrong_hash = good.clone();
     wrong_hash["data"]["k"] = json!("tampered");
+    let never_stored = {
+        let content = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"k": "never written"}})).unwrap();
+        plain_snapshot(&SourceId::new(SourceKind::ConfigMap, "app"), "team-a", "1", &content).1
+    };
     let plain = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "plain", "namespace": "team-a"}, "data": {"a": "1"}});
     let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "team-a"}, "spec": {"replicas": 1}});
+    // The control's source, as stored: a snapshot is made only of that.
+    let source = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app", "namespace": "team-a"}, "data": {"k": "v"}});
 
     let run = |operation: &str, payload: Value, dry_run: bool| -> (Vec<Value>, usize) {
         let shared = Arc::new(Shared::default());
         shared.store.lock().unwrap().persist(plain.clone());
         shared.store.lock().unwrap().persist(deployment.clone());
+        shared.store.lock().unwrap().persist(source.clone());
         let engine = Engine::from_bytes(guest(operation, &payload).as_bytes(), Duration::from_secs(2)).unwrap();
         let cap = Arc::new(capability(shared.clone(), "r", "team-a", dry_run));
         engine.call("validate", b"{}", cap.clone()).unwrap();
@@ -640,7 +648,7 @@ fn a_hostile_wasm_guest_cannot_break_the_host_invariants() {
     };
 
     let (control, _) = run("create_snapshot", json!({"object": good}), false);
-    assert_eq!(control.len(), 3, "the control create must land: the transport works");
+    assert_eq!(control.len(), 4, "the control create must land: the transport works");
 
     let hostile = [
         (
@@ -662,6 +670,12 @@ fn a_hostile_wasm_guest_cannot_break_the_host_invariants() {
             "create with a name that does not match the content",
         ),
         (
+            "create_snapshot",
+            json!({"object": never_stored}),
+            false,
+            "create a snapshot of content its source does not hold",
+        ),
+        (
             "delete_snapshot",
             json!({"kind": "ConfigMap", "name": "plain", "uid": "x"}),
             false,
@@ -676,7 +690,7 @@ fn a_hostile_wasm_guest_cannot_break_the_host_invariants() {
     ];
     for (operation, payload, dry_run, what) in hostile {
         let (objects, queued) = run(operation, payload, dry_run);
-        assert_eq!(objects.len(), 2, "{what}: the store changed");
+        assert_eq!(objects.len(), 3, "{what}: the store changed");
         assert_eq!(queued, 0, "{what}: an effect was queued");
         assert!(objects.iter().any(|o| o["metadata"]["name"] == "plain"), "{what}");
         assert!(
@@ -698,7 +712,10 @@ fn a_hostile_wasm_guest_cannot_break_the_host_invariants() {
     // Control: a patch inside the template is queued.
     let (_, queued) = run(
         "patch_workload",
-        json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "resourceVersion": "2", "patch": [{"op": "add", "path": "/spec/template/x", "value": 1}]}),
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "resourceVersion": "2",
+               "patch": [{"op": "add", "path": "/spec/template/x", "value": 1}],
+               "snapshot": "app-0123456789", "keys": null,
+               "source": {"kind": "ConfigMap", "name": "app", "contentHash": "0".repeat(64)}}),
         false,
     );
     assert_eq!(queued, 1);

@@ -263,26 +263,26 @@ async fn serve_admits_snapshots_adopts_and_rolls_out_over_https() {
         .await;
     }
 
-    // 4. Editing the watched ConfigMap: the snapshot is made at admission,
-    //    the Deployment is patched only once the edit is persisted.
+    // 4. Editing the watched ConfigMap: nothing is written at admission
+    //    (the new content is not stored yet); once the edit is persisted,
+    //    the rollout makes the snapshot from the stored source and patches.
     // As the API server sends it: the object read back, edited.
     let stored = api.get("ConfigMap", NS, "app-config").unwrap();
     let mut edit = stored.clone();
     edit["data"] = config_map("green")["data"].clone();
     let (response, green_cm) = serve.admit("edit-cm", "UPDATE", &edit, Some(&stored), false).await;
     assert_eq!(response["allowed"], true, "{response}");
-    let green = api
-        .list("ConfigMap")
-        .into_iter()
-        .find(|c| c["data"]["mode"] == "green" && c["immutable"] == true)
-        .expect("a snapshot of the new content");
-    let green = green["metadata"]["name"].as_str().unwrap().to_string();
+    let green = snapshot_of("green");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let unchanged = api.get("Deployment", NS, "web").unwrap();
     assert_eq!(
         env_ref(&unchanged, "MODE", "configMapKeyRef"),
         blue,
         "rolled out before the edit was persisted"
+    );
+    assert!(
+        api.get("ConfigMap", NS, &green).is_none(),
+        "a snapshot of content not stored yet"
     );
     api.put(green_cm);
     let rolled = eventually("the watch rollout", &serve, || {
@@ -570,8 +570,20 @@ fn replica_set(web: &Value, revision: u32) -> Value {
     })
 }
 
+/// The name of app-config's snapshot holding `mode`.
+fn snapshot_of(mode: &str) -> String {
+    let content = config_snapshot_policy::content::Content::from_object(
+        config_snapshot_policy::source::SourceKind::ConfigMap,
+        &config_map(mode),
+    )
+    .unwrap();
+    config_snapshot_policy::content::snapshot_name("app-config", &content.hash())
+}
+
 /// Edits app-config to `mode` as a user would: admitted, then persisted.
-/// Returns the name of the snapshot the admission made of the new content.
+/// Returns the name of the snapshot a watch rollout makes of the new
+/// content: not at the admission (nothing is stored yet), but once the
+/// rollout runs.
 async fn edit_config(serve: &mut Serve, api: &ApiServer, mode: &str) -> String {
     let stored = api.get("ConfigMap", NS, "app-config").unwrap();
     let mut edit = stored.clone();
@@ -581,12 +593,7 @@ async fn edit_config(serve: &mut Serve, api: &ApiServer, mode: &str) -> String {
         .await;
     assert_eq!(response["allowed"], true, "{response}");
     api.put(persisted);
-    let snapshot = api
-        .list("ConfigMap")
-        .into_iter()
-        .find(|c| c["data"]["mode"] == mode && c["immutable"] == true)
-        .unwrap_or_else(|| panic!("no snapshot of {mode}\n{}", serve.logs()));
-    snapshot["metadata"]["name"].as_str().unwrap().to_string()
+    snapshot_of(mode)
 }
 
 /// `kubectl rollout undo` while a watch rollout waits out the storm guard:

@@ -220,9 +220,18 @@ impl<'a> Planner<'a> {
         if let Some(old) = self.old_template() {
             known.add_mapping(&Mapping::of(old));
         }
+        // A request's old object is not bounded by the limit on the new
+        // one (docs/design.md, "Limits"): no more reads for it either.
+        let mut read = std::collections::BTreeSet::new();
         for r in refs.iter().chain(old_refs) {
             if known.contains(r.kind, &r.name) || !template::looks_like_snapshot(&r.name) {
                 continue;
+            }
+            if !read.insert((r.kind, r.name.as_str())) {
+                continue;
+            }
+            if read.len() > references::MAX_SOURCES {
+                break;
             }
             if let Ok(Some(object)) = self.lookup.source(r.kind, &r.name) {
                 if let Some(source) = keys::snapshot_source(&object) {

@@ -22,36 +22,90 @@ mod reads;
 mod snapshot;
 mod writes;
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use config_snapshot_policy::host_error::{Code, HostError};
 use config_snapshot_policy::operation::{Operation, CONFIG_SNAPSHOT, KUBEWARDEN};
+use config_snapshot_policy::source::SourceKind;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::cluster::Cluster;
 use crate::engine::{CallFailure, CallHandler};
+use crate::lifecycle::effect::StoredAs;
 use crate::lifecycle::{Effect, Observer, Register, Rules};
 use crate::proof::{Proven, Prover};
 
-pub use budget::Budget;
+pub use budget::{parse_bytes, Budget, Limits};
+pub use snapshot::written_size;
 
 /// The admission request a set of host calls belongs to: whose namespace
-/// they may write in, and whether writes are refused (dry run).
+/// they may write in, whether writes are refused (dry run), and what it
+/// writes.
 #[derive(Debug, Clone)]
 pub struct Caller {
     pub uid: String,
     pub namespace: String,
     pub dry_run: bool,
+    pub subject: Subject,
+}
+
+/// The object an admission request writes, as the review says: what an
+/// effect the request asks for may act on once the API server has stored
+/// it (docs/design.md, "Deferred effects").
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Subject {
+    pub kind: String,
+    pub name: String,
+    pub operation: String,
+    /// The object's uid: an UPDATE's; a CREATE's has none yet (the API
+    /// server assigns it after the mutating webhooks).
+    pub uid: Option<String>,
+    /// The uid of the object's controller (a revision's workload), which
+    /// the API server stores as the request carries it.
+    pub controller_uid: Option<String>,
+    /// When the request was reviewed (unix seconds): a CREATE's object is
+    /// stored after it.
+    pub reviewed_at: i64,
+}
+
+impl Subject {
+    /// What `request` (an AdmissionRequest as JSON) writes, reviewed at
+    /// `now`.
+    pub fn of(request: &Value, now: i64) -> Subject {
+        let meta = &request["object"]["metadata"];
+        let text = |v: &Value| v.as_str().filter(|s| !s.is_empty()).map(str::to_string);
+        Subject {
+            kind: request["kind"]["kind"].as_str().unwrap_or_default().to_string(),
+            name: text(&request["name"])
+                .or_else(|| text(&meta["name"]))
+                .unwrap_or_default(),
+            operation: request["operation"].as_str().unwrap_or_default().to_string(),
+            uid: text(&meta["uid"]),
+            controller_uid: meta["ownerReferences"]
+                .as_array()
+                .and_then(|refs| refs.iter().find(|r| r["controller"] == true))
+                .and_then(|r| text(&r["uid"])),
+            reviewed_at: now,
+        }
+    }
+
+    /// Whether the request writes a ConfigMap or a Secret: content the API
+    /// server has not stored yet, and a forged review's, never.
+    pub fn is_source(&self) -> bool {
+        SourceKind::from_kind(&self.kind).is_some()
+    }
 }
 
 impl Caller {
-    /// The caller an AdmissionRequest (as JSON) makes.
-    pub fn of(request: &Value) -> Caller {
+    /// The caller an AdmissionRequest (as JSON) makes, reviewed at `now`.
+    pub fn of(request: &Value, now: i64) -> Caller {
         Caller {
             uid: request["uid"].as_str().unwrap_or_default().to_string(),
             namespace: request["namespace"].as_str().unwrap_or("default").to_string(),
             dry_run: request["dryRun"].as_bool().unwrap_or(false),
+            subject: Subject::of(request, now),
         }
     }
 }
@@ -84,6 +138,9 @@ pub struct Capability {
     faults: Option<Arc<dyn Faults>>,
     budget: Option<Arc<Budget>>,
     staged: Mutex<Vec<Effect>>,
+    /// The sources this admission read fresh, as the API server stores
+    /// them: a snapshot is made of nothing else.
+    stored: Mutex<HashMap<(SourceKind, String), Value>>,
 }
 
 impl Capability {
@@ -103,6 +160,7 @@ impl Capability {
             faults: None,
             budget: None,
             staged: Mutex::default(),
+            stored: Mutex::default(),
         }
     }
 
@@ -135,6 +193,43 @@ impl Capability {
 
     fn stage(&self, effect: Effect) {
         self.staged.lock().unwrap_or_else(|e| e.into_inner()).push(effect);
+    }
+
+    /// What identifies the object this admission reviewed once stored.
+    fn stored_as(&self) -> StoredAs {
+        let subject = &self.caller.subject;
+        StoredAs {
+            uid: subject.uid.clone(),
+            controller_uid: subject.controller_uid.clone(),
+            reviewed_at: subject.reviewed_at,
+        }
+    }
+
+    /// Remembers a source this admission read fresh.
+    fn remember(&self, kind: SourceKind, object: &Value) {
+        let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        self.stored
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((kind, name), object.clone());
+    }
+
+    /// Source `name` of the request's namespace as the API server stores
+    /// it: as this admission read it, or read fresh now.
+    fn stored_source(&self, kind: SourceKind, name: &str) -> Result<Option<Value>, HostError> {
+        let remembered = self
+            .stored
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(kind, name.to_string()))
+            .cloned();
+        match remembered {
+            Some(object) => Ok(Some(object)),
+            None => self
+                .cluster
+                .get_fresh(kind.kind(), &self.caller.namespace, name)
+                .map_err(failed),
+        }
     }
 
     fn dispatch(&self, op: Operation, payload: &[u8]) -> Result<Reply, HostError> {

@@ -5,6 +5,7 @@
 use config_snapshot_policy::host_error::{Code, HostError};
 use config_snapshot_policy::kinds::{self, WorkloadKind};
 use config_snapshot_policy::operation::Operation;
+use config_snapshot_policy::selection::is_dns_subdomain;
 use config_snapshot_policy::source::{SourceId, SourceKind};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -94,6 +95,20 @@ fn check_api_version(api_version: &str, kind: &str) -> Result<(), HostError> {
     }
 }
 
+/// Refused unless `name` is an object's name (DNS-1123 subdomain): only a
+/// forged review's template carries anything else, and nothing is read
+/// for it.
+fn a_name(name: &str) -> Result<(), HostError> {
+    if is_dns_subdomain(name) {
+        Ok(())
+    } else {
+        Err(HostError::new(
+            Code::BadRequest,
+            format!("{} is not an object's name", crate::cluster::shown(name)),
+        ))
+    }
+}
+
 /// A `metadata.name=NAME` field selector, the one form the policy sends.
 fn name_selector(field_selector: Option<&str>) -> Result<Option<&str>, HostError> {
     match field_selector {
@@ -110,8 +125,13 @@ impl Capability {
         check_api_version(&req.api_version, &req.kind)?;
         let ns = req.namespace.unwrap_or_default();
         same_namespace(&self.caller, &ns)?;
+        a_name(&req.name)?;
         let object = if req.disable_cache {
-            self.cluster.get_fresh(&req.kind, &ns, &req.name)
+            let read = self.cluster.get_fresh(&req.kind, &ns, &req.name);
+            if let (Ok(Some(object)), Some(kind)) = (&read, SourceKind::from_kind(&req.kind)) {
+                self.remember(kind, object);
+            }
+            read
         } else {
             self.cluster.get(&req.kind, &ns, &req.name)
         }
@@ -161,6 +181,7 @@ impl Capability {
             ))
         })?;
         same_namespace(&self.caller, &req.namespace)?;
+        a_name(&req.source_name)?;
         let source = SourceId::new(source_kind, &req.source_name);
         masked_list(kind.api_version(), kind.kind(), req.field_masks, |visit| {
             self.cluster

@@ -21,11 +21,9 @@ use serde_json::{json, Value};
 use super::{failed, refused, Capability};
 use crate::cluster::ApiError;
 use crate::cluster::Cluster;
+use crate::lifecycle::driver::SWEEP_EVERY_SECS;
 use crate::lifecycle::verdict::{adopt_ops, version_of};
 use crate::lifecycle::Effect;
-
-/// The most often a source is swept after its new snapshots (seconds).
-const SWEEP_EVERY_SECS: i64 = 60;
 
 /// Secret types that mint credentials when created: never a snapshot's.
 const TOKEN_TYPES: [&str; 2] = [SA_TOKEN, "bootstrap.kubernetes.io/token"];
@@ -65,7 +63,23 @@ impl Capability {
         if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
             return Err(refused("refused: a content hash is 64 lowercase hex digits"));
         }
-        Ok(json!({ "name": self.prover().name_for(kind, source, &hash) }))
+        let ns = &self.caller.namespace;
+        let mut names = self.prover().names_for(kind, ns, source, &hash).into_iter();
+        let name = names.next().unwrap_or_default();
+        // The names this content had under earlier schemes (or keys) that
+        // a proven snapshot of this very source carries here: what a
+        // workload running one of them runs is this content, so a watch
+        // need not roll it. Only those that exist: a name is no oracle.
+        let aliases: Vec<String> = names
+            .filter(|alias| {
+                self.cluster
+                    .get(kind.kind(), ns, alias)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|o| keys::is_snapshot(&o) && keys::snapshot_source(&o) == Some(source))
+            })
+            .collect();
+        Ok(json!({ "name": name, "aliases": aliases }))
     }
 
     /// The snapshot object the host makes for what the guest proposes: of
@@ -102,16 +116,15 @@ impl Capability {
             .unwrap_or_default();
         let source = source_name(source)?.to_string();
         let ns = &self.caller.namespace;
-        if name != self.prover().snapshot_name(&source, &content)
-            || proposed["metadata"]["annotations"][keys::CONTENT_HASH] != content.hash().as_str()
+        let hash_said = &proposed["metadata"]["annotations"][keys::CONTENT_HASH];
+        if name != self.prover().snapshot_name(ns, &source, &content)
+            || (kind == SourceKind::ConfigMap && *hash_said != content.hash().as_str())
         {
             return Err(refused(format!(
                 "refused: snapshot {name} does not match its content hash"
             )));
         }
-        if kind == SourceKind::Secret {
-            self.check_type(&source, &content.type_)?;
-        }
+        self.check_stored(&source, &name, &content)?;
         let version = proposed["metadata"]["annotations"][keys::SOURCE_RESOURCE_VERSION]
             .as_str()
             .unwrap_or_default();
@@ -122,25 +135,42 @@ impl Capability {
         Ok((id, name, content, object))
     }
 
-    /// A Secret snapshot's type: Opaque, or its source's own; never one
-    /// that makes the API server mint a credential into it.
-    fn check_type(&self, source: &str, type_: &str) -> Result<(), HostError> {
-        if TOKEN_TYPES.contains(&type_) {
-            return Err(refused(format!("refused: a snapshot is never a {type_} Secret")));
+    /// What serve writes comes only from what the API server stored: a
+    /// snapshot holds keys of its source as stored, with their values, and
+    /// (a Secret's) its type or Opaque; never one that makes the API server
+    /// mint a credential into it. A source write's review carries content not
+    /// stored yet (and a forged or later refused one, never): its watchers'
+    /// snapshots are made once it is, by the rollout (docs/design.md,
+    /// "Deferred effects").
+    fn check_stored(&self, source: &str, name: &str, content: &Content) -> Result<(), HostError> {
+        if self.caller.subject.is_source() {
+            let kind = &self.caller.subject.kind;
+            return Err(refused(format!(
+                "refused: snapshot {name}: a {kind} write's content is not stored while it is reviewed; its watchers' snapshots are made once it is"
+            )));
         }
-        if type_ == "Opaque" {
-            return Ok(());
+        if TOKEN_TYPES.contains(&content.type_.as_str()) {
+            return Err(refused(format!(
+                "refused: a snapshot is never a {} Secret",
+                content.type_
+            )));
         }
-        let live = self
-            .cluster
-            .get_fresh("Secret", &self.caller.namespace, source)
-            .map_err(failed)?;
-        let own = live.as_ref().and_then(|s| s["type"].as_str()).unwrap_or("Opaque");
-        if own == type_ {
+        let stored = self
+            .stored_source(content.kind, source)?
+            .ok_or_else(|| refused(format!("refused: snapshot {name} of {source}, which does not exist")))?;
+        let holds = Content::from_object(content.kind, &stored).is_ok_and(|whole| {
+            (whole.type_ == content.type_ || content.type_ == "Opaque")
+                && content.data.iter().all(|(k, v)| whole.data.get(k) == Some(v))
+                && content
+                    .binary_data
+                    .iter()
+                    .all(|(k, v)| whole.binary_data.get(k) == Some(v))
+        });
+        if holds {
             Ok(())
         } else {
             Err(refused(format!(
-                "refused: a snapshot of {source} is Opaque or {own}, not {type_}"
+                "refused: snapshot {name} holds content {source} does not: a snapshot is made only of what the API server stores"
             )))
         }
     }
@@ -216,6 +246,7 @@ impl Capability {
                         owner_kind: owner["kind"].as_str().unwrap_or_default().to_string(),
                         owner_name: owner["metadata"]["name"].as_str().unwrap_or_default().to_string(),
                         snapshots: vec![(kind.kind().to_string(), name.clone())],
+                        stored_as: Some(self.stored_as()),
                     });
                     return Ok(json!({"created": false}));
                 }
@@ -328,7 +359,7 @@ impl Capability {
     /// Creates `object`, if the namespace's budget allows one more.
     fn make(&self, object: &Value) -> Result<Result<(), ApiError>, HostError> {
         if let Some(budget) = &self.budget {
-            budget.take(&self.caller.namespace)?;
+            budget.take(&self.caller.namespace, written_size(object))?;
         }
         Ok(self.cluster.create(object.clone()))
     }
@@ -342,10 +373,7 @@ impl Capability {
         content: &Content,
         name: &str,
     ) -> Result<(), HostError> {
-        let same = Content::from_object(kind, existing)
-            .map(|c| c == *content)
-            .unwrap_or(false);
-        if same && self.prover().ours(existing) {
+        if self.prover().holds(existing, content) && self.prover().ours(existing) {
             return Ok(());
         }
         Err(refused(format!(
@@ -353,4 +381,9 @@ impl Capability {
             kind.kind()
         )))
     }
+}
+
+/// The bytes a snapshot takes as written: what the budget counts.
+pub fn written_size(object: &Value) -> usize {
+    serde_json::to_vec(object).map_or(usize::MAX, |b| b.len())
 }

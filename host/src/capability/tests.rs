@@ -101,12 +101,19 @@ pub(super) fn capability(dry_run: bool) -> (Arc<Recorder>, Capability) {
 }
 
 pub(super) fn capability_on(backend: Arc<Recorder>, dry_run: bool) -> Capability {
+    // The source of `good_snapshot`: a snapshot is made only of what is
+    // stored.
+    if backend.cluster.get("ConfigMap", "team-a", "app").unwrap().is_none() {
+        backend.put(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "app", "namespace": "team-a", "uid": "u2"}, "data": {"k": "v", "other": "o"}}));
+    }
     Capability::new(
         backend,
         Caller {
             uid: "r".into(),
             namespace: "team-a".into(),
             dry_run,
+            subject: Default::default(),
         },
         Arc::new(crate::lifecycle::Rules::new(
             config_snapshot_policy::settings::Settings::default(),

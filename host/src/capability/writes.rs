@@ -3,11 +3,15 @@
 
 use config_snapshot_policy::host_error::{Code, HostError};
 use config_snapshot_policy::kinds::{self, WorkloadKind};
+use config_snapshot_policy::selection::is_dns_subdomain;
 use config_snapshot_policy::source::SourceKind;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{failed, refused, Capability};
+
+/// The most keys a watch rollout's snapshot selects.
+const MAX_KEYS: usize = 1024;
 use crate::cluster::Cluster;
 use crate::cluster::Preconditions;
 use crate::lifecycle::{guard, Effect};
@@ -37,11 +41,19 @@ impl Capability {
             }
             snapshots.push((kind.to_string(), name.to_string()));
         }
+        let subject = &self.caller.subject;
+        if !subject.kind.is_empty() && (subject.kind != owner_kind || subject.name != owner_name) {
+            return Err(refused(format!(
+                "refused: adopt acts on the object the request writes, {}/{}, not {owner_kind}/{owner_name}",
+                subject.kind, subject.name
+            )));
+        }
         self.stage(Effect::Adopt {
             namespace: self.caller.namespace.clone(),
             owner_kind,
             owner_name,
             snapshots,
+            stored_as: Some(self.stored_as()),
         });
         Ok(json!({"queued": true}))
     }
@@ -105,6 +117,29 @@ impl Capability {
         }
         json_patch::Patch::deserialize(&request["patch"])
             .map_err(|e| refused(format!("refused: invalid JSON Patch: {e}")))?;
+        // The snapshot the rollout makes: named as an object is, of keys a
+        // ConfigMap or Secret can have, for content given by its hash.
+        let snapshot = request["snapshot"].as_str().unwrap_or_default();
+        if !is_dns_subdomain(snapshot) || !is_dns_subdomain(request["name"].as_str().unwrap_or_default()) {
+            return Err(refused("refused: patch_workload names a workload and a snapshot"));
+        }
+        let hash = request["source"]["contentHash"].as_str().unwrap_or_default();
+        if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(refused("refused: patch_workload needs the content's hash"));
+        }
+        match &request["keys"] {
+            Value::Null => {}
+            Value::Array(keys)
+                if keys.len() <= MAX_KEYS
+                    && keys
+                        .iter()
+                        .all(|k| k.as_str().is_some_and(|k| !k.is_empty() && k.len() <= 253)) => {}
+            _ => {
+                return Err(refused(format!(
+                    "refused: patch_workload's keys: at most {MAX_KEYS} names"
+                )))
+            }
+        }
         self.stage(Effect::Patch {
             namespace: self.caller.namespace.clone(),
             request,

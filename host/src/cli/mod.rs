@@ -2,6 +2,7 @@
 //! their arguments: `main.rs` only parses and dispatches.
 
 pub mod history;
+pub mod keys;
 pub mod module;
 pub mod oci;
 pub mod replay;

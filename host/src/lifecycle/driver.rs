@@ -5,22 +5,28 @@
 //! backoff); what an attempt means, when an effect is over, what is then
 //! collected and what users are told is decided here.
 
+use config_snapshot_policy::content::{snapshot_object, Content};
 use config_snapshot_policy::keys;
 use config_snapshot_policy::kinds;
+use config_snapshot_policy::references;
 use config_snapshot_policy::source::SourceId;
 use config_snapshot_policy::sweep::{self, owned};
 use std::collections::HashSet;
 
 use serde_json::Value;
 
-use super::effect::{Effect, PatchIntent};
+use super::effect::{Effect, PatchIntent, StoredAs};
 use super::guard;
 use super::observe::{Observer, Reason};
 use super::pass::{add_references, bridges, controller_of, doomed, orphans, Doomed};
 use super::register::Register;
 use super::verdict::{adopt_ops, decide_patch, version_of, Observed, Rules, Verdict};
+use crate::capability::{written_size, Budget};
 use crate::cluster::{self, ApiError, Cluster, Key, Preconditions, Selector};
 use crate::proof::Proven;
+
+/// The most often a source is swept after its new snapshots (seconds).
+pub const SWEEP_EVERY_SECS: i64 = 60;
 
 /// What one run of an effect came to.
 #[derive(Debug, PartialEq)]
@@ -80,6 +86,9 @@ pub struct Driver<'a> {
     pub rules: &'a Rules,
     pub register: &'a Register,
     pub observer: &'a dyn Observer,
+    /// What a watch rollout's snapshot is taken from (serve's; replay has
+    /// none).
+    pub budget: Option<&'a Budget>,
 }
 
 impl<'a> Driver<'a> {
@@ -89,6 +98,15 @@ impl<'a> Driver<'a> {
             rules,
             register,
             observer,
+            budget: None,
+        }
+    }
+
+    /// The same driver, its snapshots counted against `budget`.
+    pub fn with_budget(self, budget: &'a Budget) -> Self {
+        Driver {
+            budget: Some(budget),
+            ..self
         }
     }
 }
@@ -157,7 +175,8 @@ impl Driver<'_> {
                 owner_kind,
                 owner_name,
                 snapshots,
-            } => self.adopt(namespace, owner_kind, owner_name, snapshots),
+                stored_as,
+            } => self.adopt(namespace, owner_kind, owner_name, snapshots, stored_as.as_ref()),
             Effect::Patch { namespace, request } => self.patch(namespace, request),
             Effect::Sweep {
                 namespace,
@@ -214,6 +233,17 @@ impl Driver<'_> {
         Attempt::Done
     }
 
+    /// After a new snapshot of `source` is named: its older versions are
+    /// swept, at most once a minute per source (half the grace period if
+    /// shorter; see [`Register::sweep_due`]).
+    pub fn sweep_after_new(&self, ns: &str, source: &SourceId, keep: &str) {
+        let grace = self.rules.settings.orphan_grace_period_secs as i64;
+        let every = SWEEP_EVERY_SECS.min(grace / 2);
+        if self.register.sweep_due(ns, source, self.cluster.now(), every) {
+            self.sweep_source(ns, source, keep);
+        }
+    }
+
     /// Deletes what a sweep judged, unused for `grace` seconds, each under
     /// the guard with the uid and version it was judged at: a snapshot
     /// reused since is kept. How many went.
@@ -251,13 +281,39 @@ impl Driver<'_> {
         }
     }
 
-    fn adopt(&self, ns: &str, owner_kind: &str, owner_name: &str, snapshots: &[(String, String)]) -> Attempt {
+    /// Makes the live `owner_kind/owner_name` an owner of `snapshots`:
+    /// only if it is the object the admission reviewed (`stored_as`), and
+    /// only of the snapshots its stored template names. A review that was
+    /// never stored (forged, or refused by a later webhook) names an object
+    /// that either never appears or is another request's.
+    fn adopt(
+        &self,
+        ns: &str,
+        owner_kind: &str,
+        owner_name: &str,
+        snapshots: &[(String, String)],
+        stored_as: Option<&StoredAs>,
+    ) -> Attempt {
         let owner = match self.read(owner_kind, ns, owner_name) {
             Ok(Some(owner)) => owner,
             Ok(None) => return Attempt::Wait(format!("{owner_kind}/{owner_name} is not visible yet")),
             Err(e) => return Attempt::Retry(e.to_string()),
         };
-        for (kind, name) in snapshots {
+        if let Some(why) = stored_as.and_then(|s| s.mismatch(&owner)) {
+            return Attempt::Dropped {
+                why: format!("adoption by {owner_kind}/{owner_name} dropped: not the object reviewed ({why})"),
+                collect: None,
+            };
+        }
+        let named: HashSet<(String, String)> = kinds::template_of(&owner)
+            .map(|t| {
+                references::collect(t)
+                    .into_iter()
+                    .map(|r| (r.kind.kind().to_string(), r.name))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for (kind, name) in snapshots.iter().filter(|s| named.contains(*s)) {
             let snapshot = match self.cluster.get_fresh(kind, ns, name) {
                 Ok(Some(s)) => s,
                 Ok(None) => continue,
@@ -334,24 +390,27 @@ impl Driver<'_> {
             Ok::<_, ApiError>((
                 self.cluster.get_fresh(intent.kind.kind(), ns, &intent.name)?,
                 self.cluster.get_fresh(source_kind, ns, &intent.source.name)?,
-                self.read(source_kind, ns, &intent.snapshot)?,
             ))
         })();
-        let (workload, source, snapshot) = match read {
+        let (workload, source) = match read {
             Ok(read) => read,
             Err(e) => return Attempt::Retry(e.to_string()),
         };
         let seen = Observed {
             workload: workload.as_ref(),
             source: source.as_ref(),
-            snapshot_exists: snapshot.is_some(),
         };
         match decide_patch(&intent, &seen, self.cluster.now(), self.rules) {
             Verdict::Apply { resource_version, ops } => {
-                if let (Some(w), Some(s)) = (&workload, &snapshot) {
-                    if let Err(why) = self.bridge(w, s) {
-                        return Attempt::Retry(why);
-                    }
+                let (Some(w), Some(stored)) = (&workload, &source) else {
+                    return Attempt::Retry("the workload or its source went while it was judged".into());
+                };
+                let snapshot = match self.snapshot_of_stored(ns, &intent, stored) {
+                    Ok(snapshot) => snapshot,
+                    Err(attempt) => return attempt,
+                };
+                if let Err(why) = self.bridge(w, &snapshot) {
+                    return Attempt::Retry(why);
                 }
                 match self
                     .cluster
@@ -360,6 +419,7 @@ impl Driver<'_> {
                     Ok(()) => {
                         self.observer
                             .note(format!("watch: rolling out {} to {}", intent.who(), intent.snapshot));
+                        self.sweep_after_new(ns, &intent.source, &intent.snapshot);
                         if let Some(w) = &workload {
                             self.observer.tell(
                                 w,
@@ -400,6 +460,73 @@ impl Driver<'_> {
                     collect: collect.then(|| intent.target()),
                 }
             }
+        }
+    }
+
+    /// The snapshot a watch rollout moves its workload to, made now from
+    /// the source as the API server stores it (`stored`, which the verdict
+    /// found holds the content the patch was decided for): never from an
+    /// admission request, which a forged review or a write refused later
+    /// would make of content never stored (docs/security.md). The name the
+    /// policy chose must be one this content gets. An existing snapshot of
+    /// that name is used if it is ours and holds this content.
+    fn snapshot_of_stored(&self, ns: &str, intent: &PatchIntent, stored: &Value) -> Result<Value, Attempt> {
+        let id = &intent.source;
+        let dropped = |why: String| Attempt::Dropped { why, collect: None };
+        let existing = self
+            .read(id.kind.kind(), ns, &intent.snapshot)
+            .map_err(|e| Attempt::Retry(e.to_string()))?;
+        if let Some(existing) = existing.filter(|e| keys::snapshot_source(e) == Some(id.name.as_str())) {
+            // Shown labelled only if proven: ours, and its name is its
+            // content's.
+            return Ok(existing);
+        }
+        let content = Content::from_object(id.kind, stored)
+            .map_err(|e| {
+                dropped(format!(
+                    "patch of {} dropped: {id} holds malformed content: {e}",
+                    intent.who()
+                ))
+            })?
+            .subset(intent.keys.as_ref());
+        let prover = self.cluster.prover();
+        if !prover
+            .names_for(id.kind, ns, &id.name, &content.hash())
+            .contains(&intent.snapshot)
+        {
+            return Err(dropped(format!(
+                "patch of {} dropped: {} is not a name of {id}'s content as stored",
+                intent.who(),
+                intent.snapshot
+            )));
+        }
+        let version = stored["metadata"]["resourceVersion"].as_str().unwrap_or_default();
+        let mut object = snapshot_object(id, ns, &intent.snapshot, version, &content);
+        prover.sign(&mut object);
+        if let Some(budget) = self.budget {
+            budget
+                .take(ns, written_size(&object))
+                .map_err(|e| Attempt::Retry(e.message))?;
+        }
+        match self.cluster.create(object.clone()) {
+            Ok(()) => {
+                self.observer
+                    .note(format!("snapshot {}/{} created", id.kind.kind(), intent.snapshot));
+                Ok(object)
+            }
+            // Another replica, or an admission, made it first: content
+            // addressing makes it the same snapshot, if it is ours.
+            Err(ApiError::AlreadyExists(_)) => match self.cluster.get_fresh(id.kind.kind(), ns, &intent.snapshot) {
+                Ok(Some(found)) if keys::snapshot_source(&found) == Some(id.name.as_str()) => Ok(found),
+                Ok(Some(_)) => Err(dropped(format!(
+                    "patch of {} dropped: {} exists and is not config-snapshot's",
+                    intent.who(),
+                    intent.snapshot
+                ))),
+                Ok(None) => Err(Attempt::Retry(format!("{} came and went", intent.snapshot))),
+                Err(e) => Err(Attempt::Retry(e.to_string())),
+            },
+            Err(e) => Err(Attempt::Retry(format!("creating {}: {e}", intent.snapshot))),
         }
     }
 

@@ -1,6 +1,8 @@
 //! Deferred effects: writes an admission asks for that run after it, once
 //! it is allowed and persisted (docs/design.md, "Deferred effects").
 
+use std::collections::BTreeSet;
+
 use config_snapshot_policy::kinds::WorkloadKind;
 use config_snapshot_policy::source::{SourceId, SourceKind};
 use serde_json::Value;
@@ -16,6 +18,10 @@ pub enum Effect {
         owner_kind: String,
         owner_name: String,
         snapshots: Vec<(String, String)>,
+        /// The object the admission that asked for it reviewed: only the
+        /// one the API server stored for that request is adopted (`None`:
+        /// the periodic pass's, derived from the live object itself).
+        stored_as: Option<StoredAs>,
     },
     /// A watch rollout: the `patch_workload` request the policy made.
     Patch { namespace: String, request: Value },
@@ -125,6 +131,50 @@ impl Effect {
     }
 }
 
+/// What identifies the object an admission reviewed once it is stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredAs {
+    /// Its uid, if the review carried one (an UPDATE's).
+    pub uid: Option<String>,
+    /// Its controller's uid, if it has one (a revision's workload).
+    pub controller_uid: Option<String>,
+    /// When it was reviewed (unix seconds): a CREATE's object is created
+    /// after that, less the clocks' skew ([`StoredAs::SKEW`]).
+    pub reviewed_at: i64,
+}
+
+impl StoredAs {
+    /// How far the API server's clock may be behind the host's.
+    pub const SKEW: i64 = 60;
+
+    /// Why the live `object` is not the one reviewed, if it is not.
+    pub fn mismatch(&self, object: &Value) -> Option<String> {
+        let meta = &object["metadata"];
+        if let Some(uid) = &self.uid {
+            if meta["uid"].as_str() != Some(uid) {
+                return Some(format!("its uid is not {uid}, the reviewed object's"));
+            }
+        }
+        if let Some(uid) = &self.controller_uid {
+            let controller = meta["ownerReferences"]
+                .as_array()
+                .and_then(|refs| refs.iter().find(|r| r["controller"] == true))
+                .and_then(|r| r["uid"].as_str());
+            if controller != Some(uid) {
+                return Some(format!("its controller is not {uid}, the reviewed object's"));
+            }
+        }
+        let created = meta["creationTimestamp"]
+            .as_str()
+            .and_then(config_snapshot_policy::duration::parse_rfc3339);
+        match created {
+            Some(created) if self.uid.is_some() || created >= self.reviewed_at - StoredAs::SKEW => None,
+            Some(_) => Some("it was created before the request was reviewed".into()),
+            None => Some("it has no creation time".into()),
+        }
+    }
+}
+
 /// A `patch_workload` request, as the policy decided it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PatchIntent {
@@ -138,6 +188,8 @@ pub struct PatchIntent {
     /// source created by it).
     pub source_version: String,
     pub snapshot: String,
+    /// The keys of the source the snapshot holds (`None`: all).
+    pub keys: Option<BTreeSet<String>>,
     /// How many rollbacks the workload had had when the patch was decided.
     pub rollbacks: u64,
 }
@@ -152,6 +204,8 @@ pub enum IntentError {
     Source,
     #[error("no snapshot recorded")]
     Snapshot,
+    #[error("keys that are not a list of names")]
+    Keys,
 }
 
 impl PatchIntent {
@@ -172,6 +226,15 @@ impl PatchIntent {
             content_hash: text(&request["source"]["contentHash"]),
             source_version: text(&request["source"]["resourceVersion"]),
             snapshot: snapshot.to_string(),
+            keys: match &request["keys"] {
+                Value::Null => None,
+                Value::Array(keys) => Some(
+                    keys.iter()
+                        .map(|k| k.as_str().map(str::to_string).ok_or(IntentError::Keys))
+                        .collect::<Result<_, _>>()?,
+                ),
+                _ => return Err(IntentError::Keys),
+            },
             rollbacks: request["rollbacks"].as_u64().unwrap_or(0),
         })
     }
@@ -212,6 +275,7 @@ mod tests {
             owner_kind: "ReplicaSet".into(),
             owner_name: owner.into(),
             snapshots: vec![("ConfigMap".into(), "app-green".into())],
+            stored_as: None,
         };
         assert!(adopt("web-1").same_work(&adopt("web-1")));
         assert!(!adopt("web-2").same_work(&adopt("web-1")));
@@ -219,11 +283,41 @@ mod tests {
     }
 
     #[test]
+    fn only_the_object_a_review_was_for_is_the_one_stored() {
+        let reviewed = StoredAs {
+            uid: None,
+            controller_uid: Some("deploy-1".into()),
+            reviewed_at: 1_800_000_000,
+        };
+        let object = |created: &str, controller: &str| {
+            json!({"metadata": {"uid": "rs-1", "creationTimestamp": created,
+                "ownerReferences": [{"uid": controller, "controller": true}]}})
+        };
+        assert_eq!(reviewed.mismatch(&object("2027-01-15T08:00:01Z", "deploy-1")), None);
+        assert!(
+            reviewed.mismatch(&object("2027-01-15T07:00:00Z", "deploy-1")).is_some(),
+            "made an hour before the review: another request's"
+        );
+        assert!(reviewed.mismatch(&object("2027-01-15T08:00:01Z", "deploy-2")).is_some());
+        let update = StoredAs {
+            uid: Some("rs-1".into()),
+            controller_uid: None,
+            reviewed_at: 1_800_000_000,
+        };
+        assert_eq!(update.mismatch(&object("2020-01-01T00:00:00Z", "x")), None);
+        assert!(update.mismatch(&json!({"metadata": {"uid": "rs-2"}})).is_some());
+    }
+
+    #[test]
     fn an_intent_names_a_workload_kind_a_source_and_a_snapshot() {
         let ok = json!({"kind": "StatefulSet", "name": "db", "snapshot": "app-1",
-                        "source": {"kind": "Secret", "name": "app"}, "rollbacks": 2});
+                        "source": {"kind": "Secret", "name": "app"}, "rollbacks": 2, "keys": ["pw"]});
         let intent = PatchIntent::parse("ns", &ok).unwrap();
         assert_eq!((intent.kind.kind(), intent.rollbacks), ("StatefulSet", 2));
+        assert_eq!(intent.keys, Some(BTreeSet::from(["pw".to_string()])));
+        let mut bad_keys = ok.clone();
+        bad_keys["keys"] = json!([1]);
+        assert_eq!(PatchIntent::parse("ns", &bad_keys), Err(IntentError::Keys));
         assert_eq!(intent.target(), ("Secret".into(), "ns".into(), "app-1".into()));
         let mut pod = ok.clone();
         pod["kind"] = json!("Pod");

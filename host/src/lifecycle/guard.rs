@@ -35,12 +35,9 @@ pub fn delete_snapshot(
         .map_err(|e| HostError::new(e.code(), e.to_string()))
 }
 
-/// Refused unless `object` is a snapshot this installation made (signed,
-/// or made before its key by a version that trusted the label).
+/// Refused unless `object` is a snapshot this installation made: signed
+/// by a key of its ring.
 pub fn require_ours(prover: &Prover, object: &Value) -> Result<(), HostError> {
-    if prover.legacy(object) {
-        return Ok(());
-    }
     prover.verify(object).map_err(|why| {
         let (kind, _, name) = key(object);
         HostError::new(

@@ -74,6 +74,7 @@ pub fn missing_adoptions(objects: &[&Value]) -> Vec<Effect> {
                 owner_kind: kind_of(revision).to_string(),
                 owner_name: name,
                 snapshots: missing,
+                stored_as: None,
             });
         }
     }

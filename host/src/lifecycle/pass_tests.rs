@@ -166,6 +166,7 @@ fn a_bare_pod_adopts_what_it_names_and_a_controllers_pod_does_not() {
             owner_kind: "Pod".into(),
             owner_name: "debug".into(),
             snapshots: vec![("ConfigMap".into(), name(&b))],
+            stored_as: None,
         }]
     );
 }
@@ -186,6 +187,7 @@ fn a_revision_adopts_what_it_references_and_does_not_own() {
             owner_kind: "ReplicaSet".into(),
             owner_name: "web-1".into(),
             snapshots: vec![("ConfigMap".into(), name(&b))],
+            stored_as: None,
         }]
     );
 }

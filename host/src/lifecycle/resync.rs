@@ -14,7 +14,7 @@ use super::observe::Reason;
 use super::pass::{bridges, missing_adoptions, orphans, renewals, watched_sources};
 use super::verdict::version_of;
 use crate::cluster::{self, key, Cluster, Selector};
-use crate::proof::SIGNATURE;
+use crate::proof::digested;
 
 /// Why a synthetic admission gave no answer.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -45,8 +45,8 @@ pub struct Pass {
     pub renewed: usize,
     pub sources_checked: usize,
     pub swept: usize,
-    /// Snapshots made before the installation's key, signed now.
-    pub signed: usize,
+    /// Secret snapshots whose unkeyed content hash was taken off.
+    pub unhashed: usize,
     /// Objects that carry our label without proof: left alone.
     pub unproven: usize,
 }
@@ -69,21 +69,26 @@ impl Driver<'_> {
         Ok(out)
     }
 
-    /// Looks at everything that carries our label: signs the snapshots an
-    /// earlier version made before the installation had a key (pinned to
-    /// the version judged, so a changed object is judged again next pass),
-    /// and reports the rest, which the host leaves alone.
+    /// Looks at everything that carries our label: reports what the host
+    /// cannot prove, which it leaves alone, and takes the unkeyed content
+    /// hash off the Secret snapshots an earlier version wrote it on
+    /// (docs/security.md: a hash of a Secret's value is a guessing oracle).
     fn prove(&self, pass: &mut Pass) {
         let prover = self.cluster.prover();
-        let mut labelled = Vec::new();
+        let mut unproven = Vec::new();
+        let mut hashed = Vec::new();
         for kind in ["ConfigMap", "Secret"] {
             let listed = self.cluster.raw().list(kind, None, &Selector::managed(), &mut |o| {
-                if !self
+                if self
                     .rules
                     .excludes(o["metadata"]["namespace"].as_str().unwrap_or_default())
-                    && !prover.proves(o)
                 {
-                    labelled.push(o.clone())
+                    return;
+                }
+                if !prover.proves(o) {
+                    unproven.push(o.clone())
+                } else if kind == "Secret" && o["metadata"]["annotations"].get(keys::CONTENT_HASH).is_some() {
+                    hashed.push((cluster::key(o), version_of(o).to_string()));
                 }
             });
             if let Err(e) = listed {
@@ -91,34 +96,29 @@ impl Driver<'_> {
                     .note(format!("resync: could not list labelled {kind}s: {e}"));
             }
         }
-        for object in labelled {
-            let (kind, ns, name) = key(&object);
-            if prover.legacy(&object) {
-                let mut signed = object.clone();
-                prover.sign(&mut signed);
-                let signature = &signed["metadata"]["annotations"][SIGNATURE];
-                let op = json!({"op": "add", "path": annotation_path(SIGNATURE), "value": signature});
-                match self.cluster.patch(&kind, &ns, &name, version_of(&object), vec![op]) {
-                    Ok(()) => {
-                        pass.signed += 1;
-                        self.observer
-                            .note(format!("resync: {kind}/{name} made before the key, signed"));
-                    }
-                    Err(e) => self.observer.note(format!("resync: signing {kind}/{name}: {e}")),
+        for ((kind, ns, name), rv) in hashed {
+            let op = json!({"op": "remove", "path": annotation_path(keys::CONTENT_HASH)});
+            match self.cluster.patch(&kind, &ns, &name, &rv, vec![op]) {
+                Ok(()) => {
+                    pass.unhashed += 1;
+                    self.observer
+                        .note(format!("resync: {kind}/{name}: took off its unkeyed content hash"));
                 }
-            } else {
-                pass.unproven += 1;
-                let why = prover.verify(&object).err().map(|e| e.to_string()).unwrap_or_default();
-                self.observer.tell(
-                    &object,
-                    Reason::Unproven,
-                    format!(
-                        "carries the label {}={} but is not a snapshot config-snapshot made ({why}): left alone, never swept",
-                        keys::MANAGED_BY,
-                        keys::MANAGED_BY_VALUE
-                    ),
-                );
+                Err(e) => self.observer.note(format!("resync: {kind}/{name}: {e}")),
             }
+        }
+        for object in unproven {
+            pass.unproven += 1;
+            let why = prover.verify(&object).err().map(|e| e.to_string()).unwrap_or_default();
+            self.observer.tell(
+                &object,
+                Reason::Unproven,
+                format!(
+                    "carries the label {}={} but is not a snapshot config-snapshot made ({why}): left alone, never swept",
+                    keys::MANAGED_BY,
+                    keys::MANAGED_BY_VALUE
+                ),
+            );
         }
     }
 
@@ -156,6 +156,25 @@ impl Driver<'_> {
         }
         for source in watched_sources(&all, &self.rules.settings) {
             pass.sources_checked += 1;
+            // serve's cache keeps sources without their data: the policy
+            // judges the source as stored, read now.
+            let fresh;
+            let source = if digested(source) {
+                let (kind, ns, name) = key(source);
+                match self.cluster.get_fresh(&kind, &ns, &name) {
+                    Ok(Some(read)) => {
+                        fresh = read;
+                        &fresh
+                    }
+                    Ok(None) => continue,
+                    Err(e) => {
+                        self.observer.note(format!("resync: reading {kind}/{name}: {e}"));
+                        continue;
+                    }
+                }
+            } else {
+                source
+            };
             if let Err(e) = host.readmit("CREATE", source, None) {
                 self.observer.note(format!("resync: {e}"));
             }

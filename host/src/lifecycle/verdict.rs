@@ -75,11 +75,12 @@ impl Rules {
     }
 }
 
-/// The objects a patch is judged against, as they are now.
+/// The objects a patch is judged against, as they are now. The snapshot
+/// is not among them: the driver makes it from the source as stored, once
+/// the verdict is to apply.
 pub struct Observed<'a> {
     pub workload: Option<&'a Value>,
     pub source: Option<&'a Value>,
-    pub snapshot_exists: bool,
 }
 
 /// What a deferred effect does now.
@@ -158,6 +159,18 @@ pub fn decide_patch(intent: &PatchIntent, seen: &Observed, now: i64, rules: &Rul
             notable: true,
         };
     }
+    if Rollback::of(workload).is_some_and(|r| r.declined(id) == Some(intent.snapshot.as_str())) {
+        // The policy checks the same at the admission, under every name of
+        // the content; this catches a review that raced the rollback.
+        return Verdict::Drop {
+            reason: format!(
+                "patch of {who} to {} dropped: a rollback declined this content of {id}",
+                intent.snapshot
+            ),
+            collect: true,
+            notable: true,
+        };
+    }
     let Some(ops) = watch::retarget_ops(intent.kind, workload, id, &intent.snapshot) else {
         return void(format!("patch of {who} dropped: it no longer uses {id}"));
     };
@@ -167,13 +180,6 @@ pub fn decide_patch(intent: &PatchIntent, seen: &Observed, now: i64, rules: &Rul
     }
     if patched == *workload {
         return Verdict::Done(format!("{who} already uses {}", intent.snapshot));
-    }
-    if !seen.snapshot_exists {
-        return Verdict::Drop {
-            reason: format!("patch of {who} dropped: snapshot {} is gone", intent.snapshot),
-            collect: false,
-            notable: true,
-        };
     }
     if let Some(last) = WatchRollout::of(workload) {
         let free = last.at + rules.watch_min_interval;

@@ -44,21 +44,13 @@ fn intent(data: Value, rollbacks: u64) -> PatchIntent {
         content_hash: c.hash(),
         source_version: "7".into(),
         snapshot: snapshot_name(data),
+        keys: None,
         rollbacks,
     }
 }
 
 fn judge(intent: &PatchIntent, workload: Option<&Value>, source: Option<&Value>, interval: i64) -> Verdict {
-    decide_patch(
-        intent,
-        &Observed {
-            workload,
-            source,
-            snapshot_exists: true,
-        },
-        NOW,
-        &rules(interval),
-    )
+    decide_patch(intent, &Observed { workload, source }, NOW, &rules(interval))
 }
 
 #[test]
@@ -146,27 +138,29 @@ fn superseded_gone_unwatched_and_done_patches() {
     ));
     let there = workload(&i.snapshot, 4, json!({}));
     assert!(matches!(judge(&i, Some(&there), Some(&landed), 0), Verdict::Done(_)));
-    let gone = decide_patch(
-        &i,
-        &Observed {
-            workload: Some(&w),
-            source: Some(&landed),
-            snapshot_exists: false,
-        },
-        NOW,
-        &rules(0),
+}
+
+/// A rollback that declined this very content voids the patch even when
+/// it came before the patch was decided: a review of the source carrying
+/// that content (a forged one, or an UPDATE raced by the rollback) must not
+/// roll the rollback back out.
+#[test]
+fn a_patch_to_the_content_a_rollback_declined_is_dropped() {
+    let old = snapshot_name(json!({"v": "1"}));
+    let i = intent(json!({"v": "2"}), 1);
+    let record = format!(
+        r#"{{"generation":4,"count":1,"at":"2027-01-15T08:00:00Z","sources":{{"configmap/app":"{}"}}}}"#,
+        i.snapshot
     );
-    assert!(
-        matches!(
-            gone,
-            Verdict::Drop {
-                collect: false,
-                notable: true,
-                ..
-            }
-        ),
-        "{gone:?}"
-    );
+    let w = workload(&old, 4, json!({"config-snapshot.io/rollback": record}));
+    let landed = source(json!({"v": "2"}), "8");
+    let verdict = judge(&i, Some(&w), Some(&landed), 0);
+    assert!(matches!(verdict, Verdict::Drop { notable: true, .. }), "{verdict:?}");
+    let other = intent(json!({"v": "3"}), 1);
+    assert!(matches!(
+        judge(&other, Some(&w), Some(&source(json!({"v": "3"}), "9")), 0),
+        Verdict::Apply { .. }
+    ));
 }
 
 #[test]

@@ -66,7 +66,7 @@ impl Simulator {
         let capability = Arc::new(
             Capability::new(
                 self.shared.clone(),
-                Caller::of(request),
+                Caller::of(request, self.now()),
                 Arc::new(self.effect_rules.clone()),
                 self.register.clone(),
                 self.shared.clone(),

@@ -163,8 +163,31 @@ pub fn assert(sim: &dyn View, check: &Check) -> CheckResult {
             }
         }
         Check::JsonPath(j) => {
-            let check = format!("jsonPath {}/{} {} == {}", j.kind, j.name, j.path, j.equals);
-            let Some(object) = sim.get(&j.kind, &j.namespace, &j.name) else {
+            let name = match &j.snapshot_of {
+                None => j.name.clone(),
+                Some(of) => {
+                    let ec = EffectiveConfig {
+                        kind: of.kind.clone(),
+                        name: of.name.clone(),
+                        namespace: j.namespace.clone(),
+                        source: of.source.clone(),
+                        data: Value::Null,
+                    };
+                    match effective_config(sim, &ec) {
+                        // `Kind/name` of the object read.
+                        Ok((read, _)) => read.rsplit('/').next().unwrap_or_default().to_string(),
+                        Err(e) => {
+                            return CheckResult {
+                                check: format!("jsonPath snapshot of {} in {}/{}", of.source, of.kind, of.name),
+                                ok: false,
+                                detail: e.to_string(),
+                            }
+                        }
+                    }
+                }
+            };
+            let check = format!("jsonPath {}/{} {} == {}", j.kind, name, j.path, j.equals);
+            let Some(object) = sim.get(&j.kind, &j.namespace, &name) else {
                 return CheckResult {
                     check,
                     ok: false,

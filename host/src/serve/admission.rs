@@ -8,6 +8,7 @@ use std::time::Instant;
 use config_snapshot_policy::host_error::{Code, HostError};
 use config_snapshot_policy::keys;
 use config_snapshot_policy::operation::Operation;
+use config_snapshot_policy::selection::{is_dns_label, is_dns_subdomain};
 use config_snapshot_policy::source::SourceKind;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -17,7 +18,8 @@ use super::metrics::{self, DecisionLabels, OperationLabels, RequestLabels};
 use super::prefetch::{self, ObjectOnly};
 use super::scope::RequestScope;
 use super::State;
-use crate::capability::{Caller, Capability};
+use crate::capability::{Caller, Capability, Subject};
+use crate::cluster::shown;
 use crate::engine::{CallFailure, CallHandler};
 use crate::proof::{Prover, Screen};
 use config_snapshot_policy::settings::Settings;
@@ -43,7 +45,127 @@ struct Head {
     #[serde(default)]
     namespace: Option<String>,
     #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
     dry_run: Option<bool>,
+    #[serde(default)]
+    object: Option<HeadObject>,
+}
+
+/// Of the request's object, only what identifies it. Any JSON is taken:
+/// an object that is not one is the policy's to refuse, not the header's.
+#[derive(Default)]
+struct HeadObject {
+    metadata: Option<HeadMeta>,
+}
+
+impl<'de> Deserialize<'de> for HeadObject {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Lenient;
+        impl<'de> serde::de::Visitor<'de> for Lenient {
+            type Value = HeadObject;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any JSON")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<HeadObject, A::Error> {
+                let mut metadata = None;
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    if key == "metadata" {
+                        metadata = map.next_value::<Option<HeadMeta>>().ok().flatten();
+                    } else {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+                Ok(HeadObject { metadata })
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<HeadObject, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(HeadObject::default())
+            }
+            fn visit_str<E>(self, _: &str) -> Result<HeadObject, E> {
+                Ok(HeadObject::default())
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<HeadObject, E> {
+                Ok(HeadObject::default())
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<HeadObject, E> {
+                Ok(HeadObject::default())
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<HeadObject, E> {
+                Ok(HeadObject::default())
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<HeadObject, E> {
+                Ok(HeadObject::default())
+            }
+            fn visit_unit<E>(self) -> Result<HeadObject, E> {
+                Ok(HeadObject::default())
+            }
+        }
+        deserializer.deserialize_any(Lenient)
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct HeadMeta {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    uid: Option<String>,
+    #[serde(default)]
+    owner_references: Option<Vec<HeadOwner>>,
+}
+
+#[derive(Deserialize)]
+struct HeadOwner {
+    #[serde(default)]
+    uid: String,
+    #[serde(default)]
+    controller: Option<bool>,
+}
+
+impl Head {
+    /// What the request writes, reviewed `now` (see [`Subject::of`]).
+    fn subject(&self, now: i64) -> Subject {
+        let meta = self.object.as_ref().and_then(|o| o.metadata.as_ref());
+        let some = |s: Option<&String>| s.filter(|s| !s.is_empty()).cloned();
+        Subject {
+            kind: self.kind.kind.clone(),
+            name: some(self.name.as_ref())
+                .or_else(|| some(meta.and_then(|m| m.name.as_ref())))
+                .unwrap_or_default(),
+            operation: self.operation.clone(),
+            uid: some(meta.and_then(|m| m.uid.as_ref())),
+            controller_uid: meta
+                .and_then(|m| m.owner_references.as_ref())
+                .and_then(|refs| refs.iter().find(|r| r.controller == Some(true)))
+                .and_then(|r| some(Some(&r.uid))),
+            reviewed_at: now,
+        }
+    }
+
+    /// Why the request's namespace or name is not one, if it is not: the
+    /// API server validates both (DNS-1123) before any webhook sees them,
+    /// so a request that carries anything else did not come from it, and
+    /// nothing is read or written for it. Both become segments of API
+    /// paths. An empty name is a `generateName` CREATE's.
+    fn unnamed(&self) -> Option<String> {
+        let namespace = self.namespace.as_deref().unwrap_or_default();
+        if !namespace.is_empty() && !is_dns_label(namespace) {
+            return Some(format!("namespace {} is not a namespace's name", shown(namespace)));
+        }
+        let object_name = self
+            .object
+            .as_ref()
+            .and_then(|o| o.metadata.as_ref())
+            .and_then(|m| m.name.as_deref());
+        for name in [self.name.as_deref(), object_name].into_iter().flatten() {
+            if !name.is_empty() && !is_dns_subdomain(name) {
+                return Some(format!("{} is not an object's name", shown(name)));
+            }
+        }
+        None
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -86,8 +208,20 @@ fn request_of(body: &[u8]) -> Result<&RawValue, Failure> {
 }
 
 fn head_of(request: &RawValue) -> Result<Head, Failure> {
-    serde_json::from_str(request.get()).map_err(|e| Failure::BadRequest(format!("invalid AdmissionRequest: {e}")))
+    let head: Head = serde_json::from_str(request.get())
+        .map_err(|e| Failure::BadRequest(format!("invalid AdmissionRequest: {e}")))?;
+    // The API server's uids are UUIDs; the uid is echoed and logged.
+    if head.uid.len() > MAX_UID {
+        return Err(Failure::BadRequest(format!(
+            "invalid AdmissionRequest: a uid of {} bytes",
+            head.uid.len()
+        )));
+    }
+    Ok(head)
 }
+
+/// The longest request uid taken (a UUID has 36 characters).
+const MAX_UID: usize = 128;
 
 /// What serve makes of a body before the policy runs, with no cluster and
 /// no engine: the fuzz target `admission_request` (host/fuzz) drives
@@ -180,6 +314,15 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
         namespace = head.namespace.as_deref().unwrap_or_default()
     )
     .entered();
+    if let Some(why) = head.unnamed() {
+        tracing::warn!(uid = %head.uid, "not reviewed: {why}");
+        return untouched(
+            state,
+            &head.uid,
+            "unnamed",
+            Some(format!("config-snapshot: not reviewed: {why}")),
+        );
+    }
     let rules = &state.queue.carry().rules;
     let namespace = head.namespace.as_deref().unwrap_or_default();
     // A namespace the webhook excludes (or, namespaced, does not select)
@@ -220,6 +363,7 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
                 uid: head.uid.clone(),
                 namespace: head.namespace.clone().unwrap_or_default(),
                 dry_run: head.dry_run.unwrap_or(false),
+                subject: head.subject(state.cluster.now()),
             },
             carry.rules.clone(),
             carry.register.clone(),

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use config_snapshot_policy::selection::{is_dns_label, is_dns_subdomain};
 use config_snapshot_policy::source::SourceId;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::Client;
@@ -22,7 +23,7 @@ use tokio::runtime::Handle;
 
 use super::cache::{api_resource, trim, Cache};
 use super::metrics::Metrics;
-use crate::cluster::{self, pin, ApiError, Cluster, Preconditions, Selector};
+use crate::cluster::{self, pin, shown, ApiError, Cluster, Preconditions, Selector};
 
 /// One API call's deadline. The webhook answers within `timeoutSeconds`
 /// (10 s in deploy/serve), and an admission makes a few calls at most.
@@ -33,6 +34,9 @@ pub struct KubeCluster {
     pub cache: Arc<Cache>,
     pub(super) runtime: Handle,
     pub metrics: Arc<Metrics>,
+    /// The reads ahead of every admission together
+    /// ([`super::prefetch::IN_FLIGHT`]).
+    pub reads_ahead: tokio::sync::Semaphore,
     /// Unix seconds to answer `now` with instead of the system clock (0:
     /// the system clock). Replaying a recorded admission needs the clock
     /// it was recorded at.
@@ -46,6 +50,7 @@ impl KubeCluster {
             cache,
             runtime,
             metrics,
+            reads_ahead: tokio::sync::Semaphore::new(super::prefetch::IN_FLIGHT),
             fixed_now: AtomicI64::new(0),
         }
     }
@@ -67,7 +72,28 @@ impl KubeCluster {
         config_snapshot_policy::duration::unix_now()
     }
 
-    fn api(&self, kind: &str, namespace: &str) -> cluster::Result<(Api<DynamicObject>, kube::core::ApiResource)> {
+    /// The API of `kind` in `namespace`, for the object `name`. kube-rs
+    /// puts both into the request path as they are, without encoding, so
+    /// each is checked to be a name first: a namespace a DNS-1123 label, an
+    /// object's name a DNS-1123 subdomain, as the API server itself
+    /// validates them. Such names are made of `[a-z0-9.-]` only, which a
+    /// path carries unencoded; anything that would need encoding (`/`, `?`,
+    /// `%`) is no name, and is refused before a path is built.
+    fn api(
+        &self,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+    ) -> cluster::Result<(Api<DynamicObject>, kube::core::ApiResource)> {
+        if !is_dns_label(namespace) {
+            return Err(ApiError::Invalid(format!(
+                "{} is not a namespace's name",
+                shown(namespace)
+            )));
+        }
+        if !is_dns_subdomain(name) {
+            return Err(ApiError::Invalid(format!("{} is not an object's name", shown(name))));
+        }
         let ar = api_resource(kind)
             .ok_or_else(|| ApiError::NotFound(format!("the server could not find the requested resource: {kind}")))?;
         Ok((Api::namespaced_with(self.client.clone(), namespace, &ar), ar))
@@ -75,7 +101,7 @@ impl KubeCluster {
 
     /// Reads one object from the API server, not the cache.
     pub async fn fetch(&self, kind: &str, namespace: &str, name: &str) -> cluster::Result<Option<Value>> {
-        let (api, ar) = self.api(kind, namespace)?;
+        let (api, ar) = self.api(kind, namespace, name)?;
         match tokio::time::timeout(API_TIMEOUT, api.get_opt(name)).await {
             Ok(Ok(object)) => Ok(object.map(|o| trim(o, &ar))),
             Ok(Err(e)) => Err(e.into()),
@@ -123,7 +149,8 @@ impl Cluster for KubeCluster {
     fn create(&self, object: Value) -> cluster::Result<()> {
         let kind = object["kind"].as_str().unwrap_or_default().to_string();
         let ns = object["metadata"]["namespace"].as_str().unwrap_or_default().to_string();
-        let (api, ar) = self.api(&kind, &ns)?;
+        let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let (api, ar) = self.api(&kind, &ns, &name)?;
         let typed: DynamicObject =
             serde_json::from_value(object).map_err(|e| ApiError::Invalid(format!("invalid object: {e}")))?;
         let created = self.block("create", async {
@@ -139,7 +166,7 @@ impl Cluster for KubeCluster {
     }
 
     fn delete(&self, kind: &str, namespace: &str, name: &str, pre: &Preconditions) -> cluster::Result<()> {
-        let (api, _) = self.api(kind, namespace)?;
+        let (api, _) = self.api(kind, namespace, name)?;
         let params = DeleteParams {
             preconditions: Some(kube::api::Preconditions {
                 uid: Some(pre.uid.clone()),
@@ -159,7 +186,7 @@ impl Cluster for KubeCluster {
     /// server answers 409 if the object moved since it was read. The
     /// result goes in the cache at once.
     fn patch(&self, kind: &str, namespace: &str, name: &str, rv: &str, ops: Vec<Value>) -> cluster::Result<()> {
-        let (api, ar) = self.api(kind, namespace)?;
+        let (api, ar) = self.api(kind, namespace, name)?;
         let mut pinned = vec![pin(rv)];
         pinned.extend(ops);
         let patch: json_patch::Patch = serde_json::from_value(Value::Array(pinned))

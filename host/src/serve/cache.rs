@@ -18,9 +18,10 @@ use kube::Client;
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
-use config_snapshot_policy::source::SourceId;
+use config_snapshot_policy::source::{SourceId, SourceKind};
 
 use crate::cluster::{self, ApiError, Selector};
+use crate::proof::Prover;
 use crate::referrers::Referrers;
 
 /// Every kind the policy reads, from the policy's one table.
@@ -93,6 +94,12 @@ struct KindCache {
 #[derive(Default)]
 pub struct Cache {
     kinds: HashMap<&'static str, KindCache>,
+    /// Sources are kept digested by it ([`Prover::digested`]): metadata and
+    /// a keyed digest, never their data. `None`: kept whole (tests).
+    prover: Option<Arc<Prover>>,
+    /// Bumped when the keyring changes: the sources' watchers list again,
+    /// so that their digests and proofs are made with the new ring.
+    keyring: tokio::sync::watch::Sender<u64>,
     /// The namespaces watched; `None`: the whole cluster. A namespaced
     /// install watches only its own, with the Roles it has there: it holds
     /// no other namespace's Secrets, and could not list them.
@@ -108,8 +115,31 @@ impl Cache {
     pub fn new() -> Cache {
         Cache {
             kinds: KINDS.iter().map(|k| (k.kind, KindCache::default())).collect(),
-            within: None,
-            excluded: Vec::new(),
+            ..Cache::default()
+        }
+    }
+
+    /// The same cache, keeping sources digested by `prover`.
+    pub fn digesting(self, prover: Arc<Prover>) -> Cache {
+        Cache {
+            prover: Some(prover),
+            ..self
+        }
+    }
+
+    /// The keyring changed: list the sources again, to digest and prove
+    /// them with it.
+    pub fn keyring_changed(&self) {
+        self.keyring.send_modify(|generation| *generation += 1);
+    }
+
+    /// An object as the cache keeps it: a source digested.
+    fn kept(&self, object: Value) -> Value {
+        match &self.prover {
+            Some(prover) if object["kind"].as_str().and_then(SourceKind::from_kind).is_some() => {
+                prover.digested(&object)
+            }
+            _ => object,
         }
     }
 
@@ -177,28 +207,70 @@ impl Cache {
                 (Api::all_with(client, &ar), config)
             }
         };
-        let mut events = watcher::watcher(api, config).default_backoff().boxed();
-        let mut buffer: Option<Objects> = None;
+        let source = SourceKind::from_kind(kind).is_some();
+        let mut keyring = self.keyring.subscribe();
         let mut listed = false;
-        while let Some(event) = events.next().await {
+        loop {
+            let events = watcher::watcher(api.clone(), config.clone()).default_backoff().boxed();
+            if !self
+                .watch(
+                    kind,
+                    &ar,
+                    &namespace,
+                    events,
+                    &mut listed,
+                    source.then_some(&mut keyring),
+                )
+                .await
+            {
+                return;
+            }
+            tracing::info!(kind, "the keyring changed: listing again");
+        }
+    }
+
+    /// Applies one watch's events to the cache until it ends (`false`) or,
+    /// for a source kind, the keyring changes (`true`: list again).
+    async fn watch(
+        &self,
+        kind: &'static str,
+        ar: &ApiResource,
+        namespace: &Option<String>,
+        mut events: futures::stream::BoxStream<'_, watcher::Result<Event<DynamicObject>>>,
+        listed: &mut bool,
+        mut keyring: Option<&mut tokio::sync::watch::Receiver<u64>>,
+    ) -> bool {
+        let mut buffer: Option<Objects> = None;
+        loop {
+            let event = match keyring.as_mut() {
+                Some(keyring) => tokio::select! {
+                    event = events.next() => event,
+                    changed = keyring.changed() => match changed {
+                        Ok(()) => return true,
+                        Err(_) => return false,
+                    },
+                },
+                None => events.next().await,
+            };
+            let Some(event) = event else { return false };
             match event {
                 Ok(Event::Init) => buffer = Some(Objects::new()),
                 Ok(Event::InitApply(o)) => {
-                    let object = trim(o, &ar);
+                    let object = self.kept(trim(o, ar));
                     if let Some(buffer) = buffer.as_mut() {
                         insert(buffer, object);
                     }
                 }
                 Ok(Event::InitDone) => {
                     if let Some(objects) = buffer.take() {
-                        let mut indexed = self.kinds[kind].objects.write().unwrap();
+                        let mut indexed = self.kinds[kind].objects.write().unwrap_or_else(|e| e.into_inner());
                         match &namespace {
                             Some(ns) => indexed.replace_namespace(kind, ns, objects),
                             None => *indexed = Indexed::of(objects),
                         }
                     }
                     self.kinds[kind].absent.store(false, Ordering::SeqCst);
-                    if !std::mem::replace(&mut listed, true) {
+                    if !std::mem::replace(listed, true) {
                         let synced = self.kinds[kind].synced.fetch_add(1, Ordering::SeqCst) + 1;
                         if synced == self.watchers() {
                             tracing::info!(kind, "cache synced");
@@ -215,12 +287,21 @@ impl Cache {
                         resource_version = o.metadata.resource_version.as_deref().unwrap_or_default(),
                         "cache applied"
                     );
-                    self.kinds[kind].objects.write().unwrap().insert(trim(o, &ar))
+                    let kept = self.kept(trim(o, ar));
+                    self.kinds[kind]
+                        .objects
+                        .write()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(kept)
                 }
                 Ok(Event::Delete(o)) => {
                     let ns = o.metadata.namespace.clone().unwrap_or_default();
                     let name = o.metadata.name.clone().unwrap_or_default();
-                    self.kinds[kind].objects.write().unwrap().remove(kind, &ns, &name);
+                    self.kinds[kind]
+                        .objects
+                        .write()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(kind, &ns, &name);
                 }
                 Err(e) if not_served(&e) && config_snapshot_policy::kinds::find(kind).is_some_and(|k| k.optional) => {
                     if !self.kinds[kind].absent.swap(true, Ordering::SeqCst) {
@@ -258,7 +339,7 @@ impl Cache {
         look: impl FnOnce(&Value) -> T,
     ) -> cluster::Result<Option<T>> {
         let cache = self.kind(kind)?;
-        let indexed = cache.objects.read().unwrap();
+        let indexed = cache.objects.read().unwrap_or_else(|e| e.into_inner());
         Ok(indexed.objects.get(namespace).and_then(|n| n.get(name)).map(look))
     }
 
@@ -272,7 +353,7 @@ impl Cache {
         visit: &mut dyn FnMut(&Value),
     ) -> cluster::Result<()> {
         let cache = self.kind(kind)?;
-        let indexed = cache.objects.read().unwrap();
+        let indexed = cache.objects.read().unwrap_or_else(|e| e.into_inner());
         let Some(names) = indexed.objects.get(namespace) else {
             return Ok(());
         };
@@ -294,7 +375,7 @@ impl Cache {
         visit: &mut dyn FnMut(&Value),
     ) -> cluster::Result<()> {
         let cache = self.kind(kind)?;
-        let indexed = cache.objects.read().unwrap();
+        let indexed = cache.objects.read().unwrap_or_else(|e| e.into_inner());
         let namespaces: Box<dyn Iterator<Item = &BTreeMap<String, Value>>> = match namespace {
             Some(ns) => Box::new(indexed.objects.get(ns).into_iter()),
             None => Box::new(indexed.objects.values()),
@@ -326,21 +407,26 @@ impl Cache {
     /// Puts an object in the cache directly: a write we just made is visible
     /// to the next admission without waiting for the watch event.
     pub fn observe(&self, object: Value) {
+        let object = self.kept(object);
         if let Some(cache) = object["kind"].as_str().and_then(|k| self.kinds.get(k)) {
-            cache.objects.write().unwrap().insert(object);
+            cache.objects.write().unwrap_or_else(|e| e.into_inner()).insert(object);
         }
     }
 
     /// Empties every kind (with `observe`, puts the cache in a known state).
     pub fn clear(&self) {
         for cache in self.kinds.values() {
-            *cache.objects.write().unwrap() = Indexed::default();
+            *cache.objects.write().unwrap_or_else(|e| e.into_inner()) = Indexed::default();
         }
     }
 
     pub fn forget(&self, kind: &str, namespace: &str, name: &str) {
         if let Some(cache) = self.kinds.get(kind) {
-            cache.objects.write().unwrap().remove(kind, namespace, name);
+            cache
+                .objects
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(kind, namespace, name);
         }
     }
 
@@ -487,6 +573,32 @@ mod tests {
         assert_eq!(
             cache.field_selector().as_deref(),
             Some("metadata.namespace!=kube-system,metadata.namespace!=config-snapshot")
+        );
+    }
+
+    /// serve holds no source's data: a Secret (or ConfigMap) in the cache is
+    /// its metadata, a keyed digest and the verdict on its proof, which the
+    /// host's decisions read instead.
+    #[test]
+    fn sources_are_kept_without_their_data() {
+        let prover = Arc::new(Prover::new(b"the cache tests' key, 32 bytes..."));
+        let cache = Cache::new().digesting(prover.clone());
+        let secret = json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"namespace": "a", "name": "db", "uid": "u", "resourceVersion": "1"},
+            "data": {"password": "aHVudGVyMg=="}});
+        cache.observe(secret.clone());
+        let kept = cache.get("Secret", "a", "db").unwrap().unwrap();
+        assert!(kept.get("data").is_none(), "{kept}");
+        assert!(!kept.to_string().contains("aHVudGVyMg=="));
+        assert_eq!(kept["type"], "Opaque");
+        let content = config_snapshot_policy::content::Content::from_object(SourceKind::Secret, &secret).unwrap();
+        assert!(prover.holds(&kept, &content));
+        // Other kinds are kept whole.
+        cache.observe(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"namespace": "a", "name": "web", "uid": "w", "resourceVersion": "1"}, "spec": {"replicas": 2}}));
+        assert_eq!(
+            cache.get("Deployment", "a", "web").unwrap().unwrap()["spec"]["replicas"],
+            2
         );
     }
 

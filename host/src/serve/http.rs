@@ -13,12 +13,8 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use axum_server::accept::DefaultAcceptor;
-use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
-use axum_server::Handle;
-use hyper_util::rt::TokioTimer;
 
-use super::listener::{server_config, Limit};
+use super::listener::{self, server_config, Table, Tls};
 use super::{admission, duration, Options, State};
 
 /// An AdmissionReview carries the object and the old object; the API
@@ -81,19 +77,21 @@ async fn metrics(Extract(state): Extract<Arc<State>>) -> Response {
 }
 
 pub async fn serve(state: Arc<State>, options: &Options) -> Result<()> {
-    let tls = RustlsConfig::from_config(tls_config(options)?);
+    let tls = Tls::new(tls_config(options)?);
     if options.client_ca.is_some() {
         tracing::info!("the webhook answers only callers with a client certificate from --client-ca");
     }
     tokio::spawn(reload_certificates(tls.clone(), options.clone()));
-    let header_timeout = Duration::from_secs(duration("header-read-timeout", &options.header_read_timeout)?.max(1));
+    let limits = options.listener_limits()?;
     let body_timeout = Duration::from_secs(duration("body-read-timeout", &options.body_read_timeout)?.max(1));
     let grace = Duration::from_secs(duration("shutdown-grace", &options.shutdown_grace)?);
-    let handle = Handle::new();
     let ops = tokio::net::TcpListener::bind(options.metrics_listen)
         .await
         .with_context(|| format!("binding {}", options.metrics_listen))?;
-    tracing::info!(webhook = %options.listen, ops = %ops.local_addr()?, "serving");
+    let webhook = tokio::net::TcpListener::bind(options.listen)
+        .await
+        .with_context(|| format!("binding {}", options.listen))?;
+    tracing::info!(webhook = %webhook.local_addr()?, ops = %ops.local_addr()?, "serving");
     // Health and metrics stay up until the webhook has drained, so the
     // kubelet sees "not ready" rather than a refused connection.
     let (stop_ops, ops_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -105,25 +103,25 @@ pub async fn serve(state: Arc<State>, options: &Options) -> Result<()> {
             })
             .await
     });
+    let (stop, stopping) = tokio::sync::watch::channel(false);
     let signal_state = state.clone();
-    let signal_handle = handle.clone();
     tokio::spawn(async move {
         wait_for_signal().await;
         tracing::info!(grace = ?grace, "shutting down: not ready, finishing in-flight requests");
         signal_state.shutting_down.store(true, Ordering::SeqCst);
-        signal_handle.graceful_shutdown(Some(grace));
+        let _ = stop.send(true);
     });
-    let acceptor = RustlsAcceptor::new(tls).acceptor(Limit::new(DefaultAcceptor::new(), options.max_connections));
-    let mut server = axum_server::bind(options.listen).acceptor(acceptor).handle(handle);
-    server
-        .http_builder()
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout);
-    server
-        .serve(webhook_router(state, body_timeout).into_make_service())
-        .await
-        .context("webhook server")?;
+    let table = Table::new(limits, state.metrics.connections.clone());
+    listener::serve(
+        webhook,
+        tls,
+        webhook_router(state, body_timeout),
+        table,
+        stopping,
+        grace,
+    )
+    .await
+    .context("webhook server")?;
     let _ = stop_ops.send(());
     let _ = ops_server.await;
     tracing::info!("stopped");
@@ -136,7 +134,7 @@ fn tls_config(options: &Options) -> Result<Arc<rustls::ServerConfig>> {
 
 /// cert-manager rotates the certificate in place: pick it up without a
 /// restart.
-async fn reload_certificates(tls: RustlsConfig, options: Options) {
+async fn reload_certificates(tls: Tls, options: Options) {
     let modified = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
     let mut seen: Option<SystemTime> = modified(&options.tls_cert);
     loop {
@@ -145,7 +143,7 @@ async fn reload_certificates(tls: RustlsConfig, options: Options) {
         if now != seen {
             match tls_config(&options) {
                 Ok(config) => {
-                    tls.reload_from_config(config);
+                    tls.reload(config);
                     tracing::info!("reloaded the TLS certificate")
                 }
                 Err(e) => tracing::warn!("keeping the old TLS certificate: {e:#}"),

@@ -1,24 +1,46 @@
-//! The webhook's listener, bounded (docs/security.md): TLS with an
-//! optional client-certificate check (mTLS: only callers with a
-//! certificate from `--client-ca`, the API server's, are answered), at
-//! most `--max-connections` connections at once, and timeouts on reading
-//! a request's headers and body, so that slow or idle clients cannot hold
-//! serve's memory or its sockets.
+//! The webhook's listener, bounded (docs/security.md, "serve's port"):
+//! TLS with an optional client-certificate check (mTLS), and limits that
+//! hold whoever connects, since most installs cannot turn mTLS on and any
+//! pod may then reach the port.
+//!
+//! - A connection takes a place only once its TLS handshake is done: a
+//!   handshake in progress holds a slot of its own, a few per peer and a
+//!   bounded number overall, for at most the handshake timeout.
+//! - At most `--max-connections` connections are open, and at most
+//!   `--max-connections-per-peer` from one address.
+//! - When every place is taken, a new connection takes the place of an
+//!   idle one (no request in flight), from the peer that holds the most,
+//!   the longest idle first: idle connections, however many, never keep
+//!   out a caller with a request to make. Only when no connection is idle
+//!   is the new one refused.
+//! - A connection that sends no request within `--first-byte-timeout` of
+//!   its handshake, or none for `--idle-timeout` after its last answer, is
+//!   closed, on HTTP/1 and HTTP/2 alike (HTTP/2 gets a GOAWAY).
+//! - HTTP/1 request headers must arrive within `--header-read-timeout`; a
+//!   request body within `--body-read-timeout` (the router's layer); an
+//!   HTTP/2 connection carries at most [`STREAMS`] requests at once.
 
+use std::collections::HashMap;
 use std::io;
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
-use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context as _, Result};
-use axum_server::accept::Accept;
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Notify};
+use tower::ServiceExt as _;
+
+use super::metrics::ConnectionMetrics;
 
 /// The TLS configuration for `cert` and `key`; with `client_ca`, a client
 /// must present a certificate that CA signed, or the handshake fails.
@@ -51,88 +73,500 @@ pub fn server_config(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Resul
     Ok(Arc::new(config))
 }
 
-/// An acceptor that admits at most as many connections at once as its
-/// semaphore has permits; past that a new connection is closed at once.
+/// The TLS configuration in use, swapped when the certificate is renewed.
 #[derive(Clone)]
-pub struct Limit<A> {
-    inner: A,
-    permits: Arc<Semaphore>,
+pub struct Tls(Arc<RwLock<Arc<ServerConfig>>>);
+
+impl Tls {
+    pub fn new(config: Arc<ServerConfig>) -> Tls {
+        Tls(Arc::new(RwLock::new(config)))
+    }
+
+    pub fn reload(&self, config: Arc<ServerConfig>) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = config;
+    }
+
+    fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        tokio_rustls::TlsAcceptor::from(self.0.read().unwrap_or_else(|e| e.into_inner()).clone())
+    }
 }
 
-impl<A> Limit<A> {
-    pub fn new(inner: A, connections: usize) -> Limit<A> {
-        Limit {
-            inner,
-            permits: Arc::new(Semaphore::new(connections.max(1))),
+/// How long a connection just made, or just answered, is not taken for
+/// another (milliseconds).
+const SETTLING_MILLIS: u64 = 250;
+
+/// Requests one HTTP/2 connection carries at once.
+pub const STREAMS: u32 = 32;
+
+/// The listener's bounds.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Connections open at once, their handshakes done.
+    pub connections: usize,
+    /// Of those, from one address.
+    pub per_peer: usize,
+    /// TLS handshakes in progress at once, and from one address.
+    pub handshakes: usize,
+    pub handshakes_per_peer: usize,
+    pub handshake_timeout: Duration,
+    /// From the handshake to the first request.
+    pub first_byte_timeout: Duration,
+    /// From the last answer to the next request.
+    pub idle_timeout: Duration,
+    /// For an HTTP/1 request's headers.
+    pub header_read_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            connections: 256,
+            per_peer: 64,
+            handshakes: 64,
+            handshakes_per_peer: 16,
+            handshake_timeout: Duration::from_secs(10),
+            first_byte_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(120),
+            header_read_timeout: Duration::from_secs(5),
         }
     }
 }
 
-impl<A, I, S> Accept<I, S> for Limit<A>
-where
-    A: Accept<I, S> + Clone + Send + 'static,
-    A::Future: Send,
-    I: Send + 'static,
-    S: Send + 'static,
-{
-    type Stream = Held<A::Stream>;
-    type Service = A::Service;
-    type Future = Pin<Box<dyn std::future::Future<Output = io::Result<(Self::Stream, Self::Service)>> + Send>>;
+/// What the listener knows of one open connection.
+struct Open {
+    peer: IpAddr,
+    activity: Arc<Activity>,
+    close: Arc<Notify>,
+}
 
-    fn accept(&self, stream: I, service: S) -> Self::Future {
-        let permit = self.permits.clone().try_acquire_owned();
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            let Ok(permit) = permit else {
-                tracing::warn!("refused a connection: --max-connections reached");
-                return Err(io::Error::other("too many connections"));
-            };
-            let (stream, service) = inner.accept(stream, service).await?;
-            Ok((
-                Held {
-                    inner: stream,
-                    _permit: permit,
-                },
-                service,
-            ))
+/// Whether a connection has a request in flight, and when it last had.
+struct Activity {
+    in_flight: AtomicUsize,
+    /// Milliseconds since the listener started.
+    last: AtomicU64,
+    /// Whether a request has come at all.
+    served: AtomicUsize,
+}
+
+impl Activity {
+    fn idle_for(&self, now: u64) -> Option<u64> {
+        (self.in_flight.load(Ordering::SeqCst) == 0).then(|| now.saturating_sub(self.last.load(Ordering::SeqCst)))
+    }
+}
+
+/// A request in flight on a connection: counted until it ends, however.
+struct Busy {
+    activity: Arc<Activity>,
+    started: Instant,
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.activity.last.store(millis_since(self.started), Ordering::SeqCst);
+        self.activity.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn millis_since(start: Instant) -> u64 {
+    u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+#[derive(Default)]
+struct Places {
+    open: HashMap<u64, Open>,
+    per_peer: HashMap<IpAddr, usize>,
+    handshakes: HashMap<IpAddr, usize>,
+    handshaking: usize,
+    next: u64,
+}
+
+/// The places connections take, shared by the accept loop and the
+/// connections.
+pub struct Table {
+    limits: Limits,
+    places: Mutex<Places>,
+    started: Instant,
+    metrics: ConnectionMetrics,
+}
+
+/// Why a connection got no place.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Refused {
+    Handshakes,
+    Peer,
+    Full,
+}
+
+/// A handshake's slot, given back when dropped.
+pub struct Handshaking {
+    table: Arc<Table>,
+    peer: IpAddr,
+}
+
+impl Drop for Handshaking {
+    fn drop(&mut self) {
+        let mut places = self.table.places();
+        places.handshaking = places.handshaking.saturating_sub(1);
+        if let Some(n) = places.handshakes.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                places.handshakes.remove(&self.peer);
+            }
+        }
+    }
+}
+
+/// An open connection's place, given back when dropped.
+pub struct Place {
+    table: Arc<Table>,
+    id: u64,
+    activity: Arc<Activity>,
+    close: Arc<Notify>,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.table.release(self.id);
+    }
+}
+
+impl Table {
+    pub fn new(limits: Limits, metrics: ConnectionMetrics) -> Arc<Table> {
+        Arc::new(Table {
+            limits,
+            places: Mutex::default(),
+            started: Instant::now(),
+            metrics,
         })
     }
-}
 
-/// A connection, holding its place until it closes.
-pub struct Held<S> {
-    inner: S,
-    _permit: OwnedSemaphorePermit,
-}
+    fn places(&self) -> std::sync::MutexGuard<'_, Places> {
+        self.places.lock().unwrap_or_else(|e| e.into_inner())
+    }
 
-impl<S: AsyncRead + Unpin> AsyncRead for Held<S> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+    fn now(&self) -> u64 {
+        millis_since(self.started)
+    }
+
+    /// A slot for `peer`'s TLS handshake, if one is free.
+    pub fn handshake(self: &Arc<Self>, peer: IpAddr) -> Result<Handshaking, Refused> {
+        let mut places = self.places();
+        let mine = places.handshakes.get(&peer).copied().unwrap_or(0);
+        if places.handshaking >= self.limits.handshakes || mine >= self.limits.handshakes_per_peer {
+            self.metrics.refused.inc();
+            return Err(Refused::Handshakes);
+        }
+        places.handshaking += 1;
+        *places.handshakes.entry(peer).or_default() += 1;
+        Ok(Handshaking {
+            table: self.clone(),
+            peer,
+        })
+    }
+
+    /// A place for a connection from `peer` whose handshake is done:
+    /// free, or an idle connection's, which is told to close.
+    pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Result<Place, Refused> {
+        let now = self.now();
+        let mut places = self.places();
+        if places.per_peer.get(&peer).copied().unwrap_or(0) >= self.limits.per_peer {
+            self.metrics.refused.inc();
+            return Err(Refused::Peer);
+        }
+        if places.open.len() >= self.limits.connections {
+            // The idle connection of the peer holding the most, the
+            // longest idle of those.
+            let victim = places
+                .open
+                .iter()
+                .filter_map(|(id, o)| o.activity.idle_for(now).map(|idle| (*id, o.peer, idle)))
+                // A connection just made gets a moment to send its request.
+                .filter(|(_, _, idle)| *idle >= SETTLING_MILLIS)
+                .max_by_key(|(_, peer, idle)| (places.per_peer.get(peer).copied().unwrap_or(0), *idle))
+                .map(|(id, _, _)| id);
+            let Some(victim) = victim else {
+                self.metrics.refused.inc();
+                return Err(Refused::Full);
+            };
+            if let Some(gone) = Table::forget(&mut places, victim) {
+                gone.close.notify_one();
+                self.metrics.evicted.inc();
+            }
+        }
+        let id = places.next;
+        places.next += 1;
+        let activity = Arc::new(Activity {
+            in_flight: AtomicUsize::new(0),
+            last: AtomicU64::new(now),
+            served: AtomicUsize::new(0),
+        });
+        let close = Arc::new(Notify::new());
+        places.open.insert(
+            id,
+            Open {
+                peer,
+                activity: activity.clone(),
+                close: close.clone(),
+            },
+        );
+        *places.per_peer.entry(peer).or_default() += 1;
+        self.metrics.open.set(places.open.len() as i64);
+        Ok(Place {
+            table: self.clone(),
+            id,
+            activity,
+            close,
+        })
+    }
+
+    fn forget(places: &mut Places, id: u64) -> Option<Open> {
+        let gone = places.open.remove(&id)?;
+        if let Some(n) = places.per_peer.get_mut(&gone.peer) {
+            *n -= 1;
+            if *n == 0 {
+                places.per_peer.remove(&gone.peer);
+            }
+        }
+        Some(gone)
+    }
+
+    fn release(&self, id: u64) {
+        let mut places = self.places();
+        Table::forget(&mut places, id);
+        self.metrics.open.set(places.open.len() as i64);
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> usize {
+        self.places().open.len()
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for Held<S> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+impl Place {
+    /// Marks a request in flight until the returned guard drops.
+    fn busy(&self) -> Busy {
+        self.activity.in_flight.fetch_add(1, Ordering::SeqCst);
+        self.activity.served.fetch_add(1, Ordering::SeqCst);
+        Busy {
+            activity: self.activity.clone(),
+            started: self.table.started,
+        }
     }
 
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+    /// Whether this connection has been idle past its limit.
+    fn expired(&self) -> bool {
+        let limits = &self.table.limits;
+        let limit = if self.activity.served.load(Ordering::SeqCst) == 0 {
+            limits.first_byte_timeout
+        } else {
+            limits.idle_timeout
+        };
+        self.activity
+            .idle_for(self.table.now())
+            .is_some_and(|idle| idle >= u64::try_from(limit.as_millis()).unwrap_or(u64::MAX))
+    }
+}
+
+/// Serves `router` on `listener` until `stop` turns true, then gives open
+/// connections `grace` to finish their requests.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Tls,
+    router: Router,
+    table: Arc<Table>,
+    mut stop: watch::Receiver<bool>,
+    grace: Duration,
+) -> io::Result<()> {
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let (tcp, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait, go on.
+                    tracing::warn!("accepting a connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stop.changed() => break,
+        };
+        while connections.try_join_next().is_some() {}
+        let Ok(handshaking) = table.handshake(peer.ip()) else {
+            tracing::debug!(%peer, "refused a connection: too many handshakes");
+            continue;
+        };
+        let (tls, router, table, stop) = (tls.clone(), router.clone(), table.clone(), stop.clone());
+        connections.spawn(connection(tcp, peer, handshaking, tls, router, table, stop));
+    }
+    // Stopping: every connection finishes what it has in flight.
+    let deadline = tokio::time::sleep(grace);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            next = connections.join_next() => if next.is_none() { break },
+            _ = &mut deadline => {
+                connections.abort_all();
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn connection(
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    handshaking: Handshaking,
+    tls: Tls,
+    router: Router,
+    table: Arc<Table>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let limits = table.limits;
+    let stream = match tokio::time::timeout(limits.handshake_timeout, tls.acceptor().accept(tcp)).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, "TLS handshake failed: {e}");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "TLS handshake timed out");
+            return;
+        }
+    };
+    drop(handshaking);
+    let place = match table.admit(peer.ip()) {
+        Ok(place) => Arc::new(place),
+        Err(why) => {
+            tracing::warn!(%peer, ?why, "refused a connection: no place for it");
+            return;
+        }
+    };
+    let counted = place.clone();
+    let service = hyper::service::service_fn(move |request| {
+        let busy = counted.busy();
+        let router = router.clone();
+        async move {
+            let answer = router.oneshot(request).await;
+            drop(busy);
+            answer
+        }
+    });
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(STREAMS)
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .keep_alive_timeout(Duration::from_secs(10));
+    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    let close = place.close.clone();
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            _ = conn.as_mut() => break,
+            _ = close.notified(), if !closing => {
+                tracing::debug!(%peer, "closing an idle connection: its place is taken");
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
+            _ = stop.changed(), if !closing => {
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
+            _ = tick.tick(), if !closing => {
+                if place.expired() {
+                    tracing::debug!(%peer, "closing an idle connection");
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(connections: usize, per_peer: usize) -> Limits {
+        Limits {
+            connections,
+            per_peer,
+            handshakes: 2,
+            handshakes_per_peer: 1,
+            ..Limits::default()
+        }
     }
 
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+    fn ip(last: u8) -> IpAddr {
+        IpAddr::from([127, 0, 0, last])
     }
 
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    #[test]
+    fn a_peer_gets_its_share_and_no_more() {
+        let table = Table::new(limits(10, 2), ConnectionMetrics::default());
+        let _a = table.admit(ip(1)).unwrap();
+        let _b = table.admit(ip(1)).unwrap();
+        assert_eq!(table.admit(ip(1)).err(), Some(Refused::Peer));
+        let _c = table.admit(ip(2)).expect("another peer");
     }
 
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
+    /// When every place is taken, a caller gets an idle connection's place,
+    /// from the peer holding the most; busy connections keep theirs, and
+    /// one just made gets a moment to send its request.
+    #[test]
+    fn idle_connections_never_keep_a_caller_out() {
+        let table = Table::new(limits(3, 3), ConnectionMetrics::default());
+        let idle: Vec<Place> = (0..2).map(|_| table.admit(ip(9)).unwrap()).collect();
+        let busy_place = table.admit(ip(1)).unwrap();
+        let _busy = busy_place.busy();
+        assert_eq!(table.admit(ip(2)).err(), Some(Refused::Full), "all just made");
+        std::thread::sleep(Duration::from_millis(SETTLING_MILLIS + 10));
+        let apiserver = table.admit(ip(2)).expect("an idle one gives way");
+        assert_eq!(table.open(), 3);
+        assert_eq!(table.metrics.evicted.get(), 1);
+        let _request = apiserver.busy();
+        let _second = table.admit(ip(2)).expect("the other idle one gives way");
+        assert_eq!(table.admit(ip(3)).err(), Some(Refused::Full), "nothing idle left");
+        drop(idle);
+        assert_eq!(table.open(), 3, "the evicted ones' places were already given");
+    }
+
+    #[test]
+    fn handshakes_are_bounded_per_peer_and_overall() {
+        let table = Table::new(limits(10, 10), ConnectionMetrics::default());
+        let one = table.handshake(ip(1)).unwrap();
+        assert!(table.handshake(ip(1)).is_err(), "one per peer");
+        let _two = table.handshake(ip(2)).unwrap();
+        assert!(table.handshake(ip(3)).is_err(), "two overall");
+        drop(one);
+        table.handshake(ip(1)).expect("given back");
+    }
+
+    #[test]
+    fn a_connection_that_sends_nothing_expires() {
+        let table = Table::new(
+            Limits {
+                first_byte_timeout: Duration::ZERO,
+                idle_timeout: Duration::from_secs(3600),
+                ..limits(4, 4)
+            },
+            ConnectionMetrics::default(),
+        );
+        let silent = table.admit(ip(1)).unwrap();
+        assert!(silent.expired(), "no request by its first-byte timeout");
+        let working = table.admit(ip(1)).unwrap();
+        let busy = working.busy();
+        assert!(!working.expired(), "a request in flight");
+        drop(busy);
+        assert!(!working.expired(), "served, and idle less than the idle timeout");
     }
 }

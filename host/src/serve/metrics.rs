@@ -36,6 +36,18 @@ pub struct EffectLabels {
 
 type HistogramFamily = Family<RequestLabels, Histogram, fn() -> Histogram>;
 
+/// The webhook listener's connections (serve/listener.rs).
+#[derive(Clone, Default)]
+pub struct ConnectionMetrics {
+    /// Open now, their TLS handshakes done.
+    pub open: Gauge,
+    /// Refused: no handshake slot, the peer's share taken, or every place
+    /// busy.
+    pub refused: Counter,
+    /// Closed while idle to give their place to a new connection.
+    pub evicted: Counter,
+}
+
 pub struct Metrics {
     registry: Registry,
     pub latency: HistogramFamily,
@@ -60,6 +72,7 @@ pub struct Metrics {
     /// Objects that carry config-snapshot's label but no valid signature,
     /// as the last pass found them: left alone, and worth a look.
     pub unproven: Gauge,
+    pub connections: ConnectionMetrics,
 }
 
 fn host_call_buckets() -> Histogram {
@@ -146,6 +159,22 @@ impl Default for Metrics {
             host_call_errors.clone(),
         );
         registry.register("deferred_effects", "Deferred effects by outcome", effects.clone());
+        let connections = ConnectionMetrics::default();
+        registry.register(
+            "webhook_connections",
+            "Connections to the webhook open now (TLS done)",
+            connections.open.clone(),
+        );
+        registry.register(
+            "webhook_connections_refused",
+            "Connections to the webhook refused: no handshake slot, the peer's share taken, or none idle to give way",
+            connections.refused.clone(),
+        );
+        registry.register(
+            "webhook_connections_evicted",
+            "Idle connections to the webhook closed to give their place to a new one",
+            connections.evicted.clone(),
+        );
         registry.register(
             "deferred_effects_queued",
             "Deferred effects waiting to run",
@@ -167,6 +196,7 @@ impl Default for Metrics {
             leader,
             resync_passes,
             unproven,
+            connections,
         }
     }
 }

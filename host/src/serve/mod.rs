@@ -42,7 +42,7 @@ use report::Report;
 use crate::capability::Budget;
 use crate::engine::Engine;
 use crate::lifecycle::Rules;
-use crate::proof::Prover;
+use crate::proof::{Keyring, Prover};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Options {
@@ -76,9 +76,23 @@ pub struct Options {
     /// names for this webhook (deploy/serve/components/mtls).
     #[arg(long, env = "CONFIG_SNAPSHOT_CLIENT_CA")]
     pub client_ca: Option<PathBuf>,
-    /// Connections to the webhook at once; past it, new ones are closed.
+    /// Connections to the webhook open at once (their TLS handshakes done).
+    /// Past it, a new one takes an idle one's place, or is closed if none
+    /// is idle.
     #[arg(long, default_value = "256")]
     pub max_connections: usize,
+    /// Of those, from one address: the API server's own are never crowded
+    /// out by one pod's.
+    #[arg(long, default_value = "64")]
+    pub max_connections_per_peer: usize,
+    /// How long a connection may go from its TLS handshake to its first
+    /// request (Go duration).
+    #[arg(long, default_value = "10s")]
+    pub first_byte_timeout: String,
+    /// How long a connection may stay open with no request, HTTP/1 or
+    /// HTTP/2 (Go duration).
+    #[arg(long, default_value = "2m")]
+    pub idle_timeout: String,
     /// How long a client may take to send a request's headers (Go duration).
     #[arg(long, default_value = "5s")]
     pub header_read_timeout: String,
@@ -145,9 +159,25 @@ pub struct Options {
     /// start (docs/security.md).
     #[arg(long, env = "CONFIG_SNAPSHOT_SIGNING_KEY_FILE")]
     pub signing_key_file: Option<PathBuf>,
-    /// The Secret, in serve's own namespace, that keeps the signing key.
+    /// The Secret, in serve's own namespace, that keeps the signing
+    /// keyring.
     #[arg(long, default_value = "config-snapshot-signing-key")]
     pub signing_key_secret: String,
+    /// serve's ServiceAccount (the pod's, from the downward API): the
+    /// signing key's guard must let it, and only it and the key
+    /// administrators, write the key Secret.
+    #[arg(long, env = "POD_SERVICE_ACCOUNT", default_value = "config-snapshot")]
+    pub service_account: String,
+    /// The name of the signing key's guard: a ValidatingAdmissionPolicy and
+    /// its binding (deploy/serve/keyguard.yaml, the chart).
+    #[arg(long, default_value = signing::GUARD)]
+    pub signing_key_guard: String,
+    /// Trust the key Secret without its guard (the ValidatingAdmissionPolicy
+    /// of deploy/serve/keyguard.yaml). Whoever can then write Secrets in
+    /// serve's namespace can plant a key and forge snapshots: for clusters
+    /// where that is only serve and its administrators.
+    #[arg(long)]
+    pub trust_unguarded_signing_key: bool,
     /// Namespaces serve never acts in, as its webhook's namespaceSelector
     /// excludes them (deploy/serve/webhook.yaml; checked by a test): a
     /// review for one is answered untouched, the periodic pass does not
@@ -169,6 +199,15 @@ pub struct Options {
     /// (`onSnapshotFailure`).
     #[arg(long, default_value = "600")]
     pub snapshot_rate: std::num::NonZeroU32,
+    /// Bytes of snapshots one namespace may have made per minute (`Ki`,
+    /// `Mi`, `Gi` allowed): past it, as past `--snapshot-rate`.
+    #[arg(long, default_value = "8Mi", value_parser = crate::capability::parse_bytes)]
+    pub snapshot_bytes_rate: std::num::NonZeroU32,
+    /// Bytes of snapshots the whole cluster may have made per minute, which
+    /// bounds what serve adds to etcd's history between two compactions
+    /// (docs/security.md, "Sizing the budget").
+    #[arg(long, default_value = "32Mi", value_parser = crate::capability::parse_bytes)]
+    pub snapshot_bytes_rate_total: std::num::NonZeroU32,
     /// How long a Lease unrenewed stays held: the longest failover (Go duration).
     #[arg(long, default_value = "15s")]
     pub lease_duration: String,
@@ -213,6 +252,23 @@ impl Options {
             ));
         }
         Ok(Some(only))
+    }
+
+    /// The webhook listener's bounds from the flags.
+    pub fn listener_limits(&self) -> Result<listener::Limits> {
+        let secs =
+            |name: &str, value: &str| -> Result<Duration> { Ok(Duration::from_secs(duration(name, value)?.max(1))) };
+        if self.max_connections_per_peer == 0 || self.max_connections == 0 {
+            return Err(anyhow!("--max-connections and --max-connections-per-peer: at least 1"));
+        }
+        Ok(listener::Limits {
+            connections: self.max_connections,
+            per_peer: self.max_connections_per_peer.min(self.max_connections),
+            first_byte_timeout: secs("first-byte-timeout", &self.first_byte_timeout)?,
+            idle_timeout: secs("idle-timeout", &self.idle_timeout)?,
+            header_read_timeout: secs("header-read-timeout", &self.header_read_timeout)?,
+            ..listener::Limits::default()
+        })
     }
 
     /// The engine's limits from `--policy-instances` and
@@ -309,11 +365,23 @@ pub fn build(options: &Options, client: Client, module: &[u8], prover: Prover) -
     build_with_engine(options, client, Arc::new(engine), prover)
 }
 
-/// The signing key's prover, from `--signing-key-file` or the Secret.
-pub async fn prover(options: &Options, client: Client) -> Result<Prover> {
+/// The key Secret serve keeps its keyring in, and what it checks of it.
+pub fn key_secret(options: &Options, client: Client) -> signing::KeySecret {
+    signing::KeySecret {
+        client,
+        namespace: options.own_namespace.clone(),
+        name: options.signing_key_secret.clone(),
+        service_account: options.service_account.clone(),
+        guard: options.signing_key_guard.clone(),
+        trust_unguarded: options.trust_unguarded_signing_key,
+    }
+}
+
+/// The signing keyring, from `--signing-key-file` or the key Secret.
+pub async fn keyring(options: &Options, client: Client) -> Result<Keyring> {
     match &options.signing_key_file {
         Some(path) => signing::from_file(path),
-        None => signing::from_secret(client, &options.own_namespace, &options.signing_key_secret).await,
+        None => key_secret(options, client).load().await,
     }
 }
 
@@ -333,27 +401,37 @@ pub fn build_with_engine(
     let parsed = Settings::from_json(settings_json.as_bytes()).map_err(|e| anyhow!("invalid settings: {e}"))?;
     let metrics = Arc::new(Metrics::default());
     let only_namespaces = options.only_namespaces()?;
-    let cache = Arc::new(match &only_namespaces {
-        Some(namespaces) => Cache::within(namespaces.clone()),
-        None => Cache::excluding(options.excluded_namespaces()),
-    });
+    let prover = Arc::new(prover);
+    let cache = Arc::new(
+        match &only_namespaces {
+            Some(namespaces) => Cache::within(namespaces.clone()),
+            None => Cache::excluding(options.excluded_namespaces()),
+        }
+        .digesting(prover.clone()),
+    );
     let runtime = tokio::runtime::Handle::try_current().context("serve needs a tokio runtime")?;
     let report = Arc::new(Report {
         events: events::Events::new(client.clone(), runtime.clone()),
         metrics: metrics.clone(),
     });
     let cluster = Arc::new(KubeCluster::new(client, cache, runtime, metrics.clone()));
+    let budget = Arc::new(Budget::new(crate::capability::Limits {
+        count: options.snapshot_rate,
+        namespace_bytes: options.snapshot_bytes_rate,
+        total_bytes: options.snapshot_bytes_rate_total,
+    }));
     let carry = Arc::new(Carry {
         cluster: cluster.clone(),
         rules: Arc::new(Rules {
             settings: parsed,
             watch_min_interval: duration("watch-min-interval", &options.watch_min_interval)? as i64,
-            prover: Arc::new(prover),
+            prover,
             excluded_namespaces: options.excluded_namespaces(),
             only_namespaces,
         }),
         register: Arc::default(),
         report,
+        budget: budget.clone(),
     });
     let (queue, worker) = Queue::new(
         carry,
@@ -377,7 +455,7 @@ pub fn build_with_engine(
         metrics,
         shutting_down: AtomicBool::new(false),
         evaluations: tokio::sync::Semaphore::new(engine_instances.saturating_sub(1).max(1)),
-        budget: Arc::new(Budget::per_minute(options.snapshot_rate)),
+        budget,
         ids: AtomicU64::new(0),
     });
     Ok((state, worker))
@@ -394,8 +472,14 @@ pub async fn run(options: Options) -> Result<()> {
     let client = Client::try_default()
         .await
         .context("connecting to the API server (in-cluster config or KUBECONFIG)")?;
-    let prover = prover(&options, client.clone()).await?;
-    let (state, worker) = build(&options, client.clone(), &module, prover)?;
+    let ring = keyring(&options, client.clone()).await?;
+    tracing::info!(keys = ?ring.ids(), "signing keyring ready");
+    let (state, worker) = build(&options, client.clone(), &module, Prover::with(&ring))?;
+    if options.signing_key_file.is_none() {
+        let prover = state.queue.carry().rules.prover.clone();
+        let cache = state.cluster.cache.clone();
+        tokio::spawn(key_secret(&options, client.clone()).keep(ring, prover, move || cache.keyring_changed()));
+    }
     state.cluster.cache.start(client.clone());
     tokio::spawn(worker.run());
     let interval = Duration::from_secs(duration("resync-interval", &options.resync_interval)?);

@@ -42,13 +42,15 @@ use config_snapshot_policy::content::{snapshot_name, Content};
 use config_snapshot_policy::keys;
 use config_snapshot_policy::kinds::WorkloadKind;
 use config_snapshot_policy::optin::OptIn;
+use config_snapshot_policy::references;
+use config_snapshot_policy::selection::is_dns_subdomain;
 use config_snapshot_policy::settings::Settings;
 use config_snapshot_policy::source::SourceKind;
 use config_snapshot_policy::template;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Semaphore};
 
 use super::apiserver::KubeCluster;
 use crate::cluster;
@@ -99,8 +101,15 @@ pub fn wanted(kind: &str, operation: &str, request: &RawValue, settings: &Settin
     let Some(pod_template) = object.pointer(kind.template()) else {
         return Vec::new();
     };
+    // The policy refuses such a template before it reads anything.
+    if references::distinct(&references::collect(pod_template)) > references::MAX_SOURCES {
+        return Vec::new();
+    }
     template::own_groups(pod_template)
         .into_iter()
+        // A name that is not one cannot be read (the API server refuses
+        // such a template; only a forged review carries one).
+        .filter(|g| is_dns_subdomain(&g.id.name))
         .filter(|g| optin.snapshots(&g.id, settings) && g.refs.iter().any(|r| r.name == g.id.name))
         .map(|g| Wanted {
             keys: g.key_subset(),
@@ -127,14 +136,24 @@ pub fn snapshot_of(wanted: &Wanted, source: &Value) -> Option<String> {
 /// `source` as soon as the first read is in. The snapshot's read is
 /// registered in `pending` before that answer: the policy makes a snapshot
 /// only after reading its source, so its `create_snapshot` finds the read.
+///
+/// At most [`PER_ADMISSION`] reads of one admission run at once, and at
+/// most [`IN_FLIGHT`] of all admissions: a burst of reviews cannot turn
+/// into an unbounded burst of GETs at the API server.
 pub async fn read_ahead(
     cluster: Arc<KubeCluster>,
     namespace: String,
     wanted: Wanted,
     source: oneshot::Sender<cluster::Result<Option<Value>>>,
     pending: Arc<Mutex<Fetched>>,
+    admission: Arc<Semaphore>,
 ) {
-    let read = cluster.fetch(wanted.kind.kind(), &namespace, &wanted.name).await;
+    let read = {
+        let (Ok(_one), Ok(_all)) = (admission.acquire().await, cluster.reads_ahead.acquire().await) else {
+            return;
+        };
+        cluster.fetch(wanted.kind.kind(), &namespace, &wanted.name).await
+    };
     let snapshot = match &read {
         Ok(Some(object)) => snapshot_of(&wanted, object),
         _ => None,
@@ -155,9 +174,18 @@ pub async fn read_ahead(
     });
     let _ = source.send(read);
     if let Some((name, tx)) = snapshot {
+        let (Ok(_one), Ok(_all)) = (admission.acquire().await, cluster.reads_ahead.acquire().await) else {
+            return;
+        };
         let _ = tx.send(cluster.fetch(wanted.kind.kind(), &namespace, &name).await);
     }
 }
+
+/// Reads ahead one admission runs at once.
+pub const PER_ADMISSION: usize = 8;
+
+/// Reads ahead all admissions run at once.
+pub const IN_FLIGHT: usize = 64;
 
 /// Whether serve's cache has `name` with an owner: then
 /// `create_snapshot` reuses it from the cache and waits for no fresh read.
@@ -242,6 +270,41 @@ mod tests {
         copy["metadata"]["labels"] = json!({keys::MANAGED_BY: keys::MANAGED_BY_VALUE});
         copy["metadata"]["annotations"] = json!({keys::SOURCE_NAME: "a"});
         assert_eq!(snapshot_of(&wanted[0], &copy), None, "a snapshot has no snapshot");
+    }
+
+    /// Finding 2 and 5 of docs/security.md: a name that is not one is not
+    /// read ahead, and a template past the source limit reads nothing.
+    #[test]
+    fn nothing_is_read_ahead_for_names_that_are_not_names_or_past_the_limit() {
+        let settings = Settings::default();
+        let r = request(
+            "Deployment",
+            "CREATE",
+            json!({"config-snapshot.io/snapshot": "*"}),
+            env(&[("A", "a"), ("B", "../kube-system/configmaps/aws-auth"), ("C", "c?x")]),
+        );
+        assert_eq!(names(&ahead(&r, &settings)), ["a"]);
+        let many: Vec<(String, String)> = (0..=references::MAX_SOURCES)
+            .map(|i| (format!("V{i}"), format!("cm-{i}")))
+            .collect();
+        let many: Vec<(&str, &str)> = many.iter().map(|(v, c)| (v.as_str(), c.as_str())).collect();
+        let r = request(
+            "Deployment",
+            "CREATE",
+            json!({"config-snapshot.io/snapshot": "*"}),
+            env(&many),
+        );
+        assert!(
+            ahead(&r, &settings).is_empty(),
+            "past the limit: the policy refuses it unread"
+        );
+        let r = request(
+            "Deployment",
+            "CREATE",
+            json!({"config-snapshot.io/snapshot": "*"}),
+            env(&many[..references::MAX_SOURCES]),
+        );
+        assert_eq!(ahead(&r, &settings).len(), references::MAX_SOURCES);
     }
 
     #[test]

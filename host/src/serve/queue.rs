@@ -10,6 +10,7 @@
 //! resync (watch patches, adoptions) or collected by the sweep
 //! (snapshots), see docs/serve.md.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,6 +20,7 @@ use tracing::Instrument as _;
 
 use super::apiserver::KubeCluster;
 use super::report::Report;
+use crate::cluster::Key;
 use crate::lifecycle::{Driver, Effect, Next, Register, Rules};
 
 #[derive(Debug, Clone)]
@@ -52,11 +54,13 @@ pub struct Carry {
     pub rules: Arc<Rules>,
     pub register: Arc<Register>,
     pub report: Arc<Report>,
+    /// What a watch rollout's snapshot is taken from, as an admission's is.
+    pub budget: Arc<crate::capability::Budget>,
 }
 
 impl Carry {
     pub fn driver(&self) -> Driver<'_> {
-        Driver::new(self.cluster.as_ref(), &self.rules, &self.register, self.report.as_ref())
+        Driver::new(self.cluster.as_ref(), &self.rules, &self.register, self.report.as_ref()).with_budget(&self.budget)
     }
 }
 
@@ -66,6 +70,11 @@ pub struct Queue {
     carry: Arc<Carry>,
     /// Jobs the storm guard holds, with when to look again.
     parked: Arc<Mutex<Vec<(i64, Job)>>>,
+    /// The workloads a watch rollout is running for now: the storm guard
+    /// lets one of a workload's held rollouts go at a time, the one held
+    /// first, as replay does; run together, whichever wrote first would
+    /// win and the other wait an interval.
+    running: Arc<Mutex<HashSet<Key>>>,
 }
 
 pub struct Worker {
@@ -84,6 +93,7 @@ impl Queue {
             tx,
             carry,
             parked: Arc::default(),
+            running: Arc::default(),
         };
         let worker = Worker {
             rx,
@@ -158,14 +168,27 @@ impl Queue {
         });
     }
 
-    /// Sends on the parked jobs whose time has come.
+    /// Sends on the parked jobs whose time has come: of a workload's watch
+    /// rollouts, the one held first, and only while none of its others
+    /// runs.
     fn release_due(&self) {
         let now = self.carry.cluster.now();
         let due: Vec<Job> = {
             let mut parked = self.parked();
-            let (due, rest): (Vec<_>, Vec<_>) = parked.drain(..).partition(|(at, _)| *at <= now);
+            let mut busy = self.running.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let mut due = Vec::new();
+            let mut rest = Vec::new();
+            for (at, job) in parked.drain(..) {
+                let subject = matches!(job.effect, Effect::Patch { .. }).then(|| job.effect.subject());
+                if at > now || subject.as_ref().is_some_and(|s| busy.contains(s)) {
+                    rest.push((at, job));
+                    continue;
+                }
+                busy.extend(subject);
+                due.push(job);
+            }
             *parked = rest;
-            due.into_iter().map(|(_, job)| job).collect()
+            due
         };
         for mut job in due {
             // The wait for preconditions starts when the guard lets go.
@@ -175,7 +198,21 @@ impl Queue {
     }
 
     /// Runs one job and schedules what comes next.
-    async fn handle(&self, mut job: Job, wait_for: Duration) {
+    async fn handle(&self, job: Job, wait_for: Duration) {
+        let subject = matches!(job.effect, Effect::Patch { .. }).then(|| job.effect.subject());
+        if let Some(subject) = &subject {
+            self.running
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(subject.clone());
+        }
+        self.run_one(job, wait_for).await;
+        if let Some(subject) = &subject {
+            self.running.lock().unwrap_or_else(|e| e.into_inner()).remove(subject);
+        }
+    }
+
+    async fn run_one(&self, mut job: Job, wait_for: Duration) {
         let carry = self.carry.clone();
         let (effect, attempts) = (job.effect.clone(), job.attempts);
         let patient = job.since.elapsed() < wait_for;

@@ -19,6 +19,8 @@ pub struct RequestScope {
     /// answers one fresh read.
     namespace: String,
     prefetched: Arc<Mutex<Fetched>>,
+    /// This admission's share of the reads ahead.
+    permits: Arc<tokio::sync::Semaphore>,
 }
 
 impl RequestScope {
@@ -27,6 +29,7 @@ impl RequestScope {
             cluster,
             namespace: namespace.to_string(),
             prefetched: Arc::default(),
+            permits: Arc::new(tokio::sync::Semaphore::new(prefetch::PER_ADMISSION)),
         }
     }
 
@@ -44,6 +47,7 @@ impl RequestScope {
                 w,
                 tx,
                 self.prefetched.clone(),
+                self.permits.clone(),
             ));
         }
     }

@@ -1,105 +1,349 @@
-//! serve's signing key (docs/security.md): the key its [`Prover`] signs
-//! snapshots and keys Secret names with. Read from `--signing-key-file`
-//! (a mounted Secret, a test fixture), or kept in a Secret in serve's own
-//! namespace, which the first replica to start creates with a random key
-//! and every other replica reads. Only serve's ServiceAccount may read it
-//! (deploy/serve/rbac.yaml names it): who holds it can forge snapshots.
+//! serve's signing keyring (docs/security.md, "The signing key"): the keys
+//! its [`Prover`] signs snapshots and keys Secret names with. Read from
+//! `--signing-key-file` (a mounted Secret, a test fixture), or kept in a
+//! Secret in serve's own namespace, which the first replica to start
+//! creates with a random key and every other replica reads.
+//!
+//! The Secret holds the current key as `key` and earlier ones as
+//! `key-<id>`: the current key signs and names, every key verifies. The
+//! commands `config-snapshot keys rotate` and `keys restore` change the
+//! ring; replicas watch the Secret and use the new ring at once. If the
+//! Secret is deleted while serve runs, serve writes it again from the ring
+//! it holds: users' work goes on, and no key is lost.
+//!
+//! A key someone else wrote is not trusted. Whoever can create that Secret
+//! before serve does could plant a key they know, and then forge snapshots
+//! serve would sweep, adopt and reuse. So the Secret is guarded: a
+//! ValidatingAdmissionPolicy (deploy/serve/keyguard.yaml, and the chart)
+//! lets only serve's ServiceAccount and the key administrators write it,
+//! and serve trusts the Secret only while that guard is in force and only
+//! if the Secret was created after the guard was (a Secret older than its
+//! guard may have been planted before it). See [`Guard`].
 
+use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::UNIX_EPOCH;
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{anyhow, Context as _, Result};
 use base64::Engine as _;
-use config_snapshot_policy::duration::parse_rfc3339;
+use futures::StreamExt;
+use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::ByteString;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::runtime::watcher::{self, Event};
 use kube::Client;
+use zeroize::Zeroizing;
 
-use crate::proof::{Prover, KEY_BYTES};
+use crate::proof::{Keyring, Prover, MIN_KEY_BYTES};
 
-/// The key within the Secret.
-const FIELD: &str = "key";
+/// The current key within the Secret.
+pub const CURRENT: &str = "key";
 
-/// The least key length accepted: below, a key could be guessed.
-const MIN_KEY_BYTES: usize = 16;
+/// The prefix of an earlier key's field (`key-<id>`).
+const EARLIER: &str = "key-";
+
+/// The name of the guard's ValidatingAdmissionPolicy and its binding, as
+/// deploy/serve ships them (`--signing-key-guard`).
+pub const GUARD: &str = "config-snapshot-signing-key";
+
+/// How long after the guard was made the API server may still let a write
+/// through unguarded (its policy informer's lag): a key Secret created
+/// sooner is not trusted, and serve waits this long before creating one.
+pub const GUARD_SETTLES: i64 = 5;
 
 /// The key from a file: raw bytes, or their base64 (a file written by
-/// hand). Snapshots created before the file's modification time are
-/// legacy.
-pub fn from_file(path: &Path) -> Result<Prover> {
-    let bytes = zeroize::Zeroizing::new(std::fs::read(path).with_context(|| format!("reading {}", path.display()))?);
+/// hand).
+pub fn from_file(path: &Path) -> Result<Keyring> {
+    let bytes = Zeroizing::new(std::fs::read(path).with_context(|| format!("reading {}", path.display()))?);
     let text = std::str::from_utf8(&bytes).ok().map(str::trim);
     let key = match text.and_then(|t| base64::engine::general_purpose::STANDARD.decode(t).ok()) {
-        Some(decoded) if decoded.len() >= MIN_KEY_BYTES => zeroize::Zeroizing::new(decoded),
+        Some(decoded) if decoded.len() >= MIN_KEY_BYTES => Zeroizing::new(decoded),
         _ => bytes.clone(),
     };
-    if key.len() < MIN_KEY_BYTES {
-        return Err(anyhow!("--signing-key-file: a key has at least {MIN_KEY_BYTES} bytes"));
-    }
-    let since = std::fs::metadata(path)
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(i64::MIN, |d| d.as_secs() as i64);
-    Ok(Prover::new(&key, since))
+    Keyring::new(vec![key]).map_err(|e| anyhow!("--signing-key-file {}: {e}", path.display()))
 }
 
-/// The key from Secret `name` in `namespace`, created if absent. Snapshots
-/// created before the Secret are legacy.
-pub async fn from_secret(client: Client, namespace: &str, name: &str) -> Result<Prover> {
-    let api: Api<Secret> = Api::namespaced(client, namespace);
-    for _ in 0..3 {
-        if let Some(secret) = api
-            .get_opt(name)
-            .await
-            .with_context(|| format!("reading Secret {namespace}/{name}"))?
-        {
-            return prover_of(&secret, namespace, name);
-        }
-        let key = Prover::generate_key();
-        let secret = Secret {
-            metadata: kube::api::ObjectMeta {
-                name: Some(name.to_string()),
-                namespace: Some(namespace.to_string()),
-                labels: Some([("app.kubernetes.io/name".to_string(), "config-snapshot".to_string())].into()),
-                ..Default::default()
-            },
-            immutable: Some(true),
-            data: Some([(FIELD.to_string(), ByteString(key.to_vec()))].into()),
-            ..Default::default()
-        };
-        match api.create(&PostParams::default(), &secret).await {
-            Ok(created) => {
-                tracing::info!(secret = name, namespace, "created the signing key");
-                return prover_of(&created, namespace, name);
-            }
-            // Another replica made it first: read theirs.
-            Err(kube::Error::Api(status)) if status.code == 409 => continue,
-            Err(e) => return Err(anyhow!(e).context(format!("creating Secret {namespace}/{name}"))),
-        }
-    }
-    Err(anyhow!(
-        "the signing key Secret {namespace}/{name} kept appearing and going"
-    ))
-}
-
-fn prover_of(secret: &Secret, namespace: &str, name: &str) -> Result<Prover> {
-    let key = secret
+/// The keyring a key Secret holds.
+pub fn ring_of(secret: &Secret) -> Result<Keyring> {
+    let name = secret.metadata.name.as_deref().unwrap_or_default();
+    let data = secret
         .data
         .as_ref()
-        .and_then(|d| d.get(FIELD))
-        .map(|b| zeroize::Zeroizing::new(b.0.clone()))
-        .filter(|k| k.len() >= MIN_KEY_BYTES)
-        .ok_or_else(|| anyhow!("Secret {namespace}/{name} holds no {FIELD:?} of at least {MIN_KEY_BYTES} bytes"))?;
-    let since = secret
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .and_then(|t| parse_rfc3339(&t.0.to_string()))
-        .unwrap_or(i64::MIN);
-    const { assert!(KEY_BYTES >= MIN_KEY_BYTES) };
-    Ok(Prover::new(&key, since))
+        .ok_or_else(|| anyhow!("Secret {name} holds no data"))?;
+    let current = data
+        .get(CURRENT)
+        .ok_or_else(|| anyhow!("Secret {name} holds no {CURRENT:?}"))?;
+    let mut keys = vec![Zeroizing::new(current.0.clone())];
+    // BTreeMap: the earlier keys in a stable order.
+    keys.extend(
+        data.iter()
+            .filter(|(field, _)| field.starts_with(EARLIER))
+            .map(|(_, key)| Zeroizing::new(key.0.clone())),
+    );
+    Keyring::new(keys).map_err(|e| anyhow!("Secret {name}: {e}"))
+}
+
+/// The key Secret `namespace/name` that holds `ring`. Not immutable: a
+/// rotation or a restore updates it, under the guard.
+pub fn secret_of(ring: &Keyring, namespace: &str, name: &str) -> Secret {
+    let mut data = BTreeMap::new();
+    let mut keys = ring.keys().iter();
+    if let Some(current) = keys.next() {
+        data.insert(CURRENT.to_string(), ByteString(current.to_vec()));
+    }
+    for key in keys {
+        data.insert(format!("{EARLIER}{}", Keyring::id(key)), ByteString(key.to_vec()));
+    }
+    Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(namespace.to_string()),
+            labels: Some(
+                [
+                    ("app.kubernetes.io/name".to_string(), "config-snapshot".to_string()),
+                    ("app.kubernetes.io/component".to_string(), "signing-key".to_string()),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        },
+        data: Some(data),
+        ..Default::default()
+    }
+}
+
+/// The guard that makes the key Secret trustworthy: a
+/// ValidatingAdmissionPolicy named [`GUARD`] with failure policy `Fail`,
+/// whose validation names serve's ServiceAccount and the Secret, bound
+/// with `Deny`. Since when it has been in force.
+pub struct Guard {
+    pub since: i64,
+}
+
+/// What serve checks before it trusts, or creates, its key Secret.
+pub struct KeySecret {
+    pub client: Client,
+    pub namespace: String,
+    pub name: String,
+    /// serve's ServiceAccount, which the guard must name.
+    pub service_account: String,
+    /// The guard's ValidatingAdmissionPolicy and binding.
+    pub guard: String,
+    /// Trust the Secret without the guard (`--trust-unguarded-signing-key`):
+    /// whoever can write Secrets in serve's namespace can then plant a key.
+    pub trust_unguarded: bool,
+}
+
+fn unix(time: Option<&Time>) -> Option<i64> {
+    time.map(|t| t.0.as_second())
+}
+
+impl KeySecret {
+    /// The guard in force, or why it is not.
+    pub async fn guard(&self) -> Result<Guard> {
+        let guard = self.guard.as_str();
+        let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(self.client.clone());
+        let policies: Api<ValidatingAdmissionPolicy> = Api::all(self.client.clone());
+        let missing = |what: &str| {
+            anyhow!(
+                "the signing key's guard is not in force: {what} (install deploy/serve/keyguard.yaml, or the chart, which ships it)"
+            )
+        };
+        let binding = bindings
+            .get_opt(guard)
+            .await
+            .context("reading the signing key's guard")?
+            .ok_or_else(|| missing(&format!("no ValidatingAdmissionPolicyBinding {guard}")))?;
+        let spec = binding.spec.as_ref();
+        if spec.and_then(|s| s.policy_name.as_deref()) != Some(guard) {
+            return Err(missing(&format!("binding {guard} does not bind policy {guard}")));
+        }
+        if !spec
+            .and_then(|s| s.validation_actions.as_ref())
+            .is_some_and(|a| a.iter().any(|a| a == "Deny"))
+        {
+            return Err(missing(&format!("binding {guard} does not Deny")));
+        }
+        let policy = policies
+            .get_opt(guard)
+            .await
+            .context("reading the signing key's guard")?
+            .ok_or_else(|| missing(&format!("no ValidatingAdmissionPolicy {guard}")))?;
+        let spec = policy.spec.as_ref();
+        if spec
+            .and_then(|s| s.failure_policy.as_deref())
+            .is_some_and(|f| f != "Fail")
+        {
+            return Err(missing(&format!("policy {guard} does not fail closed")));
+        }
+        let account = format!("system:serviceaccount:{}:{}", self.namespace, self.service_account);
+        let text = serde_json::to_string(&spec).unwrap_or_default();
+        if !text.contains(&account) || !text.contains(&self.name) {
+            return Err(missing(&format!(
+                "policy {guard} does not name {account} and Secret {}",
+                self.name
+            )));
+        }
+        let since = unix(binding.metadata.creation_timestamp.as_ref())
+            .max(unix(policy.metadata.creation_timestamp.as_ref()))
+            .ok_or_else(|| missing("the guard has no creation time"))?;
+        Ok(Guard { since })
+    }
+
+    /// The keyring: the Secret's, if it is trusted, else a new one written
+    /// to it. Waits for the guard to be in force (an install may create
+    /// serve before it), unless trusting without it.
+    pub async fn load(&self) -> Result<Keyring> {
+        let guard = loop {
+            match self.guard().await {
+                Ok(guard) => break Some(guard),
+                Err(e) if self.trust_unguarded => {
+                    tracing::warn!("{e:#}; trusting the key Secret anyway (--trust-unguarded-signing-key)");
+                    break None;
+                }
+                Err(e) => {
+                    tracing::warn!("{e:#}; waiting for it before reading or creating the key");
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                }
+            }
+        };
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        let (namespace, name) = (&self.namespace, &self.name);
+        for _ in 0..3 {
+            if let Some(secret) = api
+                .get_opt(name)
+                .await
+                .with_context(|| format!("reading Secret {namespace}/{name}"))?
+            {
+                self.trusted(&secret, guard.as_ref())?;
+                return ring_of(&secret);
+            }
+            if let Some(guard) = &guard {
+                // A Secret created before the guard is in force would not
+                // be trusted on the next start.
+                let wait = guard.since + GUARD_SETTLES + 1 - config_snapshot_policy::duration::unix_now();
+                if wait > 0 {
+                    tokio::time::sleep(Duration::from_secs(wait as u64)).await;
+                }
+            }
+            let ring = Keyring::new(vec![Keyring::generate_key()]).map_err(|e| anyhow!("{e}"))?;
+            match api
+                .create(&PostParams::default(), &secret_of(&ring, namespace, name))
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(secret = %name, namespace = %namespace, key = %ring.ids()[0], "created the signing key");
+                    return Ok(ring);
+                }
+                // Another replica made it first: read theirs.
+                Err(kube::Error::Api(status)) if status.code == 409 => continue,
+                Err(e) => return Err(anyhow!(e).context(format!("creating Secret {namespace}/{name}"))),
+            }
+        }
+        Err(anyhow!(
+            "the signing key Secret {namespace}/{name} kept appearing and going"
+        ))
+    }
+
+    /// `Ok` if `secret` can be trusted under `guard`: created after the
+    /// guard was in force, so only serve or a key administrator wrote it.
+    pub fn trusted(&self, secret: &Secret, guard: Option<&Guard>) -> Result<()> {
+        let Some(guard) = guard else {
+            return Ok(());
+        };
+        let created = unix(secret.metadata.creation_timestamp.as_ref()).unwrap_or(i64::MIN);
+        if created >= guard.since + GUARD_SETTLES {
+            return Ok(());
+        }
+        Err(anyhow!(
+            "Secret {}/{} was created before its guard was in force, so someone other than config-snapshot may have \
+             written it: not trusted. If you made it (a restore), run `config-snapshot keys restore -f` with it, \
+             which writes it again under the guard; else delete it, and serve makes a new key",
+            self.namespace,
+            self.name
+        ))
+    }
+
+    /// Keeps `prover` on the Secret's ring while serve runs: a rotated or
+    /// restored ring is used at once; a deleted Secret is written again
+    /// from the ring held, so that no key is lost while serve runs.
+    pub async fn keep(self, ring: Keyring, prover: Arc<Prover>, changed: impl Fn() + Send + 'static) {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        let config = watcher::Config::default().fields(&format!("metadata.name={}", self.name));
+        let mut events = watcher::watcher(api.clone(), config).boxed();
+        let mut held = ring;
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(Event::Apply(secret) | Event::InitApply(secret)) => match ring_of(&secret) {
+                    Ok(ring) if ring.ids() != held.ids() => {
+                        tracing::info!(keys = ?ring.ids(), "the signing keyring changed; using it");
+                        prover.replace(&ring);
+                        held = ring;
+                        changed();
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::error!("keeping the signing keyring held: {e:#}"),
+                },
+                Ok(Event::Delete(_)) => {
+                    tracing::warn!("the signing key Secret was deleted; writing it again from the keyring held");
+                    match api
+                        .create(&PostParams::default(), &secret_of(&held, &self.namespace, &self.name))
+                        .await
+                    {
+                        Ok(_) => {}
+                        Err(kube::Error::Api(status)) if status.code == 409 => {}
+                        Err(e) => tracing::error!("writing the signing key Secret again: {e}"),
+                    }
+                }
+                Ok(Event::Init | Event::InitDone) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "watching the signing key Secret failed; retrying");
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                }
+            }
+        }
+    }
+
+    /// Writes `ring` to the Secret: replaces an immutable one (written by
+    /// an earlier version), updates any other, creates it if absent.
+    pub async fn write(&self, ring: &Keyring) -> Result<()> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        let (namespace, name) = (&self.namespace, &self.name);
+        for _ in 0..5 {
+            let mut wanted = secret_of(ring, namespace, name);
+            let result = match api.get_opt(name).await? {
+                None => api.create(&PostParams::default(), &wanted).await.map(|_| ()),
+                Some(live) if live.immutable == Some(true) => {
+                    let uid = live.metadata.uid.clone();
+                    let params = DeleteParams {
+                        preconditions: Some(kube::api::Preconditions {
+                            uid,
+                            resource_version: live.metadata.resource_version.clone(),
+                        }),
+                        ..DeleteParams::default()
+                    };
+                    match api.delete(name, &params).await {
+                        Ok(_) => api.create(&PostParams::default(), &wanted).await.map(|_| ()),
+                        Err(e) => Err(e),
+                    }
+                }
+                Some(live) => {
+                    wanted.metadata.resource_version = live.metadata.resource_version.clone();
+                    api.replace(name, &PostParams::default(), &wanted).await.map(|_| ())
+                }
+            };
+            match result {
+                Ok(()) => return Ok(()),
+                // Moved meanwhile (a replica wrote it again): once more.
+                Err(kube::Error::Api(status)) if matches!(status.code, 404 | 409) => continue,
+                Err(e) => return Err(anyhow!(e).context(format!("writing Secret {namespace}/{name}"))),
+            }
+        }
+        Err(anyhow!("Secret {namespace}/{name} kept changing while it was written"))
+    }
 }
 
 #[cfg(test)]
@@ -119,14 +363,29 @@ mod tests {
         )
         .unwrap();
         let (a, b) = (from_file(&raw).unwrap(), from_file(&encoded).unwrap());
-        assert_eq!(
-            a.secret_digest("s", "h"),
-            b.secret_digest("s", "h"),
-            "the same key either way"
-        );
+        assert_eq!(a.ids(), b.ids(), "the same key either way");
         let short = dir.join("short");
         std::fs::write(&short, b"too short").unwrap();
         assert!(from_file(&short).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A ring written to a Secret reads back the same, current key first;
+    /// a Secret of an earlier version (one `key`) is a ring of one.
+    #[test]
+    fn a_ring_round_trips_through_its_secret() {
+        let one = Keyring::of(&[1u8; 32]).unwrap();
+        let ring = one.rotated(Zeroizing::new(vec![2u8; 32])).unwrap();
+        let secret = secret_of(&ring, "config-snapshot", "config-snapshot-signing-key");
+        assert_eq!(ring_of(&secret).unwrap().ids(), ring.ids());
+        assert_eq!(secret.immutable, None, "a rotation updates it");
+        let earlier = Secret {
+            immutable: Some(true),
+            data: Some([(CURRENT.to_string(), ByteString(vec![1u8; 32]))].into()),
+            ..Default::default()
+        };
+        assert_eq!(ring_of(&earlier).unwrap().ids(), one.ids());
+        let empty = Secret::default();
+        assert!(ring_of(&empty).is_err());
     }
 }

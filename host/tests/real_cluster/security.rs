@@ -132,7 +132,7 @@ fn forged_review() -> String {
 /// POSTs `body` to serve's webhook with curl, showing `cert` (a name in the
 /// control plane's directory: `<name>.crt` and `<name>.key`) if given;
 /// `Err`: the call got no HTTP answer.
-fn post(cp: &ControlPlane, serve: &ServeProcess, body: &str, cert: Option<&str>) -> Result<String, String> {
+pub(crate) fn post(cp: &ControlPlane, serve: &ServeProcess, body: &str, cert: Option<&str>) -> Result<String, String> {
     let url = format!("https://{}/mutate", serve.webhook);
     let mut args: Vec<String> = ["-sS", "-k", "--max-time", "10", "-H", "Content-Type: application/json"]
         .map(String::from)
@@ -232,6 +232,9 @@ fn forged_review_story(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: 
 pub fn attack_stories(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path) {
     forged_label_story(cp, serve, kubeconfig);
     forged_review_story(cp, serve, kubeconfig);
+    // The second round (docs/security.md), as most installs run: no mTLS.
+    super::forged::stories(cp, serve);
+    super::keys::key_lifecycle_story(cp, serve, kubeconfig);
 }
 
 /// The objects `kubectl kustomize` renders from a directory of deploy/.

@@ -1,3 +1,4 @@
+pub mod connections;
 pub mod paths;
 pub mod process;
 pub mod webhook;

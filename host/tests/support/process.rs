@@ -160,6 +160,11 @@ impl ServeProcess {
         }
     }
 
+    /// The exit status, if serve has exited.
+    pub fn try_exit(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().unwrap()
+    }
+
     pub fn logs(&self) -> String {
         self.logs.lock().unwrap().clone()
     }

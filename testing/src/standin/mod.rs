@@ -33,10 +33,21 @@ use config_snapshot_policy::keys;
 use config_snapshot_policy::kinds::KINDS;
 use serde_json::{json, Value};
 
-/// Kinds serve uses beyond the policy's table: its Lease and its Events.
-const SERVE_KINDS: [(&str, &str, &str); 2] = [
+/// Kinds serve uses beyond the policy's table: its Lease, its Events and
+/// its signing key's guard (cluster-scoped).
+const SERVE_KINDS: [(&str, &str, &str); 4] = [
     ("leases", "coordination.k8s.io/v1", "Lease"),
     ("events", "events.k8s.io/v1", "Event"),
+    (
+        "validatingadmissionpolicies",
+        "admissionregistration.k8s.io/v1",
+        "ValidatingAdmissionPolicy",
+    ),
+    (
+        "validatingadmissionpolicybindings",
+        "admissionregistration.k8s.io/v1",
+        "ValidatingAdmissionPolicyBinding",
+    ),
 ];
 
 /// (apiVersion, kind) served under a plural.
@@ -156,6 +167,24 @@ impl ApiServer {
     pub fn put(&self, object: Value) -> Value {
         self.inner.stamp_clock();
         self.inner.shared.store().persist(object)
+    }
+
+    /// Puts the signing key's guard as deploy/serve/keyguard.yaml ships it
+    /// (`manifest`, its text), for serve in namespace `namespace`. The
+    /// stand-in stores it; it does not enforce it.
+    pub fn guard_signing_key(&self, manifest: &str, namespace: &str) {
+        let text = manifest.replace(
+            "config-snapshot:config-snapshot",
+            &format!("{namespace}:config-snapshot"),
+        );
+        for document in text.split("\n---") {
+            let mut object: Value = serde_yaml_ng::from_str(document).expect("the guard's manifest is YAML");
+            if !object.is_null() {
+                // Cluster-scoped: served without a namespace.
+                object["metadata"]["namespace"] = json!("");
+                self.put(object);
+            }
+        }
     }
 
     /// Replaces the whole store with `objects`, kept exactly as given

@@ -52,3 +52,16 @@ against what serve calls).
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- end -}}
+
+{{/* The signing key's guard (templates/keyguard.yaml), read by name. */}}
+{{- define "config-snapshot.guard" -}}
+{{ include "config-snapshot.fullname" . }}-signing-key
+{{- end -}}
+
+{{- define "config-snapshot.guard-rule" -}}
+# The signing key's guard (keyguard.yaml): read, to know it is in force.
+- apiGroups: ["admissionregistration.k8s.io"]
+  resources: ["validatingadmissionpolicies", "validatingadmissionpolicybindings"]
+  resourceNames: [{{ include "config-snapshot.guard" . | quote }}]
+  verbs: ["get"]
+{{- end -}}

@@ -14,7 +14,7 @@ fn read(cap: &Capability, op: &str, body: Value) -> Result<Vec<u8>, HostError> {
 
 fn secret_proposal(ns: &str, type_: &str, data: Value) -> Value {
     let content = Content::from_object(SourceKind::Secret, &json!({"type": type_, "data": data})).unwrap();
-    let name = Prover::replay().snapshot_name("creds", &content);
+    let name = Prover::replay().snapshot_name(ns, "creds", &content);
     snapshot_object(&SourceId::new(SourceKind::Secret, "creds"), ns, &name, "3", &content)
 }
 
@@ -164,14 +164,69 @@ fn snapshot_creation_past_the_budget_is_refused() {
     let backend = Arc::new(Recorder::default());
     let cap =
         capability_on(backend.clone(), false).with_budget(Arc::new(Budget::per_minute(NonZeroU32::new(2).unwrap())));
+    let source = |v: &str| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "app", "namespace": "team-a"}, "data": {"k": v}})
+    };
     for v in ["1", "2"] {
+        backend.put(source(v));
         let content = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"k": v}})).unwrap();
         let proposal = plain_snapshot(&SourceId::new(SourceKind::ConfigMap, "app"), "team-a", "1", &content).1;
         write(&cap, "create_snapshot", json!({"object": proposal})).unwrap();
     }
+    backend.put(source("v"));
     let err = write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap_err();
     assert_eq!(err.code, Code::TooLarge, "{err}");
     assert_eq!(backend.writes.lock().unwrap().len(), 2);
+}
+
+/// Finding 1 of docs/security.md: what serve writes comes only from what
+/// the API server stored. A proposal whose content the source does not
+/// hold (a forged review's, or a refused write's) is refused and writes
+/// nothing; a key subset of what is stored is made. During a source's own
+/// review nothing is made at all: its content is not stored yet.
+#[test]
+fn a_snapshot_is_made_only_of_stored_content() {
+    let (backend, cap) = capability(false);
+    let forged = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"k": "never written"}})).unwrap();
+    let proposal = plain_snapshot(&SourceId::new(SourceKind::ConfigMap, "app"), "team-a", "1", &forged).1;
+    assert_refused(
+        write(&cap, "create_snapshot", json!({"object": proposal})),
+        &backend,
+        &cap,
+        "content never stored",
+    );
+    let missing = plain_snapshot(&SourceId::new(SourceKind::ConfigMap, "ghost"), "team-a", "1", &forged).1;
+    assert_refused(
+        write(&cap, "create_snapshot", json!({"object": missing})),
+        &backend,
+        &cap,
+        "a source that does not exist",
+    );
+    // The stored source holds {k: v, other: o}: the key a template reads.
+    write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap();
+
+    let reviewing_the_source = Capability {
+        caller: Caller {
+            subject: Subject {
+                kind: "ConfigMap".into(),
+                name: "app".into(),
+                operation: "UPDATE".into(),
+                ..Subject::default()
+            },
+            ..cap.caller.clone()
+        },
+        ..capability_on(backend.clone(), false)
+    };
+    let before = backend.writes.lock().unwrap().len();
+    let err = write(
+        &reviewing_the_source,
+        "create_snapshot",
+        json!({"object": good_snapshot("team-a")}),
+    )
+    .unwrap_err();
+    assert_eq!(err.code, Code::Refused, "{err}");
+    assert_eq!(backend.writes.lock().unwrap().len(), before, "nothing written");
 }
 
 /// In a namespace the webhook excludes, the host writes nothing, whoever
@@ -187,6 +242,7 @@ fn an_excluded_namespace_gets_no_writes() {
         uid: "forged".into(),
         namespace: "kube-system".into(),
         dry_run: false,
+        subject: Default::default(),
     };
     let cap = Capability::new(
         backend.clone(),

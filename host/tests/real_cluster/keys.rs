@@ -1,0 +1,201 @@
+//! Finding 6 of docs/security.md on the real control plane: the signing
+//! keyring rotated, deleted while serve runs, lost, and restored from a
+//! backup, with a watched Secret's workload going on through all of it; and
+//! the guard that keeps anyone else from writing the key Secret.
+
+use super::*;
+
+const KEY_NS: &str = "config-snapshot";
+const KEY: &str = "config-snapshot-signing-key";
+
+/// `config-snapshot keys ARGS` as the cluster admin (a key administrator:
+/// system:masters).
+fn keys(cp: &ControlPlane, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_config-snapshot"))
+        .arg("keys")
+        .args(args)
+        .env("KUBECONFIG", &cp.kubeconfig)
+        .output()
+        .expect("config-snapshot keys");
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "config-snapshot keys {args:?}: {text}");
+    text
+}
+
+fn ids(cp: &ControlPlane) -> Vec<String> {
+    keys(cp, &["list"])
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect()
+}
+
+fn passes(serve: &ServeProcess, passes: f64) {
+    let start = serve.metric("config_snapshot_resync_passes_total");
+    eventually("serve's periodic passes", 60, || {
+        (serve.metric("config_snapshot_resync_passes_total") >= start + passes).then_some(())
+    });
+}
+
+fn secret_ref(w: &Value) -> String {
+    w["spec"]["template"]["spec"]["containers"][0]["envFrom"][0]["secretRef"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn replica_sets(cp: &ControlPlane, ns: &str) -> usize {
+    count(&cp.objects(ns), "ReplicaSet")
+}
+
+pub fn key_lifecycle_story(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path) {
+    serve.restart(kubeconfig, &serve_flags("{}"));
+    serve.wait_ready();
+    let ns = "keys";
+    cp.namespace(ns);
+    cp.apply(
+        ns,
+        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db"}, "stringData": {"password": "one"}}),
+    );
+    let web = workload(
+        "Deployment",
+        "web",
+        json!({"config-snapshot.io/watch": "secret/db"}),
+        "x:1",
+        json!([{"secretRef": {"name": "db"}}]),
+        10,
+    );
+    cp.apply(ns, &web);
+    let first = eventually("web on a snapshot", 30, || {
+        let name = secret_ref(&cp.get(ns, "deployment", "web")?);
+        (name != "db").then_some(name)
+    });
+    settle(cp, ns);
+
+    // Rotate: a new key signs; the old one still proves `first`.
+    let before = ids(cp);
+    keys(cp, &["rotate"]);
+    let rotated = ids(cp);
+    assert_eq!(rotated.len(), before.len() + 1);
+    assert_eq!(rotated[1..], before[..], "the earlier keys still verify");
+    eventually("serve to use the rotated ring", 30, || {
+        serve.logs().contains("the signing keyring changed").then_some(())
+    });
+    passes(serve, 2.0);
+    assert_eq!(
+        serve.metric("config_snapshot_unproven_snapshots"),
+        0.0,
+        "{}",
+        serve.logs()
+    );
+
+    // A backup, as the docs say.
+    let backup = cp.dir.join("signing-key-backup.yaml");
+    std::fs::write(&backup, cp.kubectl(&["-n", KEY_NS, "get", "secret", KEY, "-o", "yaml"])).unwrap();
+
+    // Deleted while serve runs: written again from the ring it holds.
+    cp.kubectl(&["-n", KEY_NS, "delete", "secret", KEY]);
+    eventually("the key Secret written again", 30, || {
+        cp.get(KEY_NS, "secret", KEY).map(|_| ())
+    });
+    assert_eq!(ids(cp), rotated, "no key lost");
+
+    // Lost for good: deleted with serve down; serve makes a new key.
+    serve.stop();
+    cp.kubectl(&["-n", KEY_NS, "delete", "secret", KEY]);
+    serve.restart(kubeconfig, &serve_flags("{}"));
+    serve.wait_ready();
+    let fresh = ids(cp);
+    assert_eq!(fresh.len(), 1);
+    assert!(!rotated.contains(&fresh[0]));
+    passes(serve, 2.0);
+    assert!(
+        serve.metric("config_snapshot_unproven_snapshots") >= 1.0,
+        "`first` is unproven under the new key (kept, never swept)"
+    );
+    // Users' work goes on. An unchanged re-apply rolls nothing.
+    let sets = replica_sets(cp, ns);
+    cp.try_kubectl(
+        &["apply", "--server-side", "--force-conflicts", "-n", ns, "-f", "-"],
+        Some(&web.to_string()),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    settle(cp, ns);
+    assert_eq!(secret_ref(&cp.get(ns, "deployment", "web").unwrap()), first);
+    assert_eq!(replica_sets(cp, ns), sets, "a re-apply rolled");
+    // An edit of the watched Secret rolls once.
+    cp.try_kubectl(
+        &[
+            "-n",
+            ns,
+            "patch",
+            "secret",
+            "db",
+            "--type=merge",
+            "-p",
+            r#"{"stringData":{"password":"two"}}"#,
+        ],
+        None,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let second = eventually("the edit's rollout", 60, || {
+        let name = secret_ref(&cp.get(ns, "deployment", "web")?);
+        (name != first).then_some(name)
+    });
+    settle(cp, ns);
+    assert_eq!(replica_sets(cp, ns), sets + 1, "one rollout for one edit");
+    // `rollout undo` brings the old config back; nothing dangles.
+    cp.kubectl(&["-n", ns, "rollout", "undo", "deployment/web"]);
+    eventually("the undo", 30, || {
+        (secret_ref(&cp.get(ns, "deployment", "web")?) == first).then_some(())
+    });
+    assert!(cp.get(ns, "secret", &first).is_some(), "the old snapshot dangles");
+    assert!(cp.get(ns, "secret", &second).is_some());
+    no_dangling(&cp.objects(ns), "after the key was lost");
+
+    // Restored from the backup: the old keys verify again.
+    keys(cp, &["restore", "-f", backup.to_str().unwrap()]);
+    let restored = ids(cp);
+    assert_eq!(restored[0], fresh[0], "the current key stays current");
+    assert!(rotated.iter().all(|k| restored.contains(k)), "{restored:?}");
+    eventually("serve to use the restored ring", 30, || {
+        (serve.logs().matches("the signing keyring changed").count() >= 1).then_some(())
+    });
+    passes(serve, 3.0);
+    assert_eq!(
+        serve.metric("config_snapshot_unproven_snapshots"),
+        0.0,
+        "proven again after the restore"
+    );
+
+    // The guard: someone with edit rights in serve's namespace cannot plant,
+    // change or delete the key; other Secrets are theirs as before.
+    cp.kubectl(&[
+        "-n",
+        KEY_NS,
+        "create",
+        "rolebinding",
+        "mallory-edit",
+        "--clusterrole=edit",
+        "--user=mallory",
+    ]);
+    let as_mallory = |args: &[&str]| {
+        let mut all = vec!["--as=mallory", "-n", KEY_NS];
+        all.extend_from_slice(args);
+        cp.try_kubectl(&all, None)
+    };
+    let denied = as_mallory(&["delete", "secret", KEY]).expect_err("the guard denies");
+    assert!(denied.contains("only config-snapshot's ServiceAccount"), "{denied}");
+    let denied = as_mallory(&[
+        "patch",
+        "secret",
+        KEY,
+        "--type=merge",
+        "-p",
+        r#"{"data":{"key":"cGxhbnRlZC1rZXktb2YtMzItYnl0ZXMtLS0tLS0tLS0t"}}"#,
+    ])
+    .expect_err("the guard denies");
+    assert!(denied.contains("only config-snapshot's ServiceAccount"), "{denied}");
+    as_mallory(&["create", "secret", "generic", "mallorys-own", "--from-literal=a=b"]).expect("other Secrets are hers");
+    as_mallory(&["delete", "secret", "mallorys-own"]).unwrap();
+    cp.kubectl(&["-n", KEY_NS, "delete", "rolebinding", "mallory-edit"]);
+}
