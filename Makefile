@@ -7,7 +7,7 @@ POLICY_BUILD := target/$(WASM_TARGET)/policy/config_snapshot_policy.wasm
 HOST := cargo run --quiet -p config-snapshot --
 SCENARIOS := $(sort $(wildcard e2e-tests/*.yaml))
 
-.PHONY: wasm-opt soak soak-cluster bench bench-cluster load tools deny deny-tool fuzz fuzz-host setup demo test unit-tests e2e-tests fmt fmt-check lint clean policy.wasm annotated-policy.wasm
+.PHONY: image wasm-opt soak soak-cluster bench bench-cluster load tools deny deny-tool fuzz fuzz-host setup demo test unit-tests e2e-tests fmt fmt-check lint clean policy.wasm annotated-policy.wasm
 
 ## setup: install the pinned toolchain, its wasm target, rustfmt and clippy (idempotent)
 setup:
@@ -26,6 +26,19 @@ policy.wasm: setup wasm-opt
 ## wasm-opt: binaryen, from the distribution's packages when it is missing
 wasm-opt:
 	@command -v wasm-opt > /dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq binaryen > /dev/null)
+
+## image: serve's image without a container engine: the release binary, the policy and its
+## precompiled module on a minimal root (deploy/image/build.sh), pushed to $(REGISTRY) with crane
+## (built into the tool cache). The Dockerfile builds the same image where Docker runs.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+REGISTRY ?= 127.0.0.1:5000
+IMAGE ?= $(REGISTRY)/config-snapshot:$(VERSION)
+IMAGE_PROFILE ?= release
+IMAGE_DIR := $(if $(filter dev,$(IMAGE_PROFILE)),debug,$(IMAGE_PROFILE))
+image: policy.wasm
+	cargo build --profile $(IMAGE_PROFILE) -p config-snapshot --bin config-snapshot
+	CRANE=$${CRANE:-$$(e2e-tests/cluster/control-plane.sh crane)} \
+	  deploy/image/build.sh target/$(IMAGE_DIR)/config-snapshot policy.wasm $(IMAGE)
 
 ## annotated-policy.wasm: the policy with its Kubewarden metadata embedded
 annotated-policy.wasm: policy.wasm

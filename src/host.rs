@@ -209,14 +209,21 @@ impl<'h> HostApi<'h> {
     /// A host without our capability makes no snapshots (checksum mode): it
     /// gets the plain name, never written anywhere.
     pub fn snapshot_name(&self, id: &SourceId, content: &crate::content::Content) -> Result<String, CallError> {
-        self.snapshot_names(id, content).map(|names| names.name)
+        self.snapshot_names(id, content, &[]).map(|names| names.name)
     }
 
     /// [`HostApi::snapshot_name`], with the other names of snapshots of
     /// this content that exist in the namespace: a Secret's snapshot made
     /// under an earlier naming scheme or key keeps its name, and holds the
-    /// same content.
-    pub fn snapshot_names(&self, id: &SourceId, content: &crate::content::Content) -> Result<Names, CallError> {
+    /// same content. `current`: snapshots a workload runs now, which the
+    /// host also names if they hold this content (one made under a key the
+    /// host no longer has, after a key was lost, still holds it).
+    pub fn snapshot_names(
+        &self,
+        id: &SourceId,
+        content: &crate::content::Content,
+        current: &[&str],
+    ) -> Result<Names, CallError> {
         let hash = content.hash();
         let plain = || Names {
             name: crate::content::snapshot_name(&id.name, &hash),
@@ -225,7 +232,10 @@ impl<'h> HostApi<'h> {
         if id.kind == crate::source::SourceKind::ConfigMap {
             return Ok(plain());
         }
-        let request = json!({"source": {"kind": id.kind.kind(), "name": id.name}, "contentHash": hash});
+        let mut request = json!({"source": {"kind": id.kind.kind(), "name": id.name}, "contentHash": hash});
+        if !current.is_empty() {
+            request["current"] = json!(current);
+        }
         match self.own(Operation::SnapshotName, &request) {
             Ok(answer) => {
                 let name = answer["name"]

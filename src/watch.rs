@@ -226,13 +226,23 @@ fn roll_out_one(
         .pointer("/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    let names = ctx.host.snapshot_names(id, &subset).map_err(|error| RollOutFailed {
-        kind,
-        workload: workload_name.to_string(),
-        snapshot: String::new(),
-        step: Operation::SnapshotName,
-        error,
-    })?;
+    let mut current: Vec<&str> = group
+        .refs
+        .iter()
+        .map(|r| r.name.as_str())
+        .filter(|n| *n != id.name)
+        .collect();
+    current.dedup();
+    let names = ctx
+        .host
+        .snapshot_names(id, &subset, &current)
+        .map_err(|error| RollOutFailed {
+            kind,
+            workload: workload_name.to_string(),
+            snapshot: String::new(),
+            step: Operation::SnapshotName,
+            error,
+        })?;
     if group.refs.iter().all(|r| names.include(&r.name)) {
         // An edit outside this workload's keys, or a snapshot it runs that
         // holds this content under an earlier name: nothing to roll.

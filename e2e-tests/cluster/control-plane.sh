@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
 # A real Kubernetes control plane on loopback, without Docker: etcd,
 # kube-apiserver and kube-controller-manager, built from their Go modules
-# (pinned in e2e-tests/cluster/go/), plus kubectl. No kubelet and no
-# scheduler: Pods stay Pending, and everything config-snapshot depends on is
-# real (the Deployment, ReplicaSet, StatefulSet and DaemonSet controllers,
-# ControllerRevisions, the garbage collector, admission webhooks, RBAC,
-# server-side dry run).
+# (pinned in e2e-tests/cluster/go/), plus kubectl. Without --node there is
+# no kubelet and no scheduler: Pods stay Pending, and everything
+# config-snapshot depends on is real (the Deployment, ReplicaSet,
+# StatefulSet and DaemonSet controllers, ControllerRevisions, the garbage
+# collector, admission webhooks, RBAC, server-side dry run). With --node a
+# real node runs pods too (node.sh).
 #
 #   control-plane.sh build        builds the binaries into the cache (reused), prints its path
 #   control-plane.sh cached       succeeds if they are built already
 #   control-plane.sh up DIR       starts a control plane with its state in DIR; writes DIR/env
-#   control-plane.sh down DIR     stops it (by pid)
+#   control-plane.sh up DIR --node   and a real node (kubelet, kube-scheduler, kube-proxy,
+#                                 containerd, a CNI bridge, a local registry: node.sh)
+#   control-plane.sh down DIR     stops it (by pid) and removes what the node left
 #
 # DIR/env sets KUBECONFIG (cluster admin), BIN (the binaries), APISERVER (its
 # URL), HELM (the helm CLI, cached beside them) and ARGO_ROLLOUTS (a
 # directory with rollouts-controller, the kubectl-argo-rollouts plugin and
-# the CRDs, installed by the test that uses them).
+# the CRDs, installed by the test that uses them); with --node also
+# REGISTRY (the local registry, HOST:PORT, plain HTTP), NODE_IMAGES (the
+# images built for the node, name=reference,...), NODE and CRANE.
 set -euo pipefail
 
 K8S_VERSION=v1.34.4
@@ -34,6 +39,9 @@ HELM_DIR="$ROOT/tools/helm-$HELM_VERSION"
 ARGO_DIR="$ROOT/tools/argo-rollouts-$ARGO_VERSION"
 
 log() { printf '[control-plane] %s\n' "$*" >&2; }
+
+# shellcheck source=e2e-tests/cluster/node.sh
+. "$HERE/node.sh"
 
 build() {
   mkdir -p "$CACHE"
@@ -73,7 +81,8 @@ build() {
       for f in "$src"/manifests/crds/*-crd.yaml; do install -m 0644 "$f" "$ARGO_DIR/crds/"; done
     )
   fi
-  log "binaries ready in $CACHE, $HELM_DIR and $ARGO_DIR ($((SECONDS - started)) s)"
+  node_build
+  log "binaries ready in $CACHE, $HELM_DIR, $ARGO_DIR and $CRANE_DIR ($((SECONDS - started)) s)"
   echo "$CACHE"
 }
 
@@ -85,11 +94,18 @@ wait_for() { # wait_for WHAT SECONDS CMD...
   log "$what did not come up within ${limit}s"; return 1
 }
 
-certs() { # certs DIR
-  local d=$1
+client_cert() { # client_cert DIR NAME SUBJECT: a client certificate from the cluster's CA
+  local d=$1 name=$2 subject=$3
+  openssl req -newkey rsa:2048 -nodes -subj "$subject" -keyout "$d/$name.key" -out "$d/$name.csr" 2>/dev/null
+  openssl x509 -req -in "$d/$name.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial -days 2 \
+    -extfile "$d/client.ext" -out "$d/$name.crt" 2>/dev/null
+}
+
+certs() { # certs DIR [EXTRA_SAN]
+  local d=$1 extra=${2:-}
   openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=config-snapshot-e2e-ca" \
     -keyout "$d/ca.key" -out "$d/ca.crt" 2>/dev/null
-  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc,IP:10.96.0.1\n' > "$d/san.ext"
+  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc,IP:10.96.0.1%s\n' "$extra" > "$d/san.ext"
   openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" -keyout "$d/apiserver.key" -out "$d/apiserver.csr" 2>/dev/null
   openssl x509 -req -in "$d/apiserver.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial -days 2 \
     -extfile "$d/san.ext" -out "$d/apiserver.crt" 2>/dev/null
@@ -98,11 +114,8 @@ certs() { # certs DIR
   # kubeconfig as docs/serve.md shows, refuses v1 certificates.
   printf 'basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n' > "$d/client.ext"
   # Cluster admin (system:masters) and the controller manager's identity.
-  for who in admin:system:masters controller-manager:system:masters; do
-    local name=${who%%:*} group=${who#*:}
-    openssl req -newkey rsa:2048 -nodes -subj "/O=$group/CN=$name" -keyout "$d/$name.key" -out "$d/$name.csr" 2>/dev/null
-    openssl x509 -req -in "$d/$name.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial -days 2 \
-      -extfile "$d/client.ext" -out "$d/$name.crt" 2>/dev/null
+  for name in admin controller-manager; do
+    client_cert "$d" "$name" "/O=system:masters/CN=$name"
   done
   # The certificate kube-apiserver shows the webhooks it calls (mTLS, the
   # kustomize component deploy/components/mtls), from a CA of its own, so
@@ -157,12 +170,20 @@ EOF
 
 # Starts kube-apiserver with what `up` saved (also `restart-apiserver`).
 start_apiserver() { # start_apiserver DIR
-  local d=$1 bin etcd_client api_port
+  local d=$1 bin etcd_client api_port node=""
   # shellcheck disable=SC1091
   . "$d/apiserver.env"
+  # With a node, pods reach the API server at the bridge's address, and it
+  # reaches webhooks and kubelets by endpoint (node.sh).
+  local address=(--bind-address 127.0.0.1 --advertise-address 127.0.0.1)
+  if [ -n "$node" ]; then
+    address=(--bind-address 0.0.0.0 --advertise-address "$POD_NET.1" --enable-aggregator-routing=true
+      --kubelet-preferred-address-types InternalIP --kubelet-certificate-authority "$d/ca.crt"
+      --kubelet-client-certificate "$d/apiserver-kubelet-client.crt" --kubelet-client-key "$d/apiserver-kubelet-client.key")
+  fi
   "$bin/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:$etcd_client" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
+    "${address[@]}" --secure-port "$api_port" \
     --tls-cert-file "$d/apiserver.crt" --tls-private-key-file "$d/apiserver.key" \
     --client-ca-file "$d/ca.crt" \
     --service-account-key-file "$d/sa.pub" --service-account-signing-key-file "$d/sa.key" \
@@ -200,12 +221,25 @@ pause_etcd() { # pause_etcd DIR SECONDS
   log "etcd resumed after $2 s"
 }
 
-up() {
-  local d=$1 bin
+up() { # up DIR [--node]
+  local d=$1 node=${2:-} bin
   bin=$(build)
   mkdir -p "$d"
   d=$(cd "$d" && pwd)
-  certs "$d"
+  local san=""
+  if [ "$node" = --node ]; then
+    node_packages
+    node_sweep "$d"
+    ls /var/run/netns 2>/dev/null > "$d/netns.before" || : > "$d/netns.before"
+    sysctl -n net.ipv4.ip_forward > "$d/ip_forward.before"
+    sysctl -qw net.ipv4.ip_forward=1
+    ip link add "$BRIDGE" type bridge
+    ip addr add "$POD_NET.1/24" dev "$BRIDGE"
+    ip link set "$BRIDGE" up
+    san=",IP:$POD_NET.1"
+  fi
+  certs "$d" "$san"
+  [ "$node" = --node ] && node_certs "$d"
   admission_config "$d"
   local etcd_client etcd_peer api_port
   etcd_client=$(free_port); etcd_peer=$(free_port); api_port=$(free_port)
@@ -221,10 +255,13 @@ up() {
   echo $! >> "$d/pids"
   wait_for etcd 30 curl -sf "http://127.0.0.1:$etcd_client/health"
 
-  printf 'bin=%s\netcd_client=%s\napi_port=%s\n' "$bin" "$etcd_client" "$api_port" > "$d/apiserver.env"
+  printf 'bin=%s\netcd_client=%s\napi_port=%s\nnode=%s\n' "$bin" "$etcd_client" "$api_port" "${node:+1}" > "$d/apiserver.env"
   start_apiserver "$d"
   wait_for kube-apiserver 120 "$bin/kubectl" --kubeconfig "$d/admin.kubeconfig" get --raw /readyz
 
+  # With a node, its lifecycle controller lifts the not-ready taint.
+  local lifecycle="-nodelifecycle,"
+  [ "$node" = --node ] && lifecycle=""
   "$bin/kube-controller-manager" \
     --kubeconfig "$d/controller-manager.kubeconfig" \
     --authentication-kubeconfig "$d/controller-manager.kubeconfig" \
@@ -233,7 +270,7 @@ up() {
     --leader-elect=false \
     --service-account-private-key-file "$d/sa.key" --root-ca-file "$d/ca.crt" \
     --cluster-signing-cert-file "$d/ca.crt" --cluster-signing-key-file "$d/ca.key" \
-    --controllers '*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle,-route,-service,-persistentvolume-binder' \
+    --controllers "*,-nodeipam,$lifecycle-cloud-node-lifecycle,-route,-service,-persistentvolume-binder" \
     --v 1 > "$d/kube-controller-manager.log" 2>&1 &
   echo $! >> "$d/pids"
   # The default service account appears once the controllers run.
@@ -247,6 +284,7 @@ export HELM="$HELM_DIR/helm"
 export ARGO_ROLLOUTS="$ARGO_DIR"
 EOF
   log "up: $url (state in $d)"
+  if [ "$node" = --node ]; then node_up "$d" "$bin" "$url"; fi
 }
 
 down() {
@@ -256,21 +294,23 @@ down() {
   sleep 1
   tac "$d/pids" | while read -r pid; do kill -9 "$pid" 2>/dev/null || true; done
   rm -f "$d/pids"
+  if [ -f "$d/node" ]; then node_sweep "$d"; fi
   log "down"
 }
 
 cached() {
   for b in etcd kube-apiserver kube-controller-manager kubectl; do [ -x "$CACHE/$b" ] || return 1; done
   [ -x "$HELM_DIR/helm" ] && [ -x "$ARGO_DIR/rollouts-controller" ] && [ -x "$ARGO_DIR/kubectl-argo-rollouts" ] \
-    && [ -f "$ARGO_DIR/crds/rollout-crd.yaml" ]
+    && [ -f "$ARGO_DIR/crds/rollout-crd.yaml" ] && node_cached
 }
 
 case "${1:-}" in
   build) build ;;
   cached) cached ;;
-  up) up "${2:?state directory}" ;;
+  crane) build >/dev/null && echo "$CRANE_DIR/crane" ;;
+  up) up "${2:?state directory}" "${3:-}" ;;
   down) down "${2:?state directory}" ;;
   restart-apiserver) restart_apiserver "${2:?state directory}" ;;
   pause-etcd) pause_etcd "${2:?state directory}" "${3:?seconds}" ;;
-  *) echo "usage: $0 build | up DIR | down DIR | restart-apiserver DIR | pause-etcd DIR SECONDS" >&2; exit 2 ;;
+  *) echo "usage: $0 build | up DIR [--node] | down DIR | restart-apiserver DIR | pause-etcd DIR SECONDS" >&2; exit 2 ;;
 esac

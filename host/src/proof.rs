@@ -453,6 +453,15 @@ impl Prover {
         }
     }
 
+    /// Why `object` is not a proven snapshot, in words (`""` if it is): as
+    /// serve's cache judged it, or judged now.
+    pub fn why_unproven(&self, object: &Value) -> String {
+        match object.get(DIGESTED).map(|d| &d["unproven"]) {
+            Some(Value::String(why)) => why.clone(),
+            _ => self.verify(object).err().map(|e| e.to_string()).unwrap_or_default(),
+        }
+    }
+
     pub fn proves(&self, object: &Value) -> bool {
         self.verify(object).is_ok()
     }
@@ -489,9 +498,15 @@ impl Prover {
 
     /// Whether `object`, as read or as the cache keeps it, holds `content`.
     pub fn holds(&self, object: &Value, content: &Content) -> bool {
+        self.holds_hash(object, content.kind, &content.hash())
+    }
+
+    /// Whether `object`, a `kind` as read or as the cache keeps it, holds
+    /// the content whose hash is `content_hash`.
+    pub fn holds_hash(&self, object: &Value, kind: SourceKind, content_hash: &str) -> bool {
         match object.get(DIGESTED) {
-            Some(cached) => cached["digest"].as_str() == Some(self.content_digest(&content.hash()).as_str()),
-            None => Content::from_object(content.kind, object).is_ok_and(|c| c == *content),
+            Some(cached) => cached["digest"].as_str() == Some(self.content_digest(content_hash).as_str()),
+            None => Content::from_object(kind, object).is_ok_and(|c| c.hash() == content_hash),
         }
     }
 

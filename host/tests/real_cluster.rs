@@ -1227,6 +1227,8 @@ mod histories;
 mod jobs;
 #[path = "real_cluster/keys.rs"]
 mod keys;
+#[path = "real_cluster/memory.rs"]
+mod memory;
 #[path = "real_cluster/policy_server.rs"]
 mod policy_server;
 #[path = "real_cluster/recipe.rs"]
@@ -1260,6 +1262,10 @@ fn serve_on_a_real_control_plane() {
     let part = std::env::var("REAL_CLUSTER_PART").unwrap_or_default();
     if part == "bench" {
         bench::webhook_latency(&cp, &mut serve, &kubeconfig, false);
+        return;
+    }
+    if part == "memory" {
+        memory::memory_table(&cp, &mut serve, &kubeconfig);
         return;
     }
     if part == "policy-server" {

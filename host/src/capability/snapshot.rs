@@ -33,7 +33,14 @@ pub(super) struct NameRequest {
     source: NamedSource,
     #[serde(rename = "contentHash")]
     content_hash: String,
+    /// Snapshots a workload runs now: named among the aliases if they hold
+    /// this content.
+    #[serde(default)]
+    current: Vec<String>,
 }
+
+/// The most current snapshots one `snapshot_name` call asks about.
+const CURRENT_NAMES: usize = 16;
 
 #[derive(Deserialize)]
 struct NamedSource {
@@ -70,7 +77,7 @@ impl Capability {
         // a proven snapshot of this very source carries here: what a
         // workload running one of them runs is this content, so a watch
         // need not roll it. Only those that exist: a name is no oracle.
-        let aliases: Vec<String> = names
+        let mut aliases: Vec<String> = names
             .filter(|alias| {
                 self.cluster
                     .get(kind.kind(), ns, alias)
@@ -79,6 +86,25 @@ impl Capability {
                     .is_some_and(|o| keys::is_snapshot(&o) && keys::snapshot_source(&o) == Some(source))
             })
             .collect();
+        // What a workload runs now may be a snapshot signed by a key the
+        // ring no longer has (the key was lost): not the host's to sweep,
+        // adopt or reuse, but if it holds this very content, rolling the
+        // workload off it would change nothing its pods read.
+        for running in request.current.iter().take(CURRENT_NAMES) {
+            if *running == name || aliases.contains(running) || !is_dns_subdomain(running) {
+                continue;
+            }
+            let Ok(Some(object)) = self.cluster.raw().get(kind.kind(), ns, running) else {
+                continue;
+            };
+            let holds = keys::is_snapshot(&object)
+                && keys::snapshot_source(&object) == Some(source)
+                && object["immutable"] == true
+                && self.prover().holds_hash(&object, kind, &hash);
+            if holds {
+                aliases.push(running.clone());
+            }
+        }
         Ok(json!({ "name": name, "aliases": aliases }))
     }
 

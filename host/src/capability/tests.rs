@@ -518,3 +518,46 @@ fn create_snapshots_answers_each_item_in_order_and_is_bounded() {
         "a dry run's batch",
     );
 }
+
+/// After a key is lost, a workload runs snapshots signed by a key the ring
+/// no longer holds. `snapshot_name` names such a snapshot among the
+/// aliases when it holds the very content asked about, so that a watch does
+/// not roll the workload off it for nothing; one holding other content, or
+/// not a snapshot of this source, is not named.
+#[test]
+fn a_running_snapshot_of_a_lost_key_is_an_alias_of_its_content() {
+    let (backend, cap) = capability(true);
+    let lost = crate::proof::Prover::new(b"a key this installation has lost");
+    let content = Content::from_object(SourceKind::Secret, &json!({"data": {"pw": "b25l"}})).unwrap();
+    let old_name = lost.snapshot_name("team-a", "db", &content);
+    let mut old = config_snapshot_policy::content::snapshot_object(
+        &SourceId::new(SourceKind::Secret, "db"),
+        "team-a",
+        &old_name,
+        "1",
+        &content,
+    );
+    lost.sign(&mut old);
+    backend.put(old);
+    let ask = |hash: &str, current: &[&str]| -> Value {
+        serde_json::from_slice(
+            &write(
+                &cap,
+                "snapshot_name",
+                json!({"source": {"kind": "Secret", "name": "db"}, "contentHash": hash, "current": current}),
+            )
+            .unwrap(),
+        )
+        .unwrap()
+    };
+    let answer = ask(&content.hash(), &[&old_name]);
+    assert_ne!(answer["name"], old_name.as_str(), "named with the current key");
+    assert_eq!(answer["aliases"], json!([old_name]), "{answer}");
+    let other = Content::from_object(SourceKind::Secret, &json!({"data": {"pw": "dHdv"}})).unwrap();
+    assert_eq!(ask(&other.hash(), &[&old_name])["aliases"], json!([]), "other content");
+    assert_eq!(
+        ask(&content.hash(), &[])["aliases"],
+        json!([]),
+        "only what is asked about"
+    );
+}

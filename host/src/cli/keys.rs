@@ -64,6 +64,7 @@ enum Keys {
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
+    config_snapshot::use_ring_for_tls();
     super::runtime()?.block_on(async move {
         let client = Client::try_default()
             .await

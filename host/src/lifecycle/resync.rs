@@ -109,7 +109,7 @@ impl Driver<'_> {
         }
         for object in unproven {
             pass.unproven += 1;
-            let why = prover.verify(&object).err().map(|e| e.to_string()).unwrap_or_default();
+            let why = prover.why_unproven(&object);
             self.observer.tell(
                 &object,
                 Reason::Unproven,

@@ -20,9 +20,12 @@ use tokio::task::JoinHandle;
 
 use config_snapshot_policy::source::{SourceId, SourceKind};
 
+use super::metrics::KindLabels;
 use crate::cluster::{self, ApiError, Selector};
 use crate::proof::Prover;
 use crate::referrers::Referrers;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 
 /// Every kind the policy reads, from the policy's one table.
 pub use config_snapshot_policy::kinds::KINDS;
@@ -100,6 +103,8 @@ pub struct Cache {
     /// Bumped when the keyring changes: the sources' watchers list again,
     /// so that their digests and proofs are made with the new ring.
     keyring: tokio::sync::watch::Sender<u64>,
+    /// How many objects each kind holds, for metrics.
+    counts: Option<Family<KindLabels, Gauge>>,
     /// The namespaces watched; `None`: the whole cluster. A namespaced
     /// install watches only its own, with the Roles it has there: it holds
     /// no other namespace's Secrets, and could not list them.
@@ -124,6 +129,22 @@ impl Cache {
         Cache {
             prover: Some(prover),
             ..self
+        }
+    }
+
+    /// The same cache, counting its objects into `gauges`.
+    pub fn counting(self, gauges: Family<KindLabels, Gauge>) -> Cache {
+        Cache {
+            counts: Some(gauges),
+            ..self
+        }
+    }
+
+    /// Sets `kind`'s object count from what it holds now.
+    fn count(&self, kind: &'static str, indexed: &Indexed) {
+        if let Some(gauges) = &self.counts {
+            let n: usize = indexed.objects.values().map(BTreeMap::len).sum();
+            gauges.get_or_create(&KindLabels { kind }).set(n as i64);
         }
     }
 
@@ -268,6 +289,7 @@ impl Cache {
                             Some(ns) => indexed.replace_namespace(kind, ns, objects),
                             None => *indexed = Indexed::of(objects),
                         }
+                        self.count(kind, &indexed);
                     }
                     self.kinds[kind].absent.store(false, Ordering::SeqCst);
                     if !std::mem::replace(listed, true) {
@@ -288,20 +310,16 @@ impl Cache {
                         "cache applied"
                     );
                     let kept = self.kept(trim(o, ar));
-                    self.kinds[kind]
-                        .objects
-                        .write()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(kept)
+                    let mut indexed = self.kinds[kind].objects.write().unwrap_or_else(|e| e.into_inner());
+                    indexed.insert(kept);
+                    self.count(kind, &indexed);
                 }
                 Ok(Event::Delete(o)) => {
                     let ns = o.metadata.namespace.clone().unwrap_or_default();
                     let name = o.metadata.name.clone().unwrap_or_default();
-                    self.kinds[kind]
-                        .objects
-                        .write()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(kind, &ns, &name);
+                    let mut indexed = self.kinds[kind].objects.write().unwrap_or_else(|e| e.into_inner());
+                    indexed.remove(kind, &ns, &name);
+                    self.count(kind, &indexed);
                 }
                 Err(e) if not_served(&e) && config_snapshot_policy::kinds::find(kind).is_some_and(|k| k.optional) => {
                     if !self.kinds[kind].absent.swap(true, Ordering::SeqCst) {

@@ -27,6 +27,11 @@ pub struct OperationLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EffectLabels {
     /// adopt or patch_workload.
     pub effect: &'static str,
@@ -73,6 +78,9 @@ pub struct Metrics {
     /// as the last pass found them: left alone, and worth a look.
     pub unproven: Gauge,
     pub connections: ConnectionMetrics,
+    /// Objects in the watch caches, by kind (sources are kept without
+    /// their data: docs/security.md).
+    pub cache_objects: Family<KindLabels, Gauge>,
 }
 
 fn host_call_buckets() -> Histogram {
@@ -159,6 +167,12 @@ impl Default for Metrics {
             host_call_errors.clone(),
         );
         registry.register("deferred_effects", "Deferred effects by outcome", effects.clone());
+        let cache_objects = Family::<KindLabels, Gauge>::default();
+        registry.register(
+            "cache_objects",
+            "Objects in serve's watch caches, by kind",
+            cache_objects.clone(),
+        );
         let connections = ConnectionMetrics::default();
         registry.register(
             "webhook_connections",
@@ -197,6 +211,7 @@ impl Default for Metrics {
             resync_passes,
             unproven,
             connections,
+            cache_objects,
         }
     }
 }

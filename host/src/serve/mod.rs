@@ -407,7 +407,8 @@ pub fn build_with_engine(
             Some(namespaces) => Cache::within(namespaces.clone()),
             None => Cache::excluding(options.excluded_namespaces()),
         }
-        .digesting(prover.clone()),
+        .digesting(prover.clone())
+        .counting(metrics.cache_objects.clone()),
     );
     let runtime = tokio::runtime::Handle::try_current().context("serve needs a tokio runtime")?;
     let report = Arc::new(Report {

@@ -612,23 +612,10 @@ fn ms(micros: f64) -> String {
 
 fn table(rows: &[Row], fan: &[Duration], build: &str) -> String {
     let mut out = String::new();
-    let machine = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_default();
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let date = Command::new("date")
-        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
+    let date = today();
     let _ = writeln!(
         out,
-        "Measured {date} on {cores} cores ({machine}), shared by etcd, kube-apiserver, \
+        "Measured {date}, shared by etcd, kube-apiserver, \
          kube-controller-manager, serve ({build} build) and the clients. Deployment CREATEs \
          (for re-applies, UPDATEs) through the API with kube-rs; the shipped webhook \
          configuration; each client keeps at most {FLEET} Deployments sharing its sources.\n"
@@ -864,7 +851,14 @@ pub fn webhook_latency(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: 
     let mut flags = serve_flags_with("{}", "1s");
     let at = flags.iter().position(|f| *f == "--resync-interval").unwrap();
     flags[at + 1] = "120s";
-    flags.extend(["--snapshot-rate", "1000000"]);
+    flags.extend([
+        "--snapshot-rate",
+        "1000000",
+        "--snapshot-bytes-rate",
+        "4095Mi",
+        "--snapshot-bytes-rate-total",
+        "4095Mi",
+    ]);
     let mut bench = ServeProcess::start_logging(kubeconfig, &flags, "info");
     bench.wait_ready();
     register(cp, &bench, yaml("deploy/serve/webhook.yaml").remove(0));
@@ -967,6 +961,25 @@ pub fn webhook_latency(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: 
     serve.wait_ready();
     register(cp, serve, yaml("deploy/serve/webhook.yaml").remove(0));
     webhook_answers(cp);
+}
+
+/// When and where a measurement ran: "2026-11-26 12:00 UTC on 2 cores (CPU model)".
+pub fn today() -> String {
+    let machine = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let date = Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    format!("{date} on {cores} cores ({machine})")
 }
 
 #[cfg(test)]

@@ -262,20 +262,23 @@ fn can(cp: &ControlPlane, args: &[&str]) -> bool {
 /// cluster-wide binding away.
 pub fn namespaced_story(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path) {
     let objects = rendered(cp, "deploy/overlays/namespaced");
-    assert!(
-        !objects
-            .iter()
-            .any(|o| o["kind"] == "ClusterRole" || o["kind"] == "ClusterRoleBinding"),
-        "the namespaced install grants nothing cluster-wide"
+    // Cluster-wide: the signing key's guard, read by name, and nothing else.
+    let cluster_wide: Vec<&Value> = objects.iter().filter(|o| o["kind"] == "ClusterRole").collect();
+    assert_eq!(cluster_wide.len(), 1, "{cluster_wide:?}");
+    assert_eq!(
+        cluster_wide[0]["rules"],
+        json!([{"apiGroups": ["admissionregistration.k8s.io"],
+                "resources": ["validatingadmissionpolicies", "validatingadmissionpolicybindings"],
+                "resourceNames": ["config-snapshot-signing-key"], "verbs": ["get"]}]),
+        "the namespaced install grants nothing cluster-wide but the guard's read"
     );
     for ns in ["team-a", "team-b", "team-c"] {
         cp.namespace(ns);
     }
-    for object in objects
-        .iter()
-        .filter(|o| o["kind"] == "Role" || o["kind"] == "RoleBinding")
-    {
-        let ns = object["metadata"]["namespace"].as_str().unwrap();
+    for object in objects.iter().filter(|o| {
+        ["Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"].contains(&o["kind"].as_str().unwrap_or_default())
+    }) {
+        let ns = object["metadata"]["namespace"].as_str().unwrap_or("default");
         cp.apply(ns, object);
     }
     cp.kubectl(&["delete", "clusterrolebinding", "config-snapshot"]);
@@ -296,6 +299,11 @@ pub fn namespaced_story(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig:
     }
     assert!(!can(cp, &["list", "secrets", "--all-namespaces"]));
     assert!(!can(cp, &["list", "configmaps", "--all-namespaces"]));
+    assert!(can(
+        cp,
+        &["get", "validatingadmissionpolicies/config-snapshot-signing-key"]
+    ));
+    assert!(!can(cp, &["get", "validatingadmissionpolicies/another"]));
 
     // serve as the overlay runs it: watching team-a and team-b only (a
     // cluster-wide watch would be refused and it would never be ready).
