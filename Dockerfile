@@ -1,6 +1,8 @@
 # The `config-snapshot serve` image: the host binary and the policy wasm it
 # evaluates, on distroless (glibc, non-root). Built by the release workflow
-# and by e2e-tests/cluster/run.sh.
+# and by e2e-tests/cluster/run.sh. `make image` builds the same image
+# without a container engine (deploy/image/build.sh); host/tests/packaging.rs
+# keeps the two equal.
 FROM rust:1.96-bookworm AS build
 WORKDIR /src
 COPY . .

@@ -14,6 +14,9 @@
 #   control-plane.sh up DIR --node   and a real node (kubelet, kube-scheduler, kube-proxy,
 #                                 containerd, a CNI bridge, a local registry: node.sh)
 #   control-plane.sh down DIR     stops it (by pid) and removes what the node left
+#                                 (with CONTROL_PLANE_OWNER=PID set at `up`, this also
+#                                 runs by itself once that process is gone)
+#   control-plane.sh packages     installs the Debian packages the node runs on (as root)
 #
 # DIR/env sets KUBECONFIG (cluster admin), BIN (the binaries), APISERVER (its
 # URL), HELM (the helm CLI, cached beside them) and ARGO_ROLLOUTS (a
@@ -39,6 +42,8 @@ HELM_DIR="$ROOT/tools/helm-$HELM_VERSION"
 ARGO_DIR="$ROOT/tools/argo-rollouts-$ARGO_VERSION"
 
 log() { printf '[control-plane] %s\n' "$*" >&2; }
+# Where the node that is up keeps its state (one node per machine).
+NODE_MARK=/run/config-snapshot-node
 
 # shellcheck source=e2e-tests/cluster/node.sh
 . "$HERE/node.sh"
@@ -227,8 +232,24 @@ up() { # up DIR [--node]
   mkdir -p "$d"
   d=$(cd "$d" && pwd)
   local san=""
+  # A test that is killed rather than unwound still leaves nothing behind:
+  # a reaper runs `down` once the process that owns the cluster is gone.
+  if [ -n "${CONTROL_PLANE_OWNER:-}" ]; then
+    setsid bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 2; done; exec "$2" down "$3"' \
+      reaper "$CONTROL_PLANE_OWNER" "$HERE/control-plane.sh" "$d" > "$d/reaper.log" 2>&1 < /dev/null &
+  fi
   if [ "$node" = --node ]; then
     node_packages
+    # One node per machine (one bridge, the kubelet's ports): a node still
+    # up, or left by a run killed with its reaper, is taken down first.
+    local previous
+    previous=$(cat "$NODE_MARK" 2>/dev/null || true)
+    if [ -n "$previous" ] && [ "$previous" != "$d" ]; then
+      log "taking down the node left in $previous (one node per machine)"
+      down "$previous"
+    fi
+    echo "$d" > "$NODE_MARK"
+    : > "$d/node"
     node_sweep "$d"
     ls /var/run/netns 2>/dev/null > "$d/netns.before" || : > "$d/netns.before"
     sysctl -n net.ipv4.ip_forward > "$d/ip_forward.before"
@@ -287,14 +308,23 @@ EOF
   if [ "$node" = --node ]; then node_up "$d" "$bin" "$url"; fi
 }
 
+# Idempotent: a second `down` of the same DIR (the reaper's, after the
+# test's own) finds nothing to do, and so never touches a node started
+# since.
 down() {
   local d=$1
-  [ -f "$d/pids" ] || return 0
-  tac "$d/pids" | while read -r pid; do kill "$pid" 2>/dev/null || true; done
-  sleep 1
-  tac "$d/pids" | while read -r pid; do kill -9 "$pid" 2>/dev/null || true; done
-  rm -f "$d/pids"
-  if [ -f "$d/node" ]; then node_sweep "$d"; fi
+  [ -f "$d/pids" ] || [ -f "$d/node" ] || return 0
+  if [ -f "$d/pids" ]; then
+    tac "$d/pids" | while read -r pid; do kill "$pid" 2>/dev/null || true; done
+    sleep 1
+    tac "$d/pids" | while read -r pid; do kill -9 "$pid" 2>/dev/null || true; done
+    rm -f "$d/pids"
+  fi
+  if [ -f "$d/node" ]; then
+    node_sweep "$d"
+    rm -f "$d/node"
+    [ "$(cat "$NODE_MARK" 2>/dev/null)" = "$d" ] && rm -f "$NODE_MARK"
+  fi
   log "down"
 }
 
@@ -308,9 +338,10 @@ case "${1:-}" in
   build) build ;;
   cached) cached ;;
   crane) build >/dev/null && echo "$CRANE_DIR/crane" ;;
+  packages) node_packages ;;
   up) up "${2:?state directory}" "${3:-}" ;;
   down) down "${2:?state directory}" ;;
   restart-apiserver) restart_apiserver "${2:?state directory}" ;;
   pause-etcd) pause_etcd "${2:?state directory}" "${3:?seconds}" ;;
-  *) echo "usage: $0 build | up DIR [--node] | down DIR | restart-apiserver DIR | pause-etcd DIR SECONDS" >&2; exit 2 ;;
+  *) echo "usage: $0 build | packages | up DIR [--node] | down DIR | restart-apiserver DIR | pause-etcd DIR SECONDS" >&2; exit 2 ;;
 esac

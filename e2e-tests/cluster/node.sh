@@ -168,7 +168,6 @@ node_images() { # node_images DIR REGISTRY
 
 node_up() { # node_up DIR BIN URL
   local d=$1 bin=$2 url=$3
-  : > "$d/node"
   # The registry.
   local registry_port registry
   registry_port=$(free_port); registry="127.0.0.1:$registry_port"

@@ -256,3 +256,61 @@ fn host_capabilities_are_the_operation_enum() {
         .collect();
     assert_eq!(listed, called);
 }
+
+/// `make image` (deploy/image/build.sh, no container engine) and the
+/// Dockerfile build the same image: the binary, the policy and its
+/// precompiled module at the same paths, the same non-root user and the
+/// same entrypoint. A path moved in one and not the other would ship an
+/// image the manifests (`--policy /usr/share/config-snapshot/...`) cannot
+/// start.
+#[test]
+fn the_engineless_image_is_the_dockerfiles() {
+    let script = std::fs::read_to_string(root().join("deploy/image/build.sh")).unwrap();
+    let var = |name: &str| {
+        script
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("build.sh sets {name}"))
+            .to_string()
+    };
+    let dockerfile = std::fs::read_to_string(root().join("Dockerfile")).unwrap();
+    let last_stage = dockerfile.rsplit("\nFROM ").next().unwrap();
+    let copied: BTreeSet<String> = last_stage
+        .lines()
+        .filter(|l| l.starts_with("COPY "))
+        .map(|l| l.split_whitespace().last().unwrap().to_string())
+        .collect();
+    let policy_dir = var("POLICY_DIR");
+    let built: BTreeSet<String> = [
+        var("BINARY_PATH"),
+        format!("{policy_dir}/policy.wasm"),
+        format!("{policy_dir}/policy.cwasm"),
+    ]
+    .into();
+    assert_eq!(copied, built, "the files each puts in the image");
+    for line in [
+        format!("USER {}", var("USER_ID")),
+        format!("ENTRYPOINT [\"{}\"]", var("ENTRYPOINT")),
+    ] {
+        assert!(last_stage.lines().any(|l| l == line), "the Dockerfile has {line}");
+    }
+    assert!(
+        script.contains("\"$root$POLICY_DIR/policy.wasm\"") && script.contains("\"$root$POLICY_DIR/policy.cwasm\""),
+        "build.sh installs the policy and its module under POLICY_DIR"
+    );
+    // What the manifests start is in the image.
+    for manifest in [
+        "deploy/serve/deployment.yaml",
+        "deploy/helm/config-snapshot/templates/deployment.yaml",
+    ] {
+        let text = std::fs::read_to_string(root().join(manifest)).unwrap();
+        let named: Vec<&str> = text
+            .split(|c: char| c.is_whitespace() || c == '"' || c == ',' || c == '=')
+            .filter(|p| p.starts_with(&policy_dir))
+            .collect();
+        assert_eq!(named.len(), 2, "{manifest} starts serve on the policy and its module");
+        for path in named {
+            assert!(built.contains(path), "{manifest} names {path}, which the image lacks");
+        }
+    }
+}

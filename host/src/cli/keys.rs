@@ -5,7 +5,8 @@
 //! - `list`: the keys' ids, the current one first (never a key);
 //! - `rotate`: a new current key; the others still verify;
 //! - `restore -f BACKUP`: a backup's keys join the ring (the current key
-//!   stays current), and the Secret is written again under its guard;
+//!   stays current), and the Secret is written again under its guard
+//!   (created anew if it predates the guard, as after a reinstall);
 //! - `sign-unsigned`: after an upgrade from a version that did not sign,
 //!   lists the unsigned, well-formed snapshots and, with `--yes`, signs
 //!   them. serve never does: an unsigned object with our label could be
@@ -37,6 +38,14 @@ pub struct Args {
     /// The key Secret's name (serve's `--signing-key-secret`).
     #[arg(long, global = true, default_value = "config-snapshot-signing-key")]
     secret: String,
+    /// The guard's ValidatingAdmissionPolicy and binding (serve's
+    /// `--signing-key-guard`): a written Secret is created after it is in
+    /// force, so that serve trusts it.
+    #[arg(long, global = true, default_value = "config-snapshot-signing-key")]
+    guard: String,
+    /// serve's ServiceAccount, which the guard names.
+    #[arg(long, global = true, default_value = "config-snapshot")]
+    service_account: String,
 }
 
 #[derive(Subcommand)]
@@ -73,8 +82,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
             client: client.clone(),
             namespace: args.namespace.clone(),
             name: args.secret.clone(),
-            service_account: String::new(),
-            guard: String::new(),
+            service_account: args.service_account.clone(),
+            guard: args.guard.clone(),
             trust_unguarded: true,
         };
         let current = || async {

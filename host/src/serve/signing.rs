@@ -123,6 +123,16 @@ pub struct Guard {
     pub since: i64,
 }
 
+/// Returns once a Secret created now is trusted under `guard`.
+async fn settle(guard: Option<&Guard>) {
+    if let Some(guard) = guard {
+        let wait = guard.since + GUARD_SETTLES + 1 - config_snapshot_policy::duration::unix_now();
+        if wait > 0 {
+            tokio::time::sleep(Duration::from_secs(wait as u64)).await;
+        }
+    }
+}
+
 /// What serve checks before it trusts, or creates, its key Secret.
 pub struct KeySecret {
     pub client: Client,
@@ -221,14 +231,7 @@ impl KeySecret {
                 self.trusted(&secret, guard.as_ref())?;
                 return ring_of(&secret);
             }
-            if let Some(guard) = &guard {
-                // A Secret created before the guard is in force would not
-                // be trusted on the next start.
-                let wait = guard.since + GUARD_SETTLES + 1 - config_snapshot_policy::duration::unix_now();
-                if wait > 0 {
-                    tokio::time::sleep(Duration::from_secs(wait as u64)).await;
-                }
-            }
+            settle(guard.as_ref()).await;
             let ring = Keyring::new(vec![Keyring::generate_key()]).map_err(|e| anyhow!("{e}"))?;
             match api
                 .create(&PostParams::default(), &secret_of(&ring, namespace, name))
@@ -260,8 +263,9 @@ impl KeySecret {
         }
         Err(anyhow!(
             "Secret {}/{} was created before its guard was in force, so someone other than config-snapshot may have \
-             written it: not trusted. If you made it (a restore), run `config-snapshot keys restore -f` with it, \
-             which writes it again under the guard; else delete it, and serve makes a new key",
+             written it: not trusted. If it is yours (a restore, or a reinstall made the guard anew), back it up \
+             (kubectl get secret -o yaml) and run `config-snapshot keys restore -f` with it, which writes it \
+             again under the guard; else delete it, and serve makes a new key",
             self.namespace,
             self.name
         ))
@@ -307,16 +311,27 @@ impl KeySecret {
         }
     }
 
-    /// Writes `ring` to the Secret: replaces an immutable one (written by
-    /// an earlier version), updates any other, creates it if absent.
+    /// Writes `ring` to the Secret: creates it if absent, updates it if
+    /// serve would trust it, else (immutable, written by an earlier
+    /// version; or created before the guard now in force, as after a
+    /// reinstall) deletes and creates it, under the guard, so that serve
+    /// trusts it on its next start.
     pub async fn write(&self, ring: &Keyring) -> Result<()> {
         let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
         let (namespace, name) = (&self.namespace, &self.name);
+        // Without a guard (none named, or none installed) serve decides
+        // trust by its own flags; nothing to wait for.
+        let guard = if self.guard.is_empty() {
+            None
+        } else {
+            self.guard().await.ok()
+        };
+        settle(guard.as_ref()).await;
         for _ in 0..5 {
             let mut wanted = secret_of(ring, namespace, name);
             let result = match api.get_opt(name).await? {
                 None => api.create(&PostParams::default(), &wanted).await.map(|_| ()),
-                Some(live) if live.immutable == Some(true) => {
+                Some(live) if live.immutable == Some(true) || self.trusted(&live, guard.as_ref()).is_err() => {
                     let uid = live.metadata.uid.clone();
                     let params = DeleteParams {
                         preconditions: Some(kube::api::Preconditions {

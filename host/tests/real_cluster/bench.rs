@@ -942,17 +942,7 @@ pub fn webhook_latency(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: 
         text.push_str(&against_targets(&rows, &fan));
     }
     eprintln!("{text}");
-    std::fs::write(root().join("target/bench-cluster.md"), &text).unwrap();
-    if std::env::var("BENCH_WRITE_DOCS").is_ok_and(|v| v == "1") {
-        let path = root().join("docs/BENCHMARKS.md");
-        let doc = std::fs::read_to_string(&path).unwrap();
-        let (begin, end) = ("<!-- bench-cluster:begin -->", "<!-- bench-cluster:end -->");
-        let (head, rest) = doc
-            .split_once(begin)
-            .expect("docs/BENCHMARKS.md has the bench-cluster markers");
-        let (_, tail) = rest.split_once(end).unwrap();
-        std::fs::write(&path, format!("{head}{begin}\n{text}{end}{tail}")).unwrap();
-    }
+    publish("bench-cluster", &text);
     valid(&rows);
     guard(&rows);
 
@@ -961,6 +951,23 @@ pub fn webhook_latency(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: 
     serve.wait_ready();
     register(cp, serve, yaml("deploy/serve/webhook.yaml").remove(0));
     webhook_answers(cp);
+}
+
+/// Writes a measured table to target/NAME.md and, with
+/// `BENCH_WRITE_DOCS=1`, into docs/BENCHMARKS.md between NAME's markers
+/// (`<!-- NAME:begin -->` and `<!-- NAME:end -->`).
+pub fn publish(name: &str, text: &str) {
+    std::fs::write(root().join(format!("target/{name}.md")), text).unwrap();
+    if std::env::var("BENCH_WRITE_DOCS").is_ok_and(|v| v == "1") {
+        let path = root().join("docs/BENCHMARKS.md");
+        let doc = std::fs::read_to_string(&path).unwrap();
+        let (begin, end) = (format!("<!-- {name}:begin -->"), format!("<!-- {name}:end -->"));
+        let (head, rest) = doc
+            .split_once(&begin)
+            .unwrap_or_else(|| panic!("docs/BENCHMARKS.md has the {name} markers"));
+        let (_, tail) = rest.split_once(&end).unwrap();
+        std::fs::write(&path, format!("{head}{begin}\n{text}{end}{tail}")).unwrap();
+    }
 }
 
 /// When and where a measurement ran: "2026-11-26 12:00 UTC on 2 cores (CPU model)".

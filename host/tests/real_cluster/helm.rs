@@ -14,7 +14,7 @@ use super::{count, effective, eventually, no_dangling, root, snapshots, ControlP
 impl ControlPlane {
     /// Runs helm against this control plane as the cluster admin, with its
     /// caches and release store under the control plane's directory.
-    fn try_helm(&self, args: &[&str]) -> Result<String, String> {
+    pub(crate) fn try_helm(&self, args: &[&str]) -> Result<String, String> {
         let home = self.dir.join("helm");
         let out = std::process::Command::new(&self.helm)
             .args(args)
@@ -38,7 +38,7 @@ impl ControlPlane {
         }
     }
 
-    fn helm(&self, args: &[&str]) -> String {
+    pub(crate) fn helm(&self, args: &[&str]) -> String {
         self.try_helm(args).unwrap_or_else(|e| panic!("{e}"))
     }
 }

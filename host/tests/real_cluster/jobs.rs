@@ -1,16 +1,17 @@
-//! Jobs on the real control plane.
+//! Jobs, on the real node (their pods run to completion on the kubelet).
 //!
 //! A CronJob's config history, pruned by the real cronjob controller: each
 //! Job adopts the snapshots its template names, so when
 //! `successfulJobsHistoryLimit` deletes a finished Job, the garbage
 //! collector takes exactly the config no kept Job and not the CronJob name.
 //! Jobs are made with `kubectl create job --from=cronjob/…` (owned by the
-//! CronJob, as its scheduled Jobs are); the kubelet stand-in makes their pods
-//! succeed.
+//! CronJob, as its scheduled Jobs are), and each prints the config it ran
+//! with, read from its log.
 //!
 //! A Job made directly owns the config snapshotted at its creation, so the
 //! TTL-after-finished controller's delete collects it; so does a Pod made
-//! directly, while a ReplicaSet's Pods are not even reviewed.
+//! directly (on the control plane alone: it needs no kubelet), while a
+//! ReplicaSet's Pods are not even reviewed.
 
 use std::collections::BTreeSet;
 
@@ -31,7 +32,8 @@ fn names(object: &Value, pointer: &str) -> BTreeSet<String> {
         .unwrap_or_default()
 }
 
-pub fn history_limit_story(cp: &ControlPlane) {
+/// `image` runs `sh` (the node's busybox).
+pub fn history_limit_story(cp: &ControlPlane, image: &str) {
     let ns = "story-cronjob";
     cp.namespace(ns);
     cp.apply(ns, &config_map("report-config", json!({"mode": "v1"})));
@@ -45,7 +47,7 @@ pub fn history_limit_story(cp: &ControlPlane) {
             "successfulJobsHistoryLimit": 1,
             "jobTemplate": {"spec": {"template": {"spec": {
                 "restartPolicy": "Never",
-                "containers": [{"name": "report", "image": "busybox:1.36",
+                "containers": [{"name": "report", "image": image, "command": ["sh", "-c", "echo mode=$mode"],
                     "envFrom": [{"configMapRef": {"name": "report-config"}}]}]}}}}
         }
     });
@@ -101,6 +103,9 @@ pub fn history_limit_story(cp: &ControlPlane) {
                 (complete && owned && names(&j, "/spec/template") == pinned).then_some(())
             },
         );
+        // What the Job's container read.
+        let log = cp.kubectl(&["-n", ns, "logs", &format!("job/{job}")]);
+        assert_eq!(log.trim(), format!("mode=v{i}"), "Job {job} ran with its own config");
     }
     // The controller keeps one finished Job: report-3. The garbage
     // collector takes report-1's and report-2's config with them, and
@@ -119,7 +124,8 @@ pub fn history_limit_story(cp: &ControlPlane) {
     cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
 }
 
-pub fn bare_job_ttl_story(cp: &ControlPlane) {
+/// `image` runs `sh` (the node's busybox).
+pub fn bare_job_ttl_story(cp: &ControlPlane, image: &str) {
     let ns = "story-bare-job";
     cp.namespace(ns);
     cp.apply(ns, &config_map("migrate-config", json!({"target": "v1"})));
@@ -130,7 +136,7 @@ pub fn bare_job_ttl_story(cp: &ControlPlane) {
             "ttlSecondsAfterFinished": 0,
             "template": {"spec": {
                 "restartPolicy": "Never",
-                "containers": [{"name": "migrate", "image": "busybox:1.36",
+                "containers": [{"name": "migrate", "image": image, "command": ["sh", "-c", "echo target=$target"],
                     "envFrom": [{"configMapRef": {"name": "migrate-config"}}]}]}}
         }
     });

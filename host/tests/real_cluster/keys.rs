@@ -10,7 +10,7 @@ const KEY: &str = "config-snapshot-signing-key";
 
 /// `config-snapshot keys ARGS` as the cluster admin (a key administrator:
 /// system:masters).
-fn keys(cp: &ControlPlane, args: &[&str]) -> String {
+pub(crate) fn keys(cp: &ControlPlane, args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_config-snapshot"))
         .arg("keys")
         .args(args)

@@ -142,17 +142,7 @@ pub fn memory_table(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Pa
         rows.join("\n")
     );
     eprintln!("{text}");
-    std::fs::write(root().join("target/bench-memory.md"), &text).unwrap();
-    if std::env::var("BENCH_WRITE_DOCS").is_ok_and(|v| v == "1") {
-        let path = root().join("docs/BENCHMARKS.md");
-        let doc = std::fs::read_to_string(&path).unwrap();
-        let (begin, end) = ("<!-- bench-memory:begin -->", "<!-- bench-memory:end -->");
-        let (head, rest) = doc
-            .split_once(begin)
-            .expect("docs/BENCHMARKS.md has the bench-memory markers");
-        let (_, tail) = rest.split_once(end).unwrap();
-        std::fs::write(&path, format!("{head}{begin}\n{text}{end}{tail}")).unwrap();
-    }
+    super::bench::publish("bench-memory", &text);
     drop(quiet);
     serve.restart(kubeconfig, &serve_flags("{}"));
     serve.wait_ready();

@@ -1,0 +1,730 @@
+//! config-snapshot on a real node (control-plane.sh up --node): serve runs
+//! in pods, installed from its chart as docs/serve.md shows, and every
+//! promise ends in what a running container reads. Each app container
+//! prints, every second, the config it reads from a volume and from
+//! environment variables; the test reads those lines (`kubectl logs`) and
+//! checks them against the snapshot its revision names.
+
+use std::collections::BTreeMap;
+
+use super::*;
+
+/// What each app container prints, every second: `mode=<volume>
+/// env=<env var> key=<env from a Secret key>`.
+const PRINTER: &str = "while true; do echo \"mode=$(cat /cfg/mode 2>/dev/null) env=$MODE key=$KEY\"; sleep 1; done";
+
+impl ControlPlane {
+    fn image(&self, name: &str) -> String {
+        self.images
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no node image {name}"))
+    }
+
+    /// The running, not terminating, pods of `ns` with label `app=<app>`.
+    fn running_pods(&self, ns: &str, app: &str) -> Vec<Value> {
+        let out = self.kubectl(&["-n", ns, "get", "pods", "-l", &format!("app={app}"), "-o", "json"]);
+        let list: Value = serde_json::from_str(&out).unwrap();
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| {
+                p["status"]["phase"] == "Running"
+                    && p["metadata"]["deletionTimestamp"].is_null()
+                    && p["status"]["containerStatuses"][0]["ready"] == true
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// The last line pod `name` printed.
+    fn printed(&self, ns: &str, name: &str) -> Option<String> {
+        let out = self.try_kubectl(&["-n", ns, "logs", name, "--tail=1"], None).ok()?;
+        out.lines().last().map(str::to_string).filter(|l| !l.is_empty())
+    }
+}
+
+/// `mode=blue env=blue key=one` as a map.
+fn fields(line: &str) -> BTreeMap<String, String> {
+    line.split_whitespace()
+        .filter_map(|f| f.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// An app of `kind` whose pods print their config: `mode` from a volume of
+/// ConfigMap `app`, `env` from its key `mode`, `key` from Secret `db`'s key
+/// `password`; watching both.
+fn app(cp: &ControlPlane, kind: &str, name: &str, replicas: u32) -> Value {
+    let mut spec = json!({
+        "revisionHistoryLimit": 10,
+        "selector": {"matchLabels": {"app": name}},
+        "template": {"metadata": {"labels": {"app": name}}, "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": cp.image("busybox"), "command": ["sh", "-c", PRINTER],
+                "env": [
+                    {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "app", "key": "mode"}}},
+                    {"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}],
+                "volumeMounts": [{"name": "cfg", "mountPath": "/cfg"}]}],
+            "volumes": [{"name": "cfg", "configMap": {"name": "app"}}]}},
+    });
+    match kind {
+        "Deployment" => {
+            spec["replicas"] = json!(replicas);
+            spec["strategy"] = json!({"rollingUpdate": {"maxUnavailable": 1, "maxSurge": 1}});
+        }
+        "StatefulSet" => {
+            spec["replicas"] = json!(replicas);
+            spec["serviceName"] = json!(name);
+        }
+        _ => {}
+    }
+    json!({"apiVersion": "apps/v1", "kind": kind,
+        "metadata": {"name": name, "annotations": {"config-snapshot.io/watch": "*"}}, "spec": spec})
+}
+
+fn sources(cp: &ControlPlane, ns: &str, mode: &str, password: &str) {
+    cp.apply(ns, &config_map("app", json!({"mode": mode})));
+    cp.apply(
+        ns,
+        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db"}, "stringData": {"password": password}}),
+    );
+}
+
+/// The config a pod's own template names: what its revision pins.
+fn pinned(cp: &ControlPlane, ns: &str, pod: &Value) -> (String, String) {
+    let spec = &pod["spec"];
+    let cm = spec["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "cfg")
+        .map(|v| v["configMap"]["name"].as_str().unwrap().to_string())
+        .unwrap();
+    let secret = spec["containers"][0]["env"][1]["valueFrom"]["secretKeyRef"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mode = cp.get(ns, "configmap", &cm).expect("the pinned ConfigMap exists")["data"]["mode"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let password = cp.get(ns, "secret", &secret).expect("the pinned Secret exists")["data"]["password"]
+        .as_str()
+        .map(|b| String::from_utf8(base64::engine::general_purpose::STANDARD.decode(b).unwrap()).unwrap())
+        .unwrap();
+    (mode, password)
+}
+
+/// Waits until every running pod of `app` prints `mode` and `password`,
+/// and each reads exactly what its own revision pins: the snapshots its
+/// template names hold what it prints.
+fn pods_read(cp: &ControlPlane, ns: &str, app: &str, replicas: usize, mode: &str, password: &str) {
+    eventually_or(
+        &format!("{app}'s pods to read mode={mode} key={password}"),
+        180,
+        || {
+            cp.running_pods(ns, app)
+                .iter()
+                .map(|p| {
+                    let name = p["metadata"]["name"].as_str().unwrap();
+                    format!("{name}: {:?}", cp.printed(ns, name))
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        },
+        || {
+            let pods = cp.running_pods(ns, app);
+            if pods.len() != replicas {
+                return None;
+            }
+            for pod in &pods {
+                let line = fields(&cp.printed(ns, pod["metadata"]["name"].as_str().unwrap())?);
+                let wanted = (mode.to_string(), password.to_string());
+                if (line.get("mode")?, line.get("env")?, line.get("key")?) != (&wanted.0, &wanted.0, &wanted.1) {
+                    return None;
+                }
+                // What it reads is what its revision pins.
+                assert_eq!(pinned(cp, ns, pod), wanted, "{}", pod["metadata"]["name"]);
+            }
+            Some(())
+        },
+    );
+}
+
+/// Installs serve as docs/serve.md's "Try it on a real node" shows: its
+/// shell block, with this control plane (already up), and the image built
+/// from the tests' binary by the same script `make image` runs.
+fn install_as_documented(cp: &ControlPlane) {
+    let doc = std::fs::read_to_string(root().join("docs/serve.md")).unwrap();
+    let block = doc
+        .split("## Try it on a real node, without Docker")
+        .nth(1)
+        .and_then(|s| s.split("```sh\n").nth(1))
+        .and_then(|b| b.split("```").next())
+        .expect("docs/serve.md has the node recipe");
+    let binary = env!("CARGO_BIN_EXE_config-snapshot");
+    let mut script = format!("set -euo pipefail\nsource {}\n", cp.dir.join("env").display());
+    let mut built = false;
+    for line in block.lines() {
+        if line.contains("control-plane.sh up") || line.starts_with("source ") {
+            continue;
+        }
+        let line = if line.starts_with("make image") {
+            built = true;
+            format!(
+                "deploy/image/build.sh {binary} {} $REGISTRY/config-snapshot:{}",
+                root().join("policy.wasm").display(),
+                env!("CARGO_PKG_VERSION")
+            )
+        } else {
+            line.replace("/tmp/node", cp.dir.to_str().unwrap())
+        };
+        script.push_str(&line);
+        script.push('\n');
+    }
+    assert!(built, "the recipe builds the image");
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the documented node recipe failed:\n{script}\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Two replicas, in pods, from the chart and the image built here.
+    let pods: Value = serde_json::from_str(&cp.kubectl(&[
+        "-n",
+        "config-snapshot",
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=config-snapshot",
+        "-o",
+        "json",
+    ]))
+    .unwrap();
+    let pods = pods["items"].as_array().unwrap();
+    assert_eq!(pods.len(), 2, "{pods:?}");
+    let registry = cp.registry.as_deref().unwrap();
+    for pod in pods {
+        assert!(
+            pod["spec"]["containers"][0]["image"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("{registry}/config-snapshot:")),
+            "{pod}"
+        );
+        assert_eq!(pod["status"]["containerStatuses"][0]["ready"], true, "{pod}");
+        // The chart's security context holds: non-root, a read-only root.
+        let security = &pod["spec"]["containers"][0]["securityContext"];
+        assert_eq!(security["readOnlyRootFilesystem"], true);
+        assert_eq!(pod["spec"]["securityContext"]["runAsNonRoot"], true);
+    }
+    // One of them leads (the Lease names a pod).
+    let holder = leader(cp);
+    assert!(
+        pods.iter().any(|p| p["metadata"]["name"] == holder.as_str()),
+        "{holder}"
+    );
+}
+
+/// The pod that holds serve's Lease.
+fn leader(cp: &ControlPlane) -> String {
+    eventually("a leader", 60, || {
+        let lease = cp.get("config-snapshot", "lease", "config-snapshot")?;
+        lease["spec"]["holderIdentity"].as_str().map(str::to_string)
+    })
+}
+
+/// A Deployment: edit a watched ConfigMap and the new pods read the new
+/// value; `rollout undo` and the running pods read the old one again.
+fn deployment_story(cp: &ControlPlane) {
+    let ns = "node-web";
+    cp.namespace(ns);
+    sources(cp, ns, "blue", "one");
+    cp.apply(ns, &app(cp, "Deployment", "web", 2));
+    pods_read(cp, ns, "web", 2, "blue", "one");
+    set_data(cp, ns, "app", json!({"mode": "green"}));
+    pods_read(cp, ns, "web", 2, "green", "one");
+    cp.kubectl(&["-n", ns, "rollout", "undo", "deployment/web"]);
+    pods_read(cp, ns, "web", 2, "blue", "one");
+    // The Secret too: an edit rolls out; the pods read it.
+    cp.apply(
+        ns,
+        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db"}, "stringData": {"password": "two"}}),
+    );
+    pods_read(cp, ns, "web", 2, "blue", "two");
+    no_dangling(&cp.objects(ns), "the node's Deployment story");
+}
+
+/// A StatefulSet undone and a DaemonSet rolled out, read from their pods.
+fn revision_stories(cp: &ControlPlane) {
+    let ns = "node-revisions";
+    cp.namespace(ns);
+    sources(cp, ns, "blue", "one");
+    cp.apply(ns, &app(cp, "StatefulSet", "db", 1));
+    cp.apply(ns, &app(cp, "DaemonSet", "agent", 1));
+    pods_read(cp, ns, "db", 1, "blue", "one");
+    pods_read(cp, ns, "agent", 1, "blue", "one");
+    set_data(cp, ns, "app", json!({"mode": "green"}));
+    pods_read(cp, ns, "db", 1, "green", "one");
+    pods_read(cp, ns, "agent", 1, "green", "one");
+    cp.kubectl(&["-n", ns, "rollout", "undo", "statefulset/db"]);
+    pods_read(cp, ns, "db", 1, "blue", "one");
+    cp.kubectl(&["-n", ns, "rollout", "undo", "daemonset/agent"]);
+    pods_read(cp, ns, "agent", 1, "blue", "one");
+}
+
+/// `helm upgrade` then `helm rollback` of a user's chart: the pods read
+/// revision 1's value again.
+fn helm_story(cp: &ControlPlane) {
+    let ns = "node-helm";
+    cp.namespace(ns);
+    let chart = root().join("e2e-tests/helm/app");
+    let image = cp.image("busybox");
+    let install = |verb: &str, greeting: &str| {
+        cp.helm(&[
+            verb,
+            "app",
+            chart.to_str().unwrap(),
+            "-n",
+            ns,
+            "--set",
+            &format!("greeting={greeting}"),
+            "--set",
+            &format!("image={image}"),
+            "--set-json",
+            r#"command=["sh","-c","while true; do echo \"greeting=$greeting\"; sleep 1; done"]"#,
+            "--wait",
+            "--timeout",
+            "3m",
+        ])
+    };
+    let reads = |greeting: &str| {
+        eventually_or(
+            &format!("the app's pods to read greeting={greeting}"),
+            180,
+            || format!("{:?}", cp.running_pods(ns, "web").len()),
+            || {
+                let pods = cp.running_pods(ns, "web");
+                (pods.len() == 1
+                    && cp.printed(ns, pods[0]["metadata"]["name"].as_str()?)? == format!("greeting={greeting}"))
+                .then_some(())
+            },
+        )
+    };
+    install("install", "hello");
+    reads("hello");
+    install("upgrade", "bonjour");
+    reads("bonjour");
+    cp.helm(&["rollback", "app", "1", "-n", ns, "--wait", "--timeout", "3m"]);
+    reads("hello");
+    cp.helm(&["uninstall", "app", "-n", ns]);
+}
+
+/// serve's leader killed in the middle of an edit storm: the other replica
+/// rolls out the last edit, and the app's pods read it.
+fn leader_killed_story(cp: &ControlPlane) {
+    // A review the dying replica was sent is lost (the webhook's
+    // failurePolicy is Ignore): the other's periodic pass re-derives the
+    // rollout. A pass every 15 s rather than the chart's 5 minutes, for the
+    // test's sake.
+    let chart = format!("oci://{}/charts/config-snapshot", cp.registry.as_deref().unwrap());
+    cp.helm(&[
+        "upgrade",
+        "config-snapshot",
+        &chart,
+        "--version",
+        env!("CARGO_PKG_VERSION"),
+        "--plain-http",
+        "-n",
+        "config-snapshot",
+        "--reuse-values",
+        "--set",
+        "resyncInterval=15s",
+        "--wait",
+        "--timeout",
+        "5m",
+    ]);
+    let ns = "node-storm";
+    cp.namespace(ns);
+    sources(cp, ns, "v0", "one");
+    cp.apply(ns, &app(cp, "Deployment", "web", 1));
+    pods_read(cp, ns, "web", 1, "v0", "one");
+    let holder = leader(cp);
+    for i in 1..=5 {
+        set_data(cp, ns, "app", json!({"mode": format!("v{i}")}));
+        if i == 3 {
+            cp.kubectl(&[
+                "-n",
+                "config-snapshot",
+                "delete",
+                "pod",
+                &holder,
+                "--grace-period=0",
+                "--force",
+            ]);
+        }
+    }
+    let started = Instant::now();
+    pods_read(cp, ns, "web", 1, "v5", "one");
+    eprintln!(
+        "node: the last edit of the storm read by the app's pod {:?} after the leader was killed",
+        started.elapsed()
+    );
+    let survivor = leader(cp);
+    assert_ne!(survivor, holder, "another replica leads");
+}
+
+/// A pod on a snapshot keeps reading it after its source is edited and
+/// deleted, and so does a pod made again from its template.
+fn snapshot_outlives_source_story(cp: &ControlPlane) {
+    let ns = "node-outlive";
+    cp.namespace(ns);
+    sources(cp, ns, "blue", "one");
+    let mut pinned_only = app(cp, "Deployment", "web", 1);
+    pinned_only["metadata"]["annotations"] = json!({"config-snapshot.io/snapshot": "*"});
+    cp.apply(ns, &pinned_only);
+    pods_read(cp, ns, "web", 1, "blue", "one");
+    set_data(cp, ns, "app", json!({"mode": "green"}));
+    cp.kubectl(&["-n", ns, "delete", "configmap", "app"]);
+    cp.kubectl(&["-n", ns, "delete", "secret", "db"]);
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    pods_read(cp, ns, "web", 1, "blue", "one");
+    cp.kubectl(&["-n", ns, "delete", "pods", "-l", "app=web", "--wait=false"]);
+    pods_read(cp, ns, "web", 1, "blue", "one");
+}
+
+/// The kubelet does not watch immutable ConfigMaps and Secrets: 50 pods
+/// each mounting a ConfigMap and a Secret of their own cost kube-apiserver
+/// a watch on each; the same pods on snapshots (immutable) cost none.
+/// Measured with kube-apiserver's own gauge of long-running WATCH
+/// requests, per resource.
+fn watch_cost_story(cp: &ControlPlane) -> String {
+    let watches = |resource: &str| -> f64 {
+        cp.kubectl(&["get", "--raw", "/metrics"])
+            .lines()
+            .filter(|l| {
+                l.starts_with("apiserver_longrunning_requests{")
+                    && l.contains(&format!("resource=\"{resource}\""))
+                    && l.contains("verb=\"WATCH\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let resources = ["configmaps", "secrets"];
+    let now = || resources.map(watches);
+    let baseline = now();
+    let mut measured = Vec::new();
+    for (ns, annotations) in [
+        ("node-watch-direct", json!({})),
+        ("node-watch-snapshots", json!({"config-snapshot.io/snapshot": "*"})),
+    ] {
+        cp.namespace(ns);
+        let before = now();
+        let mut items = Vec::new();
+        for i in 0..50 {
+            items.push(config_map(&format!("cm-{i}"), json!({"mode": format!("m{i}")})));
+            items.push(
+                json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("s-{i}")},
+                "stringData": {"password": format!("p{i}")}}),
+            );
+            items.push(json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("p-{i}"), "labels": {"app": "watch"}, "annotations": annotations},
+                "spec": {"terminationGracePeriodSeconds": 0, "containers": [{"name": "c", "image": cp.image("busybox"),
+                    "command": ["sleep", "3600"], "volumeMounts": [
+                        {"name": "cfg", "mountPath": "/cfg"}, {"name": "secret", "mountPath": "/secret"}]}],
+                    "volumes": [{"name": "cfg", "configMap": {"name": format!("cm-{i}")}},
+                        {"name": "secret", "secret": {"secretName": format!("s-{i}")}}]}}));
+        }
+        cp.try_kubectl(
+            &["apply", "-n", ns, "-f", "-"],
+            Some(&json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        eventually("50 pods running", 300, || {
+            (cp.running_pods(ns, "watch").len() == 50).then_some(())
+        });
+        std::thread::sleep(std::time::Duration::from_secs(5));
+        let after = now();
+        measured.push([after[0] - before[0], after[1] - before[1]]);
+        cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
+        eventually("the pods to go", 300, || {
+            cp.try_kubectl(&["get", "namespace", ns], None).is_err().then_some(())
+        });
+        // The kubelet drops its watches as it forgets the pods: measure
+        // the next from where this one started.
+        eventually("the kubelet's watches to go", 300, || {
+            let now = now();
+            (now[0] <= baseline[0] + 2.0 && now[1] <= baseline[1] + 2.0).then_some(())
+        });
+    }
+    let ([direct_cm, direct_secret], [snap_cm, snap_secret]) = (measured[0], measured[1]);
+    eprintln!(
+        "watches added by 50 pods: direct {direct_cm} on ConfigMaps, {direct_secret} on Secrets; \
+         on snapshots {snap_cm} and {snap_secret}"
+    );
+    assert!(
+        direct_cm >= 45.0 && direct_secret >= 45.0,
+        "the kubelet watches mutable sources"
+    );
+    // The namespace's kube-root-ca.crt, which every pod's token volume
+    // projects and config-snapshot leaves alone, may cost one.
+    assert!(
+        snap_cm.abs() <= 2.0 && snap_secret.abs() <= 2.0,
+        "nor immutable snapshots"
+    );
+    format!(
+        "| 50 pods, each mounting a ConfigMap and a Secret of their own | WATCHes on configmaps | on secrets |\n\
+         |---|---|---|\n\
+         | mounting the sources | {direct_cm:.0} | {direct_secret:.0} |\n\
+         | opted in: mounting snapshots (immutable) | {snap_cm:.0} | {snap_secret:.0} |\n"
+    )
+}
+
+/// The kustomize install (deploy/serve) on the node: the chart's release
+/// uninstalled first, the same image, the webhook's Secret made by hand as
+/// for the chart; one admission pinned through it. The signing key moves
+/// as docs/security.md ("Reinstall") says: backed up, then restored under
+/// the new guard, which is younger than the Secret serve refuses until then.
+fn kustomize_story(cp: &ControlPlane) {
+    let backup = cp.dir.join("signing-key.yaml");
+    let key = cp.kubectl(&[
+        "-n",
+        "config-snapshot",
+        "get",
+        "secret",
+        "config-snapshot-signing-key",
+        "-o",
+        "yaml",
+    ]);
+    std::fs::write(&backup, key).unwrap();
+    let before = super::keys::keys(cp, &["list"]);
+    cp.helm(&["uninstall", "config-snapshot", "-n", "config-snapshot", "--wait"]);
+    let registry = cp.registry.clone().unwrap();
+    let rendered = cp.kubectl(&["kustomize", root().join("deploy/serve").to_str().unwrap()]);
+    let image = format!("{registry}/config-snapshot:{}", env!("CARGO_PKG_VERSION"));
+    let rendered = rendered.replace(
+        &format!("ghcr.io/config-snapshot/config-snapshot:{}", env!("CARGO_PKG_VERSION")),
+        &image,
+    );
+    // Without cert-manager: no Issuer, Certificate or injected CA; the
+    // Secret the recipe made and its CA instead.
+    let ca = base64::engine::general_purpose::STANDARD.encode(std::fs::read(cp.dir.join("webhook-ca.crt")).unwrap());
+    let mut objects: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&rendered)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .filter(|o: &Value| !o.is_null() && o["apiVersion"] != "cert-manager.io/v1")
+        .collect();
+    for o in &mut objects {
+        if o["kind"] == "MutatingWebhookConfiguration" {
+            o["metadata"].as_object_mut().unwrap().remove("annotations");
+            for hook in o["webhooks"].as_array_mut().unwrap() {
+                hook["clientConfig"]["caBundle"] = json!(ca);
+            }
+        }
+    }
+    cp.try_kubectl(
+        &["apply", "-f", "-"],
+        Some(&json!({"apiVersion": "v1", "kind": "List", "items": objects}).to_string()),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    super::keys::keys(cp, &["restore", "-f", backup.to_str().unwrap()]);
+    cp.kubectl(&[
+        "-n",
+        "config-snapshot",
+        "rollout",
+        "status",
+        "deployment/config-snapshot",
+        "--timeout=300s",
+    ]);
+    assert_eq!(
+        super::keys::keys(cp, &["list"]),
+        before,
+        "the same keys, the same current one"
+    );
+    let ns = "node-kustomize";
+    cp.namespace(ns);
+    sources(cp, ns, "blue", "one");
+    eventually("the kustomize install's webhook", 120, || {
+        cp.apply(ns, &app(cp, "Deployment", "web", 1));
+        let w = cp.get(ns, "deployment", "web")?;
+        let volume = w["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"]
+            .as_str()?
+            .to_string();
+        (volume != "app").then_some(())
+    });
+    pods_read(cp, ns, "web", 1, "blue", "one");
+}
+
+pub fn node_stories(cp: &ControlPlane) {
+    let started = Instant::now();
+    install_as_documented(cp);
+    eprintln!("node: serve installed from its chart in {:?}", started.elapsed());
+    // NODE_STORIES=storm,watch runs only those (while working on them).
+    let only = std::env::var("NODE_STORIES").ok();
+    let run = |name: &str| only.as_deref().is_none_or(|o| o.split(',').any(|s| s == name));
+    if run("deployment") {
+        deployment_story(cp);
+    }
+    if run("revisions") {
+        revision_stories(cp);
+    }
+    if run("jobs") {
+        super::jobs::history_limit_story(cp, &cp.image("busybox"));
+        super::jobs::bare_job_ttl_story(cp, &cp.image("busybox"));
+    }
+    if run("helm") {
+        helm_story(cp);
+    }
+    if run("storm") {
+        leader_killed_story(cp);
+    }
+    if run("outlive") {
+        snapshot_outlives_source_story(cp);
+    }
+    if run("watch") {
+        let table = watch_cost_story(cp);
+        super::bench::publish("bench-node-watches", &table);
+    }
+    if run("kustomize") {
+        kustomize_story(cp);
+    }
+    eprintln!("node: every story held in {:?}", started.elapsed());
+}
+
+/// What a node in `dir` left on this machine: its processes, mounts under
+/// `dir`, the bridge, pod network namespaces not in `netns_before`, and
+/// kube-proxy's iptables chains.
+pub fn left_behind(dir: &Path, netns_before: &[String]) -> Vec<String> {
+    let dir = dir.to_str().unwrap();
+    let mut left = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        // The reaper waits on its owner and names the directory: it is
+        // no node process, and it ends with the owner.
+        if cmdline.contains(dir) && !cmdline.contains(" reaper ") {
+            left.push(format!(
+                "process {}: {}",
+                entry.file_name().to_string_lossy(),
+                cmdline.trim()
+            ));
+        }
+    }
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    left.extend(
+        mounts
+            .lines()
+            .filter(|l| l.contains(&format!(" {dir}/")))
+            .map(|l| format!("mount {l}")),
+    );
+    if Command::new("ip")
+        .args(["link", "show", "csbr0"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        left.push("the bridge csbr0".into());
+    }
+    left.extend(
+        pod_netns()
+            .into_iter()
+            .filter(|n| !netns_before.contains(n))
+            .map(|n| format!("network namespace {n}")),
+    );
+    for table in ["filter", "nat", "mangle"] {
+        let out = Command::new("iptables").args(["-t", table, "-S"]).output().unwrap();
+        left.extend(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|l| l.starts_with("-N KUBE-"))
+                .map(|l| format!("iptables {table}: {l}")),
+        );
+    }
+    left
+}
+
+/// The pods' network namespaces on this machine (the CNI plugins name them
+/// `cni-…`).
+pub fn pod_netns() -> Vec<String> {
+    std::fs::read_dir("/var/run/netns")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().to_string())
+                .filter(|n| n.starts_with("cni-"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A run killed rather than unwound (its process gone, no `down`) leaves
+/// nothing behind either: control-plane.sh's reaper takes the node down
+/// once the process that owns it is gone.
+pub fn a_killed_run_leaves_nothing(netns_before: &[String]) {
+    let dir = std::env::temp_dir().join(format!("config-snapshot-node-killed-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut owner = Command::new("sleep").arg("3600").spawn().unwrap();
+    let status = Command::new(script())
+        .args(["up", dir.to_str().unwrap(), "--node"])
+        .env("CONTROL_PLANE_OWNER", owner.id().to_string())
+        .status()
+        .unwrap();
+    assert!(status.success(), "the second node came up");
+    // Something to leave: a pod on the bridge, its mounts and namespace.
+    let env = std::fs::read_to_string(dir.join("env")).unwrap();
+    let var = |name: &str| {
+        env.lines()
+            .find_map(|l| l.strip_prefix(&format!("export {name}=")))
+            .map(|v| v.trim_matches('"').to_string())
+            .unwrap()
+    };
+    let images = var("NODE_IMAGES");
+    let busybox = images
+        .split(',')
+        .find_map(|i| i.strip_prefix("busybox="))
+        .unwrap()
+        .to_string();
+    let kubectl = Path::new(&var("BIN")).join("kubectl");
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "left", "namespace": "default"},
+        "spec": {"terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "c", "image": busybox, "command": ["sleep", "3600"]}]}});
+    let mut apply = Command::new(&kubectl)
+        .args(["apply", "-f", "-"])
+        .env("KUBECONFIG", var("KUBECONFIG"))
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    apply
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(pod.to_string().as_bytes())
+        .unwrap();
+    assert!(apply.wait().unwrap().success());
+    eventually("the pod on the second node to run", 120, || {
+        let out = Command::new(&kubectl)
+            .args(["get", "pod", "left", "-o", "jsonpath={.status.phase}"])
+            .env("KUBECONFIG", var("KUBECONFIG"))
+            .output()
+            .ok()?;
+        (out.stdout == b"Running").then_some(())
+    });
+    assert!(!left_behind(&dir, netns_before).is_empty(), "a running node is seen");
+    owner.kill().unwrap();
+    owner.wait().unwrap();
+    eventually_or(
+        "the reaper to take the killed run's node down",
+        60,
+        || format!("{:?}", left_behind(&dir, netns_before)),
+        || left_behind(&dir, netns_before).is_empty().then_some(()),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
