@@ -21,7 +21,7 @@
 # DIR/env sets KUBECONFIG (cluster admin), BIN (the binaries), APISERVER (its
 # URL), HELM (the helm CLI, cached beside them) and ARGO_ROLLOUTS (a
 # directory with rollouts-controller, the kubectl-argo-rollouts plugin and
-# the CRDs, installed by the test that uses them); with --node also
+# the CRDs, installed by the test that uses them), PROMTOOL; with --node also
 # REGISTRY (the local registry, HOST:PORT, plain HTTP), NODE_IMAGES (the
 # images built for the node, name=reference,...), NODE and CRANE.
 set -euo pipefail
@@ -35,11 +35,25 @@ HELM_VERSION=v3.22.0
 # the go command fetches from the module proxy (only for this build).
 ARGO_VERSION=v1.10.2
 ARGO_TOOLCHAIN=go1.27.3
+# promtool, from the Prometheus module: checks the chart's alerting rules
+# and runs their unit tests.
+PROMETHEUS_VERSION=v0.316.0
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="${CONFIG_SNAPSHOT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/config-snapshot}"
-CACHE="$ROOT/control-plane/k8s-$K8S_VERSION-etcd-$ETCD_VERSION"
+# -v2: the Kubernetes binaries carry their version (K8S_LDFLAGS); v1 builds
+# said v0.0.0-master, which `helm install` of a chart with kubeVersion refuses.
+CACHE="$ROOT/control-plane/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-v2"
+# The version a release build stamps (hack/lib/version.sh does it there):
+# /version and `kubectl version` report it, and clients such as helm check
+# charts' kubeVersion against it.
+K8S_MINOR=${K8S_VERSION#v1.}; K8S_MINOR=${K8S_MINOR%%.*}
+K8S_LDFLAGS="-X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 \
+-X k8s.io/component-base/version.gitMinor=$K8S_MINOR -X k8s.io/component-base/version.gitTreeState=clean \
+-X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitMajor=1 \
+-X k8s.io/client-go/pkg/version.gitMinor=$K8S_MINOR"
 HELM_DIR="$ROOT/tools/helm-$HELM_VERSION"
 ARGO_DIR="$ROOT/tools/argo-rollouts-$ARGO_VERSION"
+PROMTOOL_DIR="$ROOT/tools/promtool-$PROMETHEUS_VERSION"
 
 log() { printf '[control-plane] %s\n' "$*" >&2; }
 # Where the node that is up keeps its state (one node per machine).
@@ -64,7 +78,8 @@ build() {
   for b in kube-apiserver kube-controller-manager kubectl; do
     if [ ! -x "$CACHE/$b" ]; then
       log "building $b $K8S_VERSION"
-      (cd "$HERE/go/kubernetes" && go build -trimpath -o "$CACHE/$b.tmp" "k8s.io/kubernetes/cmd/$b") && mv "$CACHE/$b.tmp" "$CACHE/$b"
+      (cd "$HERE/go/kubernetes" && go build -trimpath -ldflags "$K8S_LDFLAGS" -o "$CACHE/$b.tmp" "k8s.io/kubernetes/cmd/$b") \
+        && mv "$CACHE/$b.tmp" "$CACHE/$b"
     fi
   done
   if [ ! -x "$HELM_DIR/helm" ]; then
@@ -85,6 +100,14 @@ build() {
       src=$(go list -m -f '{{.Dir}}' github.com/argoproj/argo-rollouts)
       for f in "$src"/manifests/crds/*-crd.yaml; do install -m 0644 "$f" "$ARGO_DIR/crds/"; done
     )
+  fi
+  if [ ! -x "$PROMTOOL_DIR/promtool" ]; then
+    log "building promtool (prometheus $PROMETHEUS_VERSION)"
+    mkdir -p "$PROMTOOL_DIR"
+    # Without service discovery (remove_all_sd): rules need none, and the
+    # build takes half the time.
+    (cd "$HERE/go/promtool" && go build -tags remove_all_sd -trimpath -o "$PROMTOOL_DIR/promtool.tmp" github.com/prometheus/prometheus/cmd/promtool) \
+      && mv "$PROMTOOL_DIR/promtool.tmp" "$PROMTOOL_DIR/promtool"
   fi
   node_build
   log "binaries ready in $CACHE, $HELM_DIR, $ARGO_DIR and $CRANE_DIR ($((SECONDS - started)) s)"
@@ -303,6 +326,7 @@ export BIN="$bin"
 export APISERVER="$url"
 export HELM="$HELM_DIR/helm"
 export ARGO_ROLLOUTS="$ARGO_DIR"
+export PROMTOOL="$PROMTOOL_DIR/promtool"
 EOF
   log "up: $url (state in $d)"
   if [ "$node" = --node ]; then node_up "$d" "$bin" "$url"; fi
@@ -331,7 +355,7 @@ down() {
 cached() {
   for b in etcd kube-apiserver kube-controller-manager kubectl; do [ -x "$CACHE/$b" ] || return 1; done
   [ -x "$HELM_DIR/helm" ] && [ -x "$ARGO_DIR/rollouts-controller" ] && [ -x "$ARGO_DIR/kubectl-argo-rollouts" ] \
-    && [ -f "$ARGO_DIR/crds/rollout-crd.yaml" ] && node_cached
+    && [ -f "$ARGO_DIR/crds/rollout-crd.yaml" ] && [ -x "$PROMTOOL_DIR/promtool" ] && node_cached
 }
 
 case "${1:-}" in

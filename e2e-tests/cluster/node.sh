@@ -30,7 +30,7 @@ node_build() { # node_build
   for b in kubelet kube-scheduler kube-proxy; do
     if [ ! -x "$CACHE/$b" ]; then
       log "building $b $K8S_VERSION"
-      (cd "$HERE/go/kubernetes" && go build -trimpath -ldflags "-X k8s.io/component-base/version.gitVersion=$K8S_VERSION" \
+      (cd "$HERE/go/kubernetes" && go build -trimpath -ldflags "$K8S_LDFLAGS" \
         -o "$CACHE/$b.tmp" "k8s.io/kubernetes/cmd/$b") && mv "$CACHE/$b.tmp" "$CACHE/$b"
     fi
   done

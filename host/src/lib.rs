@@ -17,6 +17,7 @@ pub mod memory;
 pub mod proof;
 pub mod referrers;
 pub mod registry;
+pub mod release;
 pub mod replay;
 pub mod review;
 pub mod rules;

@@ -53,6 +53,10 @@ enum Command {
     /// The signing keyring: list, rotate, restore from a backup, and sign
     /// the snapshots of a version that did not sign (docs/security.md).
     Keys(cli::keys::Args),
+    /// Leave config-snapshot: after uninstalling serve, point workloads back
+    /// at their sources and delete the snapshots nothing names
+    /// (docs/install.md, "Uninstall").
+    Release(cli::release::Args),
 }
 
 fn main() -> ExitCode {
@@ -88,5 +92,6 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Precompile(args) => cli::module::precompile(args),
         Command::Annotate(args) => cli::module::annotate(args),
         Command::Keys(args) => cli::keys::run(args),
+        Command::Release(args) => cli::release::run(args),
     }
 }

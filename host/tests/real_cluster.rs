@@ -41,6 +41,8 @@ struct ControlPlane {
     /// Argo Rollouts' controller, kubectl plugin and CRDs (not installed
     /// until the Rollout story installs them).
     argo: PathBuf,
+    /// promtool, for the alerts (monitoring.rs).
+    promtool: PathBuf,
     url: String,
     /// With `--node`: the local registry (HOST:PORT) and the images built
     /// for the node, by name.
@@ -113,6 +115,7 @@ impl ControlPlane {
             bin: PathBuf::from(var("BIN")),
             helm: PathBuf::from(var("HELM")),
             argo: PathBuf::from(var("ARGO_ROLLOUTS")),
+            promtool: PathBuf::from(var("PROMTOOL")),
             url: var("APISERVER"),
             registry: optional("REGISTRY"),
             images: optional("NODE_IMAGES")
@@ -1237,6 +1240,8 @@ mod jobs;
 mod keys;
 #[path = "real_cluster/memory.rs"]
 mod memory;
+#[path = "real_cluster/monitoring.rs"]
+mod monitoring;
 #[path = "real_cluster/node.rs"]
 mod node;
 #[path = "real_cluster/policy_server.rs"]
@@ -1334,6 +1339,10 @@ fn serve_on_a_real_control_plane() {
         tool_stories(&cp, &serve);
         return;
     }
+    if part == "monitoring" {
+        monitoring::alerts_story(&cp, &mut serve, &kubeconfig);
+        return;
+    }
     if part == "jobs" {
         // With REAL_CLUSTER_SCENARIOS=job: the Job scenarios too.
         let kubelet = start_kubelet_stand_in(&cp);
@@ -1362,6 +1371,9 @@ fn serve_on_a_real_control_plane() {
         return;
     }
     if part != "scenarios" {
+        // First: the alerts' quiet baseline needs a cluster no story has
+        // forged in yet.
+        monitoring::alerts_story(&cp, &mut serve, &kubeconfig);
         deployment_story(&cp);
         undo_to_before_opt_in_story(&cp);
         revision_story(&cp, "StatefulSet");

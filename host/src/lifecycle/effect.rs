@@ -50,6 +50,10 @@ impl Effect {
         }
     }
 
+    /// Every [`Effect::label`]: serve's metrics start each at zero, so that
+    /// an alert on the first failure sees a counter move from 0 to 1.
+    pub const LABELS: [&'static str; 3] = ["adopt", "patch_workload", "sweep"];
+
     pub fn label(&self) -> &'static str {
         match self {
             Effect::Adopt { .. } => "adopt",

@@ -17,9 +17,14 @@ pub struct RequestLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabels {
-    /// allowed, mutated, denied or error.
+    /// One of [`DECISIONS`].
     pub decision: &'static str,
 }
+
+/// Every admission decision serve counts.
+pub const DECISIONS: [&str; 7] = [
+    "allowed", "mutated", "denied", "error", "excluded", "snapshot", "unnamed",
+];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OperationLabels {
@@ -29,6 +34,12 @@ pub struct OperationLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabels {
     pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HeldLabels {
+    /// What holds the rollout: `storm_guard`.
+    pub reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -81,6 +92,12 @@ pub struct Metrics {
     /// Objects in the watch caches, by kind (sources are kept without
     /// their data: docs/security.md).
     pub cache_objects: Family<KindLabels, Gauge>,
+    /// Watch rollouts held now, by what holds them.
+    pub held: Family<HeldLabels, Gauge>,
+    /// How long the rollout held longest has waited, in seconds: a
+    /// rollout the storm guard holds far beyond its interval cannot go
+    /// (the ConfigSnapshotRolloutHeldTooLong alert).
+    pub oldest_held: Family<HeldLabels, Gauge>,
 }
 
 fn host_call_buckets() -> Histogram {
@@ -167,11 +184,43 @@ impl Default for Metrics {
             host_call_errors.clone(),
         );
         registry.register("deferred_effects", "Deferred effects by outcome", effects.clone());
+        // Counted from zero: `increase()` of a series born at 1 is 0, so
+        // the first failure would never alert, and a dashboard would show
+        // nothing rather than zero.
+        for effect in crate::lifecycle::Effect::LABELS {
+            let _ = effects.get_or_create(&EffectLabels {
+                effect,
+                outcome: "failed",
+            });
+        }
+        for decision in DECISIONS {
+            let _ = decisions.get_or_create(&DecisionLabels { decision });
+        }
+        for operation in config_snapshot_policy::operation::Operation::ALL {
+            let _ = host_call_errors.get_or_create(&OperationLabels {
+                operation: operation.name(),
+            });
+        }
         let cache_objects = Family::<KindLabels, Gauge>::default();
         registry.register(
             "cache_objects",
             "Objects in serve's watch caches, by kind",
             cache_objects.clone(),
+        );
+        let held = Family::<HeldLabels, Gauge>::default();
+        registry.register(
+            "rollouts_held",
+            "Watch rollouts held now, by what holds them",
+            held.clone(),
+        );
+        let oldest_held = Family::<HeldLabels, Gauge>::default();
+        let storm_guard = HeldLabels { reason: "storm_guard" };
+        let _ = held.get_or_create(&storm_guard);
+        let _ = oldest_held.get_or_create(&storm_guard);
+        registry.register(
+            "oldest_held_rollout_seconds",
+            "How long the rollout held longest has waited, by what holds it",
+            oldest_held.clone(),
         );
         let connections = ConnectionMetrics::default();
         registry.register(
@@ -212,6 +261,8 @@ impl Default for Metrics {
             unproven,
             connections,
             cache_objects,
+            held,
+            oldest_held,
         }
     }
 }

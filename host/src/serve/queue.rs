@@ -46,6 +46,8 @@ struct Job {
     effect: Effect,
     attempts: u32,
     since: Instant,
+    /// When the storm guard first held it (for the held-rollout gauges).
+    held_since: Option<Instant>,
 }
 
 /// What carrying out an effect needs, shared by the workers.
@@ -123,6 +125,7 @@ impl Queue {
             effect,
             attempts: 0,
             since: Instant::now(),
+            held_since: None,
         });
     }
 
@@ -188,6 +191,15 @@ impl Queue {
                 due.push(job);
             }
             *parked = rest;
+            let metrics = &self.carry.report.metrics;
+            let label = crate::serve::metrics::HeldLabels { reason: "storm_guard" };
+            metrics.held.get_or_create(&label).set(parked.len() as i64);
+            let oldest = parked
+                .iter()
+                .filter_map(|(_, job)| Some(job.held_since?.elapsed().as_secs()))
+                .max()
+                .unwrap_or(0);
+            metrics.oldest_held.get_or_create(&label).set(oldest as i64);
             due
         };
         for mut job in due {
@@ -233,7 +245,10 @@ impl Queue {
                 // rollout or an adoption.
                 metrics.effect_wait.observe(job.since.elapsed().as_secs_f64());
             }
-            Ok(Next::Park(at)) => self.parked().push((at, job)),
+            Ok(Next::Park(at)) => {
+                job.held_since.get_or_insert_with(Instant::now);
+                self.parked().push((at, job))
+            }
             Ok(Next::Again) => {
                 job.attempts += 1;
                 metrics.effect(name, "retried");

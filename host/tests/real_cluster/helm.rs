@@ -66,22 +66,37 @@ fn by_identity(text: &str) -> BTreeMap<String, Value> {
 /// `helm upgrade` of settings restarts serve, which reads them at start).
 pub fn chart_renders_what_kustomize_does(cp: &ControlPlane) {
     let ca = format!("clientCA={}", root().join("deploy/overlays/mtls/ca.crt").display());
-    let cases: [(&str, Vec<&str>); 3] = [
+    let cases: [(&str, Vec<&str>); 4] = [
         ("deploy/serve", vec![]),
         (
             "deploy/overlays/namespaced",
             vec!["--set", "namespaces={team-a,team-b}"],
         ),
         ("deploy/overlays/mtls", vec!["--set-file", &ca]),
+        (
+            "deploy/overlays/monitoring",
+            vec![
+                "--set",
+                "monitoring.serviceMonitor.enabled=true",
+                "--set",
+                "monitoring.prometheusRule.enabled=true",
+                "--set",
+                "monitoring.dashboard.enabled=true",
+            ],
+        ),
     ];
     for (dir, extra) in cases {
         let kustomized = by_identity(&cp.kubectl(&["kustomize", root().join(dir).to_str().unwrap()]));
+        // helm template assumes Kubernetes 1.20 unless told; the chart
+        // needs 1.30.
         let mut args = vec![
             "template",
             "config-snapshot",
             "deploy/helm/config-snapshot",
             "--namespace",
             "config-snapshot",
+            "--kube-version",
+            "1.34.0",
             "--set",
             "createNamespace=true",
         ];
@@ -118,6 +133,42 @@ pub fn chart_renders_what_kustomize_does(cp: &ControlPlane) {
             kustomized.len()
         );
     }
+    // values.schema.json refuses a value of the wrong type and a key the
+    // chart does not have (a typo would otherwise be ignored); the chart
+    // refuses a cluster older than 1.30.
+    let template = |extra: &[&str]| {
+        let mut args = vec![
+            "template",
+            "config-snapshot",
+            "deploy/helm/config-snapshot",
+            "--kube-version",
+            "1.34.0",
+        ];
+        args.extend(extra);
+        cp.try_helm(&args)
+    };
+    for (bad, says) in [
+        (vec!["--set", "replicas=two"], "want integer"),
+        (
+            vec!["--set", "replica=3"],
+            "additional properties 'replica' not allowed",
+        ),
+        (vec!["--set", "failurePolicy=Sometimes"], "failurePolicy"),
+        (vec!["--set", "resyncInterval=5 minutes"], "resyncInterval"),
+    ] {
+        let e = template(&bad).expect_err("the schema refuses it");
+        assert!(e.contains(says), "{bad:?}: {e}");
+    }
+    let old = cp
+        .try_helm(&[
+            "template",
+            "config-snapshot",
+            "deploy/helm/config-snapshot",
+            "--kube-version",
+            "1.29.0",
+        ])
+        .expect_err("the chart refuses Kubernetes 1.29");
+    assert!(old.contains("kubeVersion"), "{old}");
 }
 
 /// The chart installs, upgrades and uninstalls with the real helm: a

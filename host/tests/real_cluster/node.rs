@@ -562,6 +562,214 @@ fn kustomize_story(cp: &ControlPlane) {
     pods_read(cp, ns, "web", 1, "blue", "one");
 }
 
+/// Leaving, as docs/install.md ("Uninstall") says, on the install the
+/// kustomize story left: a Deployment and a StatefulSet reading a ConfigMap
+/// and a Secret, and a CronJob, rolled and undone; then serve's webhook and
+/// Deployment deleted (its namespace and key stay until release), and
+/// `config-snapshot release`: a dry run changes nothing; without `--roll`
+/// nothing rolls and only the CronJob is pointed back; with `--roll
+/// --prune-history` each workload rolls once, to its sources, its pods read
+/// them, and no snapshot, no key and no dangling name is left anywhere.
+fn release_story(cp: &ControlPlane) {
+    // The other stories' namespaces go first: this one is the cluster.
+    let others: Vec<String> = cp
+        .kubectl(&["get", "namespaces", "-o", "jsonpath={.items[*].metadata.name}"])
+        .split_whitespace()
+        .filter(|n| n.starts_with("node-"))
+        .map(str::to_string)
+        .collect();
+    for ns in &others {
+        cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
+    }
+    for ns in &others {
+        eventually("the other stories' namespaces to go", 300, || {
+            cp.try_kubectl(&["get", "namespace", ns], None).is_err().then_some(())
+        });
+    }
+    let ns = "node-leave";
+    cp.namespace(ns);
+    sources(cp, ns, "blue", "one");
+    cp.apply(ns, &config_map("report", json!({"mode": "daily"})));
+    cp.apply(ns, &app(cp, "Deployment", "web", 2));
+    cp.apply(ns, &app(cp, "StatefulSet", "db", 1));
+    let cronjob = json!({"apiVersion": "batch/v1", "kind": "CronJob",
+        "metadata": {"name": "nightly", "annotations": {"config-snapshot.io/watch": "report"}},
+        "spec": {"schedule": "0 3 * * *", "suspend": true, "jobTemplate": {"spec": {"template": {"spec": {
+            "restartPolicy": "Never", "containers": [{"name": "report", "image": cp.image("busybox"),
+                "command": ["sh", "-c", "echo mode=$mode"], "envFrom": [{"configMapRef": {"name": "report"}}]}]}}}}}});
+    cp.apply(ns, &cronjob);
+    pods_read(cp, ns, "web", 2, "blue", "one");
+    pods_read(cp, ns, "db", 1, "blue", "one");
+    set_data(cp, ns, "app", json!({"mode": "green"}));
+    pods_read(cp, ns, "web", 2, "green", "one");
+    pods_read(cp, ns, "db", 1, "green", "one");
+    cp.kubectl(&["-n", ns, "rollout", "undo", "deployment/web"]);
+    pods_read(cp, ns, "web", 2, "blue", "one");
+    let cron_config = |cp: &ControlPlane| -> String {
+        cp.get(ns, "cronjob", "nightly").unwrap()["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+            ["envFrom"][0]["configMapRef"]["name"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_ne!(cron_config(cp), "report", "the CronJob is pinned");
+
+    // The first way out, while serve runs: drop the opt-in. The update that
+    // drops it points the template back at its sources (one rollout); its
+    // old revisions keep their snapshots until the history limit, or
+    // release --prune-history, takes them.
+    cp.apply(ns, &app(cp, "Deployment", "optout", 1));
+    pods_read(cp, ns, "optout", 1, "green", "one");
+    cp.kubectl(&[
+        "-n",
+        ns,
+        "annotate",
+        "deployment",
+        "optout",
+        "config-snapshot.io/watch-",
+    ]);
+    let template = cp.get(ns, "deployment", "optout").unwrap()["spec"]["template"].clone();
+    assert_eq!(template["spec"]["volumes"][0]["configMap"]["name"], "app", "{template}");
+    assert_eq!(
+        template["spec"]["containers"][0]["env"][1]["valueFrom"]["secretKeyRef"]["name"],
+        "db"
+    );
+    assert!(
+        template["metadata"]["annotations"]
+            .get("config-snapshot.io/snapshots")
+            .is_none(),
+        "{template}"
+    );
+    pods_read(cp, ns, "optout", 1, "green", "one");
+
+    // Refused while serve's webhook is registered: it would pin them again.
+    let refused = Command::new(env!("CARGO_BIN_EXE_config-snapshot"))
+        .args(["release", "--dry-run"])
+        .env("KUBECONFIG", &cp.kubeconfig)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && said.contains("still registered"), "{said}");
+
+    // Uninstall: the webhook and serve; its namespace and key stay.
+    cp.kubectl(&["delete", "mutatingwebhookconfiguration", "config-snapshot"]);
+    cp.kubectl(&[
+        "-n",
+        "config-snapshot",
+        "delete",
+        "deployment",
+        "config-snapshot",
+        "--wait=true",
+    ]);
+
+    let release = |args: &[&str]| -> String {
+        let out = Command::new(env!("CARGO_BIN_EXE_config-snapshot"))
+            .arg("release")
+            .args(args)
+            .env("KUBECONFIG", &cp.kubeconfig)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "config-snapshot release {args:?}:\n{text}");
+        eprintln!("config-snapshot release {args:?}:\n{text}");
+        text
+    };
+    // Revisions by owner, and every object's version, cluster-wide.
+    let revisions = || -> BTreeMap<String, std::collections::BTreeSet<String>> {
+        let list: Value =
+            serde_json::from_str(&cp.kubectl(&["get", "replicasets,controllerrevisions", "-A", "-o", "json"])).unwrap();
+        let mut by_owner: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+        for item in list["items"].as_array().unwrap() {
+            let owner = item["metadata"]["ownerReferences"][0]["name"]
+                .as_str()
+                .unwrap_or_default();
+            let key = format!("{}/{owner}", item["metadata"]["namespace"].as_str().unwrap());
+            by_owner
+                .entry(key)
+                .or_default()
+                .insert(item["metadata"]["name"].as_str().unwrap().to_string());
+        }
+        by_owner
+    };
+    let versions = || -> std::collections::BTreeSet<String> {
+        let list: Value = serde_json::from_str(&cp.kubectl(&[
+            "get",
+            "deployments,statefulsets,cronjobs,replicasets,controllerrevisions,configmaps,secrets",
+            "-A",
+            "-o",
+            "json",
+        ]))
+        .unwrap();
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| {
+                format!(
+                    "{} {}/{} {}",
+                    i["kind"], i["metadata"]["namespace"], i["metadata"]["name"], i["metadata"]["resourceVersion"]
+                )
+            })
+            .collect()
+    };
+    let labelled = || {
+        cp.kubectl(&[
+            "get",
+            "configmaps,secrets",
+            "-A",
+            "-l",
+            "app.kubernetes.io/managed-by=config-snapshot",
+            "-o",
+            "name",
+        ])
+    };
+    let key = || cp.get("config-snapshot", "secret", "config-snapshot-signing-key");
+
+    let before = versions();
+    let said = release(&["--dry-run", "--roll", "--prune-history"]);
+    assert!(said.contains("would be pointed back"), "{said}");
+    assert_eq!(versions(), before, "a dry run changes nothing");
+
+    // Without --roll: nothing rolls; the CronJob, which rolls nothing, is
+    // pointed back.
+    let history = revisions();
+    let web_template = cp.get(ns, "deployment", "web").unwrap()["spec"]["template"].clone();
+    release(&[]);
+    assert_eq!(revisions(), history, "no workload rolled");
+    assert_eq!(
+        cp.get(ns, "deployment", "web").unwrap()["spec"]["template"],
+        web_template
+    );
+    assert_eq!(cron_config(cp), "report", "the CronJob points at its source");
+    assert!(key().is_some(), "snapshots are left: the key stays");
+
+    // With --roll and --prune-history: each rolls once, to its sources.
+    release(&["--roll", "--prune-history", "--timeout", "5m"]);
+    pods_read(cp, ns, "web", 2, "green", "one");
+    pods_read(cp, ns, "db", 1, "green", "one");
+    let after = revisions();
+    for workload in ["web", "db"] {
+        let owner = format!("{ns}/{workload}");
+        let (old, new) = (&history[&owner], &after[&owner]);
+        assert_eq!(new.len(), 1, "{workload}: one revision, the new one: {new:?}");
+        assert!(new.is_disjoint(old), "{workload} rolled once: {old:?} -> {new:?}");
+    }
+    assert_eq!(labelled().trim(), "", "no snapshot is left");
+    assert!(key().is_none(), "nor the key");
+    for namespace in cp
+        .kubectl(&["get", "namespaces", "-o", "jsonpath={.items[*].metadata.name}"])
+        .split_whitespace()
+    {
+        no_dangling(&cp.objects(namespace), &format!("{namespace} after release"));
+    }
+    // Run again: nothing left to do.
+    let again = release(&["--roll", "--prune-history"]);
+    assert!(
+        again.contains("0 workloads pointed back, 0 revisions pruned, 0 snapshots deleted"),
+        "{again}"
+    );
+}
+
 pub fn node_stories(cp: &ControlPlane) {
     let started = Instant::now();
     install_as_documented(cp);
@@ -594,6 +802,10 @@ pub fn node_stories(cp: &ControlPlane) {
     }
     if run("kustomize") {
         kustomize_story(cp);
+    }
+    // Last: it uninstalls serve.
+    if run("release") {
+        release_story(cp);
     }
     eprintln!("node: every story held in {:?}", started.elapsed());
 }
