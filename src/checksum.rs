@@ -35,6 +35,13 @@ pub fn degrade(
         WithoutSnapshotCapability::Warn => Outcome::accept_with(vec![format!(
             "{SAY}this host cannot create snapshots ({why}); references left unchanged, so config changes will not roll out and rollback will not restore config"
         )]),
+        // A Job or Pod made directly never rolls out: a checksum on it
+        // would change nothing. It reads its sources as they are when its
+        // pods start.
+        WithoutSnapshotCapability::Checksum if kind.is_standalone() => Outcome::accept_with(vec![format!(
+            "{SAY}this host cannot create snapshots ({why}); a {} made directly reads its sources as they are when its pods start",
+            kind.kind()
+        )]),
         WithoutSnapshotCapability::Checksum => {
             let mut marks = Vec::new();
             let mut warnings = vec![format!(

@@ -56,6 +56,19 @@ pub enum WithoutSnapshotCapability {
     Reject,
 }
 
+/// Every setting's key, as users write it (the Kubewarden UI's questions
+/// ask each one: host/tests/packaging.rs).
+pub const KEYS: [&str; 8] = [
+    "snapshotByDefault",
+    "watchByDefault",
+    "excludedSources",
+    "onMissingSource",
+    "onSnapshotFailure",
+    "withoutSnapshotCapability",
+    "orphanGracePeriod",
+    "secretChecksumKey",
+];
+
 /// Settings as the user writes them. Unknown keys are refused: a misspelt
 /// `watchByDefalut` silently doing nothing is worse than an error.
 #[derive(Debug, Clone, Deserialize)]
@@ -161,6 +174,22 @@ mod tests {
         assert_eq!(s.without_snapshot_capability, WithoutSnapshotCapability::Checksum);
         assert_eq!(s.orphan_grace_period_secs, 600);
         assert_eq!(Settings::from_json(b"null").unwrap().orphan_grace_period_secs, 600);
+    }
+
+    /// KEYS are the keys the settings take: each is accepted, and a
+    /// document setting every one of them is read whole.
+    #[test]
+    fn keys_are_every_setting() {
+        let every = serde_json::json!({"snapshotByDefault": true, "watchByDefault": true,
+            "excludedSources": ["x"], "onMissingSource": "reject", "onSnapshotFailure": "warn",
+            "withoutSnapshotCapability": "warn", "orphanGracePeriod": "2m", "secretChecksumKey": "k"});
+        let mut keys: Vec<&str> = every.as_object().unwrap().keys().map(String::as_str).collect();
+        keys.sort();
+        let mut expected = KEYS.to_vec();
+        expected.sort();
+        assert_eq!(keys, expected);
+        Settings::from_json(every.to_string().as_bytes()).unwrap();
+        assert!(Settings::from_json(br#"{"snapshotByDefalut":true}"#).is_err());
     }
 
     #[test]

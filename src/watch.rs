@@ -121,6 +121,7 @@ fn roll_out(ctx: &Context, id: &SourceId, content: &Content, change: &Change) ->
         let masks: Vec<&str> = masks.iter().map(String::as_str).collect();
         let workloads = match candidates(ctx, kind, id, &masks, &mut indexed) {
             Ok(w) => w,
+            Err(CallError::Foreign(_)) => return warnings,
             // A CRD's kind (Argo Rollouts) where it is not installed: there
             // is nothing of it to roll out.
             Err(e) if kind.row().optional && e.code() == Some(crate::host_error::Code::NotFound) => continue,
@@ -155,6 +156,10 @@ fn candidates(
     if *indexed {
         match ctx.host.list_referencing(kind.kind(), ctx.namespace, id, masks) {
             Ok(items) => return Ok(items),
+            // A host that does not know our capability at all (stock
+            // Kubewarden) can make no watch rollout: listing every workload
+            // would be reads, and a capability to declare, for nothing.
+            Err(e @ CallError::Foreign(_)) => return Err(e),
             Err(e) if e.unsupported() => *indexed = false,
             Err(e) => return Err(e),
         }

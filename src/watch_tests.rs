@@ -123,6 +123,23 @@ fn without_the_hosts_index_every_workload_is_listed_and_the_rollout_is_the_same(
     );
 }
 
+/// Stock Kubewarden does not know our capability, so no watch rollout can
+/// happen there: a source update lists nothing (no read, and no host
+/// capability to declare, for nothing) and is accepted as it is.
+#[test]
+fn on_a_host_without_our_capability_a_source_update_reads_nothing() {
+    let (mut host, _) = cluster("app", env_from("app"));
+    host.stock = true;
+    let out = edit(&host, json!({"mode": "green", "other": "x"}), false);
+    assert!(
+        out.accepted && out.warnings.is_empty() && out.mutated.is_none(),
+        "{out:?}"
+    );
+    assert_eq!(host.ops("list_referencing").len(), 1, "asked once");
+    assert_eq!(workload_lists(&host), 0, "nothing listed");
+    assert!(host.ops("get_resource").is_empty());
+}
+
 #[test]
 fn a_failing_index_is_a_warning_not_a_silent_fallback() {
     let (host, _) = cluster("app", env_from("app"));

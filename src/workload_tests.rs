@@ -1060,6 +1060,27 @@ fn a_cronjob_pins_its_job_template_and_its_jobs_adopt_the_snapshots() {
     assert!(out.mutated.is_none_or(|m| m == suspended), "no rewrite on a suspend");
 }
 
+/// On a host without our capability a bare Job cannot be pinned, and a
+/// checksum on it would change nothing (it never rolls out): it is left as
+/// it is, and the answer says why.
+#[test]
+fn without_the_capability_a_bare_job_is_left_as_it_is() {
+    let mut host = three_host();
+    host.stock = true;
+    let deploy = deployment(json!({ keys::SNAPSHOT: "*" }), three_refs());
+    let job = json!({"apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "migrate", "namespace": "default", "annotations": deploy["metadata"]["annotations"].clone()},
+        "spec": {"template": deploy["spec"]["template"].clone()}});
+    let out = run(&host, &payload("Job", "CREATE", &job, None, false, json!({})));
+    assert!(out.accepted && out.mutated.is_none(), "{out:?}");
+    assert_eq!(out.warnings.len(), 1, "{:?}", out.warnings);
+    assert!(
+        out.warnings[0].contains("a Job made directly reads its sources"),
+        "{:?}",
+        out.warnings
+    );
+}
+
 /// A Job a user makes, opted in, has its sources snapshotted at CREATE and
 /// owns them (it adopts them, as a revision does); watch cannot apply, and
 /// says so. One a controller makes is its revision: nothing is snapshotted.

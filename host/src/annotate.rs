@@ -23,6 +23,13 @@ pub fn metadata_json(metadata_yaml: &str, wasm: &[u8], usage: Option<&str>) -> R
     if !metadata.is_object() {
         return Err(anyhow!("the metadata must be a YAML map"));
     }
+    // As kwctl annotate does since 1.35: a list of patterns the monorepo's
+    // capability tree knows.
+    if let Some(capabilities) = metadata.get("hostCapabilities") {
+        let patterns: Vec<String> = serde_json::from_value(capabilities.clone())
+            .context("hostCapabilities must be a list of capability patterns (kubernetes/get_resource, oci/*)")?;
+        crate::gate::Allowed::parse(&patterns).context("hostCapabilities")?;
+    }
     let engine = Engine::from_bytes(wasm, Engine::DEFAULT_TIMEOUT)?;
     let version = engine.call("protocol_version", b"", Arc::new(NoHost))?;
     let version: Value = serde_json::from_slice(&version).context("protocol_version answered invalid JSON")?;

@@ -8,6 +8,7 @@ pub mod capability;
 pub mod cluster;
 pub mod engine;
 pub mod fuzz;
+pub mod gate;
 pub mod history;
 pub mod interactions;
 pub mod invariants;

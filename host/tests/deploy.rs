@@ -411,8 +411,46 @@ fn the_kubewarden_policy_matches_the_metadata_and_its_rbac() {
     let metadata: Value =
         serde_yaml_ng::from_str(&std::fs::read_to_string(dir().join("../../policy-metadata.yml")).unwrap()).unwrap();
     let spec = &policy["spec"];
-    assert_eq!(spec["rules"], metadata["rules"]);
+    // Only workloads: every other kind's review does nothing on stock
+    // Kubewarden (host/tests/kubewarden_gate.rs), and each rule is one of
+    // the metadata's.
+    let workloads: BTreeSet<String> = config_snapshot_policy::kinds::KINDS
+        .iter()
+        .filter(|k| matches!(k.role, config_snapshot_policy::kinds::Role::Workload { .. }))
+        .map(|k| k.plural.to_string())
+        .collect();
+    let mut reviewed = BTreeSet::new();
+    for rule in spec["rules"].as_array().unwrap() {
+        assert!(
+            metadata["rules"].as_array().unwrap().contains(rule),
+            "a rule of the metadata: {rule}"
+        );
+        for r in rule["resources"].as_array().unwrap() {
+            reviewed.insert(r.as_str().unwrap().to_string());
+        }
+    }
+    assert_eq!(
+        reviewed, workloads,
+        "deploy/kubewarden reviews the workloads, and only them"
+    );
     assert_eq!(spec["contextAwareResources"], metadata["contextAwareResources"]);
+    // On a PolicyServer of its own, which verifies the policy's signature
+    // and runs as an account no other policy shares.
+    let server = config_snapshot::review::read_objects(&kubewarden.join("policyserver.yaml")).unwrap();
+    assert_eq!(server[0]["kind"], "PolicyServer");
+    assert_eq!(spec["policyServer"], server[0]["metadata"]["name"]);
+    let verification = config_snapshot::review::read_objects(&kubewarden.join("verification-config.yaml")).unwrap();
+    assert_eq!(
+        server[0]["spec"]["verificationConfig"],
+        verification[0]["metadata"]["name"]
+    );
+    let config: Value =
+        serde_yaml_ng::from_str(verification[0]["data"]["verification-config"].as_str().unwrap()).unwrap();
+    assert_eq!(config["apiVersion"], "v1");
+    assert!(
+        !config["allOf"].as_array().unwrap().is_empty(),
+        "a signature is required"
+    );
     assert_eq!(spec["mutating"], metadata["mutating"]);
     assert_eq!(spec["backgroundAudit"], metadata["backgroundAudit"]);
     assert_eq!(spec["mode"], "protect");
@@ -424,6 +462,11 @@ fn the_kubewarden_policy_matches_the_metadata_and_its_rbac() {
     let role: ClusterRole = typed(rbac.iter().find(|o| o["kind"] == "ClusterRole").unwrap());
     let binding: ClusterRoleBinding = typed(rbac.iter().find(|o| o["kind"] == "ClusterRoleBinding").unwrap());
     assert_eq!(binding.role_ref.name, role.metadata.name.clone().unwrap());
+    let account = rbac.iter().find(|o| o["kind"] == "ServiceAccount").unwrap();
+    assert_eq!(server[0]["spec"]["serviceAccountName"], account["metadata"]["name"]);
+    let subjects = binding.subjects.clone().unwrap();
+    assert_eq!(subjects.len(), 1, "bound to its own account alone");
+    assert_eq!(Some(subjects[0].name.as_str()), account["metadata"]["name"].as_str());
     let mut granted = BTreeSet::new();
     for rule in role.rules.unwrap() {
         assert_eq!(rule.verbs, ["get", "list", "watch"], "read access only");

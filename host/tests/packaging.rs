@@ -85,13 +85,12 @@ fn metadata_has_what_kubewarden_needs() {
             )
         })
         .collect();
-    // Every kind the policy reads: sources, workloads and whatever the sweep lists.
-    let mut expected: BTreeSet<(String, String)> = config_snapshot_policy::kinds::holders()
-        .map(|k| (k.api_version.to_string(), k.kind.to_string()))
-        .collect();
-    expected.insert(("v1".into(), "ConfigMap".into()));
-    expected.insert(("v1".into(), "Secret".into()));
-    assert_eq!(read, expected);
+    // Kinds of the table (what it reads on stock Kubewarden, exactly, is
+    // host/tests/kubewarden_gate.rs's to check).
+    for (api_version, kind) in &read {
+        let row = config_snapshot_policy::kinds::find(kind).unwrap_or_else(|| panic!("{kind} is not in the table"));
+        assert_eq!(row.api_version, api_version);
+    }
     let annotations = m["annotations"].as_object().unwrap();
     for key in [
         "io.kubewarden.policy.title",
@@ -117,6 +116,25 @@ fn metadata_has_what_kubewarden_needs() {
         );
     }
     assert_eq!(annotations["io.kubewarden.policy.version"], env!("CARGO_PKG_VERSION"));
+    // The resources it names are the kinds its rules review.
+    let named: BTreeSet<String> = annotations["io.artifacthub.resources"]
+        .as_str()
+        .unwrap()
+        .split(", ")
+        .map(str::to_string)
+        .collect();
+    let reviewed: BTreeSet<String> = expand(&m["rules"])
+        .into_iter()
+        .map(|(_, resource, _)| {
+            config_snapshot_policy::kinds::KINDS
+                .iter()
+                .find(|k| k.plural == resource)
+                .unwrap()
+                .kind
+                .to_string()
+        })
+        .collect();
+    assert_eq!(named, reviewed, "io.artifacthub.resources");
 }
 
 #[test]
@@ -131,14 +149,46 @@ fn artifacthub_package_agrees_with_the_metadata() {
     assert_eq!(a["license"], m["annotations"]["io.kubewarden.policy.license"]);
     let ann = &a["annotations"];
     assert_eq!(ann["kubewarden/mutation"], "true");
+    // What a stock Kubewarden user deploys: deploy/kubewarden's rules, and
+    // the kinds they name.
+    let shipped = yaml("deploy/kubewarden/policy.yaml");
     let rules: Value = serde_yaml_ng::from_str(ann["kubewarden/rules"].as_str().unwrap()).unwrap();
-    assert_eq!(expand(&rules), expand(&m["rules"]));
+    assert_eq!(expand(&rules), expand(&shipped["spec"]["rules"]));
+    let kinds: BTreeSet<String> = expand(&rules)
+        .into_iter()
+        .map(|(_, resource, _)| {
+            config_snapshot_policy::kinds::KINDS
+                .iter()
+                .find(|k| k.plural == resource)
+                .unwrap()
+                .kind
+                .to_string()
+        })
+        .collect();
+    let listed: BTreeSet<String> = ann["kubewarden/resources"]
+        .as_str()
+        .unwrap()
+        .split(", ")
+        .map(str::to_string)
+        .collect();
+    assert_eq!(listed, kinds, "kubewarden/resources");
     let resources: Value = serde_yaml_ng::from_str(ann["kubewarden/contextAwareResources"].as_str().unwrap()).unwrap();
     assert_eq!(resources, m["contextAwareResources"]);
-    assert_eq!(
-        ann["kubewarden/resources"],
-        m["annotations"]["io.artifacthub.resources"]
-    );
+    // Kubewarden's UI asks every setting, each default one the policy
+    // takes and the policy's own default.
+    let questions: Value = serde_yaml_ng::from_str(ann["kubewarden/questions-ui"].as_str().unwrap()).unwrap();
+    let questions = questions["questions"].as_array().unwrap();
+    let asked: BTreeSet<&str> = questions.iter().map(|q| q["variable"].as_str().unwrap()).collect();
+    assert_eq!(asked, config_snapshot_policy::settings::KEYS.into_iter().collect());
+    for q in questions {
+        let default = match &q["default"] {
+            Value::String(s) if s.is_empty() => continue,
+            v => v.clone(),
+        };
+        let one = serde_json::json!({ q["variable"].as_str().unwrap(): default });
+        config_snapshot_policy::settings::Settings::from_json(one.to_string().as_bytes())
+            .unwrap_or_else(|e| panic!("the question's default {one} is refused: {e}"));
+    }
     let version = format!("v{}", env!("CARGO_PKG_VERSION"));
     assert!(a["containersImages"][0]["image"].as_str().unwrap().ends_with(&version));
 }
@@ -174,6 +224,20 @@ fn oci_url_is_where_the_release_pushes_and_users_pull() {
         workflow.contains("s/^ *io.kubewarden.policy.ociUrl: *//p' policy-metadata.yml"),
         "the release takes the ociUrl from policy-metadata.yml"
     );
+    // The policy, the image and the chart are each signed, and each
+    // signature verified against the workflow's identity before release.
+    assert_eq!(
+        workflow.matches("cosign sign --yes").count(),
+        3,
+        "three artifacts signed"
+    );
+    assert_eq!(
+        workflow
+            .matches("cosign verify --certificate-identity \"$IDENTITY\"")
+            .count(),
+        3,
+        "and verified"
+    );
     // …and that extraction yields the value the metadata holds.
     let text = std::fs::read_to_string(root().join("policy-metadata.yml")).unwrap();
     let extracted: Vec<&str> = text
@@ -200,6 +264,20 @@ fn annotate_embeds_the_metadata_with_the_protocol_version() {
     // The annotated module still runs.
     let engine = config_snapshot::engine::Engine::from_bytes(&annotated, std::time::Duration::from_secs(2)).unwrap();
     assert_eq!(engine.validate_settings(&serde_json::json!({})).unwrap(), Ok(()));
+    // Capabilities the monorepo's kwctl annotate would refuse are refused:
+    // our own capability (its tree does not know it), or the object form.
+    for bad in [
+        "hostCapabilities: [config-snapshot/v1/create_snapshot]",
+        "hostCapabilities: [{binding: kubewarden, namespace: kubernetes, operations: [get_resource]}]",
+        "hostCapabilities: [kubernetes]",
+    ] {
+        let text = yaml_text.replace(
+            "hostCapabilities:\n  - kubernetes/get_resource\n  - kubernetes/list_resources_by_namespace",
+            bad,
+        );
+        assert_ne!(text, yaml_text);
+        assert!(annotate::metadata_json(&text, &wasm, None).is_err(), "{bad}");
+    }
 }
 
 #[test]
@@ -226,35 +304,27 @@ fn the_module_is_within_its_size_budget() {
     assert!(size <= 500_000, "policy.wasm is {size} bytes, over the 500 KB budget");
 }
 
-/// The metadata's hostCapabilities name exactly the calls the policy makes,
-/// under the binding each is made with (`can_i` is answered by our hosts
-/// but never called).
+/// The metadata's hostCapabilities are Kubewarden's operations the policy
+/// can call (the operation enum, under Kubewarden's binding; `can_i` our
+/// hosts answer but the policy never calls), in the monorepo's pattern
+/// syntax. That it calls each of them on stock Kubewarden, and nothing
+/// else, is host/tests/kubewarden_gate.rs's to check.
 #[test]
 fn host_capabilities_are_the_operation_enum() {
-    use config_snapshot_policy::operation::Operation;
+    use config_snapshot_policy::operation::{Operation, KUBEWARDEN};
     let metadata = yaml("policy-metadata.yml");
-    let mut listed = BTreeSet::new();
-    for capability in metadata["hostCapabilities"].as_array().unwrap() {
-        for op in capability["operations"].as_array().unwrap() {
-            listed.insert((
-                capability["binding"].as_str().unwrap().to_string(),
-                capability["namespace"].as_str().unwrap().to_string(),
-                op.as_str().unwrap().to_string(),
-            ));
-        }
-    }
-    let called: BTreeSet<(String, String, String)> = Operation::ALL
-        .into_iter()
-        .filter(|o| *o != Operation::CanI)
-        .map(|o| {
-            (
-                o.binding().0.to_string(),
-                o.binding().1.to_string(),
-                o.name().to_string(),
-            )
-        })
+    let listed: BTreeSet<String> = metadata["hostCapabilities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap().to_string())
         .collect();
-    assert_eq!(listed, called);
+    let kubewarden: BTreeSet<String> = Operation::ALL
+        .into_iter()
+        .filter(|o| *o != Operation::CanI && o.binding() == KUBEWARDEN)
+        .map(|o| format!("{}/{}", KUBEWARDEN.1, o.name()))
+        .collect();
+    assert_eq!(listed, kubewarden);
 }
 
 /// `make image` (deploy/image/build.sh, no container engine) and the

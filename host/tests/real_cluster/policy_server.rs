@@ -170,18 +170,17 @@ impl Drop for PolicyServer {
     }
 }
 
-/// A kubeconfig for policy-server's reads: ServiceAccount `policy-server`
-/// of namespace `kubewarden`, bound to the shipped read-only ClusterRole
-/// (deploy/kubewarden/rbac.yaml), as Kubewarden's own install runs it.
+/// A kubeconfig for policy-server's reads: the ServiceAccount of
+/// config-snapshot's own PolicyServer, with the shipped read-only RBAC
+/// (deploy/kubewarden/rbac.yaml), as the controller runs it.
 pub fn reader_kubeconfig(cp: &ControlPlane) -> PathBuf {
     if cp.try_kubectl(&["get", "namespace", "kubewarden"], None).is_err() {
         cp.namespace("kubewarden");
     }
-    let _ = cp.try_kubectl(&["-n", "kubewarden", "create", "serviceaccount", "policy-server"], None);
     for object in yaml("deploy/kubewarden/rbac.yaml") {
         cp.apply("kubewarden", &object);
     }
-    cp.token_kubeconfig("kubewarden", "policy-server")
+    cp.token_kubeconfig("kubewarden", "config-snapshot-policy-server")
 }
 
 /// Registers policy-server as the mutating webhook for workloads and their
