@@ -311,7 +311,7 @@ fn the_settings_tables_name_every_setting_with_its_real_default() {
         .map(|f| f.trim().trim_matches('`').split('`').next().unwrap().to_string())
         .filter(|f| !f.is_empty())
         .collect();
-    for doc in ["README.md", "docs/design.md"] {
+    for doc in ["docs/reference.md", "docs/design.md"] {
         let rows = documented_settings(&root().join(doc));
         let names: BTreeSet<String> = rows.iter().map(|(n, _)| n.clone()).collect();
         assert_eq!(names, real, "{doc}'s settings table");
@@ -327,4 +327,141 @@ fn the_settings_tables_name_every_setting_with_its_real_default() {
             );
         }
     }
+}
+
+/// The user docs, whose shell blocks a user copies.
+const USER_DOCS: [&str; 10] = [
+    "README.md",
+    "docs/install.md",
+    "docs/operations.md",
+    "docs/reference.md",
+    "docs/user-guide.md",
+    "docs/troubleshooting.md",
+    "docs/security.md",
+    "docs/gitops.md",
+    "docs/comparison.md",
+    "deploy/helm/config-snapshot/README.md",
+];
+
+/// Each shell block of the user docs with the line before it.
+fn shell_blocks(doc: &str) -> Vec<(usize, String, String)> {
+    let text = std::fs::read_to_string(root().join(doc)).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let mut blocks = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        if ["```sh", "```bash", "```console"].contains(&lines[i].trim()) {
+            let marker = if i > 0 { lines[i - 1].to_string() } else { String::new() };
+            let end = lines[i + 1..]
+                .iter()
+                .position(|l| l.trim() == "```")
+                .expect("a closed block")
+                + i
+                + 1;
+            blocks.push((i + 1, marker, lines[i + 1..end].join("\n")));
+            i = end;
+        }
+        i += 1;
+    }
+    blocks
+}
+
+/// Every shell block of the user docs is run, here (`<!-- run: offline
+/// -->`: against the repository, with this build's binary on PATH), or
+/// says why not and which test does the same (`<!-- not run: why -->`).
+#[test]
+fn every_user_shell_block_is_run_or_says_why_not() {
+    let binary = std::path::PathBuf::from(env!("CARGO_BIN_EXE_config-snapshot"));
+    let path = format!(
+        "{}:{}",
+        binary.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let (mut run, mut said) = (0, 0);
+    for doc in USER_DOCS {
+        for (line, marker, block) in shell_blocks(doc) {
+            let at = format!("{doc}:{line}");
+            if marker.trim() == "<!-- run: offline -->" {
+                let out = std::process::Command::new("bash")
+                    .arg("-c")
+                    .arg(format!("set -euo pipefail\n{block}"))
+                    .current_dir(root())
+                    .env("PATH", &path)
+                    .env("NO_COLOR", "1")
+                    .output()
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "{at}: the block failed:\n{block}\n{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                run += 1;
+            } else {
+                let why = marker
+                    .trim()
+                    .strip_prefix("<!-- not run: ")
+                    .and_then(|m| m.strip_suffix("-->"))
+                    .unwrap_or_else(|| {
+                        panic!("{at}: a shell block without <!-- run: offline --> or <!-- not run: why -->")
+                    });
+                assert!(why.trim().len() > 10, "{at}: say why it is not run");
+                // A test named as doing the same exists.
+                for word in why.split_whitespace() {
+                    let word = word.trim_matches(|c: char| c == ',' || c == ';' || c == '(' || c == ')');
+                    if word.starts_with("host/tests/") {
+                        assert!(root().join(word).exists(), "{at}: {word} does not exist");
+                    }
+                }
+                said += 1;
+            }
+        }
+    }
+    eprintln!("user docs: {run} shell blocks run, {said} say why not");
+    assert!(run >= 4, "{run}");
+}
+
+/// The reference's table of serve's flags lists exactly the flags `serve
+/// --help` has.
+#[test]
+fn the_flags_table_is_serves_flags() {
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_config-snapshot"))
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    let flags: std::collections::BTreeSet<String> = help
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim_start();
+            l.starts_with("--")
+                .then(|| l.split([' ', '=', ',', '<']).next().unwrap().to_string())
+        })
+        .filter(|f| f != "--help")
+        .collect();
+    let reference = std::fs::read_to_string(root().join("docs/reference.md")).unwrap();
+    let table = reference
+        .split("## serve's flags")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("docs/reference.md has the flags table");
+    let listed: std::collections::BTreeSet<String> = table
+        .lines()
+        .filter(|l| l.starts_with("| `--"))
+        .flat_map(|l| {
+            let first = l.split(" | ").next().unwrap().to_string();
+            first
+                .split('`')
+                .filter(|w| w.starts_with("--"))
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .filter(|f| flags.contains(f) || !f.starts_with("--lease-namespace"))
+        .collect();
+    let missing: Vec<&String> = flags.difference(&listed).collect();
+    let extra: Vec<&String> = listed.difference(&flags).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "docs/reference.md's flags: missing {missing:?}, not serve's {extra:?}"
+    );
 }

@@ -73,7 +73,7 @@ pub struct Options {
     /// PEM CA certificate(s): when set, the webhook answers only callers
     /// that present a client certificate signed by one (mTLS). Give it the
     /// CA of the client certificate the API server's AdmissionConfiguration
-    /// names for this webhook (deploy/serve/components/mtls).
+    /// names for this webhook (deploy/components/mtls).
     #[arg(long, env = "CONFIG_SNAPSHOT_CLIENT_CA")]
     pub client_ca: Option<PathBuf>,
     /// Connections to the webhook open at once (their TLS handshakes done).
@@ -190,7 +190,7 @@ pub struct Options {
     pub exclude_namespaces: Vec<String>,
     /// A namespaced install: serve watches, reviews and acts in these
     /// namespaces only, with Roles there instead of a ClusterRole
-    /// (deploy/serve/namespaced). Unset: the whole cluster but the
+    /// (deploy/components/namespaced). Unset: the whole cluster but the
     /// excluded namespaces.
     #[arg(long, value_delimiter = ',')]
     pub namespaces: Vec<String>,
