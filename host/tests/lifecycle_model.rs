@@ -669,12 +669,16 @@ fn check(history: &[Op], warn: bool, outputs: &mut Vec<String>) -> Result<Vec<Va
 /// How often the histories reached the places where features meet.
 static COVERAGE: std::sync::Mutex<BTreeMap<&'static str, usize>> = std::sync::Mutex::new(BTreeMap::new());
 
-const MILESTONES: [(&str, &str); 9] = [
+/// Collection at once is not among them: since a snapshot is made only
+/// once its source write landed, it needs the rollout's own patch to be
+/// refused after that, which a few random histories in 300 reach and some
+/// runs none. A fixed history proves it instead
+/// (`a_snapshot_whose_rollout_is_refused_is_collected_at_once`).
+const MILESTONES: [(&str, &str); 8] = [
     ("rollback recorded", "rollback recorded"),
     ("patch voided by a rollback", "a rollback came first"),
     ("patch superseded", "superseded"),
     ("storm-guarded rollout", "watch: rolling out"),
-    ("snapshot collected at once", "collected: made for a rollout"),
     ("timed sweep", "swept: unowned"),
     ("renewal", "renewed its snapshots"),
     ("revision refused, retried", "retries"),
@@ -821,5 +825,36 @@ fn the_model_checks_what_a_rollback_must_keep() {
     assert!(
         outputs.iter().any(|e| e.contains("a rollback came first")),
         "{outputs:?}"
+    );
+}
+
+/// A watch rollout whose workload patch is refused (the policy, asked to
+/// snapshot every source, cannot read the optional one the template names)
+/// leaves the snapshot made for it unused: it
+/// goes at once, and the history still keeps every invariant.
+#[test]
+fn a_snapshot_whose_rollout_is_refused_is_collected_at_once() {
+    let history = vec![
+        Op::Apply {
+            w: 0,
+            refs: vec![4, 9],
+            snapshot: 1,
+            watch: 2,
+            exclude: false,
+            renew: false,
+            image: 1,
+            history: 10,
+        },
+        Op::Fault { op: 4, times: 1 },
+        Op::EditSource { s: 0, key: 0, value: 1 },
+        Op::Advance { secs: 700 },
+        Op::Advance { secs: 700 },
+    ];
+    let mut outputs = Vec::new();
+    let steps = check(&history, false, &mut outputs).expect("the invariants hold");
+    assert_eq!(steps.len(), history.len());
+    assert!(
+        outputs.iter().any(|e| e.contains("collected: made for a rollout")),
+        "{outputs:#?}"
     );
 }
