@@ -1370,20 +1370,31 @@ fn serve_on_a_real_control_plane() {
         security::namespaced_story(&cp, &mut serve, &kubeconfig);
         return;
     }
+    // Each story's time, printed as it ends: where the run's time goes.
+    let mut lap = Instant::now();
+    let mut timed = |name: &str| {
+        eprintln!("real control plane: {name} in {:?}", lap.elapsed());
+        lap = Instant::now();
+    };
     if part != "scenarios" {
         // First: the alerts' quiet baseline needs a cluster no story has
         // forged in yet.
         monitoring::alerts_story(&cp, &mut serve, &kubeconfig);
+        timed("monitoring");
         deployment_story(&cp);
         undo_to_before_opt_in_story(&cp);
         revision_story(&cp, "StatefulSet");
         revision_story(&cp, "DaemonSet");
         secret_story(&cp, &serve);
+        timed("the user stories");
         tool_stories(&cp, &serve);
+        timed("the tools");
         outage_story(&cp, &mut serve, &kubeconfig);
+        timed("the outage");
         security::attack_stories(&cp, &mut serve, &kubeconfig);
         serve.restart(&kubeconfig, &serve_flags("{}"));
         serve.wait_ready();
+        timed("the attacks");
     }
     if part == "stories" {
         return;
@@ -1394,16 +1405,21 @@ fn serve_on_a_real_control_plane() {
     // orphan grace period, which would hide a snapshot no Job owns).
     serve.restart(&kubeconfig, &serve_flags("{}"));
     serve.wait_ready();
+    timed("the scenarios");
     // The Jobs' stories run on the real node (pods_on_a_real_node), where
     // their pods run to completion.
     jobs::bare_pod_story(&cp);
     // After every other story: serve ran them all without the CRD.
     rollouts::rollout_story(&cp);
+    timed("the bare pod and Argo Rollouts");
     histories::random_histories(&cp, &mut serve, &kubeconfig);
+    timed("the random histories");
     // The latency regression guard: the cluster benchmark, short.
     bench::webhook_latency(&cp, &mut serve, &kubeconfig, true);
+    timed("the latency guard");
     kubelet.store(true, Ordering::SeqCst);
     // Last: it takes the cluster-wide binding away.
     security::namespaced_story(&cp, &mut serve, &kubeconfig);
+    timed("the namespaced install");
     eprintln!("real control plane: every story held in {:?}", started.elapsed());
 }
