@@ -465,3 +465,68 @@ fn the_flags_table_is_serves_flags() {
         "docs/reference.md's flags: missing {missing:?}, not serve's {extra:?}"
     );
 }
+
+/// Every file and folder of the repository, as paths from its root
+/// (`folder/` for a folder), leaving out build output and git's own.
+fn repository_paths() -> Vec<String> {
+    fn walk(dir: &Path, from: &Path, out: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy();
+            if name == "target" || name.starts_with('.') {
+                continue;
+            }
+            let relative = path.strip_prefix(from).unwrap().to_string_lossy().to_string();
+            if path.is_dir() {
+                out.push(format!("{relative}/"));
+                walk(&path, from, out);
+            } else {
+                out.push(relative);
+            }
+        }
+    }
+    let root = root().canonicalize().unwrap();
+    let mut out = Vec::new();
+    walk(&root, &root, &mut out);
+    out
+}
+
+/// docs/architecture.md is a newcomer's map: each file or folder it names
+/// (`serve/prefetch.rs`, `capability/`, a path from the root) must be one
+/// that exists, so a move or a rename that forgets the map fails here. A
+/// name inside the diagram's policy box is the policy's, under `src/`.
+#[test]
+fn the_architecture_map_names_only_paths_that_exist() {
+    let map = std::fs::read_to_string(root().join("docs/architecture.md")).unwrap();
+    let paths = repository_paths();
+    let mut named = BTreeSet::new();
+    for line in map.lines() {
+        let within = if line.starts_with(" │") { "src/" } else { "" };
+        for token in line
+            .split(|c: char| c.is_whitespace() || "`()[],;:│─▶▼┐┘┌└┴┬|".contains(c))
+            .map(|t| t.trim_end_matches('.'))
+            .filter(|t| !t.contains('*') && !t.contains("//"))
+            .filter(|t| {
+                t.ends_with('/') && t.len() > 1 && t.chars().next().unwrap().is_ascii_alphabetic()
+                    || [".rs", ".sh", ".md", ".yaml", ".toml"].iter().any(|e| t.ends_with(e))
+            })
+        {
+            named.insert((within, token.to_string()));
+        }
+    }
+    assert!(named.len() > 30, "the map names files: {named:?}");
+    let missing: Vec<String> = named
+        .iter()
+        .filter(|(within, t)| {
+            !paths
+                .iter()
+                .filter(|p| p.starts_with(within))
+                .any(|p| p == t || p.ends_with(&format!("/{t}")))
+        })
+        .map(|(within, t)| format!("{within}{t}"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/architecture.md names paths that do not exist: {missing:?}"
+    );
+}
