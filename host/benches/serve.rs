@@ -28,7 +28,7 @@ fn options(settings: &Value) -> serve::Options {
     serve::Options {
         settings_json: settings.to_string(),
         queue_capacity: 1 << 20,
-        shutdown_grace: "1s".into(),
+        shutdown_grace: std::time::Duration::from_secs(1),
         // A scenario plays hours in seconds: the per-namespace budget of
         // snapshot creations is tested where it is the subject.
         snapshot_rate: std::num::NonZeroU32::MAX,

@@ -34,12 +34,12 @@ use support::paths::policy;
 fn options(settings: &Value, interval: &str) -> serve::Options {
     serve::Options {
         settings_json: settings.to_string(),
-        watch_min_interval: interval.into(),
+        watch_min_interval: Duration::from_secs(parse_go_duration(interval).unwrap()),
         queue_capacity: 1 << 16,
-        policy_timeout: "10s".into(),
-        shutdown_grace: "1s".into(),
+        policy_timeout: Duration::from_secs(10),
+        shutdown_grace: Duration::from_secs(1),
         // Replay knows at once when a source change went; serve waits.
-        effect_wait: "2s".into(),
+        effect_wait: Duration::from_secs(2),
         // A scenario plays hours in seconds: the per-namespace budget of
         // snapshot creations is tested where it is the subject.
         snapshot_rate: std::num::NonZeroU32::MAX,

@@ -41,8 +41,8 @@ fn options(settings: &Value) -> serve::Options {
     serve::Options {
         settings_json: settings.to_string(),
         queue_capacity: 1 << 16,
-        policy_timeout: "10s".into(),
-        shutdown_grace: "1s".into(),
+        policy_timeout: std::time::Duration::from_secs(10),
+        shutdown_grace: std::time::Duration::from_secs(1),
         // A scenario plays hours in seconds: the per-namespace budget of
         // snapshot creations is tested where it is the subject.
         snapshot_rate: std::num::NonZeroU32::MAX,

@@ -15,7 +15,7 @@ use axum::routing::{get, post};
 use axum::Router;
 
 use super::listener::{self, server_config, Table, Tls};
-use super::{admission, duration, Options, State};
+use super::{admission, Options, State};
 
 /// An AdmissionReview carries the object and the old object; the API
 /// server caps each at about 3 MiB.
@@ -83,8 +83,8 @@ pub async fn serve(state: Arc<State>, options: &Options) -> Result<()> {
     }
     tokio::spawn(reload_certificates(tls.clone(), options.clone()));
     let limits = options.listener_limits()?;
-    let body_timeout = Duration::from_secs(duration("body-read-timeout", &options.body_read_timeout)?.max(1));
-    let grace = Duration::from_secs(duration("shutdown-grace", &options.shutdown_grace)?);
+    let body_timeout = options.body_read_timeout.max(Duration::from_secs(1));
+    let grace = options.shutdown_grace;
     let ops = tokio::net::TcpListener::bind(options.metrics_listen)
         .await
         .with_context(|| format!("binding {}", options.metrics_listen))?;

@@ -87,18 +87,18 @@ pub struct Options {
     pub max_connections_per_peer: usize,
     /// How long a connection may go from its TLS handshake to its first
     /// request (Go duration).
-    #[arg(long, default_value = "10s")]
-    pub first_byte_timeout: String,
+    #[arg(long, default_value = "10s", value_parser = go_duration)]
+    pub first_byte_timeout: Duration,
     /// How long a connection may stay open with no request, HTTP/1 or
     /// HTTP/2 (Go duration).
-    #[arg(long, default_value = "2m")]
-    pub idle_timeout: String,
+    #[arg(long, default_value = "2m", value_parser = go_duration)]
+    pub idle_timeout: Duration,
     /// How long a client may take to send a request's headers (Go duration).
-    #[arg(long, default_value = "5s")]
-    pub header_read_timeout: String,
+    #[arg(long, default_value = "5s", value_parser = go_duration)]
+    pub header_read_timeout: Duration,
     /// How long a client may take to send a request's body (Go duration).
-    #[arg(long, default_value = "10s")]
-    pub body_read_timeout: String,
+    #[arg(long, default_value = "10s", value_parser = go_duration)]
+    pub body_read_timeout: Duration,
     /// The webhook's HTTPS address.
     #[arg(long, default_value = "0.0.0.0:8443")]
     pub listen: SocketAddr,
@@ -110,22 +110,22 @@ pub struct Options {
     pub log_format: String,
     /// How often to re-admit renew-duration workloads and re-derive watch
     /// rollouts (Go duration).
-    #[arg(long, default_value = "5m")]
-    pub resync_interval: String,
+    #[arg(long, default_value = "5m", value_parser = go_duration)]
+    pub resync_interval: Duration,
     /// Storm guard: at most one watch rollout per workload per interval.
-    #[arg(long, default_value = "30s")]
-    pub watch_min_interval: String,
+    #[arg(long, default_value = "30s", value_parser = go_duration)]
+    pub watch_min_interval: Duration,
     /// How long a deferred effect waits for its precondition (the source
     /// change persisted, the owner created) before it is dropped.
-    #[arg(long, default_value = "30s")]
-    pub effect_wait: String,
+    #[arg(long, default_value = "30s", value_parser = go_duration)]
+    pub effect_wait: Duration,
     /// Deferred effects waiting at most (beyond: dropped, the resync and the
     /// sweep recover).
     #[arg(long, default_value = "1024")]
     pub queue_capacity: usize,
     /// The policy's deadline per request (Go duration).
-    #[arg(long, default_value = "2s")]
-    pub policy_timeout: String,
+    #[arg(long, default_value = "2s", value_parser = go_duration)]
+    pub policy_timeout: Duration,
     /// Policy instances alive at once: admissions evaluated together (one
     /// is kept for the resync). Each takes up to --policy-memory-mib, so
     /// their product must fit the container's memory limit beside the
@@ -209,11 +209,11 @@ pub struct Options {
     #[arg(long, default_value = "32Mi", value_parser = crate::capability::parse_bytes)]
     pub snapshot_bytes_rate_total: std::num::NonZeroU32,
     /// How long a Lease unrenewed stays held: the longest failover (Go duration).
-    #[arg(long, default_value = "15s")]
-    pub lease_duration: String,
+    #[arg(long, default_value = "15s", value_parser = go_duration)]
+    pub lease_duration: Duration,
     /// Grace period for in-flight requests on shutdown (Go duration).
-    #[arg(long, default_value = "20s")]
-    pub shutdown_grace: String,
+    #[arg(long, default_value = "20s", value_parser = go_duration)]
+    pub shutdown_grace: Duration,
 }
 
 /// A namespace flag's values, trimmed, empty ones dropped.
@@ -256,17 +256,15 @@ impl Options {
 
     /// The webhook listener's bounds from the flags.
     pub fn listener_limits(&self) -> Result<listener::Limits> {
-        let secs =
-            |name: &str, value: &str| -> Result<Duration> { Ok(Duration::from_secs(duration(name, value)?.max(1))) };
         if self.max_connections_per_peer == 0 || self.max_connections == 0 {
             return Err(anyhow!("--max-connections and --max-connections-per-peer: at least 1"));
         }
         Ok(listener::Limits {
             connections: self.max_connections,
             per_peer: self.max_connections_per_peer.min(self.max_connections),
-            first_byte_timeout: secs("first-byte-timeout", &self.first_byte_timeout)?,
-            idle_timeout: secs("idle-timeout", &self.idle_timeout)?,
-            header_read_timeout: secs("header-read-timeout", &self.header_read_timeout)?,
+            first_byte_timeout: at_least_a_second(self.first_byte_timeout),
+            idle_timeout: at_least_a_second(self.idle_timeout),
+            header_read_timeout: at_least_a_second(self.header_read_timeout),
             ..listener::Limits::default()
         })
     }
@@ -343,8 +341,16 @@ impl State {
     }
 }
 
-fn duration(flag: &str, text: &str) -> Result<u64> {
-    parse_go_duration(text).map_err(|e| anyhow!("--{flag}: {e}"))
+/// A flag's Go duration (`90s`, `5m`), read when the command line is
+/// parsed: a bad one is refused before the module is pulled, the caches
+/// started or leader election begun.
+fn go_duration(text: &str) -> Result<Duration, config_snapshot_policy::duration::DurationError> {
+    parse_go_duration(text).map(Duration::from_secs)
+}
+
+/// A duration no shorter than a second: a timer of zero would fire at once.
+fn at_least_a_second(d: Duration) -> Duration {
+    d.max(Duration::from_secs(1))
 }
 
 /// Everything `serve` needs that does not involve sockets, for the module
@@ -358,7 +364,7 @@ pub fn build(options: &Options, client: Client, module: &[u8], prover: Prover) -
     let (engine, how) = Engine::load_prepared(
         module,
         precompiled.as_deref(),
-        Duration::from_secs(duration("policy-timeout", &options.policy_timeout)?),
+        options.policy_timeout,
         options.engine_limits()?,
     )?;
     tracing::info!(how = %how, millis = started.elapsed().as_millis() as u64, "policy ready");
@@ -425,7 +431,7 @@ pub fn build_with_engine(
         cluster: cluster.clone(),
         rules: Arc::new(Rules {
             settings: parsed,
-            watch_min_interval: duration("watch-min-interval", &options.watch_min_interval)? as i64,
+            watch_min_interval: options.watch_min_interval.as_secs() as i64,
             prover,
             excluded_namespaces: options.excluded_namespaces(),
             only_namespaces,
@@ -438,7 +444,7 @@ pub fn build_with_engine(
         carry,
         QueueSettings {
             capacity: options.queue_capacity.max(1),
-            wait_for: Duration::from_secs(duration("effect-wait", &options.effect_wait)?),
+            wait_for: options.effect_wait,
             ..QueueSettings::default()
         },
     );
@@ -483,13 +489,13 @@ pub async fn run(options: Options) -> Result<()> {
     }
     state.cluster.cache.start(client.clone());
     tokio::spawn(worker.run());
-    let interval = Duration::from_secs(duration("resync-interval", &options.resync_interval)?);
+    let interval = options.resync_interval;
     if options.leader_elect {
         let election = leader::Election {
             namespace: options.own_namespace.clone(),
             lease: options.lease_name.clone(),
             holder: leader::default_holder(),
-            duration: Duration::from_secs(duration("lease-duration", &options.lease_duration)?.max(1)),
+            duration: at_least_a_second(options.lease_duration),
         };
         tracing::info!(lease = %election.lease, namespace = %election.namespace, holder = %election.holder, "leader election on");
         tokio::spawn(leader::compete(client.clone(), election, state.leadership.clone()));
@@ -523,4 +529,55 @@ pub fn init_logging(format: &str) {
     } else {
         builder.try_init()
     };
+}
+
+#[cfg(test)]
+mod options_tests {
+    use super::Options;
+    use clap::Parser as _;
+    use std::time::Duration;
+
+    #[derive(clap::Parser)]
+    struct Serve {
+        #[command(flatten)]
+        options: Options,
+    }
+
+    /// A bad duration is refused when the command line is read, before
+    /// anything starts, and names its flag.
+    fn parse(extra: &[&str]) -> Result<Serve, clap::Error> {
+        let base = [
+            "serve",
+            "--policy",
+            "p.wasm",
+            "--tls-cert",
+            "c.pem",
+            "--tls-key",
+            "k.pem",
+        ];
+        Serve::try_parse_from(base.iter().chain(extra))
+    }
+
+    #[test]
+    fn durations_are_read_with_the_command_line() {
+        let parsed = parse(&["--shutdown-grace", "90s"]).unwrap();
+        assert_eq!(parsed.options.shutdown_grace, Duration::from_secs(90));
+        assert_eq!(
+            parsed.options.resync_interval,
+            Duration::from_secs(300),
+            "the default, read as a duration"
+        );
+        for flag in [
+            "--shutdown-grace",
+            "--watch-min-interval",
+            "--lease-duration",
+            "--idle-timeout",
+        ] {
+            let refused = parse(&[flag, "soon"])
+                .err()
+                .unwrap_or_else(|| panic!("{flag} soon was accepted"));
+            assert_eq!(refused.kind(), clap::error::ErrorKind::ValueValidation);
+            assert!(refused.to_string().contains(flag), "{refused}");
+        }
+    }
 }
