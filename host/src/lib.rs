@@ -7,6 +7,7 @@ pub mod annotate;
 pub mod capability;
 pub mod cluster;
 pub mod engine;
+#[cfg(feature = "fuzz")]
 pub mod fuzz;
 pub mod gate;
 pub mod history;
