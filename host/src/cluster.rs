@@ -179,9 +179,140 @@ pub fn shown(name: &str) -> String {
     }
 }
 
+/// What a judgement of an object, as last read, asks of
+/// [`patch_judged`].
+pub enum Judged<T> {
+    /// Nothing (more) to write: the answer.
+    Done(T),
+    /// Write `ops` if the object is still at `version`; `then` is the
+    /// answer once written.
+    Patch { ops: Vec<Value>, version: String, then: T },
+}
+
+/// How many times [`patch_judged`] judges an object that keeps changing.
+const JUDGEMENTS: usize = 3;
+
+/// Optimistic concurrency, written once for the host: `judge` decides on
+/// the object as last read (`None`: it does not exist), and what it asks
+/// is written on the version it judged. When someone wrote the object in
+/// between (409), it is read fresh and judged again; when it went (404),
+/// it is judged as gone. `Ok(None)` when it kept changing for
+/// [`JUDGEMENTS`] judgements; `fail` turns a failed call into the caller's
+/// error.
+pub fn patch_judged<C, T, E>(
+    cluster: &C,
+    (kind, namespace, name): (&str, &str, &str),
+    mut current: Option<Value>,
+    mut judge: impl FnMut(Option<Value>) -> std::result::Result<Judged<T>, E>,
+    fail: impl Fn(ApiError) -> E,
+) -> std::result::Result<Option<T>, E>
+where
+    C: Cluster + ?Sized,
+{
+    for _ in 0..JUDGEMENTS {
+        let (ops, version, then) = match judge(current.take())? {
+            Judged::Done(answer) => return Ok(Some(answer)),
+            Judged::Patch { ops, version, then } => (ops, version, then),
+        };
+        match cluster.patch(kind, namespace, name, &version, ops) {
+            Ok(()) => return Ok(Some(then)),
+            Err(ApiError::NotFound(_)) => current = None,
+            Err(ApiError::Conflict(_)) => current = cluster.get_fresh(kind, namespace, name).map_err(&fail)?,
+            Err(e) => return Err(fail(e)),
+        }
+    }
+    Ok(None)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn one_configmap() -> crate::memory::Shared {
+        let cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "app", "namespace": "team-a"}, "data": {"k": "v"}});
+        crate::memory::Shared::holding(&[cm], 1_900_000_000)
+    }
+
+    fn annotate(n: usize) -> Vec<Value> {
+        vec![json!({"op": "add", "path": "/metadata/annotations", "value": {"n": n.to_string()}})]
+    }
+
+    /// A write on a version that moved on is judged again on the object
+    /// read fresh, and lands there.
+    #[test]
+    fn a_conflict_is_judged_again_on_a_fresh_read() {
+        let cluster = one_configmap();
+        let key = ("ConfigMap", "team-a", "app");
+        let stale = json!({"metadata": {"resourceVersion": "0"}});
+        let mut seen = Vec::new();
+        let answer = patch_judged(
+            &cluster,
+            key,
+            Some(stale),
+            |found| {
+                let version = found.unwrap()["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap()
+                    .to_string();
+                seen.push(version.clone());
+                Ok::<_, ApiError>(Judged::Patch {
+                    ops: annotate(seen.len()),
+                    version,
+                    then: "written",
+                })
+            },
+            |e| e,
+        );
+        assert_eq!(answer, Ok(Some("written")));
+        assert_eq!(seen, ["0", "1"], "judged on the stale version, then on the stored one");
+        let stored = cluster.get_fresh("ConfigMap", "team-a", "app").unwrap().unwrap();
+        assert_eq!(stored["metadata"]["annotations"]["n"], "2");
+    }
+
+    /// An object that keeps changing is given up after a few judgements,
+    /// and one that went is judged as gone.
+    #[test]
+    fn an_object_that_keeps_changing_or_went_ends_the_loop() {
+        let cluster = one_configmap();
+        let key = ("ConfigMap", "team-a", "app");
+        let mut judged = 0;
+        let answer = patch_judged(
+            &cluster,
+            key,
+            None,
+            |found| {
+                judged += 1;
+                Ok::<_, ApiError>(match found {
+                    None => Judged::Done("gone"),
+                    Some(_) => Judged::Patch {
+                        ops: annotate(0),
+                        version: "stale".into(),
+                        then: "written",
+                    },
+                })
+            },
+            |e| e,
+        );
+        assert_eq!((answer, judged), (Ok(Some("gone")), 1));
+        let current = cluster.get_fresh("ConfigMap", "team-a", "app").unwrap();
+        let mut judged = 0;
+        let answer = patch_judged(
+            &cluster,
+            key,
+            current,
+            |_| {
+                judged += 1;
+                Ok::<_, ApiError>(Judged::Patch {
+                    ops: annotate(0),
+                    version: "stale".into(),
+                    then: "written",
+                })
+            },
+            |e| e,
+        );
+        assert_eq!((answer, judged), (Ok(None), JUDGEMENTS));
+    }
 
     #[test]
     fn api_errors_are_recognised_by_their_status() {

@@ -19,8 +19,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{failed, refused, Capability};
-use crate::cluster::ApiError;
-use crate::cluster::Cluster;
+use crate::cluster::{patch_judged, ApiError, Cluster, Judged};
 use crate::lifecycle::driver::SWEEP_EVERY_SECS;
 use crate::lifecycle::verdict::{adopt_ops, version_of};
 use crate::lifecycle::Effect;
@@ -228,7 +227,7 @@ impl Capability {
         };
         // A cached read first: most snapshots made are new, and most reused
         // ones are owned, and neither needs more.
-        let mut existing = match self.cluster.get(kind.kind(), &ns, &name).map_err(failed)? {
+        let existing = match self.cluster.get(kind.kind(), &ns, &name).map_err(failed)? {
             // Whether an unowned snapshot must be marked is decided on a
             // read as fresh as the request: a cache could show one since
             // deleted (which only the write would catch), or one since
@@ -254,55 +253,66 @@ impl Capability {
         //   becomes an owner too (a bridge), so the garbage collector cannot
         //   take it when those revisions go before the workload's own
         //   revision adopts it.
-        for _ in 0..3 {
-            let Some(found) = existing.take() else {
-                return match self.make(&object)? {
-                    Ok(()) => created(),
-                    Err(e) => Err(failed(e)),
+        let reused = patch_judged(
+            &self.cluster,
+            (kind.kind(), &ns, &name),
+            existing,
+            |found| {
+                let Some(found) = found else {
+                    // Gone since it was read: made anew.
+                    return match self.make(&object)? {
+                        Ok(()) => created().map(Judged::Done),
+                        Err(e) => Err(failed(e)),
+                    };
                 };
-            };
-            self.same_snapshot(kind, &found, &content, &name)?;
-            let ops = match (&owner, owned(&found)) {
-                (None, true) => return Ok(json!({"created": false})),
-                (Some(owner), true) if owner["metadata"]["uid"].is_null() => {
-                    // A workload being created has no uid yet: it becomes
-                    // an owner once it exists.
-                    self.stage(Effect::Adopt {
-                        namespace: ns.clone(),
-                        owner_kind: owner["kind"].as_str().unwrap_or_default().to_string(),
-                        owner_name: owner["metadata"]["name"].as_str().unwrap_or_default().to_string(),
-                        snapshots: vec![(kind.kind().to_string(), name.clone())],
-                        stored_as: Some(self.stored_as()),
-                    });
-                    return Ok(json!({"created": false}));
-                }
-                (Some(owner), true) => match adopt_ops(owner, &found) {
-                    Some(ops) => ops,
-                    None => return Ok(json!({"created": false})),
-                },
-                (_, false)
-                    if !must_mark_reuse(&found, self.cluster.now(), self.rules.settings.orphan_grace_period_secs) =>
-                {
-                    return Ok(json!({"created": false}));
-                }
-                (_, false) => {
-                    let now = format_rfc3339(self.cluster.now());
-                    vec![json!({"op": "add", "path": annotation_path(keys::LAST_USED_AT), "value": now})]
-                }
-            };
-            match self.cluster.patch(kind.kind(), &ns, &name, version_of(&found), ops) {
-                Ok(()) => return Ok(json!({"created": false})),
-                Err(ApiError::NotFound(_)) => existing = None,
-                Err(ApiError::Conflict(_)) => {
-                    existing = self.cluster.get_fresh(kind.kind(), &ns, &name).map_err(failed)?;
-                }
-                Err(e) => return Err(failed(e)),
-            }
-        }
-        Err(HostError::new(
-            Code::Conflict,
-            format!("refused: snapshot {name} kept changing while it was reused; try again"),
-        ))
+                self.same_snapshot(kind, &found, &content, &name)?;
+                let reused = json!({"created": false});
+                let ops = match (&owner, owned(&found)) {
+                    (None, true) => return Ok(Judged::Done(reused)),
+                    (Some(owner), true) if owner["metadata"]["uid"].is_null() => {
+                        // A workload being created has no uid yet: it becomes
+                        // an owner once it exists.
+                        self.stage(Effect::Adopt {
+                            namespace: ns.clone(),
+                            owner_kind: owner["kind"].as_str().unwrap_or_default().to_string(),
+                            owner_name: owner["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+                            snapshots: vec![(kind.kind().to_string(), name.clone())],
+                            stored_as: Some(self.stored_as()),
+                        });
+                        return Ok(Judged::Done(reused));
+                    }
+                    (Some(owner), true) => match adopt_ops(owner, &found) {
+                        Some(ops) => ops,
+                        None => return Ok(Judged::Done(reused)),
+                    },
+                    (_, false)
+                        if !must_mark_reuse(
+                            &found,
+                            self.cluster.now(),
+                            self.rules.settings.orphan_grace_period_secs,
+                        ) =>
+                    {
+                        return Ok(Judged::Done(reused));
+                    }
+                    (_, false) => {
+                        let now = format_rfc3339(self.cluster.now());
+                        vec![json!({"op": "add", "path": annotation_path(keys::LAST_USED_AT), "value": now})]
+                    }
+                };
+                Ok(Judged::Patch {
+                    ops,
+                    version: version_of(&found).to_string(),
+                    then: reused,
+                })
+            },
+            failed,
+        )?;
+        reused.ok_or_else(|| {
+            HostError::new(
+                Code::Conflict,
+                format!("refused: snapshot {name} kept changing while it was reused; try again"),
+            )
+        })
     }
 
     /// `create_snapshots`: each item as `create_snapshot` (its injected

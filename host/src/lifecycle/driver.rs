@@ -22,7 +22,7 @@ use super::pass::{add_references, bridges, controller_of, doomed, orphans, Doome
 use super::register::Register;
 use super::verdict::{adopt_ops, decide_patch, version_of, Observed, Rules, Verdict};
 use crate::capability::{written_size, Budget};
-use crate::cluster::{self, ApiError, Cluster, Key, Preconditions, Selector};
+use crate::cluster::{self, ApiError, Cluster, Judged, Key, Preconditions, Selector};
 use crate::proof::Proven;
 
 /// The most often a source is swept after its new snapshots (seconds).
@@ -540,33 +540,38 @@ impl Driver<'_> {
     /// it alone, and the sweep spares what the effect awaits.
     fn bridge(&self, workload: &Value, snapshot: &Value) -> Result<(), String> {
         let (kind, ns, name) = cluster::key(snapshot);
-        let mut current = Some(snapshot.clone());
-        for _ in 0..3 {
-            let Some(found) = current.take() else {
-                return Err(format!("{kind}/{name} is gone"));
-            };
-            let Some(ops) = adopt_ops(workload, &found).filter(|_| owned(&found)) else {
-                return Ok(());
-            };
-            match self.cluster.patch(&kind, &ns, &name, version_of(&found), ops) {
-                Ok(()) => {
-                    let who = format!(
-                        "{}/{}",
-                        workload["kind"].as_str().unwrap_or_default(),
-                        workload["metadata"]["name"].as_str().unwrap_or_default()
-                    );
-                    self.observer.note(format!("{kind}/{name} bridged to {who}"));
-                    return Ok(());
-                }
-                // Changed since it was read (the cache lags, an adoption
-                // landed): judge it again as it is.
-                Err(ApiError::Conflict(_)) => {
-                    current = self.cluster.get_fresh(&kind, &ns, &name).map_err(|e| e.to_string())?;
-                }
-                Err(e) => return Err(format!("bridging {kind}/{name}: {e}")),
+        let bridged = cluster::patch_judged(
+            &self.cluster,
+            (&kind, &ns, &name),
+            Some(snapshot.clone()),
+            |found| {
+                let Some(found) = found else {
+                    return Err(format!("{kind}/{name} is gone"));
+                };
+                Ok(match adopt_ops(workload, &found).filter(|_| owned(&found)) {
+                    None => Judged::Done(false),
+                    Some(ops) => Judged::Patch {
+                        ops,
+                        version: version_of(&found).to_string(),
+                        then: true,
+                    },
+                })
+            },
+            |e| format!("bridging {kind}/{name}: {e}"),
+        )?;
+        match bridged {
+            Some(true) => {
+                let who = format!(
+                    "{}/{}",
+                    workload["kind"].as_str().unwrap_or_default(),
+                    workload["metadata"]["name"].as_str().unwrap_or_default()
+                );
+                self.observer.note(format!("{kind}/{name} bridged to {who}"));
+                Ok(())
             }
+            Some(false) => Ok(()),
+            None => Err(format!("{kind}/{name} kept changing while it was bridged")),
         }
-        Err(format!("{kind}/{name} kept changing while it was bridged"))
     }
 
     /// Deletes a snapshot made for a patch that was dropped, at once, if
