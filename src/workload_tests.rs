@@ -1232,3 +1232,38 @@ fn a_template_past_the_source_limit_is_refused_before_any_read() {
     );
     assert!(at_limit.accepted && at_limit.mutated.is_some(), "{at_limit:?}");
 }
+
+/// What a host reads ahead (`plan::reads_ahead`) is what the policy reads
+/// fresh for a CREATE: every source it snapshots, and nothing it does not
+/// (an excluded source, an optional one that is not there still costs its
+/// read, as the planner makes it).
+#[test]
+fn reads_ahead_are_the_fresh_reads_of_a_create() {
+    let host = three_host();
+    let annotations = json!({ keys::SNAPSHOT: "*", keys::EXCLUDE: "configmap/extra" });
+    let mut pod = three_refs();
+    pod["containers"][0]["envFrom"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"configMapRef": {"name": "ghost", "optional": true}}));
+    let object = deployment(annotations.clone(), pod);
+    let out = create(&host, &object);
+    assert!(out.accepted, "{out:?}");
+    let read: std::collections::BTreeSet<(String, String)> = host
+        .ops("get_resource")
+        .iter()
+        .filter(|r| r["disable_cache"] == true && matches!(r["kind"].as_str(), Some("ConfigMap" | "Secret")))
+        .map(|r| (r["kind"].as_str().unwrap().into(), r["name"].as_str().unwrap().into()))
+        .collect();
+    let settings = crate::settings::Settings::default();
+    let optin = crate::optin::OptIn::from_annotations(annotations.as_object(), &settings).unwrap();
+    let ahead: std::collections::BTreeSet<(String, String)> =
+        crate::plan::reads_ahead(&object["spec"]["template"], &optin, &settings)
+            .into_iter()
+            .map(|g| (g.id.kind.kind().to_string(), g.id.name))
+            .collect();
+    assert_eq!(read, ahead);
+    assert!(
+        ahead.contains(&("ConfigMap".into(), "ghost".into())) && !ahead.contains(&("ConfigMap".into(), "extra".into()))
+    );
+}

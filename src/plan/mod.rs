@@ -107,6 +107,26 @@ pub struct Planner<'a> {
     pub optin: &'a OptIn,
 }
 
+/// The sources this template's admission may read fresh, as known before
+/// the write is classified: each one the workload snapshots and the
+/// template names by its own name (not a snapshot), as a CREATE, a roll
+/// forward and a re-applied manifest do. The planner reads no other
+/// source for such a template (a snapshot kept costs no read), and a host
+/// reads these ahead, beside the policy (serve's prefetch), so that the
+/// rule is written here once. Nothing, for a template the policy refuses
+/// for naming too many sources, or for names that are not names (only a
+/// forged review carries one; the API server refuses them).
+pub fn reads_ahead(template: &Value, optin: &OptIn, settings: &Settings) -> Vec<SourceRefs> {
+    if references::distinct(&references::collect(template)) > references::MAX_SOURCES {
+        return Vec::new();
+    }
+    crate::template::own_groups(template)
+        .into_iter()
+        .filter(|g| crate::selection::is_dns_subdomain(&g.id.name))
+        .filter(|g| optin.snapshots(&g.id, settings) && g.refs.iter().any(|r| r.name == g.id.name))
+        .collect()
+}
+
 /// One lookup of the workload's revisions, made only when needed.
 #[derive(Default, Clone, Copy)]
 struct RevisionMatch {

@@ -42,11 +42,9 @@ use config_snapshot_policy::content::{snapshot_name, Content};
 use config_snapshot_policy::keys;
 use config_snapshot_policy::kinds::WorkloadKind;
 use config_snapshot_policy::optin::OptIn;
-use config_snapshot_policy::references;
-use config_snapshot_policy::selection::is_dns_subdomain;
+use config_snapshot_policy::plan::reads_ahead;
 use config_snapshot_policy::settings::Settings;
 use config_snapshot_policy::source::SourceKind;
-use config_snapshot_policy::template;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -97,20 +95,12 @@ pub fn wanted(kind: &str, operation: &str, request: &RawValue, settings: &Settin
     let Ok(optin) = OptIn::from_annotations(annotations, settings) else {
         return Vec::new();
     };
-    // One group per source: no source is read twice.
     let Some(pod_template) = object.pointer(kind.template()) else {
         return Vec::new();
     };
-    // The policy refuses such a template before it reads anything.
-    if references::distinct(&references::collect(pod_template)) > references::MAX_SOURCES {
-        return Vec::new();
-    }
-    template::own_groups(pod_template)
+    // The planner's own rule (one group per source: none is read twice).
+    reads_ahead(pod_template, &optin, settings)
         .into_iter()
-        // A name that is not one cannot be read (the API server refuses
-        // such a template; only a forged review carries one).
-        .filter(|g| is_dns_subdomain(&g.id.name))
-        .filter(|g| optin.snapshots(&g.id, settings) && g.refs.iter().any(|r| r.name == g.id.name))
         .map(|g| Wanted {
             keys: g.key_subset(),
             kind: g.id.kind,
@@ -199,6 +189,7 @@ fn owned_in_cache(cluster: &KubeCluster, kind: SourceKind, namespace: &str, name
 #[cfg(test)]
 mod tests {
     use super::*;
+    use config_snapshot_policy::references;
     use serde_json::json;
 
     fn request(kind: &str, operation: &str, annotations: Value, env: Value) -> Box<RawValue> {
