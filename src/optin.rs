@@ -102,7 +102,8 @@ impl OptIn {
             })
     }
 
-    fn excluded(&self, id: &SourceId, settings: &Settings) -> bool {
+    /// Excluded by the workload's `exclude` or by the settings.
+    pub fn excluded(&self, id: &SourceId, settings: &Settings) -> bool {
         settings.is_excluded(id) || self.exclude.matches(id)
     }
 

@@ -204,6 +204,34 @@ impl RollOutFailed {
     }
 }
 
+/// How one workload stands towards a source: the first half of the rule
+/// a change of the source is judged by ([`roll_out_one`]), shared with the
+/// host's `plan`, which explains it before anything is applied.
+#[derive(Debug, Clone)]
+pub enum Watcher {
+    /// Its template does not reference the source.
+    Unreferenced,
+    /// It references the source but does not watch it (no opt-in, an
+    /// exclusion, or annotations the policy cannot read).
+    NotWatched(references::SourceRefs),
+    /// It watches the source, through these references.
+    Watches(references::SourceRefs),
+}
+
+pub fn watcher(kind: WorkloadKind, workload: &Value, id: &SourceId, settings: &crate::settings::Settings) -> Watcher {
+    let Some(group) = workload
+        .pointer(kind.template())
+        .and_then(|template| template::own_group(template, id))
+    else {
+        return Watcher::Unreferenced;
+    };
+    let annotations = workload.pointer("/metadata/annotations").and_then(Value::as_object);
+    match OptIn::from_annotations(annotations, settings) {
+        Ok(optin) if optin.watches(id, settings) => Watcher::Watches(group),
+        _ => Watcher::NotWatched(group),
+    }
+}
+
 fn roll_out_one(
     ctx: &Context,
     id: &SourceId,
@@ -212,17 +240,7 @@ fn roll_out_one(
     kind: WorkloadKind,
     workload: &Value,
 ) -> Result<(), RollOutFailed> {
-    let annotations = workload.pointer("/metadata/annotations").and_then(Value::as_object);
-    let Ok(optin) = OptIn::from_annotations(annotations, ctx.settings) else {
-        return Ok(());
-    };
-    if !optin.watches(id, ctx.settings) {
-        return Ok(());
-    }
-    let Some(template) = workload.pointer(kind.template()) else {
-        return Ok(());
-    };
-    let Some(group) = template::own_group(template, id) else {
+    let Watcher::Watches(group) = watcher(kind, workload, id, ctx.settings) else {
         return Ok(());
     };
     let keys = group.key_subset();

@@ -11,6 +11,7 @@ pub mod engine;
 pub mod fuzz;
 pub mod gate;
 pub mod history;
+pub mod impact;
 pub mod interactions;
 pub mod invariants;
 pub mod lifecycle;

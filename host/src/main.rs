@@ -42,6 +42,10 @@ enum Command {
     /// A unified diff of two revisions' config (Secrets by key name only)
     /// and pod templates; exits 1 when they differ, as diff does.
     Diff(cli::history::DiffArgs),
+    /// What applying a ConfigMap or Secret would roll: each workload that
+    /// references it, whether it would roll and why not, and the key-level
+    /// diff (Secrets by key name only). Reads; never writes.
+    Plan(cli::plan::Args),
     /// Run the mutating admission webhook against the cluster (HTTPS).
     Serve(serve::Options),
     /// Compile the policy ahead of time for `serve --precompiled`: made by
@@ -77,6 +81,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Pull(args) => cli::oci::pull(args),
         Command::History(args) => cli::history::history(args),
         Command::Diff(args) => cli::history::diff(args),
+        Command::Plan(args) => cli::plan::run(args),
         Command::Serve(options) => {
             serve::init_logging(&options.log_format);
             let runtime = cli::runtime()?;

@@ -5,6 +5,7 @@ pub mod history;
 pub mod keys;
 pub mod module;
 pub mod oci;
+pub mod plan;
 pub mod release;
 pub mod replay;
 pub mod review;

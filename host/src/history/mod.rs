@@ -31,7 +31,7 @@ use crate::view::View;
 pub use diff::{diff, Diff};
 pub use fetch::fetch;
 pub use render::{render_diff, render_history, Style};
-use values::{KeyChanges, Values};
+pub(crate) use values::{KeyChanges, Values};
 
 /// A workload named the way kubectl takes it: `deploy/web`,
 /// `statefulset/db`, `daemonsets/agent`.

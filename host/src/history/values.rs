@@ -13,13 +13,13 @@ use sha2::Digest as _;
 /// A source's values in one revision: a ConfigMap's as they are, a
 /// Secret's as digests (never shown).
 #[derive(Debug, Clone, PartialEq)]
-pub(super) enum Values {
+pub(crate) enum Values {
     Plain(BTreeMap<String, String>),
     Hidden(BTreeMap<String, String>),
 }
 
 impl Values {
-    pub(super) fn of(kind: SourceKind, object: &Value) -> Values {
+    pub(crate) fn of(kind: SourceKind, object: &Value) -> Values {
         let mut out = BTreeMap::new();
         for field in ["data", "binaryData", "stringData"] {
             if let Some(map) = object[field].as_object() {
@@ -44,7 +44,7 @@ impl Values {
         }
     }
 
-    pub(super) fn map(&self) -> &BTreeMap<String, String> {
+    pub(crate) fn map(&self) -> &BTreeMap<String, String> {
         match self {
             Values::Plain(m) | Values::Hidden(m) => m,
         }
@@ -53,7 +53,7 @@ impl Values {
     /// The text a diff compares: a ConfigMap's values; a Secret's key
     /// names, marked where the value differs from `before`'s (pass the
     /// older side as `before` when rendering the newer, None for the older).
-    pub(super) fn render(&self, before: Option<&Values>) -> String {
+    pub(crate) fn render(&self, before: Option<&Values>) -> String {
         let mut out = String::new();
         for (key, value) in self.map() {
             match self {
@@ -85,7 +85,7 @@ pub struct KeyChanges {
 }
 
 impl KeyChanges {
-    pub(super) fn between(before: Option<&Values>, after: Option<&Values>) -> Option<KeyChanges> {
+    pub(crate) fn between(before: Option<&Values>, after: Option<&Values>) -> Option<KeyChanges> {
         let (before, after) = (before?.map(), after?.map());
         let keys: BTreeSet<&String> = before.keys().chain(after.keys()).collect();
         let mut changes = KeyChanges {
@@ -104,11 +104,11 @@ impl KeyChanges {
         Some(changes)
     }
 
-    pub(super) fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.added.is_empty() && self.removed.is_empty() && self.changed.is_empty()
     }
 
-    pub(super) fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let mut parts = Vec::new();
         for (what, keys) in [
             ("changed", &self.changed),

@@ -1,0 +1,156 @@
+//! `plan -f FILE`: what applying a ConfigMap or Secret would roll, read from
+//! the current kubeconfig's cluster or from a replayed scenario; nothing is
+//! written (`config_snapshot::impact`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context as _, Result};
+use config_snapshot::engine::Engine;
+use config_snapshot::impact::{impact, render, stored_form, Impact};
+use config_snapshot::replay;
+use config_snapshot_policy::duration::parse_go_duration;
+use config_snapshot_policy::kinds::WorkloadKind;
+use config_snapshot_policy::settings::Settings;
+use serde_json::Value;
+
+/// What applying a ConfigMap or Secret would roll: each workload that
+/// references it, through which references and keys, whether it would
+/// roll and why not, and the key-level diff (Secrets by key name only).
+/// Reads; never writes.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The manifest: one ConfigMap or Secret (YAML or JSON; `-` for stdin).
+    #[arg(short = 'f', long = "filename")]
+    file: PathBuf,
+    /// Its namespace, when the manifest names none (default: the
+    /// kubeconfig context's, or `default` with --scenario).
+    #[arg(short, long)]
+    namespace: Option<String>,
+    /// Read the cluster a replay of this scenario leaves behind instead of
+    /// the current kubeconfig's.
+    #[arg(long, value_name = "FILE")]
+    scenario: Option<PathBuf>,
+    /// With --scenario: the policy wasm.
+    #[arg(long)]
+    policy: Option<PathBuf>,
+    /// The policy's settings as installed (JSON or YAML; the chart's
+    /// `settings`), without --scenario; a scenario brings its own.
+    #[arg(long, value_name = "FILE")]
+    settings: Option<PathBuf>,
+    /// serve's --watch-min-interval (the storm guard), without --scenario.
+    #[arg(long, default_value = "30s", value_parser = |t: &str| parse_go_duration(t).map(Duration::from_secs))]
+    watch_min_interval: Duration,
+    /// text or json.
+    #[arg(short, long, default_value = "text", value_parser = ["text", "json"])]
+    output: String,
+}
+
+fn manifest(path: &PathBuf) -> Result<Value> {
+    let text = if path.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin()).context("reading stdin")?
+    } else {
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?
+    };
+    serde_yaml_ng::from_str(&text).with_context(|| format!("{}: not a YAML or JSON object", path.display()))
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let (kind, new) = stored_form(manifest(&args.file)?)?;
+    let name = new["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let impact = match &args.scenario {
+        Some(path) => {
+            let engine = Arc::new(Engine::load(&super::policy_path(args.policy.clone())?)?);
+            let (result, sim) = replay::run_to_end(engine, path)?;
+            if let Some(failure) = result.failure() {
+                eprintln!("config-snapshot: the scenario did not pass ({failure}); planning on the cluster it left");
+            }
+            let namespace = namespace_of(&new, args.namespace.clone(), "default");
+            let objects = sim.objects();
+            let workloads: Vec<Value> = objects
+                .iter()
+                .filter(|o| o["metadata"]["namespace"] == namespace.as_str())
+                .filter(|o| o["kind"].as_str().and_then(WorkloadKind::from_kind).is_some())
+                .cloned()
+                .collect();
+            let live = sim.get(kind.kind(), &namespace, &name);
+            impact(
+                &new,
+                live.as_ref(),
+                &workloads,
+                &namespace,
+                &sim.effect_rules.settings,
+                sim.effect_rules.watch_min_interval,
+                sim.now(),
+            )?
+        }
+        None => {
+            let settings = match &args.settings {
+                Some(path) => {
+                    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+                    let value: Value = serde_yaml_ng::from_str(&text)
+                        .with_context(|| format!("{}: not YAML or JSON", path.display()))?;
+                    Settings::from_json(value.to_string().as_bytes()).map_err(|e| anyhow!("{}: {e}", path.display()))?
+                }
+                None => Settings::default(),
+            };
+            super::runtime()?.block_on(online(&args, &new, kind.kind(), &name, &settings))?
+        }
+    };
+    if args.output == "json" {
+        println!("{}", serde_json::to_string_pretty(&impact)?);
+    } else {
+        print!("{}", render(&impact));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn namespace_of(new: &Value, flag: Option<String>, default: &str) -> String {
+    new["metadata"]["namespace"]
+        .as_str()
+        .map(str::to_string)
+        .or(flag)
+        .unwrap_or_else(|| default.to_string())
+}
+
+/// Reads the namespace's workloads and the object as it is, with kube-rs.
+async fn online(args: &Args, new: &Value, kind: &str, name: &str, settings: &Settings) -> Result<Impact> {
+    use config_snapshot::serve::cache::{api_resource, trim};
+    use kube::api::{Api, DynamicObject, ListParams};
+    config_snapshot::use_ring_for_tls();
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the API server (KUBECONFIG or in-cluster config)")?;
+    let namespace = namespace_of(new, args.namespace.clone(), client.default_namespace());
+    let api = |kind: &str| -> Result<(Api<DynamicObject>, kube::discovery::ApiResource)> {
+        let resource = api_resource(kind).ok_or_else(|| anyhow!("{kind}: not a kind of the table"))?;
+        Ok((Api::namespaced_with(client.clone(), &namespace, &resource), resource))
+    };
+    let (sources, resource) = api(kind)?;
+    let live = sources
+        .get_opt(name)
+        .await
+        .map_err(|e| anyhow!("reading {kind}/{name}: {e}"))?
+        .map(|o| trim(o, &resource));
+    let mut workloads = Vec::new();
+    for workload in WorkloadKind::all() {
+        let (api, resource) = api(workload.kind())?;
+        match api.list(&ListParams::default()).await {
+            Ok(list) => workloads.extend(list.items.into_iter().map(|o| trim(o, &resource))),
+            // A kind the cluster does not serve (Argo Rollouts not installed).
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(e) => return Err(anyhow!("listing {}s in {namespace}: {e}", workload.kind())),
+        }
+    }
+    impact(
+        new,
+        live.as_ref(),
+        &workloads,
+        &namespace,
+        settings,
+        args.watch_min_interval.as_secs() as i64,
+        config_snapshot_policy::duration::unix_now(),
+    )
+}
