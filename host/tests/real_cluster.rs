@@ -1244,6 +1244,8 @@ mod memory;
 mod monitoring;
 #[path = "real_cluster/node.rs"]
 mod node;
+#[path = "real_cluster/plan.rs"]
+mod plan;
 #[path = "real_cluster/policy_server.rs"]
 mod policy_server;
 #[path = "real_cluster/recipe.rs"]
@@ -1335,8 +1337,13 @@ fn serve_on_a_real_control_plane() {
         histories::random_histories(&cp, &mut serve, &kubeconfig);
         return;
     }
+    if part == "plan" {
+        plan::plan_story(&cp);
+        return;
+    }
     if part == "tools" {
         tool_stories(&cp, &serve);
+        plan::plan_story(&cp);
         return;
     }
     if part == "monitoring" {
@@ -1388,6 +1395,7 @@ fn serve_on_a_real_control_plane() {
         secret_story(&cp, &serve);
         timed("the user stories");
         tool_stories(&cp, &serve);
+        plan::plan_story(&cp);
         timed("the tools");
         outage_story(&cp, &mut serve, &kubeconfig);
         timed("the outage");
