@@ -1230,6 +1230,8 @@ mod drift;
 mod fleet;
 #[path = "real_cluster/forged.rs"]
 mod forged;
+#[path = "real_cluster/fresh.rs"]
+mod fresh;
 #[path = "real_cluster/helm.rs"]
 mod helm;
 #[path = "real_cluster/histories.rs"]
@@ -1339,6 +1341,7 @@ fn serve_on_a_real_control_plane() {
     }
     if part == "plan" {
         plan::plan_story(&cp);
+        fresh::fresh_as_the_request_story(&cp);
         return;
     }
     if part == "tools" {
@@ -1396,6 +1399,7 @@ fn serve_on_a_real_control_plane() {
         timed("the user stories");
         tool_stories(&cp, &serve);
         plan::plan_story(&cp);
+        fresh::fresh_as_the_request_story(&cp);
         timed("the tools");
         outage_story(&cp, &mut serve, &kubeconfig);
         timed("the outage");
