@@ -15,12 +15,12 @@ pub struct Rule {
 }
 
 #[derive(Debug, Clone, Deserialize)]
-pub struct Rules {
+pub struct WebhookRules {
     pub rules: Vec<Rule>,
 }
 
-impl Rules {
-    pub fn embedded() -> Rules {
+impl WebhookRules {
+    pub fn embedded() -> WebhookRules {
         serde_yaml_ng::from_str(METADATA).expect("policy-metadata.yml is valid (checked by tests)")
     }
 

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use config_snapshot::annotate;
-use config_snapshot::rules::Rules;
+use config_snapshot::rules::WebhookRules;
 use serde_json::Value;
 
 mod support;
@@ -58,7 +58,7 @@ fn metadata_rules_are_exactly_what_the_policy_handles() {
     let metadata = yaml("policy-metadata.yml");
     assert_eq!(expand(&metadata["rules"]), handled(), "rules and kinds::KINDS differ");
     // The host's own reading of the rules agrees.
-    let rules = Rules::embedded();
+    let rules = WebhookRules::embedded();
     for k in config_snapshot_policy::kinds::KINDS.iter() {
         for o in k.handled() {
             assert!(rules.matches(k.api_version, k.plural, o), "{} {o}", k.api_version);

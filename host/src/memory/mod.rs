@@ -36,9 +36,9 @@ use serde_json::{json, Value};
 
 use crate::cluster::Key;
 use crate::engine::Engine;
-use crate::lifecycle::{Effect, Register, Rules as EffectRules};
+use crate::lifecycle::{Effect, Register, Rules};
 use crate::proof::Prover;
-use crate::rules::Rules;
+use crate::rules::WebhookRules;
 use shared::lock;
 pub use shared::{Fault, Rollout, Shared};
 pub(crate) use write::prepare;
@@ -87,8 +87,8 @@ pub struct Simulator {
     /// the webhook's host runs the deferred effects.
     webhook: std::sync::RwLock<Option<Webhook>>,
     settings: Value,
-    rules: Rules,
-    pub effect_rules: EffectRules,
+    webhook_rules: WebhookRules,
+    pub effect_rules: Rules,
     requests: AtomicU64,
     /// While set, deferred effects wait: models writes that land before the
     /// host gets to their effects (replay's `together` step).
@@ -114,10 +114,10 @@ impl Simulator {
             engine,
             webhook: Default::default(),
             settings,
-            rules: Rules::embedded(),
-            effect_rules: EffectRules {
+            webhook_rules: WebhookRules::embedded(),
+            effect_rules: Rules {
                 watch_min_interval: 30,
-                ..EffectRules::new(parsed, Arc::new(Prover::replay()))
+                ..Rules::new(parsed, Arc::new(Prover::replay()))
             },
             requests: AtomicU64::new(0),
             hold_effects: AtomicBool::new(false),

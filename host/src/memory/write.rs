@@ -136,7 +136,7 @@ impl Simulator {
         // labelled objects; anyone else's are reviewed, and screened on
         // proof, not on the label (serve screens its own).
         let own = actor == HOST_USER && keys::is_snapshot(&object);
-        if self.rules.matches(&api_version, plural, operation) && !own {
+        if self.webhook_rules.matches(&api_version, plural, operation) && !own {
             let request = self.admission_request(operation, &object, old.as_ref(), dry_run, actor);
             uid = request["uid"].as_str().map(str::to_string);
             let webhook = self.webhook.read().unwrap_or_else(|e| e.into_inner()).is_some();
