@@ -19,7 +19,7 @@ use config_snapshot_policy::host::CallError;
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
 use serde_json::{json, Value};
 
-/// The replay cluster's store. Deferred effects stay staged in each
+/// The simulator's store. Deferred effects stay staged in each
 /// request's capability and are never run: a bench must not accumulate
 /// state across iterations.
 fn store_with(objects: Vec<Value>) -> Arc<Shared> {

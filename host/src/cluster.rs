@@ -136,7 +136,7 @@ pub trait Cluster: Send + Sync {
     /// Creates an object that is believed not to exist.
     fn create(&self, object: Value) -> Result<()>;
     /// Whether writes may be made from several threads at once and gain
-    /// by it (an API server across a network). The in-memory cluster says
+    /// by it (an API server across a network). The simulator says
     /// no: one at a time keeps replay's histories the same on every run.
     fn concurrent_writes(&self) -> bool {
         false

@@ -213,7 +213,7 @@ impl CallHandler for Replayer {
     }
 }
 
-/// Answers Kubewarden's reads from another host (the in-memory cluster)
+/// Answers Kubewarden's reads from another host (the simulator)
 /// and writes each exchange down; refuses everything stock Kubewarden
 /// would not have.
 pub struct Recorder {

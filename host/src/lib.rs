@@ -1,6 +1,6 @@
 //! The host for the config-snapshot policy: it evaluates the policy wasm
-//! and implements the `config-snapshot`/`v1` write capability over an
-//! in-memory cluster (`replay`, `review`) and against a real API server
+//! and implements the `config-snapshot`/`v1` write capability over the
+//! simulator (`replay`, `review`) and against a real API server
 //! (`serve`).
 
 pub mod annotate;

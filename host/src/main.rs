@@ -25,7 +25,7 @@ struct Cli {
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
-    /// Replay scenarios over an in-memory cluster and print a timeline.
+    /// Replay scenarios over the simulator and print a timeline.
     Replay(cli::replay::Args),
     /// Evaluate AdmissionReview files and print AdmissionReview responses.
     Review(cli::review::Args),

@@ -1,4 +1,4 @@
-//! A cluster as scenario checks see it: the replay cluster, or the objects
+//! A cluster as scenario checks see it: the simulator, or the objects
 //! read back from a real API server. The checks (`effectiveConfig`, `count`,
 //! `invariants`, …) are the same either way, so a scenario's assertions
 //! judge replay and a real control plane alike.

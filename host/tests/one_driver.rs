@@ -1,6 +1,6 @@
 //! One driver, two clusters: the lifecycle's driver carries the same
 //! deferred effects and the same periodic pass out once over replay's
-//! in-memory cluster and once over serve's kube-rs cluster, which talks
+//! simulator and once over serve's kube-rs cluster, which talks
 //! HTTP to the stand-in API server. Both start from the same objects and
 //! must leave the same objects, resourceVersions included: the same writes,
 //! in the same order.
@@ -144,7 +144,7 @@ fn everything(cluster: &dyn Cluster) -> Vec<Value> {
     out
 }
 
-/// `run` over replay's in-memory cluster and over serve's kube-rs cluster
+/// `run` over replay's simulator and over serve's kube-rs cluster
 /// (to the stand-in API server), each starting from `objects`: what each
 /// run answered, and every object each left.
 async fn on_both<R: Send + 'static>(

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 use crate::cluster::{self, Preconditions, Selector};
 
-/// The in-memory cluster, with every write that lands written down.
+/// The simulator, with every write that lands written down.
 #[derive(Default)]
 pub(super) struct Recorder {
     pub(super) cluster: crate::memory::Shared,

@@ -1,4 +1,4 @@
-//! `replay`: scenarios over the in-memory cluster, as a timeline or JSON.
+//! `replay`: scenarios over the simulator, as a timeline or JSON.
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -1,4 +1,4 @@
-//! The in-memory cluster behind `replay`: just enough Kubernetes to watch
+//! The simulator behind `replay`: just enough Kubernetes to watch
 //! config roll forward and back. Every write a step or a simulated
 //! controller makes is first an admission request to the policy, when the
 //! metadata's rules say the policy handles it.

@@ -1,4 +1,4 @@
-//! The in-memory cluster's state, which the policy's host calls reach: the
+//! The simulator's state, which the policy's host calls reach: the
 //! store, replay's injected faults, the timeline it writes, and the watch
 //! rollouts it saw. As a [`Cluster`] it is a plain API server without
 //! admission or controllers: every write persists as it is. That is how

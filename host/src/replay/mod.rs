@@ -1,4 +1,4 @@
-//! `config-snapshot replay`: runs scenarios over the in-memory cluster and
+//! `config-snapshot replay`: runs scenarios over the simulator and
 //! reports a timeline and the result of every expectation.
 //!
 //! - this module: a scenario run step by step ([`Session`]);

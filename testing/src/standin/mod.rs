@@ -1,7 +1,7 @@
 //! The stand-in API server: the endpoints serve uses (cluster-wide and
 //! namespaced list and watch, get, create, JSON and merge patch with the
 //! resourceVersion precondition, delete with uid and resourceVersion
-//! preconditions), over the replay cluster's store ([`Shared`]).
+//! preconditions), over the simulator's store ([`Shared`]).
 //!
 //! - [`ApiServer::start`]: a plain API server. Writes persist as the
 //!   registry stores them; tests write to it directly (`put`) the way a
