@@ -19,12 +19,12 @@ use serde_json::value::RawValue;
 use crate::kinds::WorkloadKind;
 use crate::request::{Gvk, Outcome};
 use crate::settings::Settings;
-use crate::workload::{self, Annotated, Quick, Records};
+use crate::workload::{self, Annotated, AnnotationsSkim, Records};
 
 /// The answer for a workload that neither opts in nor carries our marks:
 /// `None` when the full path must decide.
 pub fn pass_through(payload: &[u8]) -> Option<Outcome> {
-    let head: Head = serde_json::from_slice(payload).ok()?;
+    let head: PayloadHeader = serde_json::from_slice(payload).ok()?;
     let settings = match head.settings {
         Some(raw) => Settings::from_json(raw.get().as_bytes()).ok()?,
         None => Settings::default(),
@@ -34,7 +34,7 @@ pub fn pass_through(payload: &[u8]) -> Option<Outcome> {
 }
 
 #[derive(Deserialize)]
-struct Head<'a> {
+struct PayloadHeader<'a> {
     request: Screened,
     #[serde(borrow, default)]
     settings: Option<&'a RawValue>,
@@ -43,7 +43,7 @@ struct Head<'a> {
 /// An AdmissionRequest whose object is a handled workload, read for its
 /// annotations; any other request fails to deserialise.
 struct Screened {
-    object: Option<Quick>,
+    object: Option<AnnotationsSkim>,
 }
 
 /// Why the screen stepped aside; never shown, the full path answers.
@@ -67,7 +67,7 @@ impl<'de> Visitor<'de> for ScreenedVisitor {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Screened, A::Error> {
         let mut kind: Option<Gvk> = None;
         let mut operation: Option<String> = None;
-        let mut object: Option<Option<Quick>> = None;
+        let mut object: Option<Option<AnnotationsSkim>> = None;
         let (mut namespace, mut dry_run, mut old_object) = (false, false, false);
         let mut old_records: Records = Default::default();
         // The fields the full path types, typed the same, each once; the

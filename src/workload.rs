@@ -28,37 +28,37 @@ use crate::sweep;
 /// the object without building it.
 #[derive(Deserialize, Default)]
 #[serde(default)]
-pub(crate) struct Quick {
-    metadata: QuickMeta,
-    spec: QuickSpec,
+pub(crate) struct AnnotationsSkim {
+    metadata: AnnotationsOnly,
+    spec: TemplateSpecOnly,
 }
 #[derive(Deserialize, Default)]
 #[serde(default)]
-struct QuickMeta {
+struct AnnotationsOnly {
     annotations: Option<BTreeMap<String, String>>,
 }
 /// A workload's spec: its pod template, or a CronJob's job template, whose
 /// spec holds the pod template (the only nesting in the kinds table).
 #[derive(Deserialize, Default)]
 #[serde(default)]
-struct QuickSpec {
-    template: QuickTemplate,
+struct TemplateSpecOnly {
+    template: TemplateOnly,
     #[serde(rename = "jobTemplate")]
-    job_template: Option<Box<QuickJobTemplate>>,
+    job_template: Option<Box<JobTemplateOnly>>,
 }
 #[derive(Deserialize, Default)]
 #[serde(default)]
-struct QuickJobTemplate {
-    spec: QuickSpec,
+struct JobTemplateOnly {
+    spec: TemplateSpecOnly,
 }
 #[derive(Deserialize, Default)]
 #[serde(default)]
-struct QuickTemplate {
-    metadata: QuickMeta,
+struct TemplateOnly {
+    metadata: AnnotationsOnly,
 }
 
-impl QuickSpec {
-    fn pod_template(&self) -> &QuickTemplate {
+impl TemplateSpecOnly {
+    fn pod_template(&self) -> &TemplateOnly {
         match &self.job_template {
             Some(job) => job.spec.pod_template(),
             None => &self.template,
@@ -70,7 +70,7 @@ impl QuickSpec {
 /// every workload in), or its template carries our marks, which must be
 /// kept or cleaned. Anything else passes through untouched, but for the
 /// host's records an update would drop ([`keep_records`]).
-pub(crate) fn opts_in(quick: &Quick, settings: &Settings) -> bool {
+pub(crate) fn opts_in(quick: &AnnotationsSkim, settings: &Settings) -> bool {
     let marked = quick
         .spec
         .pod_template()
@@ -88,7 +88,7 @@ pub fn admit(
     raw: &RawValue,
     old_raw: Option<&RawValue>,
 ) -> Outcome {
-    let quick: Quick = match serde_json::from_slice(raw.get().as_bytes()) {
+    let quick: AnnotationsSkim = match serde_json::from_slice(raw.get().as_bytes()) {
         Ok(q) => q,
         Err(e) => return Outcome::reject(format!("{SAY}invalid {}: {e}", kind.kind()), 400),
     };
@@ -253,7 +253,7 @@ pub fn admit(
 #[derive(Deserialize, Default)]
 #[serde(default)]
 pub(crate) struct Annotated {
-    metadata: QuickMeta,
+    metadata: AnnotationsOnly,
 }
 
 impl Annotated {
@@ -267,7 +267,7 @@ impl Annotated {
 /// Each of [`keys::RECORDS`], if present.
 pub(crate) type Records = [Option<String>; 2];
 
-impl Quick {
+impl AnnotationsSkim {
     /// Whether this object drops or changes a record `old` carried.
     pub(crate) fn loses_records(&self, old: &Records) -> bool {
         let annotations = self.metadata.annotations.as_ref();
@@ -287,7 +287,7 @@ impl Quick {
 /// count would start again, below what a waiting rollout saw, so that
 /// rollout would not be voided (docs/design.md, "Deferred effects").
 /// Everything else about such a workload passes through.
-fn keep_records(quick: &Quick, raw: &RawValue, old_raw: Option<&RawValue>) -> Outcome {
+fn keep_records(quick: &AnnotationsSkim, raw: &RawValue, old_raw: Option<&RawValue>) -> Outcome {
     let Some(old) = old_raw.and_then(|o| serde_json::from_str::<Annotated>(o.get()).ok()) else {
         return Outcome::accept();
     };

@@ -36,7 +36,7 @@ struct Review<'a> {
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Head {
+struct RequestHeader {
     uid: String,
     #[serde(default)]
     kind: Gvk,
@@ -124,7 +124,7 @@ struct HeadOwner {
     controller: Option<bool>,
 }
 
-impl Head {
+impl RequestHeader {
     /// What the request writes, reviewed `now` (see [`Subject::of`]).
     fn subject(&self, now: i64) -> Subject {
         let meta = self.object.as_ref().and_then(|o| o.metadata.as_ref());
@@ -207,8 +207,8 @@ fn request_of(body: &[u8]) -> Result<&RawValue, Failure> {
         .ok_or_else(|| Failure::BadRequest("the AdmissionReview has no request".into()))
 }
 
-fn head_of(request: &RawValue) -> Result<Head, Failure> {
-    let head: Head = serde_json::from_str(request.get())
+fn head_of(request: &RawValue) -> Result<RequestHeader, Failure> {
+    let head: RequestHeader = serde_json::from_str(request.get())
         .map_err(|e| Failure::BadRequest(format!("invalid AdmissionRequest: {e}")))?;
     // The API server's uids are UUIDs; the uid is echoed and logged.
     if head.uid.len() > MAX_UID {
@@ -258,7 +258,7 @@ enum Screened {
 
 /// The webhook's "skip our own writes", on proof ([`Prover::screen`]).
 /// Only a ConfigMap or Secret whose text names our label is parsed.
-fn screen(head: &Head, request: &RawValue, prover: &Prover) -> Screened {
+fn screen(head: &RequestHeader, request: &RawValue, prover: &Prover) -> Screened {
     if SourceKind::from_kind(&head.kind.kind).is_none() || !request.get().contains(keys::MANAGED_BY) {
         return Screened::Policy;
     }
@@ -356,7 +356,7 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
         &state.queue.carry().rules.settings,
     ));
     let carry = state.queue.carry();
-    let handler = Arc::new(Counted {
+    let handler = Arc::new(MeteredCapability {
         inner: Capability::new(
             scope,
             Caller {
@@ -464,12 +464,12 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
 
 /// The capability, with its failures counted and logged. Only the error
 /// text is logged, never a payload: payloads carry Secret data.
-struct Counted {
+struct MeteredCapability {
     inner: Capability,
     metrics: Arc<metrics::Metrics>,
 }
 
-impl CallHandler for Counted {
+impl CallHandler for MeteredCapability {
     fn call(&self, binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, CallFailure> {
         let start = std::time::Instant::now();
         let result = self.inner.answer(binding, namespace, operation, payload);
@@ -498,7 +498,7 @@ impl CallHandler for Counted {
     }
 }
 
-impl Counted {
+impl MeteredCapability {
     fn failed(&self, operation: &'static str, e: &HostError) {
         self.metrics
             .host_call_errors

@@ -36,7 +36,7 @@ pub use admission::{admit, review, Answer, Failure};
 use apiserver::KubeCluster;
 use cache::Cache;
 use metrics::Metrics;
-use queue::{Carry, Queue, QueueSettings};
+use queue::{Queue, QueueSettings, WorkerContext};
 use report::Report;
 
 use crate::capability::Budget;
@@ -427,7 +427,7 @@ pub fn build_with_engine(
         namespace_bytes: options.snapshot_bytes_rate,
         total_bytes: options.snapshot_bytes_rate_total,
     }));
-    let carry = Arc::new(Carry {
+    let carry = Arc::new(WorkerContext {
         cluster: cluster.clone(),
         rules: Arc::new(Rules {
             settings: parsed,

@@ -51,7 +51,7 @@ struct Job {
 }
 
 /// What carrying out an effect needs, shared by the workers.
-pub struct Carry {
+pub struct WorkerContext {
     pub cluster: Arc<KubeCluster>,
     pub rules: Arc<Rules>,
     pub register: Arc<Register>,
@@ -60,7 +60,7 @@ pub struct Carry {
     pub budget: Arc<crate::capability::Budget>,
 }
 
-impl Carry {
+impl WorkerContext {
     pub fn driver(&self) -> Driver<'_> {
         Driver::new(self.cluster.as_ref(), &self.rules, &self.register, self.report.as_ref()).with_budget(&self.budget)
     }
@@ -69,7 +69,7 @@ impl Carry {
 #[derive(Clone)]
 pub struct Queue {
     tx: mpsc::Sender<Job>,
-    carry: Arc<Carry>,
+    carry: Arc<WorkerContext>,
     /// Jobs the storm guard holds, with when to look again.
     parked: Arc<Mutex<Vec<(i64, Job)>>>,
     /// The workloads a watch rollout is running for now: the storm guard
@@ -89,7 +89,7 @@ pub struct Worker {
 const TICK: Duration = Duration::from_millis(200);
 
 impl Queue {
-    pub fn new(carry: Arc<Carry>, settings: QueueSettings) -> (Queue, Worker) {
+    pub fn new(carry: Arc<WorkerContext>, settings: QueueSettings) -> (Queue, Worker) {
         let (tx, rx) = mpsc::channel(settings.capacity);
         let queue = Queue {
             tx,
@@ -105,7 +105,7 @@ impl Queue {
         (queue, worker)
     }
 
-    pub fn carry(&self) -> &Arc<Carry> {
+    pub fn carry(&self) -> &Arc<WorkerContext> {
         &self.carry
     }
 
