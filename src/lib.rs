@@ -26,6 +26,7 @@ pub mod rewrite;
 pub mod screen;
 pub mod selection;
 pub mod settings;
+pub mod skim;
 pub mod source;
 pub mod sweep;
 pub mod template;

@@ -68,10 +68,10 @@ pub fn adopt(ctx: &Context, revision: &Kind, name: &str, snapshots: Vec<Value>) 
 /// one that does adopts what it names).
 pub fn standalone(object: &RawValue, settings: &crate::settings::Settings) -> bool {
     // Most Jobs and Pods are not opted in: the cheap parse decides first.
-    let Ok(quick) = serde_json::from_str::<crate::workload::AnnotationsSkim>(object.get()) else {
+    let Ok(quick) = serde_json::from_str::<crate::skim::AnnotationsSkim>(object.get()) else {
         return false;
     };
-    if !crate::workload::opts_in(&quick, settings) || object.get().contains(crate::keys::SNAPSHOTS) {
+    if !crate::skim::opts_in(&quick, settings) || object.get().contains(crate::keys::SNAPSHOTS) {
         return false;
     }
     // Then one generic parse (code the policy has anyway, rather than

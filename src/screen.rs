@@ -19,7 +19,7 @@ use serde_json::value::RawValue;
 use crate::kinds::WorkloadKind;
 use crate::request::{Gvk, Outcome};
 use crate::settings::Settings;
-use crate::workload::{self, Annotated, AnnotationsSkim, Records};
+use crate::skim::{self, Annotated, AnnotationsSkim, Records};
 
 /// The answer for a workload that neither opts in nor carries our marks:
 /// `None` when the full path must decide.
@@ -30,7 +30,7 @@ pub fn pass_through(payload: &[u8]) -> Option<Outcome> {
         None => Settings::default(),
     };
     let object = head.request.object?;
-    (!workload::opts_in(&object, &settings)).then(Outcome::accept)
+    (!skim::opts_in(&object, &settings)).then(Outcome::accept)
 }
 
 #[derive(Deserialize)]

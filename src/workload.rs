@@ -2,9 +2,6 @@
 //! opted-in sources and rewrite the pod template to reference the
 //! snapshots. [`crate::plan`] decides; this module carries it out.
 
-use std::collections::BTreeMap;
-
-use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
@@ -20,66 +17,10 @@ use crate::records::WatchRollout;
 use crate::references;
 use crate::request::{Outcome, SAY};
 use crate::rewrite::{self, annotation_path};
-use crate::settings::{OnSnapshotFailure, Settings};
+use crate::settings::OnSnapshotFailure;
+use crate::skim::{opts_in, Annotated, AnnotationsSkim};
 use crate::source::SourceId;
 use crate::sweep;
-
-/// Just the annotations, for the pass-through check: serde skips the rest of
-/// the object without building it.
-#[derive(Deserialize, Default)]
-#[serde(default)]
-pub(crate) struct AnnotationsSkim {
-    metadata: AnnotationsOnly,
-    spec: TemplateSpecOnly,
-}
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct AnnotationsOnly {
-    annotations: Option<BTreeMap<String, String>>,
-}
-/// A workload's spec: its pod template, or a CronJob's job template, whose
-/// spec holds the pod template (the only nesting in the kinds table).
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct TemplateSpecOnly {
-    template: TemplateOnly,
-    #[serde(rename = "jobTemplate")]
-    job_template: Option<Box<JobTemplateOnly>>,
-}
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct JobTemplateOnly {
-    spec: TemplateSpecOnly,
-}
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct TemplateOnly {
-    metadata: AnnotationsOnly,
-}
-
-impl TemplateSpecOnly {
-    fn pod_template(&self) -> &TemplateOnly {
-        match &self.job_template {
-            Some(job) => job.spec.pod_template(),
-            None => &self.template,
-        }
-    }
-}
-
-/// Whether a workload is ours to look at: it opts in (or the settings opt
-/// every workload in), or its template carries our marks, which must be
-/// kept or cleaned. Anything else passes through untouched, but for the
-/// host's records an update would drop ([`keep_records`]).
-pub(crate) fn opts_in(quick: &AnnotationsSkim, settings: &Settings) -> bool {
-    let marked = quick
-        .spec
-        .pod_template()
-        .metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.keys().any(|k| keys::is_policy_template_annotation(k)));
-    marked || OptIn::any_opt_in(quick.metadata.annotations.as_ref(), settings)
-}
 
 pub fn admit(
     ctx: &Context,
@@ -246,35 +187,6 @@ pub fn admit(
         code: None,
         mutated,
         warnings,
-    }
-}
-
-/// Only the annotations of the object an UPDATE replaces.
-#[derive(Deserialize, Default)]
-#[serde(default)]
-pub(crate) struct Annotated {
-    metadata: AnnotationsOnly,
-}
-
-impl Annotated {
-    /// The host's records ([`keys::RECORDS`]) the object carries.
-    pub(crate) fn into_records(self) -> Records {
-        let mut annotations = self.metadata.annotations.unwrap_or_default();
-        keys::RECORDS.map(|key| annotations.remove(key))
-    }
-}
-
-/// Each of [`keys::RECORDS`], if present.
-pub(crate) type Records = [Option<String>; 2];
-
-impl AnnotationsSkim {
-    /// Whether this object drops or changes a record `old` carried.
-    pub(crate) fn loses_records(&self, old: &Records) -> bool {
-        let annotations = self.metadata.annotations.as_ref();
-        keys::RECORDS
-            .iter()
-            .zip(old)
-            .any(|(key, kept)| kept.is_some() && annotations.and_then(|a| a.get(*key)) != kept.as_ref())
     }
 }
 
