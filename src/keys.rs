@@ -10,6 +10,8 @@ pub const SNAPSHOT: &str = "config-snapshot.io/snapshot";
 pub const WATCH: &str = "config-snapshot.io/watch";
 pub const EXCLUDE: &str = "config-snapshot.io/exclude";
 pub const RENEW_DURATION: &str = "config-snapshot.io/renew-duration";
+pub const ROLLOUT_WINDOW: &str = "config-snapshot.io/rollout-window";
+pub const ROLLOUT_WINDOW_ZONE: &str = "config-snapshot.io/rollout-window-zone";
 
 // Pod template annotations (policy output).
 pub const SNAPSHOTS: &str = "config-snapshot.io/snapshots";

@@ -31,6 +31,7 @@ pub mod source;
 pub mod sweep;
 pub mod template;
 pub mod watch;
+pub mod window;
 pub mod workload;
 
 /// An in-memory host for unit tests and the fuzz targets (feature `fake`);

@@ -29,6 +29,8 @@ pub enum OptInError {
         value: String,
         min: u64,
     },
+    #[error(transparent)]
+    Window(#[from] crate::window::WindowError),
 }
 
 #[derive(Debug, Clone, Default)]
@@ -85,6 +87,15 @@ impl OptIn {
                 Some(secs)
             }
         };
+        // Checked here, with the others, so that a window that cannot be
+        // read is refused at the write that sets it, not found out when a
+        // rollout is due (the host reads it again then).
+        if let Some(windows) = get(keys::ROLLOUT_WINDOW) {
+            crate::window::parse(windows)?;
+        }
+        if let Some(zone) = get(keys::ROLLOUT_WINDOW_ZONE) {
+            crate::window::check_zone(zone)?;
+        }
         Ok(OptIn {
             snapshot,
             watch,

@@ -126,6 +126,7 @@ fn code_messages() -> BTreeSet<String> {
             } else if lit.contains("bad token")
                 || lit.contains("is not allowed here")
                 || lit.contains("empty source list")
+                || lit.starts_with("{annotation}: ")
             {
                 out.insert(skeleton(&lit));
             }

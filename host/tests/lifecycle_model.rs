@@ -12,7 +12,11 @@
 //!   watcher runs its source's latest content (of its keys);
 //! - I5 the storm is bounded: at most one watch rollout per workload per
 //!   interval;
-//! - I6 nothing panics and no Secret value appears in any output.
+//! - I6 nothing panics and no Secret value appears in any output;
+//! - I7 nothing rolls outside a window: a watch rollout of a workload with
+//!   a rollout window happens while the window is open (checked by
+//!   arithmetic on [`WINDOW`], not by the code under test), and I4 holds
+//!   for it once a whole window cycle was quiet.
 //!
 //! A failing history is shrunk and written as a scenario that
 //! `config-snapshot replay` runs (target/model-failures/), so every bug
@@ -59,6 +63,10 @@ const FAULTS: [&str; 6] = [
     "list_resources_by_namespace",
 ];
 const ADVANCES: [i64; 5] = [5, 31, 61, 700, 7300];
+/// The rollout window a workload may get: open for 5 minutes at minutes
+/// 0, 20 and 40 of every hour, UTC. I7 checks it by arithmetic, not by
+/// the code under test: open iff `t % 1200 < 300`.
+const WINDOW: &str = "*/20 * * * * for 5m";
 const SNAPSHOT: [Option<&str>; 4] = [None, Some("*"), Some("alpha"), Some("configmap/beta,secret/creds")];
 const WATCH: [Option<&str>; 5] = [None, Some("*"), Some("alpha"), Some("secret/creds"), Some("beta")];
 
@@ -72,6 +80,8 @@ enum Op {
         watch: usize,
         exclude: bool,
         renew: bool,
+        /// A rollout window: `WINDOW`, open 5 minutes in every 20.
+        window: bool,
         image: u8,
         history: u8,
     },
@@ -131,8 +141,8 @@ fn op() -> impl Strategy<Value = Op> {
     let w = prop::sample::select(vec![0usize, 0, 0, 1, 2]);
     let s = prop::sample::select(vec![0usize, 0, 0, 1, 2]);
     prop_oneof![
-        3 => (w.clone(), prop::collection::btree_set(0..REFS, 1..4), 0..SNAPSHOT.len(), 0..WATCH.len(), any::<bool>(), prop::bool::weighted(0.2), 1u8..4, prop::sample::select(vec![0u8, 2, 10]))
-            .prop_map(|(w, refs, snapshot, watch, exclude, renew, image, history)| Op::Apply { w, refs: refs.into_iter().collect(), snapshot, watch, exclude, renew, image, history }),
+        3 => (w.clone(), prop::collection::btree_set(0..REFS, 1..4), 0..SNAPSHOT.len(), 0..WATCH.len(), any::<bool>(), prop::bool::weighted(0.2), prop::bool::weighted(0.3), 1u8..4, prop::sample::select(vec![0u8, 2, 10]))
+            .prop_map(|(w, refs, snapshot, watch, exclude, renew, window, image, history)| Op::Apply { w, refs: refs.into_iter().collect(), snapshot, watch, exclude, renew, window, image, history }),
         4 => (s.clone(), 0usize..2, 0u8..5).prop_map(|(s, key, value)| Op::EditSource { s, key, value }),
         2 => (s.clone(), 0u8..5, 0u8..5).prop_map(|(s, first, second)| Op::Burst { s, first, second }),
         2 => (s.clone(), w.clone(), 0u8..5, 0u8..5).prop_map(|(s, w, first, second)| Op::Race { s, w, first, second }),
@@ -268,10 +278,14 @@ impl Op {
                 watch,
                 exclude,
                 renew,
+                window,
                 image,
                 history,
             } => {
                 let mut annotations = serde_json::Map::new();
+                if *window {
+                    annotations.insert("config-snapshot.io/rollout-window".into(), json!(WINDOW));
+                }
                 if let Some(v) = SNAPSHOT[*snapshot] {
                     annotations.insert("config-snapshot.io/snapshot".into(), json!(v));
                 }
@@ -397,7 +411,20 @@ struct Model<'a> {
     quiet: (usize, i64),
     /// Workload name → the first rollout of its current incarnation.
     incarnations: HashMap<&'static str, usize>,
+    /// How many watch rollouts I7 has judged.
+    judged_rollouts: usize,
     outputs: &'a mut Vec<String>,
+}
+
+/// Whether `WINDOW` is open at `t` (unix seconds, UTC): minutes 0–5, 20–25
+/// and 40–45 of every hour.
+fn window_open(t: i64) -> bool {
+    t.rem_euclid(1200) < 300
+}
+
+/// Whether a workload carries the model's rollout window.
+fn windowed(workload: &Value) -> bool {
+    workload["metadata"]["annotations"]["config-snapshot.io/rollout-window"].is_string()
 }
 
 impl Model<'_> {
@@ -566,6 +593,19 @@ impl Model<'_> {
                 return Err(format!("I5: {name} rolled out at {} and {}", pair[0], pair[1]));
             }
         }
+        // I7: this step's watch rollouts of windowed workloads happened
+        // inside the window (writes come before effects in a step, so the
+        // workload's annotations now are those its rollouts were judged
+        // with).
+        for (kind, _, name, at) in &rollouts[self.judged_rollouts..] {
+            let has_window = self.get(kind, name).is_some_and(|w| windowed(&w));
+            if has_window && !window_open(*at) {
+                return Err(format!(
+                    "I7: {kind}/{name} rolled out at {at}, outside its window ({WINDOW})"
+                ));
+            }
+        }
+        self.judged_rollouts = rollouts.len();
 
         match op {
             Op::Advance { secs } if !faults_before && !faults_after && *secs >= 2 * INTERVAL => {
@@ -599,6 +639,11 @@ impl Model<'_> {
             };
             if current != workload["spec"]["template"] {
                 // The workload's latest template has no revision (refused).
+                continue;
+            }
+            // A windowed workload rolls only when its window opens: judged
+            // once a whole window cycle (20 minutes) was quiet.
+            if windowed(&workload) && self.quiet.1 < 1200 + 4 * INTERVAL {
                 continue;
             }
             let refs = references::collect(&current);
@@ -656,6 +701,7 @@ fn check(history: &[Op], warn: bool, outputs: &mut Vec<String>) -> Result<Vec<Va
         pins: HashMap::new(),
         quiet: (0, 0),
         incarnations: HashMap::new(),
+        judged_rollouts: 0,
         outputs,
     };
     for op in history {
@@ -674,11 +720,12 @@ static COVERAGE: std::sync::Mutex<BTreeMap<&'static str, usize>> = std::sync::Mu
 /// refused after that, which a few random histories in 300 reach and some
 /// runs none. A fixed history proves it instead
 /// (`a_snapshot_whose_rollout_is_refused_is_collected_at_once`).
-const MILESTONES: [(&str, &str); 8] = [
+const MILESTONES: [(&str, &str); 9] = [
     ("rollback recorded", "rollback recorded"),
     ("patch voided by a rollback", "a rollback came first"),
     ("patch superseded", "superseded"),
     ("storm-guarded rollout", "watch: rolling out"),
+    ("rollout held by its window", "held by its rollout window"),
     ("timed sweep", "swept: unowned"),
     ("renewal", "renewed its snapshots"),
     ("revision refused, retried", "retries"),
@@ -809,6 +856,7 @@ fn the_model_checks_what_a_rollback_must_keep() {
             watch: 2,
             exclude: false,
             renew: false,
+            window: false,
             image: 1,
             history: 10,
         },
@@ -842,6 +890,7 @@ fn a_snapshot_whose_rollout_is_refused_is_collected_at_once() {
             watch: 2,
             exclude: false,
             renew: false,
+            window: false,
             image: 1,
             history: 10,
         },

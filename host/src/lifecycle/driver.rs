@@ -20,7 +20,7 @@ use super::guard;
 use super::observe::{Observer, Reason};
 use super::pass::{add_references, bridges, controller_of, doomed, orphans, Doomed};
 use super::register::Register;
-use super::verdict::{adopt_ops, decide_patch, version_of, Observed, Rules, Verdict};
+use super::verdict::{adopt_ops, decide_patch, version_of, Hold, Observed, Rules, Verdict};
 use crate::capability::{written_size, Budget};
 use crate::cluster::{self, ApiError, Cluster, Judged, Key, Preconditions, Selector};
 use crate::proof::Proven;
@@ -46,8 +46,8 @@ pub enum Attempt {
     /// A read or write failed: try again; past the host's patience it has
     /// failed.
     Retry(String),
-    /// Held back by the storm guard until this time (the cluster's clock).
-    Later(i64),
+    /// Held back until this time (the cluster's clock), by `Hold`.
+    Later(i64, Hold),
 }
 
 /// What the host's scheduler does with the effect next.
@@ -55,8 +55,8 @@ pub enum Attempt {
 pub enum Next {
     /// Over: how it ended, for metrics.
     Over(Ending),
-    /// Held until this time (unix seconds).
-    Park(i64),
+    /// Held until this time (unix seconds), by `Hold`.
+    Park(i64, Hold),
     /// Look again later (with backoff).
     Again,
 }
@@ -128,12 +128,15 @@ impl Driver<'_> {
                 }
                 ending
             }
-            Attempt::Later(at) => {
-                self.observer.note(format!(
-                    "{} held by the storm guard until {at} (unix seconds)",
-                    effect.describe()
-                ));
-                Next::Park(at)
+            Attempt::Later(at, hold) => {
+                self.observer.note(match &hold {
+                    Hold::StormGuard => format!(
+                        "{} held by the storm guard until {at} (unix seconds)",
+                        effect.describe()
+                    ),
+                    Hold::Window(why) => format!("{} held by its rollout window: {why}", effect.describe()),
+                });
+                Next::Park(at, hold)
             }
             Attempt::Wait(_) | Attempt::Retry(_) if patient => Next::Again,
             Attempt::Wait(why) => {
@@ -439,7 +442,16 @@ impl Driver<'_> {
             }
             Verdict::Done(_) => Attempt::Done,
             Verdict::Wait(why) => Attempt::Wait(why),
-            Verdict::Later(at) => Attempt::Later(at),
+            Verdict::Later(at, hold) => {
+                if let (Hold::Window(why), Some(w)) = (&hold, &workload) {
+                    self.observer.tell(
+                        w,
+                        Reason::RolloutHeld,
+                        format!("{}'s change waits for the rollout window: {why}", intent.source),
+                    );
+                }
+                Attempt::Later(at, hold)
+            }
             Verdict::Drop {
                 reason,
                 collect,

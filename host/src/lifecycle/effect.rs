@@ -72,10 +72,15 @@ impl Effect {
 
     /// Whether running `self` after `other` could change nothing `other`
     /// will not: the same adoption, a patch of the same workload to the
-    /// same snapshot, or a sweep of the same source. Two such patches differ at most in the source
-    /// version they wait to see persisted, and a resync derives one only
-    /// from a source already persisted with that content, so the one
-    /// already on its way sees it too.
+    /// same snapshot for the same content of its source, or a sweep of the
+    /// same source. Two such patches differ at most in the source version
+    /// they wait to see persisted, and a resync derives one only from a
+    /// source already persisted with that content, so the one already on
+    /// its way sees it too. The content counts, not only the snapshot: an
+    /// edit of keys the workload does not read leaves the snapshot's name
+    /// as it was, and supersedes a patch still waiting (for the storm
+    /// guard or a rollout window) for the content before it; the newer
+    /// patch must then stay, or the rollout would be lost until a resync.
     pub fn same_work(&self, other: &Effect) -> bool {
         match (self, other) {
             (
@@ -84,7 +89,11 @@ impl Effect {
                     namespace: ns,
                     request: r,
                 },
-            ) => namespace == ns && ["kind", "name", "snapshot"].iter().all(|f| request[f] == r[f]),
+            ) => {
+                namespace == ns
+                    && ["kind", "name", "snapshot"].iter().all(|f| request[f] == r[f])
+                    && request["source"]["contentHash"] == r["source"]["contentHash"]
+            }
             // One sweep of a source at a time: the one on its way judges
             // every version by its age, whichever snapshot asked for it.
             (

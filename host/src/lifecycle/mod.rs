@@ -20,9 +20,10 @@ pub mod pass;
 pub mod register;
 pub mod resync;
 pub mod verdict;
+pub mod window;
 
 pub use driver::{Attempt, Driver, Ending, Next};
 pub use effect::{Effect, PatchIntent};
 pub use observe::{Observer, Reason, Silent};
 pub use register::Register;
-pub use verdict::{Rules, Verdict};
+pub use verdict::{Hold, Rules, Verdict};

@@ -15,6 +15,8 @@ pub enum Reason {
     /// A watch rollout was not applied: a rollback (or the snapshot's
     /// loss) came first.
     RolloutDropped,
+    /// A watch rollout waits for the workload's rollout window.
+    RolloutHeld,
     /// A deferred effect failed past its retries.
     EffectFailed,
     /// An object carries config-snapshot's label without being a snapshot
@@ -28,6 +30,7 @@ impl Reason {
             Reason::ConfigRolledOut => "ConfigRolledOut",
             Reason::ConfigRenewed => "ConfigRenewed",
             Reason::RolloutDropped => "RolloutDropped",
+            Reason::RolloutHeld => "RolloutHeld",
             Reason::EffectFailed => "EffectFailed",
             Reason::Unproven => "UnprovenSnapshot",
         }
@@ -42,6 +45,7 @@ impl Reason {
             Reason::ConfigRolledOut => "Rollout",
             Reason::ConfigRenewed => "Renew",
             Reason::RolloutDropped => "Drop",
+            Reason::RolloutHeld => "Hold",
             Reason::EffectFailed => "GiveUp",
             Reason::Unproven => "Ignore",
         }

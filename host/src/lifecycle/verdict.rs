@@ -92,8 +92,8 @@ pub enum Verdict {
     Done(String),
     /// A precondition does not hold yet: look again later.
     Wait(String),
-    /// Held back by the storm guard until this time (unix seconds).
-    Later(i64),
+    /// Held back until this time (unix seconds), by `Hold`.
+    Later(i64, Hold),
     /// Void. `collect`: the snapshot was made for this patch alone; delete
     /// it if nothing else references it. `notable`: the user would not
     /// expect it (a rollback came first, the snapshot went), so the host
@@ -105,6 +105,26 @@ pub enum Verdict {
         collect: bool,
         notable: bool,
     },
+}
+
+/// What holds a watch rollout back.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Hold {
+    /// The storm guard: the workload's last watch rollout is too recent.
+    StormGuard,
+    /// Its rollout window is closed: why, for the user (when it opens, or
+    /// what is wrong with it).
+    Window(String),
+}
+
+impl Hold {
+    /// The `reason` label of serve's held-rollout gauges.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Hold::StormGuard => "storm_guard",
+            Hold::Window(_) => "rollout_window",
+        }
+    }
 }
 
 fn void(reason: String) -> Verdict {
@@ -181,10 +201,15 @@ pub fn decide_patch(intent: &PatchIntent, seen: &Observed, now: i64, rules: &Rul
     if patched == *workload {
         return Verdict::Done(format!("{who} already uses {}", intent.snapshot));
     }
+    // A closed window holds the rollout until it opens; the storm guard
+    // then still spaces it from the last one.
+    if let Some((opens, why)) = super::window::held(workload, now) {
+        return Verdict::Later(opens, Hold::Window(why));
+    }
     if let Some(last) = WatchRollout::of(workload) {
         let free = last.at + rules.watch_min_interval;
         if now < free {
-            return Verdict::Later(free);
+            return Verdict::Later(free, Hold::StormGuard);
         }
     }
     let record = WatchRollout {

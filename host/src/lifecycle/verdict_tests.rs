@@ -179,7 +179,10 @@ fn the_storm_guard_counts_from_the_rollout_recorded_on_the_workload() {
     );
     let i = intent(json!({"v": "2"}), 3);
     let landed = source(json!({"v": "2"}), "8");
-    assert_eq!(judge(&i, Some(&w), Some(&landed), 30), Verdict::Later(NOW + 20));
+    assert_eq!(
+        judge(&i, Some(&w), Some(&landed), 30),
+        Verdict::Later(NOW + 20, Hold::StormGuard)
+    );
     assert!(matches!(judge(&i, Some(&w), Some(&landed), 10), Verdict::Apply { .. }));
 }
 

@@ -107,7 +107,7 @@ impl Simulator {
                         job.attempts += 1;
                         keep.push(job);
                     }
-                    Next::Park(at) => {
+                    Next::Park(at, _) => {
                         job.not_before = at;
                         keep.push(job);
                     }

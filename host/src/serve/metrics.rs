@@ -38,7 +38,7 @@ pub struct KindLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HeldLabels {
-    /// What holds the rollout: `storm_guard`.
+    /// What holds the rollout: `storm_guard` or `rollout_window`.
     pub reason: &'static str,
 }
 
@@ -215,8 +215,13 @@ impl Default for Metrics {
         );
         let oldest_held = Family::<HeldLabels, Gauge>::default();
         let storm_guard = HeldLabels { reason: "storm_guard" };
-        let _ = held.get_or_create(&storm_guard);
-        let _ = oldest_held.get_or_create(&storm_guard);
+        let window = HeldLabels {
+            reason: "rollout_window",
+        };
+        for label in [&storm_guard, &window] {
+            let _ = held.get_or_create(label);
+            let _ = oldest_held.get_or_create(label);
+        }
         registry.register(
             "oldest_held_rollout_seconds",
             "How long the rollout held longest has waited, by what holds it",

@@ -21,7 +21,7 @@ use tracing::Instrument as _;
 use super::apiserver::KubeCluster;
 use super::report::Report;
 use crate::cluster::Key;
-use crate::lifecycle::{Driver, Effect, Next, Register, Rules};
+use crate::lifecycle::{Driver, Effect, Hold, Next, Register, Rules};
 
 #[derive(Debug, Clone)]
 pub struct QueueSettings {
@@ -46,8 +46,10 @@ struct Job {
     effect: Effect,
     attempts: u32,
     since: Instant,
-    /// When the storm guard first held it (for the held-rollout gauges).
+    /// When it was first held, and what holds it now (for the
+    /// held-rollout gauges, by reason).
     held_since: Option<Instant>,
+    held_by: &'static str,
 }
 
 /// What carrying out an effect needs, shared by the workers.
@@ -126,6 +128,7 @@ impl Queue {
             attempts: 0,
             since: Instant::now(),
             held_since: None,
+            held_by: "",
         });
     }
 
@@ -192,14 +195,21 @@ impl Queue {
             }
             *parked = rest;
             let metrics = &self.carry.report.metrics;
-            let label = crate::serve::metrics::HeldLabels { reason: "storm_guard" };
-            metrics.held.get_or_create(&label).set(parked.len() as i64);
-            let oldest = parked
-                .iter()
-                .filter_map(|(_, job)| Some(job.held_since?.elapsed().as_secs()))
-                .max()
-                .unwrap_or(0);
-            metrics.oldest_held.get_or_create(&label).set(oldest as i64);
+            for reason in [Hold::StormGuard.label(), Hold::Window(String::new()).label()] {
+                let held: Vec<&Job> = parked
+                    .iter()
+                    .map(|(_, job)| job)
+                    .filter(|j| j.held_by == reason)
+                    .collect();
+                let label = crate::serve::metrics::HeldLabels { reason };
+                metrics.held.get_or_create(&label).set(held.len() as i64);
+                let oldest = held
+                    .iter()
+                    .filter_map(|job| Some(job.held_since?.elapsed().as_secs()))
+                    .max()
+                    .unwrap_or(0);
+                metrics.oldest_held.get_or_create(&label).set(oldest as i64);
+            }
             due
         };
         for mut job in due {
@@ -245,8 +255,9 @@ impl Queue {
                 // rollout or an adoption.
                 metrics.effect_wait.observe(job.since.elapsed().as_secs_f64());
             }
-            Ok(Next::Park(at)) => {
+            Ok(Next::Park(at, hold)) => {
                 job.held_since.get_or_insert_with(Instant::now);
+                job.held_by = hold.label();
                 self.parked().push((at, job))
             }
             Ok(Next::Again) => {
