@@ -301,7 +301,11 @@ fn the_module_is_within_its_size_budget() {
     // to about 443 KB and runs a few percent faster (docs/BENCHMARKS.md,
     // "The engine floor and the module's size"). Every kilobyte over this
     // budget needs a reason.
-    assert!(size <= 500_000, "policy.wasm is {size} bytes, over the 500 KB budget");
+    // Rollout windows (src/window.rs) brought croner, the cron parser the
+    // host evaluates windows with, so that the policy refuses at the write
+    // exactly the windows the host could not judge: 36.5 KB (466,801 bytes
+    // before it, 503,351 after, measured 2026-11-26).
+    assert!(size <= 520_000, "policy.wasm is {size} bytes, over the 520 KB budget");
 }
 
 /// The metadata's hostCapabilities are Kubewarden's operations the policy
