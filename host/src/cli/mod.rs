@@ -37,3 +37,53 @@ pub fn runtime() -> Result<tokio::runtime::Runtime> {
         .build()
         .context("starting the async runtime")
 }
+
+/// Where the reading commands (`history`, `diff`, `plan`) read the
+/// cluster: the current kubeconfig's, or the one a replayed scenario leaves.
+#[derive(Debug, clap::Args)]
+pub struct ReadFrom {
+    /// The namespace (default: the kubeconfig context's, or `default` with
+    /// --scenario; `plan` takes the manifest's first).
+    #[arg(short, long)]
+    pub namespace: Option<String>,
+    /// Read the cluster a replay of this scenario leaves behind instead of
+    /// the current kubeconfig's.
+    #[arg(long, value_name = "FILE")]
+    pub scenario: Option<PathBuf>,
+    /// With --scenario: the policy wasm.
+    #[arg(long)]
+    pub policy: Option<PathBuf>,
+    /// text (aligned, colour on a terminal unless NO_COLOR) or json.
+    #[arg(short, long, default_value = "text", value_parser = ["text", "json"])]
+    pub output: String,
+}
+
+impl ReadFrom {
+    /// The simulator a replay of `--scenario` leaves, if one was named. A
+    /// scenario that does not pass is still read, with a word on stderr.
+    pub fn replayed(&self) -> Result<Option<config_snapshot::memory::Simulator>> {
+        let Some(path) = &self.scenario else {
+            return Ok(None);
+        };
+        let engine = std::sync::Arc::new(config_snapshot::engine::Engine::load(&policy_path(
+            self.policy.clone(),
+        )?)?);
+        let (result, sim) = config_snapshot::replay::run_to_end(engine, path)?;
+        if let Some(failure) = result.failure() {
+            eprintln!("config-snapshot: the scenario did not pass ({failure}); reading the cluster it left");
+        }
+        Ok(Some(sim))
+    }
+
+    pub fn json(&self) -> bool {
+        self.output == "json"
+    }
+}
+
+/// A client for the current kubeconfig's cluster (or the in-cluster one).
+pub async fn client() -> Result<kube::Client> {
+    config_snapshot::use_ring_for_tls();
+    kube::Client::try_default()
+        .await
+        .context("connecting to the API server (KUBECONFIG or in-cluster config)")
+}

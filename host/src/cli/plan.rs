@@ -4,17 +4,16 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context as _, Result};
-use config_snapshot::engine::Engine;
 use config_snapshot::impact::{impact, render, stored_form, Impact};
-use config_snapshot::replay;
 use config_snapshot_policy::duration::parse_go_duration;
 use config_snapshot_policy::kinds::WorkloadKind;
 use config_snapshot_policy::settings::Settings;
 use serde_json::Value;
+
+use super::ReadFrom;
 
 /// What applying a ConfigMap or Secret would roll: each workload that
 /// references it, through which references and keys, whether it would
@@ -25,17 +24,8 @@ pub struct Args {
     /// The manifest: one ConfigMap or Secret (YAML or JSON; `-` for stdin).
     #[arg(short = 'f', long = "filename")]
     file: PathBuf,
-    /// Its namespace, when the manifest names none (default: the
-    /// kubeconfig context's, or `default` with --scenario).
-    #[arg(short, long)]
-    namespace: Option<String>,
-    /// Read the cluster a replay of this scenario leaves behind instead of
-    /// the current kubeconfig's.
-    #[arg(long, value_name = "FILE")]
-    scenario: Option<PathBuf>,
-    /// With --scenario: the policy wasm.
-    #[arg(long)]
-    policy: Option<PathBuf>,
+    #[command(flatten)]
+    from: ReadFrom,
     /// The policy's settings as installed (JSON or YAML; the chart's
     /// `settings`), without --scenario; a scenario brings its own.
     #[arg(long, value_name = "FILE")]
@@ -43,9 +33,6 @@ pub struct Args {
     /// serve's --watch-min-interval (the storm guard), without --scenario.
     #[arg(long, default_value = "30s", value_parser = |t: &str| parse_go_duration(t).map(Duration::from_secs))]
     watch_min_interval: Duration,
-    /// text or json.
-    #[arg(short, long, default_value = "text", value_parser = ["text", "json"])]
-    output: String,
 }
 
 fn manifest(path: &PathBuf) -> Result<Value> {
@@ -60,14 +47,9 @@ fn manifest(path: &PathBuf) -> Result<Value> {
 pub fn run(args: Args) -> Result<ExitCode> {
     let (kind, new) = stored_form(manifest(&args.file)?)?;
     let name = new["metadata"]["name"].as_str().unwrap_or_default().to_string();
-    let impact = match &args.scenario {
-        Some(path) => {
-            let engine = Arc::new(Engine::load(&super::policy_path(args.policy.clone())?)?);
-            let (result, sim) = replay::run_to_end(engine, path)?;
-            if let Some(failure) = result.failure() {
-                eprintln!("config-snapshot: the scenario did not pass ({failure}); planning on the cluster it left");
-            }
-            let namespace = namespace_of(&new, args.namespace.clone(), "default");
+    let impact = match args.from.replayed()? {
+        Some(sim) => {
+            let namespace = namespace_of(&new, args.from.namespace.clone(), "default");
             let objects = sim.objects();
             let workloads: Vec<Value> = objects
                 .iter()
@@ -99,7 +81,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             super::runtime()?.block_on(online(&args, &new, kind.kind(), &name, &settings))?
         }
     };
-    if args.output == "json" {
+    if args.from.json() {
         println!("{}", serde_json::to_string_pretty(&impact)?);
     } else {
         print!("{}", render(&impact));
@@ -119,11 +101,8 @@ fn namespace_of(new: &Value, flag: Option<String>, default: &str) -> String {
 async fn online(args: &Args, new: &Value, kind: &str, name: &str, settings: &Settings) -> Result<Impact> {
     use config_snapshot::serve::cache::{api_resource, trim};
     use kube::api::{Api, DynamicObject, ListParams};
-    config_snapshot::use_ring_for_tls();
-    let client = kube::Client::try_default()
-        .await
-        .context("connecting to the API server (KUBECONFIG or in-cluster config)")?;
-    let namespace = namespace_of(new, args.namespace.clone(), client.default_namespace());
+    let client = super::client().await?;
+    let namespace = namespace_of(new, args.from.namespace.clone(), client.default_namespace());
     let api = |kind: &str| -> Result<(Api<DynamicObject>, kube::discovery::ApiResource)> {
         let resource = api_resource(kind).ok_or_else(|| anyhow!("{kind}: not a kind of the table"))?;
         Ok((Api::namespaced_with(client.clone(), &namespace, &resource), resource))
