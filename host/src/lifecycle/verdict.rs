@@ -118,11 +118,15 @@ pub enum Hold {
 }
 
 impl Hold {
+    /// Every `reason` label of serve's held-rollout gauges, one per kind of
+    /// hold.
+    pub const LABELS: [&'static str; 2] = ["storm_guard", "rollout_window"];
+
     /// The `reason` label of serve's held-rollout gauges.
     pub fn label(&self) -> &'static str {
         match self {
-            Hold::StormGuard => "storm_guard",
-            Hold::Window(_) => "rollout_window",
+            Hold::StormGuard => Self::LABELS[0],
+            Hold::Window(_) => Self::LABELS[1],
         }
     }
 }

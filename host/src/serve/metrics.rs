@@ -214,13 +214,10 @@ impl Default for Metrics {
             held.clone(),
         );
         let oldest_held = Family::<HeldLabels, Gauge>::default();
-        let storm_guard = HeldLabels { reason: "storm_guard" };
-        let window = HeldLabels {
-            reason: "rollout_window",
-        };
-        for label in [&storm_guard, &window] {
-            let _ = held.get_or_create(label);
-            let _ = oldest_held.get_or_create(label);
+        for reason in crate::lifecycle::Hold::LABELS {
+            let label = HeldLabels { reason };
+            let _ = held.get_or_create(&label);
+            let _ = oldest_held.get_or_create(&label);
         }
         registry.register(
             "oldest_held_rollout_seconds",

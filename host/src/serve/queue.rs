@@ -195,7 +195,7 @@ impl Queue {
             }
             *parked = rest;
             let metrics = &self.carry.report.metrics;
-            for reason in [Hold::StormGuard.label(), Hold::Window(String::new()).label()] {
+            for reason in Hold::LABELS {
                 let held: Vec<&Job> = parked
                     .iter()
                     .map(|(_, job)| job)
