@@ -17,7 +17,7 @@ use config_snapshot_policy::keys;
 use config_snapshot_policy::kinds::WorkloadKind;
 use config_snapshot_policy::optin::OptIn;
 use config_snapshot_policy::records::WatchRollout;
-use config_snapshot_policy::references::Reference;
+use config_snapshot_policy::references::{Reference, SourceRefs};
 use config_snapshot_policy::settings::Settings;
 use config_snapshot_policy::source::{SourceId, SourceKind};
 use config_snapshot_policy::watch::{watcher, Watcher};
@@ -94,18 +94,24 @@ pub fn stored_form(mut manifest: Value) -> Result<(SourceKind, Value)> {
     Ok((kind, manifest))
 }
 
+/// What a change is judged against besides the objects.
+pub struct Judging<'a> {
+    /// The policy's settings as installed.
+    pub settings: &'a Settings,
+    /// serve's storm guard, in seconds.
+    pub watch_min_interval: i64,
+    /// The clock, unix seconds.
+    pub now: i64,
+}
+
 /// What applying `new` (a source, [`stored_form`]) in `namespace` would
-/// do, given the object as it is (`live`), the namespace's workloads, the
-/// policy's settings, serve's storm guard (`watch_min_interval`, seconds)
-/// and the clock.
+/// do, given the object as it is (`live`) and the namespace's workloads.
 pub fn impact(
     new: &Value,
     live: Option<&Value>,
     workloads: &[Value],
     namespace: &str,
-    settings: &Settings,
-    watch_min_interval: i64,
-    now: i64,
+    judging: &Judging,
 ) -> Result<Impact> {
     let kind = new["kind"]
         .as_str()
@@ -120,26 +126,15 @@ pub fn impact(
         let Some(wkind) = workload["kind"].as_str().and_then(WorkloadKind::from_kind) else {
             continue;
         };
-        let group = match watcher(wkind, workload, &id, settings) {
+        let group = match watcher(wkind, workload, &id, judging.settings) {
             Watcher::Unreferenced => continue,
             Watcher::NotWatched(group) | Watcher::Watches(group) => group,
         };
         let reads = group.key_subset();
         let only = |v: &Values| restricted(v, reads.as_ref());
         let (old, new_values) = (before.as_ref().map(only), only(&after));
-        let changes = KeyChanges::between(old.as_ref().or(Some(&empty(kind))), Some(&new_values)).unwrap_or_else(none);
-        let (rolls, snapshot, why) = decide(
-            wkind,
-            workload,
-            &id,
-            &group.refs,
-            &content,
-            reads.as_ref(),
-            &changes,
-            settings,
-            watch_min_interval,
-            now,
-        );
+        let changes = key_changes(old.as_ref(), &new_values, kind);
+        let (rolls, snapshot, why) = decide(wkind, workload, &id, &group, &content, &changes, judging);
         let template = workload.pointer(wkind.template()).unwrap_or(&Value::Null);
         impacts.push(WorkloadImpact {
             workload: format!(
@@ -161,24 +156,19 @@ pub fn impact(
         source: format!("{}/{name}", kind.tag()),
         namespace: namespace.to_string(),
         exists: live.is_some(),
-        keys: KeyChanges::between(before.as_ref().or(Some(&empty(kind))), Some(&after)).unwrap_or_else(none),
+        keys: key_changes(before.as_ref(), &after, kind),
         workloads: impacts,
     })
 }
 
-fn none() -> KeyChanges {
-    KeyChanges {
-        added: vec![],
-        removed: vec![],
-        changed: vec![],
-    }
-}
-
-fn empty(kind: SourceKind) -> Values {
-    match kind {
+/// The keys that change from `before` (none: the object is created) to
+/// `after`.
+fn key_changes(before: Option<&Values>, after: &Values, kind: SourceKind) -> KeyChanges {
+    let empty = match kind {
         SourceKind::ConfigMap => Values::Plain(Default::default()),
         SourceKind::Secret => Values::Hidden(Default::default()),
-    }
+    };
+    KeyChanges::between(Some(before.unwrap_or(&empty)), Some(after)).expect("both sides are given")
 }
 
 fn restricted(values: &Values, keys: Option<&BTreeSet<String>>) -> Values {
@@ -194,20 +184,22 @@ fn restricted(values: &Values, keys: Option<&BTreeSet<String>>) -> Values {
     }
 }
 
-/// Whether the change rolls one referencing workload out, and why.
-#[allow(clippy::too_many_arguments)]
+/// Whether the change rolls one referencing workload (reading the source
+/// through `group`) out, and why.
 fn decide(
     kind: WorkloadKind,
     workload: &Value,
     id: &SourceId,
-    refs: &[Reference],
+    group: &SourceRefs,
     content: &Content,
-    reads: Option<&BTreeSet<String>>,
     changes: &KeyChanges,
-    settings: &Settings,
-    watch_min_interval: i64,
-    now: i64,
+    judging: &Judging,
 ) -> (bool, Option<String>, String) {
+    let Judging {
+        settings,
+        watch_min_interval,
+        now,
+    } = *judging;
     let stays = |why: String| (false, None, why);
     let annotations = workload.pointer("/metadata/annotations").and_then(Value::as_object);
     let optin = match OptIn::from_annotations(annotations, settings) {
@@ -235,8 +227,13 @@ fn decide(
         return stays("none of the keys it reads changes".to_string());
     }
     // A ConfigMap's snapshot is named by its content; a Secret's is keyed.
-    let snapshot = (id.kind == SourceKind::ConfigMap).then(|| snapshot_name(&id.name, &content.subset(reads).hash()));
-    if let Some(name) = snapshot.as_ref().filter(|name| refs.iter().all(|r| &r.name == *name)) {
+    let reads = group.key_subset();
+    let snapshot =
+        (id.kind == SourceKind::ConfigMap).then(|| snapshot_name(&id.name, &content.subset(reads.as_ref()).hash()));
+    if let Some(name) = snapshot
+        .as_ref()
+        .filter(|name| group.refs.iter().all(|r| &r.name == *name))
+    {
         return stays(format!("it already runs this content ({name})"));
     }
     let to = snapshot.clone().unwrap_or_else(|| format!("a new snapshot of {id}"));

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context as _, Result};
-use config_snapshot::impact::{impact, render, stored_form, Impact};
+use config_snapshot::impact::{impact, render, stored_form, Impact, Judging};
 use config_snapshot_policy::duration::parse_go_duration;
 use config_snapshot_policy::kinds::WorkloadKind;
 use config_snapshot_policy::settings::Settings;
@@ -63,9 +63,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 live.as_ref(),
                 &workloads,
                 &namespace,
-                &sim.effect_rules.settings,
-                sim.effect_rules.watch_min_interval,
-                sim.now(),
+                &Judging {
+                    settings: &sim.effect_rules.settings,
+                    watch_min_interval: sim.effect_rules.watch_min_interval,
+                    now: sim.now(),
+                },
             )?
         }
         None => {
@@ -128,8 +130,10 @@ async fn online(args: &Args, new: &Value, kind: &str, name: &str, settings: &Set
         live.as_ref(),
         &workloads,
         &namespace,
-        settings,
-        args.watch_min_interval.as_secs() as i64,
-        config_snapshot_policy::duration::unix_now(),
+        &Judging {
+            settings,
+            watch_min_interval: args.watch_min_interval.as_secs() as i64,
+            now: config_snapshot_policy::duration::unix_now(),
+        },
     )
 }
