@@ -151,15 +151,16 @@ impl Gate {
     }
 
     pub fn asked(&self) -> Asked {
-        self.asked.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.record().clone()
+    }
+
+    /// What the guest asked so far, to add to.
+    fn record(&self) -> std::sync::MutexGuard<'_, Asked> {
+        self.asked.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn refuse(&self, text: String) -> CallFailure {
-        self.asked
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .refused
-            .push(text.clone());
+        self.record().refused.push(text.clone());
         CallFailure::Foreign(text)
     }
 }
@@ -167,24 +168,16 @@ impl Gate {
 impl CallHandler for Gate {
     fn call(&self, binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, CallFailure> {
         let capability = format!("{namespace}/{operation}");
-        self.asked.lock().unwrap_or_else(|e| e.into_inner()).calls.push(format!(
+        self.record().calls.push(format!(
             "{binding}:{capability} {}",
             String::from_utf8_lossy(payload).chars().take(200).collect::<String>()
         ));
         if binding != "kubewarden" {
-            self.asked
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .capabilities
-                .insert(format!("{binding}:{capability}"));
+            self.record().capabilities.insert(format!("{binding}:{capability}"));
             return Err(self.refuse(format!("unknown binding: {binding}")));
         }
         if namespace != "tracing" {
-            self.asked
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .capabilities
-                .insert(capability.clone());
+            self.record().capabilities.insert(capability.clone());
             if !self.allowed.allows(&capability) {
                 return Err(self.refuse(format!(
                     "Policy has not been granted access to the '{capability}' host capability. The violation has been reported."
@@ -198,11 +191,7 @@ impl CallHandler for Gate {
                 body["api_version"].as_str().unwrap_or_default(),
                 body["kind"].as_str().unwrap_or_default()
             );
-            self.asked
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .resources
-                .insert(resource.clone());
+            self.record().resources.insert(resource.clone());
             if !self.resources.contains(&resource) {
                 return Err(self.refuse(format!(
                     "Policy has not been granted access to Kubernetes {resource} resources. The violation has been reported."

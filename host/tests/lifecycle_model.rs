@@ -843,23 +843,38 @@ fn random_histories_keep_every_lifecycle_invariant() {
     }
 }
 
+/// The Deployment, watching `alpha`, through the reference kinds `refs`,
+/// with `SNAPSHOT[snapshot]`.
+fn web_watching_alpha(refs: Vec<usize>, snapshot: usize) -> Op {
+    Op::Apply {
+        w: 0,
+        refs,
+        snapshot,
+        watch: 2,
+        exclude: false,
+        renew: false,
+        window: false,
+        image: 1,
+        history: 10,
+    }
+}
+
+/// Runs a fixed history, which must keep every invariant to its end; what
+/// it printed.
+fn holds(history: &[Op]) -> Vec<String> {
+    let mut outputs = Vec::new();
+    let steps = check(history, false, &mut outputs).expect("the invariants hold");
+    assert_eq!(steps.len(), history.len());
+    outputs
+}
+
 /// The model finds what it claims to: a policy that let a waiting watch
 /// rollout through after a rollback breaks I3 on this history, so the
 /// check must see that the history keeps the rollback.
 #[test]
 fn the_model_checks_what_a_rollback_must_keep() {
     let history = vec![
-        Op::Apply {
-            w: 0,
-            refs: vec![4],
-            snapshot: 0,
-            watch: 2,
-            exclude: false,
-            renew: false,
-            window: false,
-            image: 1,
-            history: 10,
-        },
+        web_watching_alpha(vec![4], 0),
         Op::EditSource { s: 0, key: 0, value: 1 },
         Op::EditSource { s: 0, key: 0, value: 2 },
         Op::Undo { w: 0, to: Some(1) },
@@ -867,9 +882,7 @@ fn the_model_checks_what_a_rollback_must_keep() {
         Op::Advance { secs: 700 },
         Op::Advance { secs: 700 },
     ];
-    let mut outputs = Vec::new();
-    let steps = check(&history, false, &mut outputs).expect("the invariants hold");
-    assert_eq!(steps.len(), history.len());
+    let outputs = holds(&history);
     assert!(
         outputs.iter().any(|e| e.contains("a rollback came first")),
         "{outputs:?}"
@@ -883,25 +896,13 @@ fn the_model_checks_what_a_rollback_must_keep() {
 #[test]
 fn a_snapshot_whose_rollout_is_refused_is_collected_at_once() {
     let history = vec![
-        Op::Apply {
-            w: 0,
-            refs: vec![4, 9],
-            snapshot: 1,
-            watch: 2,
-            exclude: false,
-            renew: false,
-            window: false,
-            image: 1,
-            history: 10,
-        },
+        web_watching_alpha(vec![4, 9], 1),
         Op::Fault { op: 4, times: 1 },
         Op::EditSource { s: 0, key: 0, value: 1 },
         Op::Advance { secs: 700 },
         Op::Advance { secs: 700 },
     ];
-    let mut outputs = Vec::new();
-    let steps = check(&history, false, &mut outputs).expect("the invariants hold");
-    assert_eq!(steps.len(), history.len());
+    let outputs = holds(&history);
     assert!(
         outputs.iter().any(|e| e.contains("collected: made for a rollout")),
         "{outputs:#?}"

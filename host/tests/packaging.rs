@@ -42,6 +42,21 @@ fn expand(rules: &Value) -> BTreeSet<(String, String, String)> {
     out
 }
 
+/// The kinds (`Deployment`) webhook rules name by their resources.
+fn kinds_named(rules: &Value) -> BTreeSet<String> {
+    expand(rules)
+        .into_iter()
+        .map(|(_, resource, _)| {
+            config_snapshot_policy::kinds::KINDS
+                .iter()
+                .find(|k| k.plural == resource)
+                .unwrap()
+                .kind
+                .to_string()
+        })
+        .collect()
+}
+
 fn handled() -> BTreeSet<(String, String, String)> {
     config_snapshot_policy::kinds::KINDS
         .iter()
@@ -123,17 +138,7 @@ fn metadata_has_what_kubewarden_needs() {
         .split(", ")
         .map(str::to_string)
         .collect();
-    let reviewed: BTreeSet<String> = expand(&m["rules"])
-        .into_iter()
-        .map(|(_, resource, _)| {
-            config_snapshot_policy::kinds::KINDS
-                .iter()
-                .find(|k| k.plural == resource)
-                .unwrap()
-                .kind
-                .to_string()
-        })
-        .collect();
+    let reviewed: BTreeSet<String> = kinds_named(&m["rules"]);
     assert_eq!(named, reviewed, "io.artifacthub.resources");
 }
 
@@ -154,17 +159,7 @@ fn artifacthub_package_agrees_with_the_metadata() {
     let shipped = yaml("deploy/kubewarden/policy.yaml");
     let rules: Value = serde_yaml_ng::from_str(ann["kubewarden/rules"].as_str().unwrap()).unwrap();
     assert_eq!(expand(&rules), expand(&shipped["spec"]["rules"]));
-    let kinds: BTreeSet<String> = expand(&rules)
-        .into_iter()
-        .map(|(_, resource, _)| {
-            config_snapshot_policy::kinds::KINDS
-                .iter()
-                .find(|k| k.plural == resource)
-                .unwrap()
-                .kind
-                .to_string()
-        })
-        .collect();
+    let kinds: BTreeSet<String> = kinds_named(&rules);
     let listed: BTreeSet<String> = ann["kubewarden/resources"]
         .as_str()
         .unwrap()
