@@ -11,7 +11,6 @@
 use std::collections::BTreeSet;
 
 use anyhow::{anyhow, bail, Result};
-use base64::Engine as _;
 use config_snapshot_policy::content::{snapshot_name, Content};
 use config_snapshot_policy::keys;
 use config_snapshot_policy::kinds::WorkloadKind;
@@ -80,16 +79,7 @@ pub fn stored_form(mut manifest: Value) -> Result<(SourceKind, Value)> {
         bail!("this is a snapshot, which config-snapshot made and never changes; plan its source instead");
     }
     if kind == SourceKind::Secret {
-        if let Some(strings) = manifest.get("stringData").and_then(Value::as_object).cloned() {
-            let data = manifest["data"].as_object().cloned().unwrap_or_default();
-            let mut data = data;
-            for (k, v) in strings {
-                let text = v.as_str().ok_or_else(|| anyhow!("stringData.{k} is not a string"))?;
-                data.insert(k, Value::from(base64::engine::general_purpose::STANDARD.encode(text)));
-            }
-            manifest["data"] = Value::Object(data);
-            manifest.as_object_mut().map(|m| m.remove("stringData"));
-        }
+        crate::memory::fold_string_data(&mut manifest)?;
     }
     Ok((kind, manifest))
 }

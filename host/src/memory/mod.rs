@@ -41,7 +41,7 @@ use crate::proof::Prover;
 use crate::rules::WebhookRules;
 use shared::lock;
 pub use shared::{Fault, Rollout, Shared};
-pub(crate) use write::prepare;
+pub(crate) use write::{fold_string_data, prepare};
 
 /// One admission as replay evaluated it, with the cluster it saw: lets a
 /// test put another host (serve's, against an API server) in the same

@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use base64::Engine as _;
 use config_snapshot_policy::keys;
 use config_snapshot_policy::kinds;
@@ -222,6 +222,24 @@ fn refuse_immutable_change(old: Option<&Value>, new: &Value) -> Option<Admission
     })
 }
 
+/// A Secret's `stringData` folded into base64 `data`, as the API server
+/// stores it; a value that is not a string is refused, as it refuses one.
+pub(crate) fn fold_string_data(secret: &mut Value) -> Result<()> {
+    let Some(Value::Object(string_data)) = secret.as_object_mut().and_then(|o| o.remove("stringData")) else {
+        return Ok(());
+    };
+    if !secret["data"].is_object() {
+        secret["data"] = json!({});
+    }
+    for (k, v) in string_data {
+        let text = v
+            .as_str()
+            .ok_or_else(|| anyhow!("stringData.{k} is not a string"))?;
+        secret["data"][k] = json!(base64::engine::general_purpose::STANDARD.encode(text));
+    }
+    Ok(())
+}
+
 /// What the API server does to an object before admission: fill in the
 /// apiVersion and namespace, and fold a Secret's `stringData` into `data`.
 pub(crate) fn prepare(mut object: Value, old: Option<&Value>) -> Result<Value> {
@@ -239,15 +257,7 @@ pub(crate) fn prepare(mut object: Value, old: Option<&Value>) -> Result<Value> {
             .unwrap_or("default"));
     }
     if object["kind"] == "Secret" {
-        if let Some(Value::Object(string_data)) = object.as_object_mut().and_then(|o| o.remove("stringData")) {
-            if !object["data"].is_object() {
-                object["data"] = json!({});
-            }
-            for (k, v) in string_data {
-                let encoded = base64::engine::general_purpose::STANDARD.encode(v.as_str().unwrap_or_default());
-                object["data"][k] = json!(encoded);
-            }
-        }
+        fold_string_data(&mut object)?;
         if object.get("type").is_none() {
             object["type"] = json!("Opaque");
         }
