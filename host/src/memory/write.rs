@@ -232,9 +232,7 @@ pub(crate) fn fold_string_data(secret: &mut Value) -> Result<()> {
         secret["data"] = json!({});
     }
     for (k, v) in string_data {
-        let text = v
-            .as_str()
-            .ok_or_else(|| anyhow!("stringData.{k} is not a string"))?;
+        let text = v.as_str().ok_or_else(|| anyhow!("stringData.{k} is not a string"))?;
         secret["data"][k] = json!(base64::engine::general_purpose::STANDARD.encode(text));
     }
     Ok(())
