@@ -12,6 +12,9 @@ pub const EXCLUDE: &str = "config-snapshot.io/exclude";
 pub const RENEW_DURATION: &str = "config-snapshot.io/renew-duration";
 pub const ROLLOUT_WINDOW: &str = "config-snapshot.io/rollout-window";
 pub const ROLLOUT_WINDOW_ZONE: &str = "config-snapshot.io/rollout-window-zone";
+pub const WATCH_MODE: &str = "config-snapshot.io/watch-mode";
+/// A user's approval of pending watch rollouts (`approval`).
+pub const APPROVE: &str = "config-snapshot.io/approve";
 
 // Pod template annotations (policy output).
 pub const SNAPSHOTS: &str = "config-snapshot.io/snapshots";
@@ -22,6 +25,9 @@ pub const CHECKSUM_PREFIX: &str = "config-snapshot.io/checksum-";
 // out of the pod template, so writing them never rolls pods.
 pub const ROLLBACK: &str = "config-snapshot.io/rollback";
 pub const WATCH_ROLLOUT: &str = "config-snapshot.io/watch-rollout";
+/// What waits for an approval (or, in notify mode, was announced): the
+/// host writes it, as it finds a held change (`approval`).
+pub const PENDING: &str = "config-snapshot.io/pending";
 /// Both, the host's bookkeeping on a workload: no user write changes them.
 pub const RECORDS: [&str; 2] = [ROLLBACK, WATCH_ROLLOUT];
 

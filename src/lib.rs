@@ -6,6 +6,7 @@
 //! The decisions live in plain modules that compile and test natively; the
 //! waPC glue at the bottom is the only wasm-specific code.
 
+pub mod approval;
 pub mod checksum;
 pub mod content;
 pub mod context;

@@ -31,6 +31,8 @@ pub enum OptInError {
     },
     #[error(transparent)]
     Window(#[from] crate::window::WindowError),
+    #[error(transparent)]
+    Approval(#[from] crate::approval::ApprovalError),
 }
 
 #[derive(Debug, Clone, Default)]
@@ -96,6 +98,7 @@ impl OptIn {
         if let Some(zone) = get(keys::ROLLOUT_WINDOW_ZONE) {
             crate::window::check_zone(zone)?;
         }
+        crate::approval::check(annotations)?;
         Ok(OptIn {
             snapshot,
             watch,

@@ -150,6 +150,18 @@ pub fn admit(
         r
     });
     rewrite::set_rollback(&mut object, rollback.as_ref());
+    // An undo brings back the annotations its revision was made with,
+    // pending changes and approvals among them, which speak of content
+    // since gone: the workload keeps its own (the host clears a pending
+    // change the rollback voids).
+    if let (Change::Rollback, Some(old)) = (change, &old) {
+        for key in [keys::PENDING, keys::APPROVE] {
+            let kept = old.pointer(&annotation_path(key)).cloned();
+            if object.pointer(&annotation_path(key)) != kept.as_ref() {
+                rewrite::set_annotation(&mut object, key, kept);
+            }
+        }
+    }
     // The watch-rollout record changes only with the host's own rollout.
     // Copied from another object on CREATE, it speaks of that object's
     // generations; rewound by a rollback, it would reset the storm guard.

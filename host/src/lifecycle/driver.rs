@@ -129,13 +129,16 @@ impl Driver<'_> {
                 ending
             }
             Attempt::Later(at, hold) => {
-                self.observer.note(match &hold {
-                    Hold::StormGuard => format!(
-                        "{} held by the storm guard until {at} (unix seconds)",
-                        effect.describe()
-                    ),
-                    Hold::Window(why) => format!("{} held by its rollout window: {why}", effect.describe()),
-                });
+                let said = match &hold {
+                    Hold::StormGuard => Some(format!("held by the storm guard until {at} (unix seconds)")),
+                    Hold::Window(why) => Some(format!("held by its rollout window: {why}")),
+                    // Told once, when it is recorded as pending: its looks
+                    // every few seconds say nothing new.
+                    Hold::Notify | Hold::Approval { .. } => None,
+                };
+                if let Some(said) = said {
+                    self.observer.note(format!("{} {said}", effect.describe()));
+                }
                 Next::Park(at, hold)
             }
             Attempt::Wait(_) | Attempt::Retry(_) if patient => Next::Again,
@@ -443,12 +446,20 @@ impl Driver<'_> {
             Verdict::Done(_) => Attempt::Done,
             Verdict::Wait(why) => Attempt::Wait(why),
             Verdict::Later(at, hold) => {
-                if let (Hold::Window(why), Some(w)) = (&hold, &workload) {
-                    self.observer.tell(
+                match (&hold, &workload) {
+                    (Hold::Window(why), Some(w)) => self.observer.tell(
                         w,
                         Reason::RolloutHeld,
                         format!("{}'s change waits for the rollout window: {why}", intent.source),
-                    );
+                    ),
+                    (hold, Some(w)) if hold.pends() => {
+                        // Not recorded this time (the workload moved): the
+                        // next look records it; the hold stands either way.
+                        if let Err(why) = self.record_pending(ns, &intent, w, hold) {
+                            self.observer.note(why);
+                        }
+                    }
+                    _ => {}
                 }
                 Attempt::Later(at, hold)
             }
@@ -457,6 +468,18 @@ impl Driver<'_> {
                 collect,
                 notable,
             } => {
+                if let Some(ops) = workload
+                    .as_ref()
+                    .and_then(|w| super::verdict::unpend_ops(w, &intent.source, &intent.snapshot))
+                {
+                    // Best effort: a record left behind names content that
+                    // changed or was declined, which `approve` refuses.
+                    let pinned = workload.as_ref().map(version_of).unwrap_or_default();
+                    if let Err(e) = self.cluster.patch(intent.kind.kind(), ns, &intent.name, pinned, ops) {
+                        self.observer
+                            .note(format!("clearing the pending record of {}: {e}", intent.who()));
+                    }
+                }
                 if let Some(w) = workload.as_ref().filter(|_| notable) {
                     self.observer.tell(
                         w,
@@ -473,6 +496,35 @@ impl Driver<'_> {
                 }
             }
         }
+    }
+
+    /// Records a change held for a person on its workload
+    /// (`config-snapshot.io/pending`) and tells them, once per content: the
+    /// record is what `config-snapshot status` and `approve` read. An
+    /// approval of content the source has since moved on from is taken off
+    /// in the same write, and the user is told it was refused.
+    fn record_pending(&self, ns: &str, intent: &PatchIntent, workload: &Value, hold: &Hold) -> Result<(), String> {
+        let Some(ops) = super::verdict::pending_ops(workload, &intent.source, &intent.snapshot) else {
+            return Ok(());
+        };
+        self.cluster
+            .patch(intent.kind.kind(), ns, &intent.name, version_of(workload), ops)
+            .map_err(|e| format!("recording the pending change on {}: {e}", intent.who()))?;
+        let (id, snapshot) = (&intent.source, &intent.snapshot);
+        let target = format!("{}/{}", intent.kind.kind().to_lowercase(), intent.name);
+        let message = match hold {
+            Hold::Approval { refused: Some(old) } => format!(
+                "{id} changed again: the approval of snapshot {old} is refused; snapshot {snapshot} waits for approval (config-snapshot approve {target})"
+            ),
+            Hold::Approval { refused: None } => format!(
+                "{id} changed: snapshot {snapshot} waits for approval (config-snapshot approve {target})"
+            ),
+            _ => format!(
+                "{id} changed: it would roll out with snapshot {snapshot}; its watch mode is notify, so nothing rolls"
+            ),
+        };
+        self.observer.tell(workload, Reason::RolloutPending, message);
+        Ok(())
     }
 
     /// The snapshot a watch rollout moves its workload to, made now from

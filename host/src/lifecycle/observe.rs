@@ -17,6 +17,9 @@ pub enum Reason {
     RolloutDropped,
     /// A watch rollout waits for the workload's rollout window.
     RolloutHeld,
+    /// A watched change waits for a person: announced in notify mode, or
+    /// awaiting approval.
+    RolloutPending,
     /// A deferred effect failed past its retries.
     EffectFailed,
     /// An object carries config-snapshot's label without being a snapshot
@@ -31,6 +34,7 @@ impl Reason {
             Reason::ConfigRenewed => "ConfigRenewed",
             Reason::RolloutDropped => "RolloutDropped",
             Reason::RolloutHeld => "RolloutHeld",
+            Reason::RolloutPending => "RolloutPending",
             Reason::EffectFailed => "EffectFailed",
             Reason::Unproven => "UnprovenSnapshot",
         }
@@ -46,6 +50,7 @@ impl Reason {
             Reason::ConfigRenewed => "Renew",
             Reason::RolloutDropped => "Drop",
             Reason::RolloutHeld => "Hold",
+            Reason::RolloutPending => "Pend",
             Reason::EffectFailed => "GiveUp",
             Reason::Unproven => "Ignore",
         }

@@ -14,20 +14,26 @@
 //! 3. a rollback admitted after the patch was decided voids it (the
 //!    workload's rollback record counts more rollbacks than the patch saw):
 //!    a rollback always wins;
-//! 4. at most one watch rollout per workload per interval, counted from the
+//! 4. a workload in `notify` mode never rolls by itself, and one in
+//!    `approve` mode rolls only once its approve annotation names this
+//!    very snapshot (which then goes at once: the user asked);
+//! 5. a closed rollout window holds the rollout until it opens, and at
+//!    most one watch rollout per workload per interval, counted from the
 //!    rollout recorded on the workload itself (so replicas and restarts
 //!    share the guard);
-//! 5. the patch is recomputed on the workload as it is, pinned to its
+//! 6. the patch is recomputed on the workload as it is, pinned to its
 //!    resourceVersion, and records the rollout and the generation it makes.
 
 use std::sync::Arc;
 
+use config_snapshot_policy::approval::{Entries, WatchMode};
 use config_snapshot_policy::content::Content;
 use config_snapshot_policy::keys;
 use config_snapshot_policy::optin::OptIn;
 use config_snapshot_policy::records::{generation, Rollback, WatchRollout};
 use config_snapshot_policy::rewrite::annotation_path;
 use config_snapshot_policy::settings::Settings;
+use config_snapshot_policy::source::SourceId;
 use config_snapshot_policy::watch;
 
 use serde_json::{json, Value};
@@ -115,21 +121,44 @@ pub enum Hold {
     /// Its rollout window is closed: why, for the user (when it opens, or
     /// what is wrong with it).
     Window(String),
+    /// Its watch mode is `notify`: it never rolls by itself.
+    Notify,
+    /// Its watch mode is `approve` and this content is not approved yet.
+    /// `refused`: what the approve annotation names for the source instead
+    /// (content it has since moved on from).
+    Approval { refused: Option<String> },
 }
 
 impl Hold {
     /// Every `reason` label of serve's held-rollout gauges, one per kind of
     /// hold.
-    pub const LABELS: [&'static str; 2] = ["storm_guard", "rollout_window"];
+    pub const LABELS: [&'static str; 4] = ["storm_guard", "rollout_window", "notify", "approval"];
 
     /// The `reason` label of serve's held-rollout gauges.
     pub fn label(&self) -> &'static str {
         match self {
             Hold::StormGuard => Self::LABELS[0],
             Hold::Window(_) => Self::LABELS[1],
+            Hold::Notify => Self::LABELS[2],
+            Hold::Approval { .. } => Self::LABELS[3],
         }
     }
+
+    /// Whether the change waits for a person, and is recorded on the
+    /// workload as pending.
+    pub fn pends(&self) -> bool {
+        matches!(self, Hold::Notify | Hold::Approval { .. })
+    }
 }
+
+/// How soon a change held for an approval is judged again (seconds): the
+/// longest a user waits after `config-snapshot approve`. Each look is two
+/// GETs, so a thousand changes awaiting approval cost about 130 reads a
+/// second.
+pub const APPROVAL_RECHECK_SECS: i64 = 15;
+/// How soon a change announced in notify mode is judged again: it rolls
+/// only if the user switches the mode, so rarely is enough.
+pub const NOTIFY_RECHECK_SECS: i64 = 300;
 
 fn void(reason: String) -> Verdict {
     Verdict::Drop {
@@ -205,15 +234,32 @@ pub fn decide_patch(intent: &PatchIntent, seen: &Observed, now: i64, rules: &Rul
     if patched == *workload {
         return Verdict::Done(format!("{who} already uses {}", intent.snapshot));
     }
+    let approved = match WatchMode::of(annotations) {
+        WatchMode::Roll => false,
+        WatchMode::Notify => return Verdict::Later(now + NOTIFY_RECHECK_SECS, Hold::Notify),
+        WatchMode::Approve => match Entries::on(annotations, keys::APPROVE).get(id) {
+            Some(snapshot) if snapshot == intent.snapshot => true,
+            other => {
+                return Verdict::Later(
+                    now + APPROVAL_RECHECK_SECS,
+                    Hold::Approval {
+                        refused: other.map(str::to_string),
+                    },
+                )
+            }
+        },
+    };
     // A closed window holds the rollout until it opens; the storm guard
-    // then still spaces it from the last one.
-    if let Some((opens, why)) = super::window::held(workload, now) {
-        return Verdict::Later(opens, Hold::Window(why));
-    }
-    if let Some(last) = WatchRollout::of(workload) {
-        let free = last.at + rules.watch_min_interval;
-        if now < free {
-            return Verdict::Later(free, Hold::StormGuard);
+    // then still spaces it from the last one. An approval goes at once.
+    if !approved {
+        if let Some((opens, why)) = super::window::held(workload, now) {
+            return Verdict::Later(opens, Hold::Window(why));
+        }
+        if let Some(last) = WatchRollout::of(workload) {
+            let free = last.at + rules.watch_min_interval;
+            if now < free {
+                return Verdict::Later(free, Hold::StormGuard);
+            }
         }
     }
     let record = WatchRollout {
@@ -224,9 +270,63 @@ pub fn decide_patch(intent: &PatchIntent, seen: &Observed, now: i64, rules: &Rul
     };
     let mut ops = ops;
     ops.push(annotate(workload, keys::WATCH_ROLLOUT, &record.to_annotation()));
+    // The change is no longer pending, and its approval is spent.
+    for key in [keys::PENDING, keys::APPROVE] {
+        let mut entries = Entries::on(annotations, key);
+        if entries.get(id).is_some() {
+            entries.remove(id);
+            ops.push(set_entries(workload, key, &entries));
+        }
+    }
     Verdict::Apply {
         resource_version: version_of(workload).to_string(),
         ops,
+    }
+}
+
+/// The JSON Patch that records `snapshot` as the change of `id` pending on
+/// `workload`, and takes out an approval the workload carries for other
+/// content of `id` (refused: it changed since); `None` when both are so
+/// already.
+pub fn pending_ops(workload: &Value, id: &SourceId, snapshot: &str) -> Option<Vec<Value>> {
+    let annotations = workload.pointer("/metadata/annotations").and_then(Value::as_object);
+    let mut ops = Vec::new();
+    let mut pending = Entries::on(annotations, keys::PENDING);
+    if pending.get(id) != Some(snapshot) {
+        pending.set(id.clone(), snapshot);
+        ops.push(set_entries(workload, keys::PENDING, &pending));
+    }
+    let mut approved = Entries::on(annotations, keys::APPROVE);
+    if approved.get(id).is_some_and(|a| a != snapshot) {
+        approved.remove(id);
+        // Two ops may each create the annotations map: the second must
+        // find it made, so it is judged on the first's result.
+        let mut first = workload.clone();
+        apply_ops(&mut first, &ops).ok()?;
+        ops.push(set_entries(&first, keys::APPROVE, &approved));
+    }
+    (!ops.is_empty()).then_some(ops)
+}
+
+/// The JSON Patch that takes `snapshot` out of `workload`'s pending
+/// record, when the change it names was dropped (a rollback came first,
+/// the workload stopped watching): a record of what will never roll must
+/// not stay for `approve` to act on. `None` if it is not there.
+pub fn unpend_ops(workload: &Value, id: &SourceId, snapshot: &str) -> Option<Vec<Value>> {
+    let annotations = workload.pointer("/metadata/annotations").and_then(Value::as_object);
+    let mut pending = Entries::on(annotations, keys::PENDING);
+    (pending.get(id) == Some(snapshot)).then(|| {
+        pending.remove(id);
+        vec![set_entries(workload, keys::PENDING, &pending)]
+    })
+}
+
+/// The op that sets `key` to `entries`, or takes it out when they are none.
+fn set_entries(object: &Value, key: &str, entries: &Entries) -> Value {
+    if entries.is_empty() {
+        json!({"op": "remove", "path": annotation_path(key)})
+    } else {
+        annotate(object, key, &entries.to_string())
     }
 }
 
