@@ -27,6 +27,7 @@ pub mod rules;
 pub mod scenario;
 pub mod selector;
 pub mod serve;
+pub mod status;
 pub mod view;
 
 /// Chooses rustls's crypto provider for the process: ring, the one kube-rs

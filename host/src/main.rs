@@ -46,6 +46,12 @@ enum Command {
     /// references it, whether it would roll and why not, and the key-level
     /// diff (Secrets by key name only). Reads; never writes.
     Plan(cli::plan::Args),
+    /// What a workload's watched changes wait for: its watch mode, rollout
+    /// window, pending and approved changes, last rollout and rollback.
+    Status(cli::approval::StatusArgs),
+    /// Approve a workload's pending watch rollout (watch mode `approve`);
+    /// refused when its source changed again since.
+    Approve(cli::approval::ApproveArgs),
     /// Run the mutating admission webhook against the cluster (HTTPS).
     Serve(serve::Options),
     /// Compile the policy ahead of time for `serve --precompiled`: made by
@@ -82,6 +88,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::History(args) => cli::history::history(args),
         Command::Diff(args) => cli::history::diff(args),
         Command::Plan(args) => cli::plan::run(args),
+        Command::Status(args) => cli::approval::status_command(args),
+        Command::Approve(args) => cli::approval::approve_command(args),
         Command::Serve(options) => {
             serve::init_logging(&options.log_format);
             let runtime = cli::runtime()?;

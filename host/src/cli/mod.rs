@@ -1,6 +1,7 @@
 //! The commands of the `config-snapshot` binary, one module each, with
 //! their arguments: `main.rs` only parses and dispatches.
 
+pub mod approval;
 pub mod history;
 pub mod keys;
 pub mod module;
@@ -38,7 +39,7 @@ pub fn runtime() -> Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
-/// Where the reading commands (`history`, `diff`, `plan`) read the
+/// Where the reading commands (`history`, `diff`, `plan`, `status`) read the
 /// cluster: the current kubeconfig's, or the one a replayed scenario leaves.
 #[derive(Debug, clap::Args)]
 pub struct ReadFrom {

@@ -255,3 +255,97 @@ fn the_host_acts_only_where_its_install_reaches() {
     assert!(rules.excludes("kube-system"), "listed, but excluded");
     assert!(rules.excludes("config-snapshot"));
 }
+
+#[test]
+fn notify_never_rolls_and_approve_rolls_only_the_approved_snapshot_at_once() {
+    let old = snapshot_name(json!({"v": "1"}));
+    let new = snapshot_name(json!({"v": "2"}));
+    let i = intent(json!({"v": "2"}), 3);
+    let landed = source(json!({"v": "2"}), "8");
+    // A storm guard that would hold anything: an approval is not held.
+    let recent = WatchRollout {
+        generation: 3,
+        at: NOW - 10,
+        source: SourceId::new(SourceKind::ConfigMap, "app"),
+        snapshot: old.clone(),
+    }
+    .to_annotation();
+    let notify = workload(
+        &old,
+        3,
+        json!({"config-snapshot.io/watch-mode": "notify", "config-snapshot.io/approve": format!("configmap/app={new}")}),
+    );
+    assert_eq!(
+        judge(&i, Some(&notify), Some(&landed), 3600),
+        Verdict::Later(NOW + NOTIFY_RECHECK_SECS, Hold::Notify),
+        "an approval means nothing in notify mode"
+    );
+    let waiting = workload(&old, 3, json!({"config-snapshot.io/watch-mode": "approve"}));
+    assert_eq!(
+        judge(&i, Some(&waiting), Some(&landed), 0),
+        Verdict::Later(NOW + APPROVAL_RECHECK_SECS, Hold::Approval { refused: None })
+    );
+    let stale = format!("configmap/app={old}");
+    let approved_other = workload(
+        &old,
+        3,
+        json!({"config-snapshot.io/watch-mode": "approve", "config-snapshot.io/approve": stale}),
+    );
+    assert_eq!(
+        judge(&i, Some(&approved_other), Some(&landed), 0),
+        Verdict::Later(
+            NOW + APPROVAL_RECHECK_SECS,
+            Hold::Approval {
+                refused: Some(old.clone())
+            }
+        ),
+        "an approval of other content is refused"
+    );
+    let approved = workload(
+        &old,
+        3,
+        json!({
+            "config-snapshot.io/watch-mode": "approve",
+            "config-snapshot.io/watch-rollout": recent,
+            "config-snapshot.io/approve": format!("configmap/app={new}, secret/db=db-1"),
+            "config-snapshot.io/pending": format!("configmap/app={new}"),
+        }),
+    );
+    let Verdict::Apply { ops, .. } = judge(&i, Some(&approved), Some(&landed), 3600) else {
+        panic!("an approval of this snapshot rolls, storm guard or not")
+    };
+    let mut patched = approved.clone();
+    apply_ops(&mut patched, &ops).unwrap();
+    let annotations = &patched["metadata"]["annotations"];
+    assert!(annotations.get(keys::PENDING).is_none(), "no longer pending");
+    assert_eq!(
+        annotations[keys::APPROVE],
+        "secret/db=db-1",
+        "the approval is spent, others stay"
+    );
+}
+
+#[test]
+fn a_pending_record_is_written_once_and_takes_off_a_refused_approval() {
+    let old = snapshot_name(json!({"v": "1"}));
+    let new = snapshot_name(json!({"v": "2"}));
+    let id = SourceId::new(SourceKind::ConfigMap, "app");
+    let bare = json!({"metadata": {"name": "web"}});
+    let ops = pending_ops(&bare, &id, &new).unwrap();
+    let mut recorded = bare.clone();
+    apply_ops(&mut recorded, &ops).unwrap();
+    assert_eq!(
+        recorded["metadata"]["annotations"][keys::PENDING],
+        format!("configmap/app={new}")
+    );
+    assert_eq!(pending_ops(&recorded, &id, &new), None, "already recorded");
+    recorded["metadata"]["annotations"][keys::APPROVE] = json!(format!("configmap/app={old}"));
+    let ops = pending_ops(&recorded, &id, &new).unwrap();
+    apply_ops(&mut recorded, &ops).unwrap();
+    assert!(recorded["metadata"]["annotations"].get(keys::APPROVE).is_none());
+    // Dropped: the record goes; a record of other content stays.
+    assert_eq!(unpend_ops(&recorded, &id, &old), None);
+    let ops = unpend_ops(&recorded, &id, &new).unwrap();
+    apply_ops(&mut recorded, &ops).unwrap();
+    assert!(recorded["metadata"]["annotations"].get(keys::PENDING).is_none());
+}
