@@ -11,6 +11,7 @@
 use std::collections::BTreeSet;
 
 use anyhow::{anyhow, bail, Result};
+use config_snapshot_policy::approval::WatchMode;
 use config_snapshot_policy::content::{snapshot_name, Content};
 use config_snapshot_policy::keys;
 use config_snapshot_policy::kinds::WorkloadKind;
@@ -227,6 +228,26 @@ fn decide(
         return stays(format!("it already runs this content ({name})"));
     }
     let to = snapshot.clone().unwrap_or_else(|| format!("a new snapshot of {id}"));
+    match WatchMode::of(annotations) {
+        WatchMode::Roll => {}
+        WatchMode::Notify => {
+            return stays(format!(
+                "its watch mode is notify: it is told it would roll to {to}, and nothing rolls"
+            ))
+        }
+        WatchMode::Approve => {
+            return stays(format!(
+                "its watch mode is approve: it would roll to {to} once approved (config-snapshot approve)"
+            ))
+        }
+    }
+    if let Some((_, why)) = crate::lifecycle::window::held(workload, now) {
+        return (
+            true,
+            snapshot,
+            format!("rolls to {to} when its rollout window opens: {why}"),
+        );
+    }
     if let Some(last) = WatchRollout::of(workload).filter(|l| now < l.at + watch_min_interval) {
         let wait = last.at + watch_min_interval - now;
         let ago = now - last.at;

@@ -14,9 +14,13 @@
 //!   interval;
 //! - I6 nothing panics and no Secret value appears in any output;
 //! - I7 nothing rolls outside a window: a watch rollout of a workload with
-//!   a rollout window happens while the window is open (checked by
+//!   a rollout window (and not in approve mode) happens while the window is open (checked by
 //!   arithmetic on [`WINDOW`], not by the code under test), and I4 holds
 //!   for it once a whole window cycle was quiet.
+//! - I8 nothing rolls without its say: a workload in watch mode `notify`
+//!   never watch-rolls, and one in `approve` mode rolls only to a snapshot
+//!   the history approved for it (the model keeps what it approved, not
+//!   the code under test); I4 does not judge either.
 //!
 //! A failing history is shrunk and written as a scenario that
 //! `config-snapshot replay` runs (target/model-failures/), so every bug
@@ -37,9 +41,11 @@ use config_snapshot::invariants;
 use config_snapshot::proof::Prover;
 use config_snapshot::replay::Session;
 use config_snapshot::scenario::{Scenario, Step};
+use config_snapshot_policy::approval::{Entries, WatchMode};
 use config_snapshot_policy::content::Content;
+use config_snapshot_policy::keys;
 use config_snapshot_policy::optin::OptIn;
-use config_snapshot_policy::records::Rollback;
+use config_snapshot_policy::records::{Rollback, WatchRollout};
 use config_snapshot_policy::references;
 use config_snapshot_policy::settings::Settings;
 use config_snapshot_policy::source::{SourceId, SourceKind};
@@ -67,6 +73,8 @@ const ADVANCES: [i64; 5] = [5, 31, 61, 700, 7300];
 /// 0, 20 and 40 of every hour, UTC. I7 checks it by arithmetic, not by
 /// the code under test: open iff `t % 1200 < 300`.
 const WINDOW: &str = "*/20 * * * * for 5m";
+/// The watch modes a workload may get (`None`: the default, roll).
+const MODES: [Option<&str>; 3] = [None, Some("notify"), Some("approve")];
 const SNAPSHOT: [Option<&str>; 4] = [None, Some("*"), Some("alpha"), Some("configmap/beta,secret/creds")];
 const WATCH: [Option<&str>; 5] = [None, Some("*"), Some("alpha"), Some("secret/creds"), Some("beta")];
 
@@ -82,6 +90,8 @@ enum Op {
         renew: bool,
         /// A rollout window: `WINDOW`, open 5 minutes in every 20.
         window: bool,
+        /// Its watch mode: an index into `MODES`.
+        mode: usize,
         image: u8,
         history: u8,
     },
@@ -133,6 +143,11 @@ enum Op {
         op: usize,
         times: u32,
     },
+    /// `config-snapshot approve`: the workload's approve annotation set to
+    /// what is pending on it now (nothing, if nothing is).
+    Approve {
+        w: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -141,8 +156,9 @@ fn op() -> impl Strategy<Value = Op> {
     let w = prop::sample::select(vec![0usize, 0, 0, 1, 2]);
     let s = prop::sample::select(vec![0usize, 0, 0, 1, 2]);
     prop_oneof![
-        3 => (w.clone(), prop::collection::btree_set(0..REFS, 1..4), 0..SNAPSHOT.len(), 0..WATCH.len(), any::<bool>(), prop::bool::weighted(0.2), prop::bool::weighted(0.3), 1u8..4, prop::sample::select(vec![0u8, 2, 10]))
-            .prop_map(|(w, refs, snapshot, watch, exclude, renew, window, image, history)| Op::Apply { w, refs: refs.into_iter().collect(), snapshot, watch, exclude, renew, window, image, history }),
+        3 => (w.clone(), prop::collection::btree_set(0..REFS, 1..4), 0..SNAPSHOT.len(), 0..WATCH.len(), any::<bool>(), prop::bool::weighted(0.2), prop::bool::weighted(0.3), prop::sample::select(vec![0usize, 0, 0, 1, 2, 2]), 1u8..4, prop::sample::select(vec![0u8, 2, 10]))
+            .prop_map(|(w, refs, snapshot, watch, exclude, renew, window, mode, image, history)| Op::Apply { w, refs: refs.into_iter().collect(), snapshot, watch, exclude, renew, window, mode, image, history }),
+        3 => w.clone().prop_map(|w| Op::Approve { w }),
         4 => (s.clone(), 0usize..2, 0u8..5).prop_map(|(s, key, value)| Op::EditSource { s, key, value }),
         2 => (s.clone(), 0u8..5, 0u8..5).prop_map(|(s, first, second)| Op::Burst { s, first, second }),
         2 => (s.clone(), w.clone(), 0u8..5, 0u8..5).prop_map(|(s, w, first, second)| Op::Race { s, w, first, second }),
@@ -264,6 +280,8 @@ impl Op {
                 atoms.push(Op::Undo { w: *w, to: None });
                 atoms
             }
+            // Approved, then time for the host's next look.
+            Op::Approve { w } => vec![Op::Approve { w: *w }, Op::Advance { secs: 31 }],
             other => vec![other.clone()],
         }
     }
@@ -279,12 +297,16 @@ impl Op {
                 exclude,
                 renew,
                 window,
+                mode,
                 image,
                 history,
             } => {
                 let mut annotations = serde_json::Map::new();
                 if *window {
                     annotations.insert("config-snapshot.io/rollout-window".into(), json!(WINDOW));
+                }
+                if let Some(mode) = MODES[*mode] {
+                    annotations.insert("config-snapshot.io/watch-mode".into(), json!(mode));
                 }
                 if let Some(v) = SNAPSHOT[*snapshot] {
                     annotations.insert("config-snapshot.io/snapshot".into(), json!(v));
@@ -332,6 +354,7 @@ impl Op {
             Op::DeleteWorkload { w } => json!({"delete": target(*w)}),
             Op::Advance { secs } => json!({"advanceTime": format!("{secs}s")}),
             Op::Burst { .. } | Op::Race { .. } => unreachable!("several steps"),
+            Op::Approve { .. } => unreachable!("made from the cluster: Model::approve_step"),
             Op::Fault { op, times } => {
                 json!({"fault": {"operation": FAULTS[*op], "error": "injected: the API server said no", "times": times}})
             }
@@ -413,6 +436,8 @@ struct Model<'a> {
     incarnations: HashMap<&'static str, usize>,
     /// How many watch rollouts I7 has judged.
     judged_rollouts: usize,
+    /// (workload, snapshot) the history approved: I8.
+    approved: std::collections::HashSet<(usize, String)>,
     outputs: &'a mut Vec<String>,
 }
 
@@ -451,6 +476,25 @@ impl Model<'_> {
         self.session.sim.current_revision_template(kind, "default", name)
     }
 
+    /// Approves what is pending on workload `w` now, as `config-snapshot
+    /// approve` does, and remembers it.
+    fn approve_step(&mut self, w: usize) -> Value {
+        let (kind, name) = WORKLOADS[w];
+        let pending = self
+            .get(kind, name)
+            .and_then(|o| {
+                o["metadata"]["annotations"]["config-snapshot.io/pending"]
+                    .as_str()
+                    .map(str::to_string)
+            })
+            .unwrap_or_default();
+        let entries = Entries::parse(keys::PENDING, &pending).unwrap_or_default();
+        for (_, snapshot) in entries.iter() {
+            self.approved.insert((w, snapshot.to_string()));
+        }
+        json!({"edit": {"kind": kind, "name": name, "set": {"metadata": {"annotations": {"config-snapshot.io/approve": entries.to_string()}}}}})
+    }
+
     fn run(&mut self, op: &Op) -> Result<(), String> {
         op.atoms().iter().try_for_each(|atom| self.run_atom(atom))
     }
@@ -471,7 +515,10 @@ impl Model<'_> {
             }),
             _ => None,
         };
-        let step_value = op.step();
+        let step_value = match op {
+            Op::Approve { w } => self.approve_step(*w),
+            _ => op.step(),
+        };
         let step: Step = serde_json::from_value(step_value.clone()).map_err(|e| e.to_string())?;
         let result = self.session.step(self.steps.len() + 1, &step);
         let events = result.events.clone();
@@ -598,14 +645,39 @@ impl Model<'_> {
         // workload's annotations now are those its rollouts were judged
         // with).
         for (kind, _, name, at) in &rollouts[self.judged_rollouts..] {
-            let has_window = self.get(kind, name).is_some_and(|w| windowed(&w));
+            // An approval rolls whatever the window says (I8 judges it).
+            let has_window = self.get(kind, name).is_some_and(|w| {
+                windowed(&w) && WatchMode::of(w["metadata"]["annotations"].as_object()) != WatchMode::Approve
+            });
             if has_window && !window_open(*at) {
                 return Err(format!(
                     "I7: {kind}/{name} rolled out at {at}, outside its window ({WINDOW})"
                 ));
             }
         }
+        // I8: as I7, judged with the annotations the rollouts were.
+        let mut approved_rollouts = 0;
+        for (kind, _, name, at) in &rollouts[self.judged_rollouts..] {
+            let Some(workload) = self.get(kind, name) else { continue };
+            let w = WORKLOADS.iter().position(|(k, n)| k == kind && n == name).unwrap();
+            match WatchMode::of(workload["metadata"]["annotations"].as_object()) {
+                WatchMode::Roll => {}
+                WatchMode::Notify => {
+                    return Err(format!("I8: {kind}/{name} rolled out at {at} in notify mode"));
+                }
+                WatchMode::Approve => {
+                    let to = WatchRollout::of(&workload).map(|r| r.snapshot).unwrap_or_default();
+                    if !self.approved.contains(&(w, to.clone())) {
+                        return Err(format!("I8: {kind}/{name} rolled out to {to} at {at}, never approved"));
+                    }
+                    approved_rollouts += 1;
+                }
+            }
+        }
         self.judged_rollouts = rollouts.len();
+        // For the coverage count: the model's own line, not the code's.
+        self.outputs
+            .extend((0..approved_rollouts).map(|_| "model: an approved rollout".to_string()));
 
         match op {
             Op::Advance { secs } if !faults_before && !faults_after && *secs >= 2 * INTERVAL => {
@@ -644,6 +716,10 @@ impl Model<'_> {
             // A windowed workload rolls only when its window opens: judged
             // once a whole window cycle (20 minutes) was quiet.
             if windowed(&workload) && self.quiet.1 < 1200 + 4 * INTERVAL {
+                continue;
+            }
+            // Notify and approve wait for a person (I8 judges them).
+            if WatchMode::of(workload["metadata"]["annotations"].as_object()) != WatchMode::Roll {
                 continue;
             }
             let refs = references::collect(&current);
@@ -702,6 +778,7 @@ fn check(history: &[Op], warn: bool, outputs: &mut Vec<String>) -> Result<Vec<Va
         quiet: (0, 0),
         incarnations: HashMap::new(),
         judged_rollouts: 0,
+        approved: Default::default(),
         outputs,
     };
     for op in history {
@@ -720,7 +797,9 @@ static COVERAGE: std::sync::Mutex<BTreeMap<&'static str, usize>> = std::sync::Mu
 /// refused after that, which a few random histories in 300 reach and some
 /// runs none. A fixed history proves it instead
 /// (`a_snapshot_whose_rollout_is_refused_is_collected_at_once`).
-const MILESTONES: [(&str, &str); 9] = [
+const MILESTONES: [(&str, &str); 11] = [
+    ("change held for a person", "event RolloutPending"),
+    ("approved rollout", "model: an approved rollout"),
     ("rollback recorded", "rollback recorded"),
     ("patch voided by a rollback", "a rollback came first"),
     ("patch superseded", "superseded"),
@@ -854,6 +933,7 @@ fn web_watching_alpha(refs: Vec<usize>, snapshot: usize) -> Op {
         exclude: false,
         renew: false,
         window: false,
+        mode: 0,
         image: 1,
         history: 10,
     }

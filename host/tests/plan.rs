@@ -138,7 +138,7 @@ fn plan_says_what_the_apply_then_rolls() {
         }
         assert_eq!(
             planned["workloads"].as_array().unwrap().len(),
-            if i < 2 { 4 } else { 1 },
+            if i < 2 { 6 } else { 1 },
             "{text}"
         );
     }
@@ -165,7 +165,9 @@ fn plan_explains_and_never_shows_a_secret() {
         "stays  deployment/excluding: configmap/ui is excluded",
         "stays  deployment/pinned: it does not watch configmap/ui: it keeps the snapshot it pinned",
         "stays  deployment/plain: it does not watch configmap/ui: it reads the live object",
-        "1 of 4 referencing workloads would roll",
+        "stays  deployment/careful1: its watch mode is approve: it would roll to ui-",
+        "stays  deployment/careful2: its watch mode is notify: it is told it would roll to ui-",
+        "1 of 6 referencing workloads would roll",
     ] {
         assert!(text.contains(expected), "missing {expected:?} in\n{text}");
     }

@@ -1222,6 +1222,8 @@ fn scenarios_agree_with_replay(cp: &ControlPlane, serve: &mut ServeProcess, kube
     assert!(!everything || compared.len() >= 10, "{compared:?}");
 }
 
+#[path = "real_cluster/approval.rs"]
+mod approval;
 #[path = "real_cluster/bench.rs"]
 mod bench;
 #[path = "real_cluster/drift.rs"]
@@ -1342,6 +1344,7 @@ fn serve_on_a_real_control_plane() {
     if part == "plan" {
         plan::plan_story(&cp);
         fresh::fresh_as_the_request_story(&cp);
+        approval::approval_story(&cp);
         return;
     }
     if part == "tools" {
@@ -1400,6 +1403,7 @@ fn serve_on_a_real_control_plane() {
         tool_stories(&cp, &serve);
         plan::plan_story(&cp);
         fresh::fresh_as_the_request_story(&cp);
+        approval::approval_story(&cp);
         timed("the tools");
         outage_story(&cp, &mut serve, &kubeconfig);
         timed("the outage");

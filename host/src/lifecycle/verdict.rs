@@ -16,7 +16,7 @@
 //!    a rollback always wins;
 //! 4. a workload in `notify` mode never rolls by itself, and one in
 //!    `approve` mode rolls only once its approve annotation names this
-//!    very snapshot (which then goes at once: the user asked);
+//!    very snapshot (which then goes whatever the window: the user asked);
 //! 5. a closed rollout window holds the rollout until it opens, and at
 //!    most one watch rollout per workload per interval, counted from the
 //!    rollout recorded on the workload itself (so replicas and restarts
@@ -249,17 +249,20 @@ pub fn decide_patch(intent: &PatchIntent, seen: &Observed, now: i64, rules: &Rul
             }
         },
     };
-    // A closed window holds the rollout until it opens; the storm guard
-    // then still spaces it from the last one. An approval goes at once.
+    // A closed window holds the rollout until it opens, unless a person
+    // approved it; the storm guard then still spaces it from the last one,
+    // approved or not: approvals of two sources' changes are two rollouts,
+    // and a controller that rewrites a source must not roll faster because
+    // someone approves in a loop.
     if !approved {
         if let Some((opens, why)) = super::window::held(workload, now) {
             return Verdict::Later(opens, Hold::Window(why));
         }
-        if let Some(last) = WatchRollout::of(workload) {
-            let free = last.at + rules.watch_min_interval;
-            if now < free {
-                return Verdict::Later(free, Hold::StormGuard);
-            }
+    }
+    if let Some(last) = WatchRollout::of(workload) {
+        let free = last.at + rules.watch_min_interval;
+        if now < free {
+            return Verdict::Later(free, Hold::StormGuard);
         }
     }
     let record = WatchRollout {

@@ -262,7 +262,7 @@ fn notify_never_rolls_and_approve_rolls_only_the_approved_snapshot_at_once() {
     let new = snapshot_name(json!({"v": "2"}));
     let i = intent(json!({"v": "2"}), 3);
     let landed = source(json!({"v": "2"}), "8");
-    // A storm guard that would hold anything: an approval is not held.
+    // A recent rollout: the storm guard holds approvals too.
     let recent = WatchRollout {
         generation: 3,
         at: NOW - 10,
@@ -311,8 +311,13 @@ fn notify_never_rolls_and_approve_rolls_only_the_approved_snapshot_at_once() {
             "config-snapshot.io/pending": format!("configmap/app={new}"),
         }),
     );
-    let Verdict::Apply { ops, .. } = judge(&i, Some(&approved), Some(&landed), 3600) else {
-        panic!("an approval of this snapshot rolls, storm guard or not")
+    assert_eq!(
+        judge(&i, Some(&approved), Some(&landed), 3600),
+        Verdict::Later(NOW - 10 + 3600, Hold::StormGuard),
+        "the storm guard still spaces approved rollouts"
+    );
+    let Verdict::Apply { ops, .. } = judge(&i, Some(&approved), Some(&landed), 0) else {
+        panic!("an approval of this snapshot rolls")
     };
     let mut patched = approved.clone();
     apply_ops(&mut patched, &ops).unwrap();
