@@ -13,6 +13,8 @@ pub const RENEW_DURATION: &str = "config-snapshot.io/renew-duration";
 pub const ROLLOUT_WINDOW: &str = "config-snapshot.io/rollout-window";
 pub const ROLLOUT_WINDOW_ZONE: &str = "config-snapshot.io/rollout-window-zone";
 pub const WATCH_MODE: &str = "config-snapshot.io/watch-mode";
+/// How long a workload's watched sources must be quiet before it rolls.
+pub const SETTLE: &str = "config-snapshot.io/settle";
 /// A user's approval of pending watch rollouts (`approval`).
 pub const APPROVE: &str = "config-snapshot.io/approve";
 
@@ -28,6 +30,9 @@ pub const WATCH_ROLLOUT: &str = "config-snapshot.io/watch-rollout";
 /// What waits for an approval (or, in notify mode, was announced): the
 /// host writes it, as it finds a held change (`approval`).
 pub const PENDING: &str = "config-snapshot.io/pending";
+/// When a settling workload's changes may roll (unix seconds): the host
+/// moves it on with every change it records as pending.
+pub const SETTLE_UNTIL: &str = "config-snapshot.io/settle-until";
 /// Both, the host's bookkeeping on a workload: no user write changes them.
 pub const RECORDS: [&str; 2] = [ROLLBACK, WATCH_ROLLOUT];
 

@@ -33,6 +33,8 @@ pub enum OptInError {
     Window(#[from] crate::window::WindowError),
     #[error(transparent)]
     Approval(#[from] crate::approval::ApprovalError),
+    #[error("{annotation}: bad token {value:?}: a Go duration from 1s to 1h (e.g. 10s)", annotation = keys::SETTLE)]
+    Settle { value: String },
 }
 
 #[derive(Debug, Clone, Default)]
@@ -42,7 +44,14 @@ pub struct OptIn {
     pub exclude: SourceList,
     /// `renew-duration` in seconds.
     pub renew_secs: Option<u64>,
+    /// `settle` in seconds: how long its watched sources must be quiet
+    /// before a watch rollout, which then takes all their changes at once.
+    pub settle_secs: Option<u64>,
 }
+
+/// The longest `settle` accepted: a change held longer is a rollout
+/// window's job.
+pub const MAX_SETTLE_SECS: u64 = 3600;
 
 /// The shortest renew-duration accepted. Anything shorter would roll a
 /// workload on nearly every admission.
@@ -99,11 +108,23 @@ impl OptIn {
             crate::window::check_zone(zone)?;
         }
         crate::approval::check(annotations)?;
+        let settle_secs = match get(keys::SETTLE) {
+            None => None,
+            Some(v) => match parse_go_duration(v) {
+                Ok(secs) if (1..=MAX_SETTLE_SECS).contains(&secs) => Some(secs),
+                _ => {
+                    return Err(OptInError::Settle {
+                        value: v.chars().take(64).collect(),
+                    })
+                }
+            },
+        };
         Ok(OptIn {
             snapshot,
             watch,
             exclude,
             renew_secs,
+            settle_secs,
         })
     }
 
@@ -189,5 +210,16 @@ mod tests {
             opt(json!({keys::RENEW_DURATION: "1h30m"}), &s).unwrap().renew_secs,
             Some(5400)
         );
+    }
+
+    #[test]
+    fn settle_is_a_bounded_duration() {
+        let settings = Settings::default();
+        let settle = |v: &str| opt(json!({keys::SETTLE: v}), &settings).map(|o| o.settle_secs);
+        assert_eq!(settle("10s"), Ok(Some(10)));
+        assert_eq!(settle("1h"), Ok(Some(3600)));
+        for bad in ["0s", "2h", "soon", ""] {
+            assert!(matches!(settle(bad), Err(OptInError::Settle { .. })), "{bad}");
+        }
     }
 }

@@ -155,7 +155,7 @@ pub fn admit(
     // since gone: the workload keeps its own (the host clears a pending
     // change the rollback voids).
     if let (Change::Rollback, Some(old)) = (change, &old) {
-        for key in [keys::PENDING, keys::APPROVE] {
+        for key in [keys::PENDING, keys::APPROVE, keys::SETTLE_UNTIL] {
             let kept = old.pointer(&annotation_path(key)).cloned();
             if object.pointer(&annotation_path(key)) != kept.as_ref() {
                 rewrite::set_annotation(&mut object, key, kept);

@@ -241,6 +241,13 @@ fn decide(
             ))
         }
     }
+    if let Some(settle) = optin.settle_secs {
+        return (
+            true,
+            snapshot,
+            format!("rolls to {to} once its sources have been quiet for {settle}s, with their other changes in the same rollout"),
+        );
+    }
     if let Some((_, why)) = crate::lifecycle::window::held(workload, now) {
         return (
             true,

@@ -19,6 +19,9 @@ pub struct Status {
     pub namespace: String,
     pub watch: Option<String>,
     pub watch_mode: &'static str,
+    /// `settle` as written, and until when its recorded changes settle
+    /// (unix seconds).
+    pub settle: Option<(String, Option<i64>)>,
     /// The window and, if it is closed now, when it opens.
     pub rollout_window: Option<Window>,
     /// Source → the snapshot its held change would roll to.
@@ -60,6 +63,10 @@ pub fn status(target: &Target, workload: &Value, now: i64) -> Status {
             .to_string(),
         watch: text(keys::WATCH).map(str::to_string),
         watch_mode: WatchMode::of(annotations).name(),
+        settle: text(keys::SETTLE).map(|s| {
+            let until = crate::lifecycle::verdict::settle_until(workload);
+            (s.to_string(), (until > 0).then_some(until))
+        }),
         rollout_window,
         pending: listed(&Entries::on(annotations, keys::PENDING)),
         approved: listed(&Entries::on(annotations, keys::APPROVE)),
@@ -75,6 +82,13 @@ pub fn render(status: &Status, now: i64) -> String {
     let mut line = |label: &str, value: String| out.push_str(&format!("  {label:<19}{value}\n"));
     line("watches", status.watch.clone().unwrap_or_else(|| "nothing".into()));
     line("watch mode", status.watch_mode.to_string());
+    if let Some((settle, until)) = &status.settle {
+        let state = match until {
+            Some(t) if *t > now => format!(": settling, {}s to go", t - now),
+            _ => String::new(),
+        };
+        line("settle", format!("{settle}{state}"));
+    }
     if let Some(w) = &status.rollout_window {
         let state = w.held.clone().unwrap_or_else(|| "open now".into());
         line("rollout window", format!("{:?} ({}): {state}", w.schedule, w.zone));
@@ -86,6 +100,7 @@ pub fn render(status: &Status, now: i64) -> String {
         let next = match status.watch_mode {
             "approve" => format!("awaits `config-snapshot approve {}`", status.workload),
             "notify" => "announced; notify mode rolls nothing".to_string(),
+            _ if status.settle.is_some() => "rolls with the others once its sources settle".to_string(),
             _ => "rolls at its next look".to_string(),
         };
         line("pending", format!("{source} -> {snapshot} ({next})"));

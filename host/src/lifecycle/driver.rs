@@ -5,22 +5,28 @@
 //! backoff); what an attempt means, when an effect is over, what is then
 //! collected and what users are told is decided here.
 
+use config_snapshot_policy::approval::Entries;
 use config_snapshot_policy::content::{snapshot_object, Content};
 use config_snapshot_policy::keys;
 use config_snapshot_policy::kinds;
+use config_snapshot_policy::optin::OptIn;
+use config_snapshot_policy::records::Rollback;
 use config_snapshot_policy::references;
+use config_snapshot_policy::rewrite::annotation_path;
 use config_snapshot_policy::source::SourceId;
 use config_snapshot_policy::sweep::{self, owned};
+use config_snapshot_policy::template::{self, Snapshots};
+use config_snapshot_policy::watch;
 use std::collections::HashSet;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use super::effect::{Effect, PatchIntent, StoredAs};
 use super::guard;
 use super::observe::{Observer, Reason};
 use super::pass::{add_references, bridges, controller_of, doomed, orphans, Doomed};
 use super::register::Register;
-use super::verdict::{adopt_ops, decide_patch, version_of, Hold, Observed, Rules, Verdict};
+use super::verdict::{adopt_ops, apply_ops, decide_patch, version_of, Hold, Observed, Rules, Verdict};
 use crate::capability::{written_size, Budget};
 use crate::cluster::{self, ApiError, Cluster, Judged, Key, Preconditions, Selector};
 use crate::proof::Proven;
@@ -134,7 +140,7 @@ impl Driver<'_> {
                     Hold::Window(why) => Some(format!("held by its rollout window: {why}")),
                     // Told once, when it is recorded as pending: its looks
                     // every few seconds say nothing new.
-                    Hold::Notify | Hold::Approval { .. } => None,
+                    Hold::Notify | Hold::Approval { .. } | Hold::Settle { .. } => None,
                 };
                 if let Some(said) = said {
                     self.observer.note(format!("{} {said}", effect.describe()));
@@ -407,7 +413,10 @@ impl Driver<'_> {
             source: source.as_ref(),
         };
         match decide_patch(&intent, &seen, self.cluster.now(), self.rules) {
-            Verdict::Apply { resource_version, ops } => {
+            Verdict::Apply {
+                resource_version,
+                mut ops,
+            } => {
                 let (Some(w), Some(stored)) = (&workload, &source) else {
                     return Attempt::Retry("the workload or its source went while it was judged".into());
                 };
@@ -417,6 +426,9 @@ impl Driver<'_> {
                 };
                 if let Err(why) = self.bridge(w, &snapshot) {
                     return Attempt::Retry(why);
+                }
+                if let Err(attempt) = self.settled_together(ns, &intent, w, &mut ops) {
+                    return attempt;
                 }
                 match self
                     .cluster
@@ -498,13 +510,74 @@ impl Driver<'_> {
         }
     }
 
+    /// A settling workload rolls once for every change recorded as pending
+    /// on it: the other sources' changes join `ops`, each from its source
+    /// as stored now (which must still hold the content recorded; one that
+    /// moved on is left to its own patch, which records it again), and the
+    /// record goes. Their own patches then find the workload on their
+    /// snapshots, and end.
+    fn settled_together(
+        &self,
+        ns: &str,
+        intent: &PatchIntent,
+        workload: &Value,
+        ops: &mut Vec<Value>,
+    ) -> Result<(), Attempt> {
+        let annotations = workload.pointer("/metadata/annotations").and_then(Value::as_object);
+        let settles = OptIn::from_annotations(annotations, &self.rules.settings).is_ok_and(|o| o.settle_secs.is_some());
+        if !settles {
+            return Ok(());
+        }
+        let mut patched = workload.clone();
+        apply_ops(&mut patched, ops).map_err(|e| Attempt::Retry(e.to_string()))?;
+        let template = patched.pointer(intent.kind.template()).cloned().unwrap_or_default();
+        let groups = template::group_by_source(&references::collect(&template), &Snapshots::of(&template));
+        let declined = Rollback::of(workload);
+        for (id, snapshot) in Entries::on(annotations, keys::PENDING).iter() {
+            let Some(group) = groups.iter().find(|g| &g.id == id).filter(|_| *id != intent.source) else {
+                continue;
+            };
+            if declined.as_ref().and_then(|r| r.declined(id)) == Some(snapshot) {
+                continue;
+            }
+            let Ok(Some(stored)) = self.cluster.get_fresh(id.kind.kind(), ns, &id.name) else {
+                continue;
+            };
+            let companion = PatchIntent {
+                source: id.clone(),
+                snapshot: snapshot.to_string(),
+                keys: group.key_subset(),
+                ..intent.clone()
+            };
+            // Not a name of its content as stored: it changed again.
+            let Ok(made) = self.snapshot_of_stored(ns, &companion, &stored) else {
+                continue;
+            };
+            self.bridge(workload, &made).map_err(Attempt::Retry)?;
+            if let Some(more) = watch::retarget_ops(intent.kind, &patched, id, snapshot) {
+                apply_ops(&mut patched, &more).map_err(|e| Attempt::Retry(e.to_string()))?;
+                ops.extend(more);
+                self.observer.note(format!(
+                    "settled: {} rolls {id} to {snapshot} in the same rollout",
+                    intent.who()
+                ));
+            }
+        }
+        for key in [keys::PENDING, keys::SETTLE_UNTIL] {
+            if patched.pointer(&annotation_path(key)).is_some() {
+                ops.push(json!({"op": "remove", "path": annotation_path(key)}));
+            }
+        }
+        Ok(())
+    }
+
     /// Records a change held for a person on its workload
     /// (`config-snapshot.io/pending`) and tells them, once per content: the
     /// record is what `config-snapshot status` and `approve` read. An
     /// approval of content the source has since moved on from is taken off
     /// in the same write, and the user is told it was refused.
     fn record_pending(&self, ns: &str, intent: &PatchIntent, workload: &Value, hold: &Hold) -> Result<(), String> {
-        let Some(ops) = super::verdict::pending_ops(workload, &intent.source, &intent.snapshot) else {
+        let Some(ops) = super::verdict::pending_ops(workload, &intent.source, &intent.snapshot, hold) else {
             return Ok(());
         };
         self.cluster
@@ -518,6 +591,9 @@ impl Driver<'_> {
             ),
             Hold::Approval { refused: None } => format!(
                 "{id} changed: snapshot {snapshot} waits for approval (config-snapshot approve {target})"
+            ),
+            Hold::Settle { until } => format!(
+                "{id} changed: settling; it rolls out with snapshot {snapshot} once its sources are quiet, at {until} (unix seconds) at the earliest, with every change made by then"
             ),
             _ => format!(
                 "{id} changed: it would roll out with snapshot {snapshot}; its watch mode is notify, so nothing rolls"

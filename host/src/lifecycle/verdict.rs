@@ -123,6 +123,9 @@ pub enum Hold {
     Window(String),
     /// Its watch mode is `notify`: it never rolls by itself.
     Notify,
+    /// Its sources have not been quiet for its settle time: it may roll at
+    /// `until` (unix seconds), with the changes recorded by then.
+    Settle { until: i64 },
     /// Its watch mode is `approve` and this content is not approved yet.
     /// `refused`: what the approve annotation names for the source instead
     /// (content it has since moved on from).
@@ -132,7 +135,7 @@ pub enum Hold {
 impl Hold {
     /// Every `reason` label of serve's held-rollout gauges, one per kind of
     /// hold.
-    pub const LABELS: [&'static str; 4] = ["storm_guard", "rollout_window", "notify", "approval"];
+    pub const LABELS: [&'static str; 5] = ["storm_guard", "rollout_window", "notify", "approval", "settle"];
 
     /// The `reason` label of serve's held-rollout gauges.
     pub fn label(&self) -> &'static str {
@@ -141,13 +144,14 @@ impl Hold {
             Hold::Window(_) => Self::LABELS[1],
             Hold::Notify => Self::LABELS[2],
             Hold::Approval { .. } => Self::LABELS[3],
+            Hold::Settle { .. } => Self::LABELS[4],
         }
     }
 
-    /// Whether the change waits for a person, and is recorded on the
-    /// workload as pending.
+    /// Whether the change is recorded on the workload as pending: it waits
+    /// for a person, or for its sources to settle.
     pub fn pends(&self) -> bool {
-        matches!(self, Hold::Notify | Hold::Approval { .. })
+        matches!(self, Hold::Notify | Hold::Approval { .. } | Hold::Settle { .. })
     }
 }
 
@@ -198,7 +202,8 @@ pub fn decide_patch(intent: &PatchIntent, seen: &Observed, now: i64, rules: &Rul
         };
     }
     let annotations = workload.pointer("/metadata/annotations").and_then(Value::as_object);
-    let watches = OptIn::from_annotations(annotations, &rules.settings).is_ok_and(|o| o.watches(id, &rules.settings));
+    let optin = OptIn::from_annotations(annotations, &rules.settings).ok();
+    let watches = optin.as_ref().is_some_and(|o| o.watches(id, &rules.settings));
     if !watches {
         return void(format!("patch of {who} dropped: it no longer watches {id}"));
     }
@@ -249,6 +254,19 @@ pub fn decide_patch(intent: &PatchIntent, seen: &Observed, now: i64, rules: &Rul
             }
         },
     };
+    // Settling: a change rolls once its workload's watched sources have
+    // been quiet for the settle time, together with every other change
+    // recorded by then (the driver adds them to this patch).
+    if let (Some(settle), false) = (optin.as_ref().and_then(|o| o.settle_secs), approved) {
+        let settle = i64::try_from(settle).unwrap_or(i64::MAX);
+        if Entries::on(annotations, keys::PENDING).get(id) != Some(intent.snapshot.as_str()) {
+            return Verdict::Later(now + settle, Hold::Settle { until: now + settle });
+        }
+        let until = settle_until(workload);
+        if now < until {
+            return Verdict::Later(until, Hold::Settle { until });
+        }
+    }
     // A closed window holds the rollout until it opens, unless a person
     // approved it; the storm guard then still spaces it from the last one,
     // approved or not: approvals of two sources' changes are two rollouts,
@@ -273,7 +291,9 @@ pub fn decide_patch(intent: &PatchIntent, seen: &Observed, now: i64, rules: &Rul
     };
     let mut ops = ops;
     ops.push(annotate(workload, keys::WATCH_ROLLOUT, &record.to_annotation()));
-    // The change is no longer pending, and its approval is spent.
+    // The change is no longer pending, and its approval is spent. (A
+    // settling rollout's other changes are taken off by the driver, which
+    // adds them.)
     for key in [keys::PENDING, keys::APPROVE] {
         let mut entries = Entries::on(annotations, key);
         if entries.get(id).is_some() {
@@ -291,7 +311,7 @@ pub fn decide_patch(intent: &PatchIntent, seen: &Observed, now: i64, rules: &Rul
 /// `workload`, and takes out an approval the workload carries for other
 /// content of `id` (refused: it changed since); `None` when both are so
 /// already.
-pub fn pending_ops(workload: &Value, id: &SourceId, snapshot: &str) -> Option<Vec<Value>> {
+pub fn pending_ops(workload: &Value, id: &SourceId, snapshot: &str, hold: &Hold) -> Option<Vec<Value>> {
     let annotations = workload.pointer("/metadata/annotations").and_then(Value::as_object);
     let mut ops = Vec::new();
     let mut pending = Entries::on(annotations, keys::PENDING);
@@ -308,6 +328,13 @@ pub fn pending_ops(workload: &Value, id: &SourceId, snapshot: &str) -> Option<Ve
         apply_ops(&mut first, &ops).ok()?;
         ops.push(set_entries(&first, keys::APPROVE, &approved));
     }
+    if let Hold::Settle { until } = hold {
+        if *until > settle_until(workload) {
+            let mut first = workload.clone();
+            apply_ops(&mut first, &ops).ok()?;
+            ops.push(annotate(&first, keys::SETTLE_UNTIL, &until.to_string()));
+        }
+    }
     (!ops.is_empty()).then_some(ops)
 }
 
@@ -322,6 +349,16 @@ pub fn unpend_ops(workload: &Value, id: &SourceId, snapshot: &str) -> Option<Vec
         pending.remove(id);
         vec![set_entries(workload, keys::PENDING, &pending)]
     })
+}
+
+/// When a settling workload's recorded changes may roll (unix seconds; 0
+/// when it records none).
+pub fn settle_until(workload: &Value) -> i64 {
+    workload
+        .pointer(&annotation_path(keys::SETTLE_UNTIL))
+        .and_then(Value::as_str)
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(0)
 }
 
 /// The op that sets `key` to `entries`, or takes it out when they are none.

@@ -336,16 +336,20 @@ fn a_pending_record_is_written_once_and_takes_off_a_refused_approval() {
     let new = snapshot_name(json!({"v": "2"}));
     let id = SourceId::new(SourceKind::ConfigMap, "app");
     let bare = json!({"metadata": {"name": "web"}});
-    let ops = pending_ops(&bare, &id, &new).unwrap();
+    let ops = pending_ops(&bare, &id, &new, &Hold::Notify).unwrap();
     let mut recorded = bare.clone();
     apply_ops(&mut recorded, &ops).unwrap();
     assert_eq!(
         recorded["metadata"]["annotations"][keys::PENDING],
         format!("configmap/app={new}")
     );
-    assert_eq!(pending_ops(&recorded, &id, &new), None, "already recorded");
+    assert_eq!(
+        pending_ops(&recorded, &id, &new, &Hold::Notify),
+        None,
+        "already recorded"
+    );
     recorded["metadata"]["annotations"][keys::APPROVE] = json!(format!("configmap/app={old}"));
-    let ops = pending_ops(&recorded, &id, &new).unwrap();
+    let ops = pending_ops(&recorded, &id, &new, &Hold::Notify).unwrap();
     apply_ops(&mut recorded, &ops).unwrap();
     assert!(recorded["metadata"]["annotations"].get(keys::APPROVE).is_none());
     // Dropped: the record goes; a record of other content stays.
@@ -353,4 +357,38 @@ fn a_pending_record_is_written_once_and_takes_off_a_refused_approval() {
     let ops = unpend_ops(&recorded, &id, &new).unwrap();
     apply_ops(&mut recorded, &ops).unwrap();
     assert!(recorded["metadata"]["annotations"].get(keys::PENDING).is_none());
+}
+
+#[test]
+fn a_settling_change_waits_until_its_sources_are_quiet() {
+    let old = snapshot_name(json!({"v": "1"}));
+    let new = snapshot_name(json!({"v": "2"}));
+    let i = intent(json!({"v": "2"}), 3);
+    let landed = source(json!({"v": "2"}), "8");
+    let unrecorded = workload(&old, 3, json!({"config-snapshot.io/settle": "10s"}));
+    let until = NOW + 10;
+    assert_eq!(
+        judge(&i, Some(&unrecorded), Some(&landed), 0),
+        Verdict::Later(until, Hold::Settle { until }),
+        "a new change is recorded and settles from now"
+    );
+    let id = SourceId::new(SourceKind::ConfigMap, "app");
+    let mut recorded = unrecorded.clone();
+    apply_ops(
+        &mut recorded,
+        &pending_ops(&unrecorded, &id, &new, &Hold::Settle { until }).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(settle_until(&recorded), until);
+    // A later change of another source moved the deadline on.
+    recorded["metadata"]["annotations"][keys::SETTLE_UNTIL] = json!((NOW + 25).to_string());
+    assert_eq!(
+        judge(&i, Some(&recorded), Some(&landed), 0),
+        Verdict::Later(NOW + 25, Hold::Settle { until: NOW + 25 })
+    );
+    recorded["metadata"]["annotations"][keys::SETTLE_UNTIL] = json!((NOW - 1).to_string());
+    assert!(matches!(
+        judge(&i, Some(&recorded), Some(&landed), 0),
+        Verdict::Apply { .. }
+    ));
 }
