@@ -109,7 +109,7 @@ impl OptIn {
         }
         crate::approval::check(annotations)?;
         let settle_secs = match get(keys::SETTLE) {
-            None => None,
+            None => settings.settle_secs,
             Some(v) => match parse_go_duration(v) {
                 Ok(secs) if (1..=MAX_SETTLE_SECS).contains(&secs) => Some(secs),
                 _ => {
@@ -221,5 +221,12 @@ mod tests {
         for bad in ["0s", "2h", "soon", ""] {
             assert!(matches!(settle(bad), Err(OptInError::Settle { .. })), "{bad}");
         }
+        // The settings' default, for a workload that sets none.
+        let defaulted = Settings::from_json(br#"{"settle":"20s"}"#).unwrap();
+        assert_eq!(opt(json!({}), &defaulted).unwrap().settle_secs, Some(20));
+        assert_eq!(
+            opt(json!({keys::SETTLE: "5s"}), &defaulted).unwrap().settle_secs,
+            Some(5)
+        );
     }
 }

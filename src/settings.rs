@@ -25,6 +25,10 @@ pub enum SettingsError {
          allows up to its request timeout (60 s by default)"
     )]
     GracePeriodTooShort(u64),
+    #[error("settle: {0}")]
+    Settle(DurationError),
+    #[error("settle: {0}s is longer than the most of 3600s: a longer hold is a rollout window's job")]
+    SettleTooLong(u64),
 }
 
 /// The shortest `orphanGracePeriod` accepted. A snapshot made during an
@@ -58,7 +62,7 @@ pub enum WithoutSnapshotCapability {
 
 /// Every setting's key, as users write it (the Kubewarden UI's questions
 /// ask each one: host/tests/packaging.rs).
-pub const KEYS: [&str; 8] = [
+pub const KEYS: [&str; 9] = [
     "snapshotByDefault",
     "watchByDefault",
     "excludedSources",
@@ -67,6 +71,7 @@ pub const KEYS: [&str; 8] = [
     "withoutSnapshotCapability",
     "orphanGracePeriod",
     "secretChecksumKey",
+    "settle",
 ];
 
 /// Settings as the user writes them. Unknown keys are refused: a misspelt
@@ -82,6 +87,9 @@ pub struct RawSettings {
     pub without_snapshot_capability: WithoutSnapshotCapability,
     pub orphan_grace_period: String,
     pub secret_checksum_key: Option<String>,
+    /// The settle time of a workload without its own `settle` annotation
+    /// (Go duration; `0s`: none).
+    pub settle: String,
 }
 
 impl Default for RawSettings {
@@ -95,6 +103,7 @@ impl Default for RawSettings {
             without_snapshot_capability: WithoutSnapshotCapability::Checksum,
             orphan_grace_period: "10m".to_string(),
             secret_checksum_key: None,
+            settle: "0s".to_string(),
         }
     }
 }
@@ -112,6 +121,8 @@ pub struct Settings {
     /// Checksum mode's key for Secrets' checksums (`None`: each Secret's
     /// uid).
     pub secret_checksum_key: Option<String>,
+    /// The default settle time in seconds (`None`: none).
+    pub settle_secs: Option<u64>,
 }
 
 impl Default for Settings {
@@ -138,6 +149,11 @@ impl TryFrom<RawSettings> for Settings {
             without_snapshot_capability: raw.without_snapshot_capability,
             orphan_grace_period_secs: grace,
             secret_checksum_key: raw.secret_checksum_key.filter(|k| !k.is_empty()),
+            settle_secs: match parse_go_duration(&raw.settle).map_err(SettingsError::Settle)? {
+                0 => None,
+                secs if secs <= crate::optin::MAX_SETTLE_SECS => Some(secs),
+                secs => return Err(SettingsError::SettleTooLong(secs)),
+            },
         })
     }
 }
@@ -182,14 +198,22 @@ mod tests {
     fn keys_are_every_setting() {
         let every = serde_json::json!({"snapshotByDefault": true, "watchByDefault": true,
             "excludedSources": ["x"], "onMissingSource": "reject", "onSnapshotFailure": "warn",
-            "withoutSnapshotCapability": "warn", "orphanGracePeriod": "2m", "secretChecksumKey": "k"});
+            "withoutSnapshotCapability": "warn", "orphanGracePeriod": "2m", "secretChecksumKey": "k", "settle": "10s"});
         let mut keys: Vec<&str> = every.as_object().unwrap().keys().map(String::as_str).collect();
         keys.sort();
         let mut expected = KEYS.to_vec();
         expected.sort();
         assert_eq!(keys, expected);
-        Settings::from_json(every.to_string().as_bytes()).unwrap();
+        assert_eq!(
+            Settings::from_json(every.to_string().as_bytes()).unwrap().settle_secs,
+            Some(10)
+        );
         assert!(Settings::from_json(br#"{"snapshotByDefalut":true}"#).is_err());
+        assert_eq!(Settings::default().settle_secs, None);
+        assert!(matches!(
+            Settings::from_json(br#"{"settle":"2h"}"#),
+            Err(SettingsError::SettleTooLong(7200))
+        ));
     }
 
     #[test]

@@ -100,6 +100,9 @@ pub fn render(status: &Status, now: i64) -> String {
         let next = match status.watch_mode {
             "approve" => format!("awaits `config-snapshot approve {}`", status.workload),
             "notify" => "announced; notify mode rolls nothing".to_string(),
+            _ if status.rollout_window.as_ref().is_some_and(|w| w.held.is_some()) => {
+                "waits for its rollout window".to_string()
+            }
             _ if status.settle.is_some() => "rolls with the others once its sources settle".to_string(),
             _ => "rolls at its next look".to_string(),
         };

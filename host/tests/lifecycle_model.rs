@@ -836,7 +836,7 @@ const MILESTONES: [(&str, &str); 11] = [
     ("patch voided by a rollback", "a rollback came first"),
     ("patch superseded", "superseded"),
     ("storm-guarded rollout", "watch: rolling out"),
-    ("rollout held by its window", "held by its rollout window"),
+    ("rollout held by its window", "waits for the rollout window"),
     ("timed sweep", "swept: unowned"),
     ("renewal", "renewed its snapshots"),
     ("revision refused, retried", "retries"),

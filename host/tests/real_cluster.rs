@@ -1222,8 +1222,6 @@ fn scenarios_agree_with_replay(cp: &ControlPlane, serve: &mut ServeProcess, kube
     assert!(!everything || compared.len() >= 10, "{compared:?}");
 }
 
-#[path = "real_cluster/approval.rs"]
-mod approval;
 #[path = "real_cluster/bench.rs"]
 mod bench;
 #[path = "real_cluster/drift.rs"]
@@ -1234,6 +1232,8 @@ mod fleet;
 mod forged;
 #[path = "real_cluster/fresh.rs"]
 mod fresh;
+#[path = "real_cluster/held.rs"]
+mod held;
 #[path = "real_cluster/helm.rs"]
 mod helm;
 #[path = "real_cluster/histories.rs"]
@@ -1344,7 +1344,7 @@ fn serve_on_a_real_control_plane() {
     if part == "plan" {
         plan::plan_story(&cp);
         fresh::fresh_as_the_request_story(&cp);
-        approval::approval_story(&cp);
+        held::held_stories(&cp);
         return;
     }
     if part == "tools" {
@@ -1403,7 +1403,7 @@ fn serve_on_a_real_control_plane() {
         tool_stories(&cp, &serve);
         plan::plan_story(&cp);
         fresh::fresh_as_the_request_story(&cp);
-        approval::approval_story(&cp);
+        held::held_stories(&cp);
         timed("the tools");
         outage_story(&cp, &mut serve, &kubeconfig);
         timed("the outage");

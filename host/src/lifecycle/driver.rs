@@ -137,10 +137,9 @@ impl Driver<'_> {
             Attempt::Later(at, hold) => {
                 let said = match &hold {
                     Hold::StormGuard => Some(format!("held by the storm guard until {at} (unix seconds)")),
-                    Hold::Window(why) => Some(format!("held by its rollout window: {why}")),
                     // Told once, when it is recorded as pending: its looks
                     // every few seconds say nothing new.
-                    Hold::Notify | Hold::Approval { .. } | Hold::Settle { .. } => None,
+                    Hold::Window(_) | Hold::Notify | Hold::Approval { .. } | Hold::Settle { .. } => None,
                 };
                 if let Some(said) = said {
                     self.observer.note(format!("{} {said}", effect.describe()));
@@ -459,11 +458,6 @@ impl Driver<'_> {
             Verdict::Wait(why) => Attempt::Wait(why),
             Verdict::Later(at, hold) => {
                 match (&hold, &workload) {
-                    (Hold::Window(why), Some(w)) => self.observer.tell(
-                        w,
-                        Reason::RolloutHeld,
-                        format!("{}'s change waits for the rollout window: {why}", intent.source),
-                    ),
                     (hold, Some(w)) if hold.pends() => {
                         // Not recorded this time (the workload moved): the
                         // next look records it; the hold stands either way.
@@ -571,9 +565,9 @@ impl Driver<'_> {
         Ok(())
     }
 
-    /// Records a change held for a person on its workload
-    /// (`config-snapshot.io/pending`) and tells them, once per content: the
-    /// record is what `config-snapshot status` and `approve` read. An
+    /// Records a held change on its workload (`config-snapshot.io/pending`)
+    /// and tells its users, once per content: the record is what
+    /// `config-snapshot status` and `approve` read. An
     /// approval of content the source has since moved on from is taken off
     /// in the same write, and the user is told it was refused.
     fn record_pending(&self, ns: &str, intent: &PatchIntent, workload: &Value, hold: &Hold) -> Result<(), String> {
@@ -592,6 +586,9 @@ impl Driver<'_> {
             Hold::Approval { refused: None } => format!(
                 "{id} changed: snapshot {snapshot} waits for approval (config-snapshot approve {target})"
             ),
+            Hold::Window(why) => format!(
+                "{id} changed: snapshot {snapshot} waits for the rollout window: {why}"
+            ),
             Hold::Settle { until } => format!(
                 "{id} changed: settling; it rolls out with snapshot {snapshot} once its sources are quiet, at {until} (unix seconds) at the earliest, with every change made by then"
             ),
@@ -599,7 +596,11 @@ impl Driver<'_> {
                 "{id} changed: it would roll out with snapshot {snapshot}; its watch mode is notify, so nothing rolls"
             ),
         };
-        self.observer.tell(workload, Reason::RolloutPending, message);
+        let reason = match hold {
+            Hold::Window(_) => Reason::RolloutHeld,
+            _ => Reason::RolloutPending,
+        };
+        self.observer.tell(workload, reason, message);
         Ok(())
     }
 

@@ -149,9 +149,10 @@ impl Hold {
     }
 
     /// Whether the change is recorded on the workload as pending: it waits
-    /// for a person, or for its sources to settle.
+    /// for a person, for its sources to settle or for its window (all
+    /// longer than the storm guard's seconds).
     pub fn pends(&self) -> bool {
-        matches!(self, Hold::Notify | Hold::Approval { .. } | Hold::Settle { .. })
+        !matches!(self, Hold::StormGuard)
     }
 }
 
@@ -160,6 +161,10 @@ impl Hold {
 /// GETs, so a thousand changes awaiting approval cost about 130 reads a
 /// second.
 pub const APPROVAL_RECHECK_SECS: i64 = 15;
+/// How soon a change held by a closed window is judged again, if the
+/// window does not open sooner: a user who widens the window waits at most
+/// this long.
+pub const WINDOW_RECHECK_SECS: i64 = 60;
 /// How soon a change announced in notify mode is judged again: it rolls
 /// only if the user switches the mode, so rarely is enough.
 pub const NOTIFY_RECHECK_SECS: i64 = 300;
@@ -274,7 +279,9 @@ pub fn decide_patch(intent: &PatchIntent, seen: &Observed, now: i64, rules: &Rul
     // someone approves in a loop.
     if !approved {
         if let Some((opens, why)) = super::window::held(workload, now) {
-            return Verdict::Later(opens, Hold::Window(why));
+            // Looked at again before it opens, so that a window widened
+            // meanwhile lets the change go.
+            return Verdict::Later(opens.min(now + WINDOW_RECHECK_SECS), Hold::Window(why));
         }
     }
     if let Some(last) = WatchRollout::of(workload) {
