@@ -124,6 +124,12 @@ impl Effect {
 
     /// The object an effect is about, for the Event that reports it: the
     /// workload a patch moves, the revision an adoption waits for.
+    /// Whether this is a watch rollout of `workload` (kind, namespace,
+    /// name): what a write of that workload wakes, if held.
+    pub fn rolls(&self, workload: &Key) -> bool {
+        matches!(self, Effect::Patch { .. }) && self.subject() == *workload
+    }
+
     pub fn subject(&self) -> Key {
         match self {
             Effect::Patch { namespace, request } => (

@@ -150,24 +150,30 @@ impl Hold {
 
     /// Whether the change is recorded on the workload as pending: it waits
     /// for a person, for its sources to settle or for its window (all
-    /// longer than the storm guard's seconds).
+    /// longer than the storm guard's seconds). Such a hold is also woken by
+    /// a stored write of its workload (an approval, a widened window,
+    /// another mode), which both hosts see; a storm guard's hold is about
+    /// time alone.
     pub fn pends(&self) -> bool {
         !matches!(self, Hold::StormGuard)
     }
+
+    /// [`Hold::pends`], from the gauge label a host keeps for a held job.
+    pub fn label_pends(label: &str) -> bool {
+        label != Self::LABELS[0]
+    }
 }
 
-/// How soon a change held for an approval is judged again (seconds): the
-/// longest a user waits after `config-snapshot approve`. Each look is two
-/// GETs, so a thousand changes awaiting approval cost about 130 reads a
-/// second.
-pub const APPROVAL_RECHECK_SECS: i64 = 15;
-/// How soon a change held by a closed window is judged again, if the
-/// window does not open sooner: a user who widens the window waits at most
-/// this long.
-pub const WINDOW_RECHECK_SECS: i64 = 60;
-/// How soon a change announced in notify mode is judged again: it rolls
-/// only if the user switches the mode, so rarely is enough.
-pub const NOTIFY_RECHECK_SECS: i64 = 300;
+/// How soon a change held for an approval is judged again (seconds) if no
+/// write of its workload wakes it first. An approval is such a write, so
+/// this only bounds a wake that was missed (a watch event lost, a restart).
+pub const APPROVAL_RECHECK_SECS: i64 = 300;
+/// The same for a change held by a closed window, if the window does not
+/// open sooner: a widened window is a write of the workload, and wakes it.
+pub const WINDOW_RECHECK_SECS: i64 = 3600;
+/// The same for a change announced in notify mode: it rolls only if the
+/// user switches the mode, which is a write of the workload.
+pub const NOTIFY_RECHECK_SECS: i64 = 3600;
 
 fn void(reason: String) -> Verdict {
     Verdict::Drop {
@@ -267,7 +273,9 @@ pub fn decide_patch(intent: &PatchIntent, seen: &Observed, now: i64, rules: &Rul
         if Entries::on(annotations, keys::PENDING).get(id) != Some(intent.snapshot.as_str()) {
             return Verdict::Later(now + settle, Hold::Settle { until: now + settle });
         }
-        let until = settle_until(workload);
+        // Never later than a change now would settle: the record is on
+        // an object its users write, and must not hold a rollout longer.
+        let until = settle_until(workload).min(now + settle);
         if now < until {
             return Verdict::Later(until, Hold::Settle { until });
         }
@@ -279,8 +287,8 @@ pub fn decide_patch(intent: &PatchIntent, seen: &Observed, now: i64, rules: &Rul
     // someone approves in a loop.
     if !approved {
         if let Some((opens, why)) = super::window::held(workload, now) {
-            // Looked at again before it opens, so that a window widened
-            // meanwhile lets the change go.
+            // A widened window is a write of the workload, which wakes
+            // the hold; the hourly look only bounds a wake that was missed.
             return Verdict::Later(opens.min(now + WINDOW_RECHECK_SECS), Hold::Window(why));
         }
     }

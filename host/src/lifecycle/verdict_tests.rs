@@ -381,10 +381,16 @@ fn a_settling_change_waits_until_its_sources_are_quiet() {
     .unwrap();
     assert_eq!(settle_until(&recorded), until);
     // A later change of another source moved the deadline on.
-    recorded["metadata"]["annotations"][keys::SETTLE_UNTIL] = json!((NOW + 25).to_string());
+    recorded["metadata"]["annotations"][keys::SETTLE_UNTIL] = json!((NOW + 7).to_string());
     assert_eq!(
         judge(&i, Some(&recorded), Some(&landed), 0),
-        Verdict::Later(NOW + 25, Hold::Settle { until: NOW + 25 })
+        Verdict::Later(NOW + 7, Hold::Settle { until: NOW + 7 })
+    );
+    // A deadline written by hand holds no longer than a change now would.
+    recorded["metadata"]["annotations"][keys::SETTLE_UNTIL] = json!(i64::MAX.to_string());
+    assert_eq!(
+        judge(&i, Some(&recorded), Some(&landed), 0),
+        Verdict::Later(NOW + 10, Hold::Settle { until: NOW + 10 })
     );
     recorded["metadata"]["annotations"][keys::SETTLE_UNTIL] = json!((NOW - 1).to_string());
     assert!(matches!(

@@ -99,6 +99,8 @@ pub struct Simulator {
     pub register: Arc<Register>,
     /// Replay's effect scheduler (see [`scheduler`]).
     jobs: Mutex<Vec<scheduler::Job>>,
+    /// How many effects were ever queued: each job's `seq`.
+    queued: std::sync::atomic::AtomicU64,
     /// Effects an admission asked for, until its write is persisted.
     staged: Mutex<Vec<(String, Effect)>>,
     settling: AtomicBool,
@@ -124,6 +126,7 @@ impl Simulator {
             recorder: Mutex::new(None),
             register: Arc::default(),
             jobs: Mutex::default(),
+            queued: Default::default(),
             staged: Mutex::default(),
             settling: AtomicBool::new(false),
         }

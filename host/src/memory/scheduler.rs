@@ -32,6 +32,13 @@ pub struct Job {
     pub attempts: u32,
     /// Held back (storm guard) until this time.
     pub not_before: i64,
+    /// Held for what its workload's users write: a stored write of that
+    /// workload wakes it ([`crate::lifecycle::Hold::pends`]).
+    pub pends: bool,
+    /// Its place in the order effects were queued: of a workload's held
+    /// rollouts due at one moment, the one held first goes first (as in
+    /// serve's queue), however often the others were woken meanwhile.
+    pub seq: u64,
 }
 
 impl Simulator {
@@ -47,6 +54,8 @@ impl Simulator {
                 effect,
                 attempts: 0,
                 not_before: i64::MIN,
+                pends: false,
+                seq: self.queued.fetch_add(1, Ordering::SeqCst),
             });
         }
     }
@@ -62,6 +71,29 @@ impl Simulator {
         };
         for effect in released {
             self.submit(effect);
+        }
+    }
+
+    /// A write of `stored` is persisted: if it is a workload, its held
+    /// rollouts that wait for what its users write are judged again at the
+    /// next settle, as serve's queue does on the watch event.
+    pub(crate) fn wake(&self, stored: &Value) {
+        let kind = stored["kind"].as_str().unwrap_or_default();
+        if config_snapshot_policy::kinds::WorkloadKind::from_kind(kind).is_none() {
+            return;
+        }
+        let text = |p: &str| {
+            stored
+                .pointer(p)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        let workload = (kind.to_string(), text("/metadata/namespace"), text("/metadata/name"));
+        for job in lock(&self.jobs).iter_mut() {
+            if job.pends && job.effect.rolls(&workload) {
+                job.not_before = i64::MIN;
+            }
         }
     }
 
@@ -107,13 +139,18 @@ impl Simulator {
                         job.attempts += 1;
                         keep.push(job);
                     }
-                    Next::Park(at, _) => {
+                    Next::Park(at, hold) => {
                         job.not_before = at;
+                        job.pends = hold.pends();
                         keep.push(job);
                     }
                 }
             }
-            lock(&self.jobs).extend(keep);
+            {
+                let mut jobs = lock(&self.jobs);
+                jobs.extend(keep);
+                jobs.sort_by_key(|j| j.seq);
+            }
             if !progressed {
                 break;
             }

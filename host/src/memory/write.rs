@@ -199,6 +199,7 @@ impl Simulator {
         if let Some(uid) = uid {
             self.release(&uid);
         }
+        self.wake(&stored);
         self.reconcile(&stored)?;
         self.settle()?;
         Ok(admission)

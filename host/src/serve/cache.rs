@@ -94,6 +94,9 @@ struct KindCache {
     absent: AtomicBool,
 }
 
+/// What [`Cache::on_workload_change`] tells of a stored workload change.
+type WorkloadChanged = Box<dyn Fn(&crate::cluster::Key) + Send + Sync>;
+
 #[derive(Default)]
 pub struct Cache {
     kinds: HashMap<&'static str, KindCache>,
@@ -113,6 +116,10 @@ pub struct Cache {
     /// API server never sends their objects (kube-system's Secrets among
     /// them), so serve never holds them.
     excluded: Vec<String>,
+    /// Told of every stored change of a workload (kind, namespace, name),
+    /// as the watch brings it: the effect queue wakes the rollouts held
+    /// for what its users write.
+    on_workload: std::sync::OnceLock<WorkloadChanged>,
 }
 
 impl Cache {
@@ -122,6 +129,12 @@ impl Cache {
             kinds: KINDS.iter().map(|k| (k.kind, KindCache::default())).collect(),
             ..Cache::default()
         }
+    }
+
+    /// Tells `tell` of every stored change of a workload (once; later
+    /// calls are ignored).
+    pub fn on_workload_change(&self, tell: impl Fn(&crate::cluster::Key) + Send + Sync + 'static) {
+        let _ = self.on_workload.set(Box::new(tell));
     }
 
     /// The same cache, keeping sources digested by `prover`.
@@ -310,9 +323,18 @@ impl Cache {
                         "cache applied"
                     );
                     let kept = self.kept(trim(o, ar));
-                    let mut indexed = self.kinds[kind].objects.write().unwrap_or_else(|e| e.into_inner());
-                    indexed.insert(kept);
-                    self.count(kind, &indexed);
+                    let workload = config_snapshot_policy::kinds::WorkloadKind::from_kind(kind).map(|_| {
+                        let text = |p: &str| kept.pointer(p).and_then(Value::as_str).unwrap_or_default().to_string();
+                        (kind.to_string(), text("/metadata/namespace"), text("/metadata/name"))
+                    });
+                    {
+                        let mut indexed = self.kinds[kind].objects.write().unwrap_or_else(|e| e.into_inner());
+                        indexed.insert(kept);
+                        self.count(kind, &indexed);
+                    }
+                    if let (Some(workload), Some(tell)) = (workload, self.on_workload.get()) {
+                        tell(&workload);
+                    }
                 }
                 Ok(Event::Delete(o)) => {
                     let ns = o.metadata.namespace.clone().unwrap_or_default();

@@ -421,7 +421,7 @@ pub fn build_with_engine(
         events: events::Events::new(client.clone(), runtime.clone()),
         metrics: metrics.clone(),
     });
-    let cluster = Arc::new(KubeCluster::new(client, cache, runtime, metrics.clone()));
+    let cluster = Arc::new(KubeCluster::new(client, cache.clone(), runtime, metrics.clone()));
     let budget = Arc::new(Budget::new(crate::capability::Limits {
         count: options.snapshot_rate,
         namespace_bytes: options.snapshot_bytes_rate,
@@ -448,6 +448,8 @@ pub fn build_with_engine(
             ..QueueSettings::default()
         },
     );
+    let waker = queue.clone();
+    cache.on_workload_change(move |workload| waker.wake(workload));
     let leadership = Arc::new(if options.leader_elect {
         leader::Leadership::contender(metrics.clone())
     } else {

@@ -138,6 +138,26 @@ impl Queue {
         self.carry.register.len() == self.parked().len()
     }
 
+    /// A write of `workload` is stored: its held rollouts that wait for
+    /// what its users write (an approval, a window, a mode) are judged
+    /// again now ([`Hold::pends`]).
+    pub fn wake(&self, workload: &crate::cluster::Key) {
+        let woke = {
+            let mut parked = self.parked();
+            let mut woke = false;
+            for (at, job) in parked.iter_mut() {
+                if Hold::label_pends(job.held_by) && job.effect.rolls(workload) {
+                    *at = i64::MIN;
+                    woke = true;
+                }
+            }
+            woke
+        };
+        if woke {
+            self.release_due();
+        }
+    }
+
     /// When the earliest job the storm guard holds may run.
     pub fn next_due(&self) -> Option<i64> {
         self.parked().iter().map(|(at, _)| *at).min()
@@ -184,6 +204,9 @@ impl Queue {
             let mut busy = self.running.lock().unwrap_or_else(|e| e.into_inner()).clone();
             let mut due = Vec::new();
             let mut rest = Vec::new();
+            // The one held first goes first, however often the others were
+            // woken and parked again meanwhile.
+            parked.sort_by_key(|(_, job)| job.held_since);
             for (at, job) in parked.drain(..) {
                 let subject = matches!(job.effect, Effect::Patch { .. }).then(|| job.effect.subject());
                 if at > now || subject.as_ref().is_some_and(|s| busy.contains(s)) {
