@@ -518,17 +518,33 @@ impl Driver<'_> {
         ops: &mut Vec<Value>,
     ) -> Result<(), Attempt> {
         let annotations = workload.pointer("/metadata/annotations").and_then(Value::as_object);
-        let settles = OptIn::from_annotations(annotations, &self.rules.settings).is_ok_and(|o| o.settle_secs.is_some());
-        if !settles {
+        let settings = &self.rules.settings;
+        let Some(optin) = OptIn::from_annotations(annotations, settings)
+            .ok()
+            .filter(|o| o.settle_secs.is_some())
+        else {
             return Ok(());
-        }
+        };
         let mut patched = workload.clone();
         apply_ops(&mut patched, ops).map_err(|e| Attempt::Retry(e.to_string()))?;
         let template = patched.pointer(intent.kind.template()).cloned().unwrap_or_default();
         let groups = template::group_by_source(&references::collect(&template), &Snapshots::of(&template));
         let declined = Rollback::of(workload);
+        // What stays pending: the changes not rolled here (moved on, or
+        // unreadable now), which their own patches settle anew.
+        let mut remaining = Entries::on(annotations, keys::PENDING);
+        remaining.remove(&intent.source);
         for (id, snapshot) in Entries::on(annotations, keys::PENDING).iter() {
-            let Some(group) = groups.iter().find(|g| &g.id == id).filter(|_| *id != intent.source) else {
+            if *id == intent.source {
+                continue;
+            }
+            if !optin.watches(id, settings) {
+                // No longer watched: its record is stale, and nothing rolls it.
+                remaining.remove(id);
+                continue;
+            }
+            let Some(group) = groups.iter().find(|g| &g.id == id) else {
+                remaining.remove(id);
                 continue;
             };
             if declined.as_ref().and_then(|r| r.declined(id)) == Some(snapshot) {
@@ -556,11 +572,17 @@ impl Driver<'_> {
                     intent.who()
                 ));
             }
+            remaining.remove(id);
         }
-        for key in [keys::PENDING, keys::SETTLE_UNTIL] {
-            if patched.pointer(&annotation_path(key)).is_some() {
-                ops.push(json!({"op": "remove", "path": annotation_path(key)}));
-            }
+        if Entries::on(
+            patched.pointer("/metadata/annotations").and_then(Value::as_object),
+            keys::PENDING,
+        ) != remaining
+        {
+            ops.push(super::verdict::set_entries(&patched, keys::PENDING, &remaining));
+        }
+        if remaining.is_empty() && patched.pointer(&annotation_path(keys::SETTLE_UNTIL)).is_some() {
+            ops.push(json!({"op": "remove", "path": annotation_path(keys::SETTLE_UNTIL)}));
         }
         Ok(())
     }

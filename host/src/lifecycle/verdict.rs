@@ -377,7 +377,7 @@ pub fn settle_until(workload: &Value) -> i64 {
 }
 
 /// The op that sets `key` to `entries`, or takes it out when they are none.
-fn set_entries(object: &Value, key: &str, entries: &Entries) -> Value {
+pub(super) fn set_entries(object: &Value, key: &str, entries: &Entries) -> Value {
     if entries.is_empty() {
         json!({"op": "remove", "path": annotation_path(key)})
     } else {

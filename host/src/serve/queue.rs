@@ -132,10 +132,13 @@ impl Queue {
         });
     }
 
-    /// Whether every job submitted is over or held by the storm guard:
-    /// nothing more happens until the clock moves.
+    /// Whether every job submitted is over or held, and none held is due
+    /// (a woken one waits for the workload's running rollout, then the next
+    /// tick): nothing more happens until the clock moves.
     pub fn quiet(&self) -> bool {
-        self.carry.register.len() == self.parked().len()
+        let now = self.carry.cluster.now();
+        let parked = self.parked();
+        self.carry.register.len() == parked.len() && parked.iter().all(|(at, _)| *at > now)
     }
 
     /// A write of `workload` is stored: its held rollouts that wait for
