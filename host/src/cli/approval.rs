@@ -44,7 +44,7 @@ pub fn status_command(args: StatusArgs) -> Result<ExitCode> {
     let target = Target::parse(&args.workload)?;
     let (workload, now) = match args.from.replayed()? {
         Some(sim) => {
-            let namespace = args.from.namespace.clone().unwrap_or_else(|| "default".into());
+            let namespace = args.from.namespace_in(None);
             let workload = sim
                 .get(target.kind.kind(), &namespace, &target.name)
                 .ok_or_else(|| anyhow!("{target} not found in namespace {namespace}"))?;
@@ -52,11 +52,7 @@ pub fn status_command(args: StatusArgs) -> Result<ExitCode> {
         }
         None => super::runtime()?.block_on(async {
             let client = super::client().await?;
-            let namespace = args
-                .from
-                .namespace
-                .clone()
-                .unwrap_or_else(|| client.default_namespace().to_string());
+            let namespace = args.from.namespace_in(Some(&client));
             Ok::<_, anyhow::Error>((read(&client, &target, &namespace).await?, unix_now()))
         })?,
     };

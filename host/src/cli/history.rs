@@ -43,15 +43,12 @@ impl HistoryArgs {
 fn read(from: &ReadFrom, workload: &str) -> Result<history::History> {
     let target = history::Target::parse(workload)?;
     if let Some(sim) = from.replayed()? {
-        let namespace = from.namespace.clone().unwrap_or_else(|| "default".into());
+        let namespace = from.namespace_in(None);
         return history::history(&sim, &target, &namespace, sim.now());
     }
     super::runtime()?.block_on(async {
         let client = super::client().await?;
-        let namespace = from
-            .namespace
-            .clone()
-            .unwrap_or_else(|| client.default_namespace().to_string());
+        let namespace = from.namespace_in(Some(&client));
         let objects = history::fetch(client, &target, &namespace).await?;
         history::history(
             &objects,

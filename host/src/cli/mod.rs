@@ -76,6 +76,14 @@ impl ReadFrom {
         Ok(Some(sim))
     }
 
+    /// The namespace to read: `--namespace`, else `default` in a replayed
+    /// scenario, else the kubeconfig context's.
+    pub fn namespace_in(&self, client: Option<&kube::Client>) -> String {
+        self.namespace
+            .clone()
+            .unwrap_or_else(|| client.map_or_else(|| "default".to_string(), |c| c.default_namespace().to_string()))
+    }
+
     pub fn json(&self) -> bool {
         self.output == "json"
     }

@@ -127,7 +127,15 @@ impl Effect {
     /// Whether this is a watch rollout of `workload` (kind, namespace,
     /// name): what a write of that workload wakes, if held.
     pub fn rolls(&self, workload: &Key) -> bool {
-        matches!(self, Effect::Patch { .. }) && self.subject() == *workload
+        let (kind, ns, name) = workload;
+        match self {
+            // Borrowed, not `subject()`: asked of every held job at every
+            // stored workload change serve's watch sees.
+            Effect::Patch { namespace, request } => {
+                namespace == ns && request["kind"] == kind.as_str() && request["name"] == name.as_str()
+            }
+            Effect::Adopt { .. } | Effect::Sweep { .. } => false,
+        }
     }
 
     pub fn subject(&self) -> Key {

@@ -157,11 +157,6 @@ impl Hold {
     pub fn pends(&self) -> bool {
         !matches!(self, Hold::StormGuard)
     }
-
-    /// [`Hold::pends`], from the gauge label a host keeps for a held job.
-    pub fn label_pends(label: &str) -> bool {
-        label != Self::LABELS[0]
-    }
 }
 
 /// How soon a change held for an approval is judged again (seconds) if no
@@ -328,26 +323,29 @@ pub fn decide_patch(intent: &PatchIntent, seen: &Observed, now: i64, rules: &Rul
 /// already.
 pub fn pending_ops(workload: &Value, id: &SourceId, snapshot: &str, hold: &Hold) -> Option<Vec<Value>> {
     let annotations = workload.pointer("/metadata/annotations").and_then(Value::as_object);
+    // Each op is made on the object as the ones before leave it: the
+    // first may create the annotations map the next ones write into.
     let mut ops = Vec::new();
+    let mut working = workload.clone();
+    let mut push = |make: &dyn Fn(&Value) -> Value| -> Option<()> {
+        let op = make(&working);
+        apply_ops(&mut working, std::slice::from_ref(&op)).ok()?;
+        ops.push(op);
+        Some(())
+    };
     let mut pending = Entries::on(annotations, keys::PENDING);
     if pending.get(id) != Some(snapshot) {
         pending.set(id.clone(), snapshot);
-        ops.push(set_entries(workload, keys::PENDING, &pending));
+        push(&|w| set_entries(w, keys::PENDING, &pending))?;
     }
     let mut approved = Entries::on(annotations, keys::APPROVE);
     if approved.get(id).is_some_and(|a| a != snapshot) {
         approved.remove(id);
-        // Two ops may each create the annotations map: the second must
-        // find it made, so it is judged on the first's result.
-        let mut first = workload.clone();
-        apply_ops(&mut first, &ops).ok()?;
-        ops.push(set_entries(&first, keys::APPROVE, &approved));
+        push(&|w| set_entries(w, keys::APPROVE, &approved))?;
     }
     if let Hold::Settle { until } = hold {
         if *until > settle_until(workload) {
-            let mut first = workload.clone();
-            apply_ops(&mut first, &ops).ok()?;
-            ops.push(annotate(&first, keys::SETTLE_UNTIL, &until.to_string()));
+            push(&|w| annotate(w, keys::SETTLE_UNTIL, &until.to_string()))?;
         }
     }
     (!ops.is_empty()).then_some(ops)

@@ -50,6 +50,9 @@ struct Job {
     /// held-rollout gauges, by reason).
     held_since: Option<Instant>,
     held_by: &'static str,
+    /// Held for what its workload's users write: a stored write of that
+    /// workload wakes it ([`Hold::pends`]).
+    pends: bool,
 }
 
 /// What carrying out an effect needs, shared by the workers.
@@ -129,6 +132,7 @@ impl Queue {
             since: Instant::now(),
             held_since: None,
             held_by: "",
+            pends: false,
         });
     }
 
@@ -149,7 +153,7 @@ impl Queue {
             let mut parked = self.parked();
             let mut woke = false;
             for (at, job) in parked.iter_mut() {
-                if Hold::label_pends(job.held_by) && job.effect.rolls(workload) {
+                if job.pends && job.effect.rolls(workload) {
                     *at = i64::MIN;
                     woke = true;
                 }
@@ -284,6 +288,7 @@ impl Queue {
             Ok(Next::Park(at, hold)) => {
                 job.held_since.get_or_insert_with(Instant::now);
                 job.held_by = hold.label();
+                job.pends = hold.pends();
                 self.parked().push((at, job))
             }
             Ok(Next::Again) => {
