@@ -165,9 +165,9 @@ fn op() -> impl Strategy<Value = Op> {
     let w = prop::sample::select(vec![0usize, 0, 0, 1, 2]);
     let s = prop::sample::select(vec![0usize, 0, 0, 1, 2]);
     prop_oneof![
-        3 => (w.clone(), prop::collection::btree_set(0..REFS, 1..4), 0..SNAPSHOT.len(), 0..WATCH.len(), any::<bool>(), prop::bool::weighted(0.2), prop::bool::weighted(0.3), prop::sample::select(vec![0usize, 0, 0, 1, 2, 2]), prop::bool::weighted(0.4), 1u8..4, prop::sample::select(vec![0u8, 2, 10]))
+        3 => (w.clone(), prop::collection::btree_set(0..REFS, 1..4), 0..SNAPSHOT.len(), 0..WATCH.len(), any::<bool>(), prop::bool::weighted(0.2), prop::bool::weighted(0.5), prop::sample::select(vec![0usize, 0, 0, 1, 2, 2]), prop::bool::weighted(0.4), 1u8..4, prop::sample::select(vec![0u8, 2, 10]))
             .prop_map(|(w, refs, snapshot, watch, exclude, renew, window, mode, settle, image, history)| Op::Apply { w, refs: refs.into_iter().collect(), snapshot, watch, exclude, renew, window, mode, settle, image, history }),
-        3 => w.clone().prop_map(|w| Op::Approve { w }),
+        5 => w.clone().prop_map(|w| Op::Approve { w }),
         4 => (s.clone(), 0usize..2, 0u8..5).prop_map(|(s, key, value)| Op::EditSource { s, key, value }),
         2 => (s.clone(), 0u8..5, 0u8..5).prop_map(|(s, first, second)| Op::Burst { s, first, second }),
         2 => (s.clone(), w.clone(), 0u8..5, 0u8..5).prop_map(|(s, w, first, second)| Op::Race { s, w, first, second }),
