@@ -24,6 +24,7 @@
 //! 6. the patch is recomputed on the workload as it is, pinned to its
 //!    resourceVersion, and records the rollout and the generation it makes.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use config_snapshot_policy::approval::{Entries, WatchMode};
@@ -31,9 +32,11 @@ use config_snapshot_policy::content::Content;
 use config_snapshot_policy::keys;
 use config_snapshot_policy::optin::OptIn;
 use config_snapshot_policy::records::{generation, Rollback, WatchRollout};
+use config_snapshot_policy::references;
 use config_snapshot_policy::rewrite::annotation_path;
 use config_snapshot_policy::settings::Settings;
 use config_snapshot_policy::source::SourceId;
+use config_snapshot_policy::template::{self, Snapshots};
 use config_snapshot_policy::watch;
 
 use serde_json::{json, Value};
@@ -178,6 +181,16 @@ fn void(reason: String) -> Verdict {
     }
 }
 
+/// The keys of `intent`'s source the workload's template uses now (`None`
+/// inside: all of them); `None` when the template does not use the source.
+fn keys_used(intent: &PatchIntent, workload: &Value) -> Option<Option<BTreeSet<String>>> {
+    let template = workload.pointer(intent.kind.template())?;
+    template::group_by_source(&references::collect(template), &Snapshots::of(template))
+        .into_iter()
+        .find(|g| g.id == intent.source)
+        .map(|g| g.key_subset())
+}
+
 /// Judges a watch patch against the objects as they are now.
 pub fn decide_patch(intent: &PatchIntent, seen: &Observed, now: i64, rules: &Rules) -> Verdict {
     let who = intent.who();
@@ -234,6 +247,18 @@ pub fn decide_patch(intent: &PatchIntent, seen: &Observed, now: i64, rules: &Rul
             collect: true,
             notable: true,
         };
+    }
+    // The snapshot holds the keys the workload used when the change was
+    // seen. A workload since rewritten to use other keys of the source was
+    // pinned to them by its own admission: this snapshot would take keys
+    // from its containers (a held change outlives such a rewrite).
+    if let Some(now_used) = keys_used(intent, workload) {
+        if now_used != intent.keys {
+            return void(format!(
+                "patch of {who} to {} dropped: {who} uses other keys of {id} since",
+                intent.snapshot
+            ));
+        }
     }
     let Some(ops) = watch::retarget_ops(intent.kind, workload, id, &intent.snapshot) else {
         return void(format!("patch of {who} dropped: it no longer uses {id}"));
