@@ -143,6 +143,7 @@ impl FakeHost {
 }
 
 impl Host for FakeHost {
+    #[expect(clippy::too_many_lines, reason = "a table: the fake host's operations")]
     fn call(&self, binding: &str, _ns: &str, operation: &str, payload: &[u8]) -> Result<Vec<u8>, CallError> {
         let fail = |code: Code, message: String| Err(CallError::Host(HostError::new(code, message)));
         let req: Value = match serde_json::from_slice(payload) {

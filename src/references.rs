@@ -65,99 +65,93 @@ pub fn collect(template: &Value) -> Vec<Reference> {
     let Some(spec) = template.get("spec") else {
         return out;
     };
-    if let Some(volumes) = spec.get(VOLUMES).and_then(Value::as_array) {
-        for (i, volume) in volumes.iter().enumerate() {
-            let base = format!("/spec/volumes/{i}");
-            if let Some(cm) = volume.get("configMap") {
-                push_volume_source(
-                    &mut out,
-                    SourceKind::ConfigMap,
-                    cm,
-                    "name",
-                    &format!("{base}/configMap"),
-                );
-            }
-            if let Some(secret) = volume.get("secret") {
-                push_volume_source(
-                    &mut out,
-                    SourceKind::Secret,
-                    secret,
-                    "secretName",
-                    &format!("{base}/secret"),
-                );
-            }
-            let sources = volume
-                .get("projected")
-                .and_then(|p| p.get("sources"))
-                .and_then(Value::as_array);
-            for (j, source) in sources.into_iter().flatten().enumerate() {
-                let sbase = format!("{base}/projected/sources/{j}");
-                if let Some(cm) = source.get("configMap") {
-                    push_volume_source(
-                        &mut out,
-                        SourceKind::ConfigMap,
-                        cm,
-                        "name",
-                        &format!("{sbase}/configMap"),
-                    );
-                }
-                if let Some(secret) = source.get("secret") {
-                    push_volume_source(&mut out, SourceKind::Secret, secret, "name", &format!("{sbase}/secret"));
-                }
-            }
-        }
+    for (i, volume) in spec
+        .get(VOLUMES)
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        collect_volume(&mut out, volume, &format!("/spec/volumes/{i}"));
     }
     for list in CONTAINER_LISTS {
-        let Some(containers) = spec.get(list).and_then(Value::as_array) else {
-            continue;
-        };
-        for (c, container) in containers.iter().enumerate() {
-            let cbase = format!("/spec/{list}/{c}");
-            if let Some(env) = container.get(ENV).and_then(Value::as_array) {
-                for (e, var) in env.iter().enumerate() {
-                    let Some(value_from) = var.get("valueFrom") else {
-                        continue;
-                    };
-                    for (field, kind) in [
-                        ("configMapKeyRef", SourceKind::ConfigMap),
-                        ("secretKeyRef", SourceKind::Secret),
-                    ] {
-                        if let Some(sel) = value_from.get(field) {
-                            let key = sel.get("key").and_then(Value::as_str).map(str::to_string);
-                            push(
-                                &mut out,
-                                kind,
-                                sel,
-                                "name",
-                                format!("{cbase}/{ENV}/{e}/valueFrom/{field}"),
-                                Some(key.into_iter().collect()),
-                            );
-                        }
-                    }
-                }
-            }
-            if let Some(env_from) = container.get(ENV_FROM).and_then(Value::as_array) {
-                for (e, source) in env_from.iter().enumerate() {
-                    for (field, kind) in [
-                        ("configMapRef", SourceKind::ConfigMap),
-                        ("secretRef", SourceKind::Secret),
-                    ] {
-                        if let Some(sel) = source.get(field) {
-                            push(
-                                &mut out,
-                                kind,
-                                sel,
-                                "name",
-                                format!("{cbase}/{ENV_FROM}/{e}/{field}"),
-                                None,
-                            );
-                        }
-                    }
-                }
-            }
+        for (c, container) in spec
+            .get(list)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            collect_container(&mut out, container, &format!("/spec/{list}/{c}"));
         }
     }
     out
+}
+
+/// A volume's references: `configMap`, `secret`, and those a `projected`
+/// volume's sources name.
+fn collect_volume(out: &mut Vec<Reference>, volume: &Value, base: &str) {
+    if let Some(cm) = volume.get("configMap") {
+        push_volume_source(out, SourceKind::ConfigMap, cm, "name", &format!("{base}/configMap"));
+    }
+    if let Some(secret) = volume.get("secret") {
+        push_volume_source(out, SourceKind::Secret, secret, "secretName", &format!("{base}/secret"));
+    }
+    let sources = volume
+        .get("projected")
+        .and_then(|p| p.get("sources"))
+        .and_then(Value::as_array);
+    for (j, source) in sources.into_iter().flatten().enumerate() {
+        let sbase = format!("{base}/projected/sources/{j}");
+        if let Some(cm) = source.get("configMap") {
+            push_volume_source(out, SourceKind::ConfigMap, cm, "name", &format!("{sbase}/configMap"));
+        }
+        if let Some(secret) = source.get("secret") {
+            push_volume_source(out, SourceKind::Secret, secret, "name", &format!("{sbase}/secret"));
+        }
+    }
+}
+
+/// A container's references: one key each from `env[].valueFrom`, every
+/// key from `envFrom`.
+fn collect_container(out: &mut Vec<Reference>, container: &Value, base: &str) {
+    for (e, var) in container
+        .get(ENV)
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let Some(value_from) = var.get("valueFrom") else {
+            continue;
+        };
+        for (field, kind) in [
+            ("configMapKeyRef", SourceKind::ConfigMap),
+            ("secretKeyRef", SourceKind::Secret),
+        ] {
+            if let Some(sel) = value_from.get(field) {
+                let key = sel.get("key").and_then(Value::as_str).map(str::to_string);
+                let path = format!("{base}/{ENV}/{e}/valueFrom/{field}");
+                push(out, kind, sel, "name", path, Some(key.into_iter().collect()));
+            }
+        }
+    }
+    for (e, source) in container
+        .get(ENV_FROM)
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        for (field, kind) in [
+            ("configMapRef", SourceKind::ConfigMap),
+            ("secretRef", SourceKind::Secret),
+        ] {
+            if let Some(sel) = source.get(field) {
+                push(out, kind, sel, "name", format!("{base}/{ENV_FROM}/{e}/{field}"), None);
+            }
+        }
+    }
 }
 
 fn push_volume_source(out: &mut Vec<Reference>, kind: SourceKind, source: &Value, name_field: &str, base: &str) {

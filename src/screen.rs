@@ -169,6 +169,7 @@ mod tests {
 
     /// Each of these the full path must decide: the screen steps aside
     /// rather than answer differently.
+    #[expect(clippy::too_many_lines, reason = "a test that lists cases")]
     #[test]
     fn the_screen_steps_aside_for_whatever_it_cannot_answer_exactly() {
         let plain = || deployment(json!({}), json!({}));

@@ -22,6 +22,23 @@ use crate::skim::{opts_in, Annotated, AnnotationsSkim};
 use crate::source::SourceId;
 use crate::sweep;
 
+/// An answer found before the last phase: a request refused, passed
+/// through, or degraded to checksums ends there. (Boxed: an `Outcome` is
+/// large, and the happy path should not carry its size.)
+type Phase<T> = Result<T, Box<Outcome>>;
+
+/// The request as the phases after [`prepare`] read it.
+struct Admission {
+    kind: WorkloadKind,
+    object: Value,
+    /// The live object, on an UPDATE.
+    old: Option<Value>,
+    optin: OptIn,
+}
+
+/// Admits a workload: prepare → plan → make snapshots → rewrite → adopt
+/// (a standalone revision) → respond. Each phase can end the admission
+/// with its answer.
 pub fn admit(
     ctx: &Context,
     kind: WorkloadKind,
@@ -29,136 +46,181 @@ pub fn admit(
     raw: &RawValue,
     old_raw: Option<&RawValue>,
 ) -> Outcome {
-    let quick: AnnotationsSkim = match serde_json::from_slice(raw.get().as_bytes()) {
-        Ok(q) => q,
-        Err(e) => return Outcome::reject(format!("{SAY}invalid {}: {e}", kind.kind()), 400),
+    let phases = || -> Phase<Outcome> {
+        let mut admission = prepare(ctx, kind, operation, raw, old_raw)?;
+        let reads = Reads::new(&ctx.host, ctx.namespace);
+        let mut plan = plan(ctx, &reads, &admission)?;
+        if !ctx.dry_run {
+            make_snapshots(ctx, &reads, &mut admission, &mut plan)?;
+        }
+        let original = admission.object.clone();
+        let mut warnings = rewrite_object(&mut admission, plan);
+        warnings.extend(adopt_standalone(ctx, &admission)?);
+        let mutated = (admission.object != original).then_some(admission.object);
+        Ok(Outcome {
+            accepted: true,
+            message: None,
+            code: None,
+            mutated,
+            warnings,
+        })
     };
-    if !opts_in(&quick, ctx.settings) {
-        return keep_records(&quick, raw, old_raw.filter(|_| operation == "UPDATE"));
-    }
+    phases().unwrap_or_else(|answer| *answer)
+}
 
-    let mut object: Value = match serde_json::from_str(raw.get()) {
-        Ok(v) => v,
-        Err(e) => return Outcome::reject(format!("{SAY}invalid {}: {e}", kind.kind()), 400),
-    };
-    let optin = match OptIn::from_annotations(
+/// Parses what the phases read, and ends here what needs no plan: a
+/// workload that does not opt in (which keeps the host's records), one
+/// without a pod template, one naming too many sources.
+fn prepare(
+    ctx: &Context,
+    kind: WorkloadKind,
+    operation: &str,
+    raw: &RawValue,
+    old_raw: Option<&RawValue>,
+) -> Phase<Admission> {
+    let invalid = |e: serde_json::Error| Outcome::reject(format!("{SAY}invalid {}: {e}", kind.kind()), 400);
+    let quick: AnnotationsSkim = serde_json::from_slice(raw.get().as_bytes()).map_err(invalid)?;
+    if !opts_in(&quick, ctx.settings) {
+        return Err(keep_records(&quick, raw, old_raw.filter(|_| operation == "UPDATE")).into());
+    }
+    let object: Value = serde_json::from_str(raw.get()).map_err(invalid)?;
+    let optin = OptIn::from_annotations(
         object.pointer("/metadata/annotations").and_then(Value::as_object),
         ctx.settings,
-    ) {
-        Ok(o) => o,
-        Err(e) => return Outcome::reject(format!("{SAY}{e}"), 400),
-    };
+    )
+    .map_err(|e| Outcome::reject(format!("{SAY}{e}"), 400))?;
     if object.pointer(kind.template()).is_none() {
-        return Outcome::accept();
+        return Err(Outcome::accept().into());
     }
-    let old: Option<Value> = match (operation, old_raw) {
+    let old = match (operation, old_raw) {
         ("UPDATE", Some(old)) => serde_json::from_str::<Value>(old.get()).ok(),
         _ => None,
     };
     if let Some(outcome) = too_many_sources(ctx, kind, &object) {
-        return outcome;
+        return Err(outcome.into());
     }
+    Ok(Admission {
+        kind,
+        object,
+        old,
+        optin,
+    })
+}
 
-    let reads = Reads::new(&ctx.host, ctx.namespace);
-    let planner = Planner {
+fn plan(ctx: &Context, reads: &Reads, admission: &Admission) -> Phase<Plan> {
+    Planner {
         settings: ctx.settings,
         namespace: ctx.namespace,
-        lookup: &reads,
+        lookup: reads,
         now: ctx.host.now(),
-        kind,
-        object: &object,
-        old: old.as_ref(),
-        optin: &optin,
-    };
-    let plan = match planner.plan() {
-        Ok(plan) => plan,
-        Err(rejection) => return rejection.into(),
-    };
-    let Plan {
-        groups,
-        mut targets,
-        writes,
-        mut warnings,
-        renewed_at,
-        rollback,
-        change,
-    } = plan;
+        kind: admission.kind,
+        object: &admission.object,
+        old: admission.old.as_ref(),
+        optin: &admission.optin,
+    }
+    .plan()
+    .map_err(|rejection| Box::new(Outcome::from(rejection)))
+}
 
-    // Create every snapshot before rewriting anything: a reference to a
-    // snapshot that does not exist would break the pods.
-    // The sources whose older versions this admission must sweep.
-    let mut to_sweep: Vec<(SourceId, String)> = Vec::new();
+/// Creates every snapshot before anything is rewritten: a reference to a
+/// snapshot that does not exist would break the pods. Together where the
+/// host can (one call, created concurrently); one by one where it cannot,
+/// or for a single snapshot. Then sweeps the older versions of the sources
+/// that got a new one.
+fn make_snapshots(ctx: &Context, reads: &Reads, admission: &mut Admission, plan: &mut Plan) -> Phase<()> {
+    let kind = admission.kind;
     // A standalone revision (a bare Job) is not a workload the host can
-    // make an owner at once: it adopts its snapshots below, as revisions do.
+    // make an owner at once: it adopts its snapshots later, as revisions do.
     let owner = if kind.is_standalone() {
         Value::Null
     } else {
-        crate::records::owner_of(kind, &object)
+        crate::records::owner_of(kind, &admission.object)
     };
-    if !ctx.dry_run {
-        // Together where the host can (one call, created concurrently);
-        // one by one where it cannot, or for a single snapshot.
-        let mut answers: Vec<Result<bool, CallError>> = Vec::new();
-        if writes.len() > 1 {
-            let objects: Vec<&Value> = writes.iter().map(|w| &w.object).collect();
-            match ctx.host.create_snapshots(&objects, &owner) {
-                Ok(all) => answers = all,
-                Err(e) if e.unsupported() => {}
-                Err(e) => answers = writes.iter().map(|_| Err(e.clone())).collect(),
-            }
-        }
-        let mut answers = answers.into_iter();
-        for (i, w) in writes.iter().enumerate() {
-            let id = &groups[w.group].id;
-            let answer = answers
-                .next()
-                .unwrap_or_else(|| ctx.host.create_snapshot(&w.object, &owner));
-            match answer {
-                Ok(true) => to_sweep.push((id.clone(), w.name.clone())),
-                Ok(false) => {}
-                Err(e) if i == 0 && e.unsupported() => {
-                    return checksum::degrade(ctx, &reads, (kind, &mut object), &groups, &optin, &e);
-                }
-                Err(e) => match ctx.settings.on_snapshot_failure {
-                    OnSnapshotFailure::Reject => {
-                        return Outcome::reject(format!("{SAY}could not create snapshot {} of {id}: {e}", w.name), 500);
-                    }
-                    OnSnapshotFailure::Warn => {
-                        targets[w.group] = Target::Source;
-                        warnings.push(format!(
-                            "{SAY}could not create snapshot {} of {id}, left the reference to the source: {e}",
-                            w.name
-                        ));
-                    }
-                },
-            }
-        }
-        for (id, keep) in &to_sweep {
-            sweep::sweep(ctx, id, keep);
+    let mut answers: Vec<Result<bool, CallError>> = Vec::new();
+    if plan.writes.len() > 1 {
+        let objects: Vec<&Value> = plan.writes.iter().map(|w| &w.object).collect();
+        match ctx.host.create_snapshots(&objects, &owner) {
+            Ok(all) => answers = all,
+            Err(e) if e.unsupported() => {}
+            Err(e) => answers = plan.writes.iter().map(|_| Err(e.clone())).collect(),
         }
     }
+    let mut answers = answers.into_iter();
+    let mut to_sweep: Vec<(SourceId, String)> = Vec::new();
+    for (i, w) in plan.writes.iter().enumerate() {
+        let id = &plan.groups[w.group].id;
+        let answer = answers
+            .next()
+            .unwrap_or_else(|| ctx.host.create_snapshot(&w.object, &owner));
+        match answer {
+            Ok(true) => to_sweep.push((id.clone(), w.name.clone())),
+            Ok(false) => {}
+            Err(e) if i == 0 && e.unsupported() => {
+                let object = (kind, &mut admission.object);
+                let degraded = checksum::degrade(ctx, reads, object, &plan.groups, &admission.optin, &e);
+                return Err(degraded.into());
+            }
+            Err(e) => match ctx.settings.on_snapshot_failure {
+                OnSnapshotFailure::Reject => {
+                    return Err(Outcome::reject(
+                        format!("{SAY}could not create snapshot {} of {id}: {e}", w.name),
+                        500,
+                    )
+                    .into());
+                }
+                OnSnapshotFailure::Warn => {
+                    plan.targets[w.group] = Target::Source;
+                    plan.warnings.push(format!(
+                        "{SAY}could not create snapshot {} of {id}, left the reference to the source: {e}",
+                        w.name
+                    ));
+                }
+            },
+        }
+    }
+    for (id, keep) in &to_sweep {
+        sweep::sweep(ctx, id, keep);
+    }
+    Ok(())
+}
 
-    let original = object.clone();
-    let template = object.pointer_mut(kind.template()).expect("checked above");
-    rewrite::apply(template, &groups, &targets, &optin, renewed_at);
+/// Points the template at the plan's targets and writes the records; the
+/// plan's warnings are the answer's.
+fn rewrite_object(admission: &mut Admission, plan: Plan) -> Vec<String> {
+    let Admission {
+        kind,
+        object,
+        old,
+        optin,
+    } = admission;
+    let Some(template) = object.pointer_mut(kind.template()) else {
+        return plan.warnings;
+    };
+    rewrite::apply(template, &plan.groups, &plan.targets, optin, plan.renewed_at);
     // A record carried from the live object keeps its generation; one this
     // write makes gets the generation the write really produces.
-    let rollback = rollback.map(|mut r| {
-        if let (Change::Rollback, Some(old)) = (change, &old) {
-            r.generation = crate::records::generation_after(old, &object);
+    let rollback = plan.rollback.map(|mut r| {
+        if let (Change::Rollback, Some(old)) = (plan.change, &old) {
+            r.generation = crate::records::generation_after(old, object);
         }
         r
     });
-    rewrite::set_rollback(&mut object, rollback.as_ref());
+    rewrite::set_rollback(object, rollback.as_ref());
+    carry_host_records(object, old.as_ref(), plan.change);
+    plan.warnings
+}
+
+/// Keeps the annotations only the host writes as the live object has them.
+fn carry_host_records(object: &mut Value, old: Option<&Value>, change: Change) {
     // An undo brings back the annotations its revision was made with,
     // pending changes and approvals among them, which speak of content
     // since gone: the workload keeps its own (the host clears a pending
     // change the rollback voids).
-    if let (Change::Rollback, Some(old)) = (change, &old) {
+    if let (Change::Rollback, Some(old)) = (change, old) {
         for key in [keys::PENDING, keys::APPROVE, keys::SETTLE_UNTIL] {
             let kept = old.pointer(&annotation_path(key)).cloned();
             if object.pointer(&annotation_path(key)) != kept.as_ref() {
-                rewrite::set_annotation(&mut object, key, kept);
+                rewrite::set_annotation(object, key, kept);
             }
         }
     }
@@ -166,40 +228,43 @@ pub fn admit(
     // Copied from another object on CREATE, it speaks of that object's
     // generations; rewound by a rollback, it would reset the storm guard.
     let path = annotation_path(keys::WATCH_ROLLOUT);
-    let kept = match &old {
-        Some(old) if !WatchRollout::made(&object, old) => old.pointer(&path).cloned(),
+    let kept = match old {
+        Some(old) if !WatchRollout::made(object, old) => old.pointer(&path).cloned(),
         Some(_) => object.pointer(&path).cloned(),
         None => None,
     };
     if object.pointer(&path) != kept.as_ref() {
-        rewrite::set_annotation(&mut object, keys::WATCH_ROLLOUT, kept);
+        rewrite::set_annotation(object, keys::WATCH_ROLLOUT, kept);
     }
-    if kind.is_standalone() {
-        if !optin.watch.is_empty() {
-            warnings.push(format!(
-                "{SAY}{} {} cannot be watched: its template never changes, so it keeps the config it was created with",
-                kind.kind(),
-                name_of(&object)
-            ));
+}
+
+/// A standalone revision (a bare Job) adopts the snapshots it uses, as a
+/// controller's revisions do; it cannot be watched, which it is told.
+fn adopt_standalone(ctx: &Context, admission: &Admission) -> Phase<Vec<String>> {
+    let Admission {
+        kind, object, optin, ..
+    } = admission;
+    let mut warnings = Vec::new();
+    if !kind.is_standalone() {
+        return Ok(warnings);
+    }
+    if !optin.watch.is_empty() {
+        warnings.push(format!(
+            "{SAY}{} {} cannot be watched: its template never changes, so it keeps the config it was created with",
+            kind.kind(),
+            name_of(object)
+        ));
+    }
+    let template = object.pointer(kind.template()).unwrap_or(&Value::Null);
+    let used = crate::revision::used_snapshots(template);
+    if !ctx.dry_run && !used.is_empty() {
+        let adopted = crate::revision::adopt(ctx, kind.row(), name_of(object), used);
+        if !adopted.accepted {
+            return Err(adopted.into());
         }
-        let template = object.pointer(kind.template()).unwrap_or(&Value::Null);
-        let used = crate::revision::used_snapshots(template);
-        if !ctx.dry_run && !used.is_empty() {
-            let adopted = crate::revision::adopt(ctx, kind.row(), name_of(&object), used);
-            if !adopted.accepted {
-                return adopted;
-            }
-            warnings.extend(adopted.warnings);
-        }
+        warnings.extend(adopted.warnings);
     }
-    let mutated = (object != original).then_some(object);
-    Outcome {
-        accepted: true,
-        message: None,
-        code: None,
-        mutated,
-        warnings,
-    }
+    Ok(warnings)
 }
 
 /// A workload that stops opting in keeps the records the host made on it:

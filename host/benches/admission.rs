@@ -3,6 +3,7 @@
 //! B1 runs the policy natively; the others run the release wasm through the
 //! host exactly as `replay` and `serve` do: a fresh instance per request
 //! from a precompiled module, answering host calls from an in-memory store.
+#![allow(clippy::too_many_lines, reason = "a test or benchmark is a story read top to bottom")]
 
 #[path = "../tests/support/paths.rs"]
 mod paths;

@@ -4,6 +4,7 @@
 //! and the pieces must fit together: rules equal policy-metadata.yml, the
 //! container's arguments parse with the real CLI, probes hit the real
 //! endpoints, names and selectors agree, and RBAC is exactly what serve uses.
+#![allow(clippy::too_many_lines, reason = "a test or benchmark is a story read top to bottom")]
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;

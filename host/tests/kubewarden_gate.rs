@@ -6,6 +6,7 @@
 //! own write capability, which stock Kubewarden does not have, is refused
 //! there, and the policy falls back to checksum mode: it never fails the
 //! admission for that.
+#![allow(clippy::too_many_lines, reason = "a test or benchmark is a story read top to bottom")]
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

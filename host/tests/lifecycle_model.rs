@@ -27,6 +27,7 @@
 //! found becomes an e2e scenario. `MODEL_CASES` sets the number of
 //! histories; `MODEL_SECONDS` keeps generating new ones until that much time
 //! has passed (`make soak`).
+#![allow(clippy::too_many_lines, reason = "a test or benchmark is a story read top to bottom")]
 
 mod support;
 

@@ -6,6 +6,7 @@
 //!
 //! Attackers connect from other loopback addresses (127.0.0.2 and up) than
 //! the API server's stand-in (127.0.0.1): peers, as serve counts them.
+#![allow(clippy::too_many_lines, reason = "a test or benchmark is a story read top to bottom")]
 
 mod support;
 

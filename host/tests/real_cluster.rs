@@ -6,6 +6,7 @@
 //!
 //! Without Go (and without binaries built before), the test says so and
 //! skips; under `CI=true` it must run.
+#![allow(clippy::too_many_lines, reason = "a test or benchmark is a story read top to bottom")]
 
 mod support;
 

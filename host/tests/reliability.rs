@@ -1,5 +1,6 @@
 //! Reliability: faults on every write, Secret hygiene, bad input, and
 //! concurrency, against the release policy wasm.
+#![allow(clippy::too_many_lines, reason = "a test or benchmark is a story read top to bottom")]
 
 use std::collections::{BTreeMap, HashMap};
 use std::process::Command;

@@ -3,6 +3,7 @@
 //! plays the API server's part around the webhook: it sends the
 //! AdmissionReviews, persists what was admitted, and creates the ReplicaSet
 //! the Deployment controller would.
+#![allow(clippy::too_many_lines, reason = "a test or benchmark is a story read top to bottom")]
 
 mod support;
 

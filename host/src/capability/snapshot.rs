@@ -267,37 +267,8 @@ impl Capability {
                 };
                 self.same_snapshot(kind, &found, &content, &name)?;
                 let reused = json!({"created": false});
-                let ops = match (&owner, owned(&found)) {
-                    (None, true) => return Ok(Judged::Done(reused)),
-                    (Some(owner), true) if owner["metadata"]["uid"].is_null() => {
-                        // A workload being created has no uid yet: it becomes
-                        // an owner once it exists.
-                        self.stage(Effect::Adopt {
-                            namespace: ns.clone(),
-                            owner_kind: owner["kind"].as_str().unwrap_or_default().to_string(),
-                            owner_name: owner["metadata"]["name"].as_str().unwrap_or_default().to_string(),
-                            snapshots: vec![(kind.kind().to_string(), name.clone())],
-                            stored_as: Some(self.stored_as()),
-                        });
-                        return Ok(Judged::Done(reused));
-                    }
-                    (Some(owner), true) => match adopt_ops(owner, &found) {
-                        Some(ops) => ops,
-                        None => return Ok(Judged::Done(reused)),
-                    },
-                    (_, false)
-                        if !must_mark_reuse(
-                            &found,
-                            self.cluster.now(),
-                            self.rules.settings.orphan_grace_period_secs,
-                        ) =>
-                    {
-                        return Ok(Judged::Done(reused));
-                    }
-                    (_, false) => {
-                        let now = format_rfc3339(self.cluster.now());
-                        vec![json!({"op": "add", "path": annotation_path(keys::LAST_USED_AT), "value": now})]
-                    }
+                let Some(ops) = self.keep_alive(owner.as_ref(), &found, kind, &name) else {
+                    return Ok(Judged::Done(reused));
                 };
                 Ok(Judged::Patch {
                     ops,
@@ -313,6 +284,32 @@ impl Capability {
                 format!("refused: snapshot {name} kept changing while it was reused; try again"),
             )
         })
+    }
+
+    /// The write that makes a reused snapshot (`found`) outlive this
+    /// admission's reference to it, if one is needed (see
+    /// [`Self::create_snapshot`]). The owner of a workload being created,
+    /// which has no uid yet, is staged: it adopts once it exists.
+    fn keep_alive(&self, owner: Option<&Value>, found: &Value, kind: SourceKind, name: &str) -> Option<Vec<Value>> {
+        match (owner, owned(found)) {
+            (None, true) => None,
+            (Some(owner), true) if owner["metadata"]["uid"].is_null() => {
+                self.stage(Effect::Adopt {
+                    namespace: self.caller.namespace.clone(),
+                    owner_kind: owner["kind"].as_str().unwrap_or_default().to_string(),
+                    owner_name: owner["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+                    snapshots: vec![(kind.kind().to_string(), name.to_string())],
+                    stored_as: Some(self.stored_as()),
+                });
+                None
+            }
+            (Some(owner), true) => adopt_ops(owner, found),
+            (_, false) => must_mark_reuse(found, self.cluster.now(), self.rules.settings.orphan_grace_period_secs)
+                .then(|| {
+                    let now = format_rfc3339(self.cluster.now());
+                    vec![json!({"op": "add", "path": annotation_path(keys::LAST_USED_AT), "value": now})]
+                }),
+        }
     }
 
     /// `create_snapshots`: each item as `create_snapshot` (its injected

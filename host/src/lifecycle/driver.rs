@@ -385,7 +385,7 @@ impl Driver<'_> {
     }
 
     /// `patch_workload`, judged by the rules on the workload and the source
-    /// as the API server has them now.
+    /// as the API server has them now (both read fresh), then carried out.
     fn patch(&self, ns: &str, request: &Value) -> Attempt {
         let intent = match PatchIntent::parse(ns, request) {
             Ok(i) => i,
@@ -396,11 +396,11 @@ impl Driver<'_> {
                 }
             }
         };
-        let source_kind = intent.source.kind.kind();
         let read = (|| {
             Ok::<_, ApiError>((
                 self.cluster.get_fresh(intent.kind.kind(), ns, &intent.name)?,
-                self.cluster.get_fresh(source_kind, ns, &intent.source.name)?,
+                self.cluster
+                    .get_fresh(intent.source.kind.kind(), ns, &intent.source.name)?,
             ))
         })();
         let (workload, source) = match read {
@@ -412,60 +412,19 @@ impl Driver<'_> {
             source: source.as_ref(),
         };
         match decide_patch(&intent, &seen, self.cluster.now(), self.rules) {
-            Verdict::Apply {
-                resource_version,
-                mut ops,
-            } => {
-                let (Some(w), Some(stored)) = (&workload, &source) else {
-                    return Attempt::Retry("the workload or its source went while it was judged".into());
-                };
-                let snapshot = match self.snapshot_of_stored(ns, &intent, stored) {
-                    Ok(snapshot) => snapshot,
-                    Err(attempt) => return attempt,
-                };
-                if let Err(why) = self.bridge(w, &snapshot) {
-                    return Attempt::Retry(why);
-                }
-                if let Err(attempt) = self.settled_together(ns, &intent, w, &mut ops) {
-                    return attempt;
-                }
-                match self
-                    .cluster
-                    .patch(intent.kind.kind(), ns, &intent.name, &resource_version, ops)
-                {
-                    Ok(()) => {
-                        self.observer
-                            .note(format!("watch: rolling out {} to {}", intent.who(), intent.snapshot));
-                        self.sweep_after_new(ns, &intent.source, &intent.snapshot);
-                        if let Some(w) = &workload {
-                            self.observer.tell(
-                                w,
-                                Reason::ConfigRolledOut,
-                                format!(
-                                    "{} changed: rolling out with snapshot {}",
-                                    intent.source, intent.snapshot
-                                ),
-                            );
-                        }
-                        Attempt::Done
-                    }
-                    // The workload moved since it was read: judge it again.
-                    Err(ApiError::Conflict(e)) => Attempt::Retry(format!("conflict: {e}")),
-                    Err(e) => Attempt::Retry(format!("patching {}: {e}", intent.who())),
-                }
-            }
+            Verdict::Apply { resource_version, ops } => match (&workload, &source) {
+                (Some(w), Some(stored)) => self.roll(ns, &intent, (w, stored), &resource_version, ops),
+                _ => Attempt::Retry("the workload or its source went while it was judged".into()),
+            },
             Verdict::Done(_) => Attempt::Done,
             Verdict::Wait(why) => Attempt::Wait(why),
             Verdict::Later(at, hold) => {
-                match (&hold, &workload) {
-                    (hold, Some(w)) if hold.pends() => {
-                        // Not recorded this time (the workload moved): the
-                        // next look records it; the hold stands either way.
-                        if let Err(why) = self.record_pending(ns, &intent, w, hold) {
-                            self.observer.note(why);
-                        }
+                if let (true, Some(w)) = (hold.pends(), &workload) {
+                    // Not recorded this time (the workload moved): the
+                    // next look records it; the hold stands either way.
+                    if let Err(why) = self.record_pending(ns, &intent, w, &hold) {
+                        self.observer.note(why);
                     }
-                    _ => {}
                 }
                 Attempt::Later(at, hold)
             }
@@ -473,34 +432,91 @@ impl Driver<'_> {
                 reason,
                 collect,
                 notable,
-            } => {
-                if let Some(ops) = workload
-                    .as_ref()
-                    .and_then(|w| super::verdict::unpend_ops(w, &intent.source, &intent.snapshot))
+            } => self.drop_patch(ns, &intent, workload.as_ref(), reason, (collect, notable)),
+        }
+    }
+
+    /// Rolls the workload (as read, and `stored`, its source) to the
+    /// intent's snapshot, made now from the stored content, with every
+    /// settled change alongside.
+    fn roll(
+        &self,
+        ns: &str,
+        intent: &PatchIntent,
+        (workload, stored): (&Value, &Value),
+        resource_version: &str,
+        mut ops: Vec<Value>,
+    ) -> Attempt {
+        let snapshot = match self.snapshot_of_stored(ns, intent, stored) {
+            Ok(snapshot) => snapshot,
+            Err(attempt) => return attempt,
+        };
+        if let Err(why) = self.bridge(workload, &snapshot) {
+            return Attempt::Retry(why);
+        }
+        if let Err(attempt) = self.settled_together(ns, intent, workload, &mut ops) {
+            return attempt;
+        }
+        match self
+            .cluster
+            .patch(intent.kind.kind(), ns, &intent.name, resource_version, ops)
+        {
+            Ok(()) => {
+                self.observer
+                    .note(format!("watch: rolling out {} to {}", intent.who(), intent.snapshot));
+                self.sweep_after_new(ns, &intent.source, &intent.snapshot);
+                self.observer.tell(
+                    workload,
+                    Reason::ConfigRolledOut,
+                    format!(
+                        "{} changed: rolling out with snapshot {}",
+                        intent.source, intent.snapshot
+                    ),
+                );
+                Attempt::Done
+            }
+            // The workload moved since it was read: judge it again.
+            Err(ApiError::Conflict(e)) => Attempt::Retry(format!("conflict: {e}")),
+            Err(e) => Attempt::Retry(format!("patching {}: {e}", intent.who())),
+        }
+    }
+
+    /// Drops a patch: its pending record goes with it, and a notable drop
+    /// (a rollback came first) is told to the workload's users.
+    fn drop_patch(
+        &self,
+        ns: &str,
+        intent: &PatchIntent,
+        workload: Option<&Value>,
+        reason: String,
+        (collect, notable): (bool, bool),
+    ) -> Attempt {
+        if let Some(w) = workload {
+            if let Some(ops) = super::verdict::unpend_ops(w, &intent.source, &intent.snapshot) {
+                // Best effort: a record left behind names content that
+                // changed or was declined, which `approve` refuses.
+                if let Err(e) = self
+                    .cluster
+                    .patch(intent.kind.kind(), ns, &intent.name, version_of(w), ops)
                 {
-                    // Best effort: a record left behind names content that
-                    // changed or was declined, which `approve` refuses.
-                    let pinned = workload.as_ref().map(version_of).unwrap_or_default();
-                    if let Err(e) = self.cluster.patch(intent.kind.kind(), ns, &intent.name, pinned, ops) {
-                        self.observer
-                            .note(format!("clearing the pending record of {}: {e}", intent.who()));
-                    }
-                }
-                if let Some(w) = workload.as_ref().filter(|_| notable) {
-                    self.observer.tell(
-                        w,
-                        Reason::RolloutDropped,
-                        format!(
-                            "not rolling out {}'s change (snapshot {}): {reason}",
-                            intent.source, intent.snapshot
-                        ),
-                    );
-                }
-                Attempt::Dropped {
-                    why: reason,
-                    collect: collect.then(|| intent.target()),
+                    self.observer
+                        .note(format!("clearing the pending record of {}: {e}", intent.who()));
                 }
             }
+            if notable {
+                self.observer.tell(
+                    w,
+                    Reason::RolloutDropped,
+                    format!(
+                        "not rolling out {}'s change (snapshot {}): {reason}",
+                        intent.source, intent.snapshot
+                    ),
+                );
+            }
+        }
+        Attempt::Dropped {
+            why: reason,
+            collect: collect.then(|| intent.target()),
         }
     }
 

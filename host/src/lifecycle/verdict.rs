@@ -191,113 +191,132 @@ fn keys_used(intent: &PatchIntent, workload: &Value) -> Option<Option<BTreeSet<S
         .map(|g| g.key_subset())
 }
 
-/// Judges a watch patch against the objects as they are now.
+/// A verdict reached before the last phase of [`decide_patch`].
+type Judged<T> = Result<T, Verdict>;
+
+/// Judges a watch patch against the objects as they are now: the change
+/// landed → the workload still wants it → nothing holds it → apply.
 pub fn decide_patch(intent: &PatchIntent, seen: &Observed, now: i64, rules: &Rules) -> Verdict {
-    let who = intent.who();
-    let id = &intent.source;
-    let Some(workload) = seen.workload else {
-        return void(format!("patch of {who} dropped: it no longer exists"));
+    let judged = || -> Judged<Verdict> {
+        let Some(workload) = seen.workload else {
+            return Err(void(format!("patch of {} dropped: it no longer exists", intent.who())));
+        };
+        landed(intent, seen.source)?;
+        let (optin, ops) = wanted(intent, workload, rules)?;
+        held(intent, workload, &optin, now, rules)?;
+        Ok(apply(intent, workload, now, ops))
     };
-    let landed = seen
-        .source
+    judged().unwrap_or_else(|verdict| verdict)
+}
+
+/// The source holds the content the patch was made for: not yet (the
+/// API server has not persisted the change), or no longer.
+fn landed(intent: &PatchIntent, source: Option<&Value>) -> Judged<()> {
+    let (who, id) = (intent.who(), &intent.source);
+    let landed = source
         .and_then(|s| Content::from_object(id.kind, s).ok())
         .is_some_and(|c| c.hash() == intent.content_hash);
-    if !landed {
-        let version = seen
-            .source
-            .and_then(|s| s.pointer("/metadata/resourceVersion"))
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        return if version == intent.source_version {
-            Verdict::Wait(format!(
-                "patch of {who} to {}: the change of {id} is not persisted yet",
-                intent.snapshot
-            ))
-        } else {
-            void(format!(
-                "patch of {who} to {} superseded: {id} changed again",
-                intent.snapshot
-            ))
-        };
+    if landed {
+        return Ok(());
     }
+    let version = source
+        .and_then(|s| s.pointer("/metadata/resourceVersion"))
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    Err(if version == intent.source_version {
+        Verdict::Wait(format!(
+            "patch of {who} to {}: the change of {id} is not persisted yet",
+            intent.snapshot
+        ))
+    } else {
+        void(format!(
+            "patch of {who} to {} superseded: {id} changed again",
+            intent.snapshot
+        ))
+    })
+}
+
+/// The ops that retarget the workload, if it still wants this snapshot:
+/// it watches the source, reads the same keys of it, no rollback came
+/// since or declined this content, and it does not run it already.
+fn wanted(intent: &PatchIntent, workload: &Value, rules: &Rules) -> Judged<(OptIn, Vec<Value>)> {
+    let (who, id) = (intent.who(), &intent.source);
     let annotations = workload.pointer("/metadata/annotations").and_then(Value::as_object);
-    let optin = OptIn::from_annotations(annotations, &rules.settings).ok();
-    let watches = optin.as_ref().is_some_and(|o| o.watches(id, &rules.settings));
-    if !watches {
-        return void(format!("patch of {who} dropped: it no longer watches {id}"));
-    }
+    let Some(optin) = OptIn::from_annotations(annotations, &rules.settings)
+        .ok()
+        .filter(|o| o.watches(id, &rules.settings))
+    else {
+        return Err(void(format!("patch of {who} dropped: it no longer watches {id}")));
+    };
+    let declined = |why: String| Verdict::Drop {
+        reason: format!("patch of {who} to {} dropped: {why}", intent.snapshot),
+        collect: true,
+        notable: true,
+    };
     if let Some(rollback) = Rollback::of(workload).filter(|r| r.count > intent.rollbacks) {
-        return Verdict::Drop {
-            reason: format!(
-                "patch of {who} to {} dropped: a rollback came first (rollback {} after the patch saw {})",
-                intent.snapshot, rollback.count, intent.rollbacks
-            ),
-            collect: true,
-            notable: true,
-        };
+        return Err(declined(format!(
+            "a rollback came first (rollback {} after the patch saw {})",
+            rollback.count, intent.rollbacks
+        )));
     }
     if Rollback::of(workload).is_some_and(|r| r.declined(id) == Some(intent.snapshot.as_str())) {
         // The policy checks the same at the admission, under every name of
         // the content; this catches a review that raced the rollback.
-        return Verdict::Drop {
-            reason: format!(
-                "patch of {who} to {} dropped: a rollback declined this content of {id}",
-                intent.snapshot
-            ),
-            collect: true,
-            notable: true,
-        };
+        return Err(declined(format!("a rollback declined this content of {id}")));
     }
     // The snapshot holds the keys the workload used when the change was
     // seen. A workload since rewritten to use other keys of the source was
     // pinned to them by its own admission: this snapshot would take keys
     // from its containers (a held change outlives such a rewrite).
-    if let Some(now_used) = keys_used(intent, workload) {
-        if now_used != intent.keys {
-            return void(format!(
-                "patch of {who} to {} dropped: {who} uses other keys of {id} since",
-                intent.snapshot
-            ));
-        }
+    if keys_used(intent, workload).is_some_and(|used| used != intent.keys) {
+        return Err(void(format!(
+            "patch of {who} to {} dropped: {who} uses other keys of {id} since",
+            intent.snapshot
+        )));
     }
     let Some(ops) = watch::retarget_ops(intent.kind, workload, id, &intent.snapshot) else {
-        return void(format!("patch of {who} dropped: it no longer uses {id}"));
+        return Err(void(format!("patch of {who} dropped: it no longer uses {id}")));
     };
     let mut patched = workload.clone();
     if let Err(e) = apply_ops(&mut patched, &ops) {
-        return void(format!("patch of {who} dropped: {e}"));
+        return Err(void(format!("patch of {who} dropped: {e}")));
     }
     if patched == *workload {
-        return Verdict::Done(format!("{who} already uses {}", intent.snapshot));
+        return Err(Verdict::Done(format!("{who} already uses {}", intent.snapshot)));
     }
+    Ok((optin, ops))
+}
+
+/// What holds a wanted rollout, in order: its watch mode (notify, or
+/// approve without this snapshot approved), its settle time, a closed
+/// window (unless approved), the storm guard (always).
+fn held(intent: &PatchIntent, workload: &Value, optin: &OptIn, now: i64, rules: &Rules) -> Judged<()> {
+    let id = &intent.source;
+    let annotations = workload.pointer("/metadata/annotations").and_then(Value::as_object);
     let approved = match WatchMode::of(annotations) {
         WatchMode::Roll => false,
-        WatchMode::Notify => return Verdict::Later(now + NOTIFY_RECHECK_SECS, Hold::Notify),
+        WatchMode::Notify => return Err(Verdict::Later(now + NOTIFY_RECHECK_SECS, Hold::Notify)),
         WatchMode::Approve => match Entries::on(annotations, keys::APPROVE).get(id) {
             Some(snapshot) if snapshot == intent.snapshot => true,
             other => {
-                return Verdict::Later(
-                    now + APPROVAL_RECHECK_SECS,
-                    Hold::Approval {
-                        refused: other.map(str::to_string),
-                    },
-                )
+                let refused = other.map(str::to_string);
+                return Err(Verdict::Later(now + APPROVAL_RECHECK_SECS, Hold::Approval { refused }));
             }
         },
     };
     // Settling: a change rolls once its workload's watched sources have
     // been quiet for the settle time, together with every other change
     // recorded by then (the driver adds them to this patch).
-    if let (Some(settle), false) = (optin.as_ref().and_then(|o| o.settle_secs), approved) {
+    if let (Some(settle), false) = (optin.settle_secs, approved) {
         let settle = i64::try_from(settle).unwrap_or(i64::MAX);
         if Entries::on(annotations, keys::PENDING).get(id) != Some(intent.snapshot.as_str()) {
-            return Verdict::Later(now + settle, Hold::Settle { until: now + settle });
+            return Err(Verdict::Later(now + settle, Hold::Settle { until: now + settle }));
         }
         // Never later than a change now would settle: the record is on
         // an object its users write, and must not hold a rollout longer.
         let until = settle_until(workload).min(now + settle);
         if now < until {
-            return Verdict::Later(until, Hold::Settle { until });
+            return Err(Verdict::Later(until, Hold::Settle { until }));
         }
     }
     // A closed window holds the rollout until it opens, unless a person
@@ -309,26 +328,31 @@ pub fn decide_patch(intent: &PatchIntent, seen: &Observed, now: i64, rules: &Rul
         if let Some((opens, why)) = super::window::held(workload, now) {
             // A widened window is a write of the workload, which wakes
             // the hold; the hourly look only bounds a wake that was missed.
-            return Verdict::Later(opens.min(now + WINDOW_RECHECK_SECS), Hold::Window(why));
+            return Err(Verdict::Later(opens.min(now + WINDOW_RECHECK_SECS), Hold::Window(why)));
         }
     }
     if let Some(last) = WatchRollout::of(workload) {
         let free = last.at + rules.watch_min_interval;
         if now < free {
-            return Verdict::Later(free, Hold::StormGuard);
+            return Err(Verdict::Later(free, Hold::StormGuard));
         }
     }
+    Ok(())
+}
+
+/// The rollout: the retargeting `ops`, the watch-rollout record, and the
+/// change taken off the pending record, its approval spent. (A settling
+/// rollout's other changes are taken off by the driver, which adds them.)
+fn apply(intent: &PatchIntent, workload: &Value, now: i64, mut ops: Vec<Value>) -> Verdict {
+    let id = &intent.source;
+    let annotations = workload.pointer("/metadata/annotations").and_then(Value::as_object);
     let record = WatchRollout {
         generation: generation(workload) + 1,
         at: now,
         source: id.clone(),
         snapshot: intent.snapshot.clone(),
     };
-    let mut ops = ops;
     ops.push(annotate(workload, keys::WATCH_ROLLOUT, &record.to_annotation()));
-    // The change is no longer pending, and its approval is spent. (A
-    // settling rollout's other changes are taken off by the driver, which
-    // adds them.)
     for key in [keys::PENDING, keys::APPROVE] {
         let mut entries = Entries::on(annotations, key);
         if entries.get(id).is_some() {

@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use super::metrics::{self, DecisionLabels, OperationLabels, RequestLabels};
+use super::metrics::{self, OperationLabels, RequestLabels};
 use super::prefetch::{self, ObjectOnly};
 use super::scope::RequestScope;
 use super::State;
@@ -279,25 +279,22 @@ fn screen(head: &RequestHeader, request: &RawValue, prover: &Prover) -> Screened
 }
 
 /// The answer that allows a request untouched, without the policy.
-fn untouched(state: &State, uid: &str, decision: &'static str, warning: Option<String>) -> Result<Answer, Failure> {
-    state
-        .metrics
-        .decisions
-        .get_or_create(&DecisionLabels { decision })
-        .inc();
+fn untouched(state: &State, uid: &str, decision: &'static str, warning: Option<String>) -> Answer {
+    state.metrics.decided(decision);
     let mut response = json!({"uid": uid, "allowed": true});
     if let Some(w) = warning {
         response["warnings"] = json!([w]);
     }
-    Ok(Answer {
+    Answer {
         review: json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}),
         allowed: true,
         mutated: None,
-    })
+    }
 }
 
 /// Evaluates one AdmissionRequest (raw JSON) and releases its deferred
-/// effects if it was allowed.
+/// effects if it was allowed: header → gate → capability → policy →
+/// response → effects. Every answer after the header is timed.
 pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
     let started = Instant::now();
     let head = head_of(request)?;
@@ -305,6 +302,7 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
         kind: metrics::kind_label(&head.kind.kind),
         operation: metrics::operation_label(&head.operation),
     };
+    let _timed = state.metrics.time_admission(labels.clone(), started);
     // Every log line of this admission, down to its host calls, carries it.
     let _span = tracing::info_span!(
         "admission",
@@ -314,14 +312,28 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
         namespace = head.namespace.as_deref().unwrap_or_default()
     )
     .entered();
+    let screened = match gate(state, &head, request) {
+        Ok(screened) => screened,
+        Err(answer) => return Ok(*answer),
+    };
+    let request: &RawValue = screened.as_deref().unwrap_or(request);
+    let handler = capability(state, &head, request);
+    let validation = evaluate(state, &head, request, handler.clone())?;
+    let answer = respond(&head, request, &validation)?;
+    release(state, &handler, &answer);
+    log_admission(&head, &labels, &answer, &validation);
+    Ok(answer)
+}
+
+/// What is answered without the policy: a request whose names are not
+/// names, one in a namespace the webhook excludes, a write of one of our
+/// snapshots. What passes goes on as the request the policy reviews: a
+/// forged label is taken off first (`Some`).
+fn gate(state: &State, head: &RequestHeader, request: &RawValue) -> Result<Option<Box<RawValue>>, Box<Answer>> {
     if let Some(why) = head.unnamed() {
         tracing::warn!(uid = %head.uid, "not reviewed: {why}");
-        return untouched(
-            state,
-            &head.uid,
-            "unnamed",
-            Some(format!("config-snapshot: not reviewed: {why}")),
-        );
+        let warning = format!("config-snapshot: not reviewed: {why}");
+        return Err(untouched(state, &head.uid, "unnamed", Some(warning)).into());
     }
     let rules = &state.queue.carry().rules;
     let namespace = head.namespace.as_deref().unwrap_or_default();
@@ -331,20 +343,21 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
     // write the policy asks for (capability): deliberately twice, so that
     // neither check alone is all that stands in the way.
     if rules.excludes(namespace) {
-        return untouched(
-            state,
-            &head.uid,
-            "excluded",
-            Some(format!("config-snapshot does not act in namespace {namespace}")),
-        );
+        let warning = format!("config-snapshot does not act in namespace {namespace}");
+        return Err(untouched(state, &head.uid, "excluded", Some(warning)).into());
     }
-    let screened = match screen(&head, request, &rules.prover) {
-        Screened::Policy => None,
+    match screen(head, request, &rules.prover) {
+        Screened::Policy => Ok(None),
         // A write of one of our snapshots: nothing to decide.
-        Screened::Ours => return untouched(state, &head.uid, "snapshot", None),
-        Screened::Unlabelled(request) => Some(request),
-    };
-    let request: &RawValue = screened.as_deref().unwrap_or(request);
+        Screened::Ours => Err(untouched(state, &head.uid, "snapshot", None).into()),
+        Screened::Unlabelled(request) => Ok(Some(request)),
+    }
+}
+
+/// The host capability this request's policy run calls, its reads begun
+/// ahead of the policy.
+fn capability(state: &State, head: &RequestHeader, request: &RawValue) -> Arc<MeteredCapability> {
+    let carry = state.queue.carry();
     let scope = Arc::new(RequestScope::new(
         state.cluster.clone(),
         head.namespace.as_deref().unwrap_or_default(),
@@ -353,10 +366,9 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
         &head.kind.kind,
         &head.operation,
         request,
-        &state.queue.carry().rules.settings,
+        &carry.rules.settings,
     ));
-    let carry = state.queue.carry();
-    let handler = Arc::new(MeteredCapability {
+    Arc::new(MeteredCapability {
         inner: Capability::new(
             scope,
             Caller {
@@ -371,42 +383,37 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
         )
         .with_budget(state.budget.clone()),
         metrics: state.metrics.clone(),
-    });
+    })
+}
+
+/// Runs the policy's `validate` on the request and the settings.
+fn evaluate(
+    state: &State,
+    head: &RequestHeader,
+    request: &RawValue,
+    handler: Arc<MeteredCapability>,
+) -> Result<Value, Failure> {
     let mut payload = Vec::with_capacity(request.get().len() + state.settings_json.len() + 32);
     payload.extend_from_slice(br#"{"request":"#);
     payload.extend_from_slice(request.get().as_bytes());
     payload.extend_from_slice(br#","settings":"#);
     payload.extend_from_slice(state.settings_json.as_bytes());
     payload.push(b'}');
-    let result = state.engine.call("validate", &payload, handler.clone());
-    let decision = |d: &'static str| {
-        state
-            .metrics
-            .decisions
-            .get_or_create(&DecisionLabels { decision: d })
-            .inc()
-    };
-    let observe = || {
-        state
-            .metrics
-            .latency
-            .get_or_create(&labels)
-            .observe(started.elapsed().as_secs_f64())
-    };
-    let validation: Value = match result
+    state
+        .engine
+        .call("validate", &payload, handler)
         .map_err(anyhow::Error::from)
         .and_then(|bytes| Ok(serde_json::from_slice(&bytes)?))
-    {
-        Ok(v) => v,
-        Err(e) => {
-            decision("error");
-            observe();
-            tracing::error!(uid = %head.uid, kind = labels.kind, "policy evaluation failed: {e:#}");
-            return Err(Failure::Policy(format!(
-                "config-snapshot: policy evaluation failed: {e:#}"
-            )));
-        }
-    };
+        .map_err(|e| {
+            state.metrics.decided("error");
+            tracing::error!(uid = %head.uid, kind = metrics::kind_label(&head.kind.kind), "policy evaluation failed: {e:#}");
+            Failure::Policy(format!("config-snapshot: policy evaluation failed: {e:#}"))
+        })
+}
+
+/// The AdmissionReview answer to the policy's validation: a mutation
+/// becomes a JSON Patch against the request's object.
+fn respond(head: &RequestHeader, request: &RawValue, validation: &Value) -> Result<Answer, Failure> {
     let allowed = validation["accepted"].as_bool().unwrap_or(false);
     let mutated = validation.get("mutated_object").filter(|v| !v.is_null()).cloned();
     let original = match (&mutated, allowed) {
@@ -415,27 +422,41 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
             .unwrap_or(Value::Null),
         _ => Value::Null,
     };
-    let response = crate::review::response(
+    let review = crate::review::response(
         &json!({"uid": head.uid, "object": original}),
-        &validation,
+        validation,
         mutated.as_ref(),
     )
     .map_err(|e| Failure::Policy(format!("config-snapshot: encoding the response: {e}")))?;
-    // The request's effects wait for the webhook's answer: a refused
-    // request leaves none behind.
+    Ok(Answer {
+        review,
+        allowed,
+        mutated,
+    })
+}
+
+/// The request's effects wait for the webhook's answer: a refused request
+/// leaves none behind.
+fn release(state: &State, handler: &MeteredCapability, answer: &Answer) {
     let staged = handler.inner.take_staged();
-    if allowed {
-        for effect in staged {
-            state.queue.submit(effect);
-        }
-        decision(if mutated.is_some() { "mutated" } else { "allowed" });
-    } else {
-        decision("denied");
+    if !answer.allowed {
+        state.metrics.decided("denied");
+        return;
     }
-    observe();
-    // The resync re-admits every watched source each pass: at info level
-    // that would drown the admissions users make.
-    macro_rules! admission_log {
+    for effect in staged {
+        state.queue.submit(effect);
+    }
+    state
+        .metrics
+        .decided(if answer.mutated.is_some() { "mutated" } else { "allowed" });
+}
+
+/// One line per admission. The resync re-admits every watched source each
+/// pass: at info level that would drown the admissions users make.
+fn log_admission(head: &RequestHeader, labels: &RequestLabels, answer: &Answer, validation: &Value) {
+    let warnings = validation["warnings"].as_array().map_or(0, Vec::len);
+    // `tracing::event!` takes its level as a constant.
+    macro_rules! at {
         ($level:expr) => {
             tracing::event!(
                 $level,
@@ -443,23 +464,18 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
                 kind = labels.kind,
                 operation = labels.operation,
                 namespace = head.namespace.as_deref().unwrap_or(""),
-                allowed,
-                mutated = mutated.is_some(),
-                warnings = validation["warnings"].as_array().map_or(0, Vec::len),
+                allowed = answer.allowed,
+                mutated = answer.mutated.is_some(),
+                warnings,
                 "admission"
             )
         };
     }
     if head.uid.starts_with(UID_PREFIX) {
-        admission_log!(tracing::Level::DEBUG);
+        at!(tracing::Level::DEBUG);
     } else {
-        admission_log!(tracing::Level::INFO);
+        at!(tracing::Level::INFO);
     }
-    Ok(Answer {
-        review: response,
-        allowed,
-        mutated,
-    })
 }
 
 /// The capability, with its failures counted and logged. Only the error

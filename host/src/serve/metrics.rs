@@ -2,6 +2,8 @@
 //! names or request fields verbatim), so a hostile request cannot blow up
 //! the series count, and no label can carry Secret data.
 
+use std::time::Instant;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -117,6 +119,10 @@ fn latency_buckets() -> Histogram {
 }
 
 impl Default for Metrics {
+    #[expect(
+        clippy::too_many_lines,
+        reason = "a table: each metric registered with its help text"
+    )]
     fn default() -> Self {
         let mut registry = Registry::with_prefix("config_snapshot");
         let latency: HistogramFamily = Family::new_with_constructor(latency_buckets);
@@ -270,6 +276,21 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Counts one AdmissionReview answer.
+    pub fn decided(&self, decision: &'static str) {
+        self.decisions.get_or_create(&DecisionLabels { decision }).inc();
+    }
+
+    /// Times one admission from `started` until the guard drops, whichever
+    /// way it ends.
+    pub fn time_admission(&self, labels: RequestLabels, started: Instant) -> AdmissionTimer<'_> {
+        AdmissionTimer {
+            metrics: self,
+            labels,
+            started,
+        }
+    }
+
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing to a String cannot fail.
@@ -303,6 +324,22 @@ pub fn host_operation_label(operation: &str) -> &'static str {
         .into_iter()
         .find(|o| o.name() == operation)
         .map_or("other", |o| o.name())
+}
+
+/// Observes an admission's duration when dropped ([`Metrics::time_admission`]).
+pub struct AdmissionTimer<'a> {
+    metrics: &'a Metrics,
+    labels: RequestLabels,
+    started: Instant,
+}
+
+impl Drop for AdmissionTimer<'_> {
+    fn drop(&mut self) {
+        self.metrics
+            .latency
+            .get_or_create(&self.labels)
+            .observe(self.started.elapsed().as_secs_f64());
+    }
 }
 
 #[cfg(test)]

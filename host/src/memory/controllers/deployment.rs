@@ -15,6 +15,10 @@ impl Simulator {
     /// Paused (`spec.paused`), it makes no ReplicaSet and scales nothing: a
     /// template that matches an existing ReplicaSet makes it current again,
     /// but the pods stay where they are until the Deployment is resumed.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the Deployment controller's sync, step for step as kube-controller-manager's syncDeployment; split it with the simulator's move (issue 44)"
+    )]
     pub(super) fn reconcile_deployment(&self, deployment: &Value) -> Result<()> {
         let ns = deployment["metadata"]["namespace"]
             .as_str()
