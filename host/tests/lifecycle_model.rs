@@ -16,7 +16,8 @@
 //! - I7 nothing rolls outside a window: a watch rollout of a workload with
 //!   a rollout window (and not in approve mode) happens while the window is open (checked by
 //!   arithmetic on [`WINDOW`], not by the code under test), and I4 holds
-//!   for it once a whole window cycle was quiet.
+//!   for it once a whole window cycle was quiet after the first quiet
+//!   advance (whose closing pass re-derives a rollout lost to a fault).
 //! - I8 nothing rolls without its say: a workload in watch mode `notify`
 //!   never watch-rolls, and one in `approve` mode rolls only to a snapshot
 //!   the history approved for it (the model keeps what it approved, not
@@ -38,10 +39,10 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use config_snapshot::engine::Engine;
-use config_snapshot::invariants;
 use config_snapshot::proof::Prover;
+use config_snapshot::replay::invariants;
+use config_snapshot::replay::scenario::{Scenario, Step};
 use config_snapshot::replay::Session;
-use config_snapshot::scenario::{Scenario, Step};
 use config_snapshot_policy::approval::{Entries, WatchMode};
 use config_snapshot_policy::content::Content;
 use config_snapshot_policy::keys;
@@ -185,11 +186,12 @@ fn op() -> impl Strategy<Value = Op> {
     .boxed()
 }
 
-/// Histories end quiet (two long waits), so I2 and I4 are always checked.
+/// Histories end quiet (three long waits), so I2 and I4 are always
+/// checked, I4 of a windowed workload too: a whole window cycle after the
+/// first wait's pass.
 fn history() -> impl Strategy<Value = Vec<Op>> {
     prop::collection::vec(op(), 1..40).prop_map(|mut ops| {
-        ops.push(Op::Advance { secs: 700 });
-        ops.push(Op::Advance { secs: 700 });
+        ops.extend((0..3).map(|_| Op::Advance { secs: 700 }));
         ops
     })
 }
@@ -457,8 +459,10 @@ struct Model<'a> {
     steps: Vec<Value>,
     /// (workload, source) → the snapshot a rollback pinned, and when.
     pins: HashMap<(usize, SourceId), (Option<String>, i64)>,
-    /// Consecutive quiet advances and the time they add up to.
-    quiet: (usize, i64),
+    /// Consecutive quiet advances, the time they add up to, and the time
+    /// after the first of them: the pass that closes the first re-derives a
+    /// rollout lost to a fault, and only then can its window be awaited.
+    quiet: (usize, i64, i64),
     /// Workload name → the first rollout of its current incarnation.
     incarnations: HashMap<&'static str, usize>,
     /// How many watch rollouts I7 has judged.
@@ -574,7 +578,7 @@ impl Model<'_> {
         }
         for (s, before) in contents_before.iter().enumerate() {
             if *before != self.source_content(s) {
-                self.quiet = (0, 0);
+                self.quiet = (0, 0, 0);
                 let id = source_id(s);
                 let watchers: Vec<usize> = (0..WORKLOADS.len())
                     .filter(|w| {
@@ -708,10 +712,11 @@ impl Model<'_> {
 
         match op {
             Op::Advance { secs } if !faults_before && !faults_after && *secs >= 2 * INTERVAL => {
-                self.quiet = (self.quiet.0 + 1, self.quiet.1 + secs);
+                let after_first = if self.quiet.0 == 0 { 0 } else { self.quiet.2 + secs };
+                self.quiet = (self.quiet.0 + 1, self.quiet.1 + secs, after_first);
             }
-            Op::Advance { .. } | Op::Scale { .. } => self.quiet = (0, 0),
-            _ => self.quiet = (0, 0),
+            Op::Advance { .. } | Op::Scale { .. } => self.quiet = (0, 0, 0),
+            _ => self.quiet = (0, 0, 0),
         }
         // I2, once a quiet advance passed the grace period (and ended with
         // a resync).
@@ -741,8 +746,9 @@ impl Model<'_> {
                 continue;
             }
             // A windowed workload rolls only when its window opens: judged
-            // once a whole window cycle (20 minutes) was quiet.
-            if windowed(&workload) && self.quiet.1 < 1200 + 4 * INTERVAL {
+            // once a whole window cycle (20 minutes) was quiet after the
+            // pass that re-derives a lost rollout.
+            if windowed(&workload) && self.quiet.2 < 1200 + 4 * INTERVAL {
                 continue;
             }
             // Notify and approve wait for a person (I8 judges them).
@@ -802,7 +808,7 @@ fn check(history: &[Op], warn: bool, outputs: &mut Vec<String>) -> Result<Vec<Va
         settings: Settings::from_json(settings_json.to_string().as_bytes()).unwrap(),
         steps: Vec::new(),
         pins: HashMap::new(),
-        quiet: (0, 0),
+        quiet: (0, 0, 0),
         incarnations: HashMap::new(),
         judged_rollouts: 0,
         approved: Default::default(),
