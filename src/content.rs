@@ -200,6 +200,7 @@ pub fn snapshot_object(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::object::ObjectExt;
     use crate::selection::is_dns_subdomain;
 
     fn cm(data: &[(&str, &str)]) -> Content {
@@ -338,8 +339,8 @@ mod tests {
         assert_eq!(obj["metadata"]["name"], "x-0123456789");
         assert_eq!(obj["immutable"], true);
         assert_eq!(obj["type"], "kubernetes.io/tls");
-        assert_eq!(obj["metadata"]["labels"].as_object().unwrap().len(), 2);
-        let label = obj["metadata"]["labels"][keys::SOURCE_LABEL].as_str().unwrap();
+        assert_eq!(obj.labels().unwrap().len(), 2);
+        let label = obj.label(keys::SOURCE_LABEL).unwrap();
         assert!(label.len() <= 63);
         assert!(
             obj["metadata"]["annotations"].get(keys::CONTENT_HASH).is_none(),

@@ -1,6 +1,7 @@
 //! An in-memory host for unit tests: a handful of objects, the write
 //! capability, a settable clock, injectable failures, and a log of calls.
 
+use crate::object::ObjectExt;
 use std::cell::RefCell;
 use std::collections::HashMap;
 
@@ -136,7 +137,7 @@ impl FakeHost {
         selector.is_none_or(|s| {
             s.split(',').all(|pair| {
                 let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-                object["metadata"]["labels"][k].as_str() == Some(v)
+                object.label(k) == Some(v)
             })
         })
     }

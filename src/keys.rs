@@ -3,6 +3,7 @@
 //! They live in one place because the host, the docs and the tests all key off
 //! the exact strings; a typo here is a silent behaviour change.
 
+use crate::object::ObjectExt;
 pub const PREFIX: &str = "config-snapshot.io/";
 
 // Workload annotations (user input).
@@ -67,7 +68,7 @@ pub const CONTROLLER_TEMPLATE_LABELS: [&str; 5] = [
 /// invariants, the sweep, adoption and the resync all decide "ours or not"
 /// by this one test.
 pub fn is_snapshot(object: &serde_json::Value) -> bool {
-    object["metadata"]["labels"][MANAGED_BY].as_str() == Some(MANAGED_BY_VALUE)
+    object.label(MANAGED_BY) == Some(MANAGED_BY_VALUE)
 }
 
 /// The source a snapshot was taken from, if `object` is one: recognised by
@@ -77,9 +78,7 @@ pub fn snapshot_source(object: &serde_json::Value) -> Option<&str> {
     if !is_snapshot(object) {
         return None;
     }
-    object["metadata"]["annotations"][SOURCE_NAME]
-        .as_str()
-        .filter(|s| !s.is_empty())
+    object.annotation(SOURCE_NAME).filter(|s| !s.is_empty())
 }
 
 /// Whether a pod template annotation is one the policy writes (and so must be

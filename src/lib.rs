@@ -15,6 +15,7 @@ pub mod host;
 pub mod host_error;
 pub mod keys;
 pub mod kinds;
+pub mod object;
 pub mod operation;
 pub mod optin;
 pub mod plan;

@@ -11,6 +11,7 @@
 //! controller, is planned as a workload instead ([`standalone`]): its
 //! sources are snapshotted, and it adopts them the same way.
 
+use crate::object::ObjectExt;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
@@ -34,10 +35,7 @@ pub fn admit(ctx: &Context, revision: &Kind, raw: &RawValue) -> Outcome {
     if snapshots.is_empty() {
         return Outcome::accept();
     }
-    let name = object
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
+    let name = object.name();
     adopt(ctx, revision, name, snapshots)
 }
 

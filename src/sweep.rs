@@ -6,6 +6,7 @@
 //! timed sweep (serve's resync, replay's `advanceTime`) makes exactly the
 //! same choices as the sweep the policy runs when it makes a snapshot.
 
+use crate::object::ObjectExt;
 use std::collections::BTreeSet;
 
 use serde_json::Value;
@@ -121,7 +122,7 @@ pub fn sweep(ctx: &Context, source: &SourceId, keep: &str) {
     let candidates: Vec<&Value> = snapshots
         .iter()
         .filter(|s| {
-            s["metadata"]["name"].as_str() != Some(keep)
+            s.meta_str("name") != Some(keep)
                 && keys::snapshot_source(s) == Some(source.name.as_str())
                 && is_orphan(
                     s,
@@ -168,6 +169,7 @@ fn referenced_names(ctx: &Context, kind: SourceKind) -> Option<BTreeSet<String>>
 
 #[cfg(test)]
 mod tests {
+    use crate::object::ObjectExt;
     use serde_json::{json, Value};
 
     use super::{must_mark_reuse, REUSE_MARGIN_SECS};
@@ -194,7 +196,7 @@ mod tests {
     }
 
     fn name(obj: &Value) -> String {
-        obj["metadata"]["name"].as_str().unwrap().to_string()
+        obj.meta_str("name").unwrap().to_string()
     }
 
     fn sweep(host: &FakeHost, keep: &str) {

@@ -6,6 +6,7 @@
 //! the common cases (a snapshot, an excluded source, a metadata-only edit)
 //! return before anything beyond the content is parsed.
 
+use crate::object::ObjectExt;
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
@@ -225,7 +226,7 @@ pub fn watcher(kind: WorkloadKind, workload: &Value, id: &SourceId, settings: &c
     else {
         return Watcher::Unreferenced;
     };
-    let annotations = workload.pointer("/metadata/annotations").and_then(Value::as_object);
+    let annotations = workload.annotations();
     match OptIn::from_annotations(annotations, settings) {
         Ok(optin) if optin.watches(id, settings) => Watcher::Watches(group),
         _ => Watcher::NotWatched(group),
@@ -245,10 +246,7 @@ fn roll_out_one(
     };
     let keys = group.key_subset();
     let subset = content.subset(keys.as_ref());
-    let workload_name = workload
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
+    let workload_name = workload.name();
     let mut current: Vec<&str> = group
         .refs
         .iter()
@@ -292,7 +290,7 @@ fn roll_out_one(
         "apiVersion": kind.api_version(),
         "kind": kind.kind(),
         "name": workload_name,
-        "resourceVersion": workload.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or_default(),
+        "resourceVersion": workload.resource_version(),
         // The rollbacks this was decided after: one more voids it.
         "rollbacks": Rollback::count_of(workload),
         "patch": patch,

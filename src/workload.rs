@@ -2,6 +2,7 @@
 //! opted-in sources and rewrite the pod template to reference the
 //! snapshots. [`crate::plan`] decides; this module carries it out.
 
+use crate::object::ObjectExt;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
@@ -84,11 +85,8 @@ fn prepare(
         return Err(keep_records(&quick, raw, old_raw.filter(|_| operation == "UPDATE")).into());
     }
     let object: Value = serde_json::from_str(raw.get()).map_err(invalid)?;
-    let optin = OptIn::from_annotations(
-        object.pointer("/metadata/annotations").and_then(Value::as_object),
-        ctx.settings,
-    )
-    .map_err(|e| Outcome::reject(format!("{SAY}{e}"), 400))?;
+    let optin = OptIn::from_annotations(object.annotations(), ctx.settings)
+        .map_err(|e| Outcome::reject(format!("{SAY}{e}"), 400))?;
     if object.pointer(kind.template()).is_none() {
         return Err(Outcome::accept().into());
     }
@@ -328,10 +326,7 @@ fn too_many_sources(ctx: &Context, kind: WorkloadKind, object: &Value) -> Option
 }
 
 fn name_of(object: &Value) -> &str {
-    object
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
+    object.name()
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! Unit tests for workload admission, against the in-memory fake host.
 
+use crate::object::ObjectExt;
 use serde_json::{json, Value};
 
 use crate::fake::FakeHost;
@@ -888,7 +889,7 @@ fn a_created_workload_drops_records_copied_from_another() {
     let out = create(&host, &deployment(annotations, env_from_cm("app")))
         .mutated
         .unwrap();
-    let ann = out["metadata"]["annotations"].as_object().unwrap();
+    let ann = out.annotations().unwrap();
     assert!(
         !ann.contains_key(keys::ROLLBACK) && !ann.contains_key(keys::WATCH_ROLLOUT),
         "{ann:?}"

@@ -4,6 +4,7 @@
 //! panics, which the fuzzer reports. host/tests/fuzz_bodies.rs runs the same
 //! bodies on proptest's inputs, so they build and hold on every CI run.
 
+use config_snapshot_policy::object::ObjectExt;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -58,8 +59,8 @@ fn everything(shared: &Shared) -> BTreeMap<(String, String, String), Value> {
         .map(|o| {
             let key = (
                 o["kind"].as_str().unwrap_or_default().to_string(),
-                o["metadata"]["namespace"].as_str().unwrap_or_default().to_string(),
-                o["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+                o.namespace().unwrap_or_default().to_string(),
+                o.name().to_string(),
             );
             (key, o.clone())
         })
@@ -79,7 +80,7 @@ pub fn capability_call(operation: u8, payload: &[u8]) {
     let prover = prover();
     let mut forged = snapshot(&prover, CALLER_NS, "real");
     forged["data"]["v"] = json!("tampered");
-    let forged_name = forged["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let forged_name = forged.name().to_string();
     let shared = Arc::new(stored(&[
         json!({"apiVersion": "v1", "kind": "ConfigMap",
                "metadata": {"name": "app", "namespace": CALLER_NS}, "data": {"v": "1"}}),

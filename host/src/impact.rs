@@ -8,6 +8,7 @@
 //! as a cluster or a replayed scenario has them. Secret values never leave
 //! here: their keys are compared by digest and shown by name.
 
+use config_snapshot_policy::object::ObjectExt;
 use std::collections::BTreeSet;
 
 use anyhow::{anyhow, bail, Result};
@@ -73,7 +74,7 @@ pub fn stored_form(mut manifest: Value) -> Result<(SourceKind, Value)> {
     let Some(kind) = manifest["kind"].as_str().and_then(SourceKind::from_kind) else {
         bail!("plan reads a ConfigMap or a Secret, not {}", manifest["kind"]);
     };
-    if manifest["metadata"]["name"].as_str().is_none_or(str::is_empty) {
+    if manifest.meta_str("name").is_none_or(str::is_empty) {
         bail!("the {} has no metadata.name", kind.kind());
     }
     if keys::is_snapshot(&manifest) {
@@ -108,7 +109,7 @@ pub fn impact(
         .as_str()
         .and_then(SourceKind::from_kind)
         .ok_or_else(|| anyhow!("not a ConfigMap or Secret"))?;
-    let name = new["metadata"]["name"].as_str().unwrap_or_default();
+    let name = new.name();
     let id = SourceId::new(kind, name.to_string());
     let content = Content::from_object(kind, new).map_err(|e| anyhow!("{}/{name}: {e}", kind.tag()))?;
     let (before, after) = (live.map(|l| Values::of(kind, l)), Values::of(kind, new));
@@ -128,11 +129,7 @@ pub fn impact(
         let (rolls, snapshot, why) = decide(wkind, workload, &id, &group, &content, &changes, judging);
         let template = workload.pointer(wkind.template()).unwrap_or(&Value::Null);
         impacts.push(WorkloadImpact {
-            workload: format!(
-                "{}/{}",
-                wkind.kind().to_ascii_lowercase(),
-                workload["metadata"]["name"].as_str().unwrap_or_default()
-            ),
+            workload: format!("{}/{}", wkind.kind().to_ascii_lowercase(), workload.name()),
             references: group.refs.iter().map(|r| describe(template, r)).collect(),
             reads,
             rolls,
@@ -192,7 +189,7 @@ fn decide(
         now,
     } = *judging;
     let stays = |why: String| (false, None, why);
-    let annotations = workload.pointer("/metadata/annotations").and_then(Value::as_object);
+    let annotations = workload.annotations();
     let optin = match OptIn::from_annotations(annotations, settings) {
         Ok(optin) => optin,
         Err(e) => return stays(format!("its config-snapshot annotations do not parse: {e}")),

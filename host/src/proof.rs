@@ -23,6 +23,7 @@
 //! that did not sign signs its earlier snapshots once, by a command an
 //! operator runs (`config-snapshot keys sign-unsigned`).
 
+use config_snapshot_policy::object::ObjectExt;
 use std::fmt;
 use std::ops::Deref;
 use std::sync::{Arc, RwLock};
@@ -235,7 +236,7 @@ pub enum Unproven {
 }
 
 fn annotation<'a>(object: &'a Value, key: &str) -> Option<&'a str> {
-    object["metadata"]["annotations"][key].as_str()
+    object.annotation(key)
 }
 
 /// What a MAC covers: the parts, each ended by a NUL (no part holds one:
@@ -413,8 +414,8 @@ impl Prover {
             (SourceKind::ConfigMap, None) => return Err(Unproven::Content),
             _ => {}
         }
-        let name = object["metadata"]["name"].as_str().unwrap_or_default();
-        let namespace = object["metadata"]["namespace"].as_str().unwrap_or_default();
+        let name = object.name();
+        let namespace = object.namespace().unwrap_or_default();
         if !self.names_for(kind, namespace, source, &hash).iter().any(|n| n == name) {
             return Err(Unproven::Name);
         }

@@ -9,6 +9,7 @@
 //! returns every workload the policy would have found in a full list. It may return more (a workload referencing the
 //! source without watching it): the policy decides.
 
+use config_snapshot_policy::object::ObjectExt;
 use std::collections::{BTreeSet, HashMap};
 
 use config_snapshot_policy::kinds::WorkloadKind;
@@ -33,8 +34,8 @@ impl Referrers {
         let Some(kind) = object["kind"].as_str().filter(|k| WorkloadKind::from_kind(k).is_some()) else {
             return;
         };
-        let ns = object["metadata"]["namespace"].as_str().unwrap_or("default");
-        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        let ns = object.namespace().unwrap_or("default");
+        let name = object.name();
         self.forget(kind, ns, name);
         let sources = sources_of(object);
         for id in &sources {

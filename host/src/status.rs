@@ -6,6 +6,7 @@
 
 use config_snapshot_policy::approval::{Entries, WatchMode};
 use config_snapshot_policy::keys;
+use config_snapshot_policy::object::ObjectExt;
 use config_snapshot_policy::records::{Rollback, WatchRollout};
 use serde::Serialize;
 use serde_json::Value;
@@ -48,7 +49,7 @@ fn listed(entries: &Entries) -> Vec<(String, String)> {
 
 /// The status of `workload` (as stored) at `now`.
 pub fn status(target: &Target, workload: &Value, now: i64) -> Status {
-    let annotations = workload.pointer("/metadata/annotations").and_then(Value::as_object);
+    let annotations = workload.annotations();
     let text = |key: &str| annotations.and_then(|a| a.get(key)).and_then(Value::as_str);
     let rollout_window = text(keys::ROLLOUT_WINDOW).map(|schedule| Window {
         schedule: schedule.to_string(),
@@ -57,10 +58,7 @@ pub fn status(target: &Target, workload: &Value, now: i64) -> Status {
     });
     Status {
         workload: target.to_string(),
-        namespace: workload["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
+        namespace: workload.namespace().unwrap_or_default().to_string(),
         watch: text(keys::WATCH).map(str::to_string),
         watch_mode: WatchMode::of(annotations).name(),
         settle: text(keys::SETTLE).map(|s| {
@@ -142,7 +140,7 @@ pub enum ApproveError {
 /// An approval must name what is pending now: a snapshot the user saw
 /// whose source has since changed again is refused.
 pub fn approval(target: &Target, workload: &Value, only: &[String]) -> Result<Entries, ApproveError> {
-    let annotations = workload.pointer("/metadata/annotations").and_then(Value::as_object);
+    let annotations = workload.annotations();
     let name = target.to_string();
     let mode = WatchMode::of(annotations);
     if mode != WatchMode::Approve {

@@ -3,6 +3,7 @@
 //! `invariants`, …) are the same either way, so a scenario's assertions
 //! judge replay and a real control plane alike.
 
+use config_snapshot_policy::object::ObjectExt;
 use std::collections::HashSet;
 
 use serde_json::Value;
@@ -58,10 +59,7 @@ impl View for Objects {
         let revisions = workload_kind.revisions();
         let number = |r: &Value| -> i64 {
             match workload_kind.revision_annotation() {
-                Some(annotation) => r["metadata"]["annotations"][annotation]
-                    .as_str()
-                    .and_then(|n| n.parse().ok())
-                    .unwrap_or(0),
+                Some(annotation) => r.annotation(annotation).and_then(|n| n.parse().ok()).unwrap_or(0),
                 None => r["revision"].as_i64().unwrap_or(0),
             }
         };

@@ -2,6 +2,7 @@
 //! admission", step 4): judged on the normalised templates, and against
 //! the workload's revisions when only a revision can tell a rollback.
 
+use crate::object::ObjectExt;
 use serde_json::Value;
 
 use super::{Change, Planner, RevisionMatch};
@@ -64,7 +65,7 @@ impl Planner<'_> {
         known: &Snapshots,
         warnings: &mut Vec<String>,
     ) -> RevisionMatch {
-        let uid = self.object.pointer("/metadata/uid").and_then(Value::as_str);
+        let uid = self.object.uid();
         let selector = label_selector(self.object.pointer("/spec/selector/matchLabels"));
         let revision = self.kind.revisions();
         let template_mask = revision

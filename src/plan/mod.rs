@@ -16,6 +16,7 @@
 mod judge;
 mod record;
 
+use crate::object::ObjectExt;
 use serde_json::Value;
 
 use crate::content::{self, Content};
@@ -144,7 +145,7 @@ impl<'a> Planner<'a> {
 
     /// What the live object opted in, before this write.
     fn old_optin(&self) -> Option<OptIn> {
-        let annotations = self.old?.pointer("/metadata/annotations").and_then(Value::as_object);
+        let annotations = self.old?.annotations();
         OptIn::from_annotations(annotations, self.settings).ok()
     }
 

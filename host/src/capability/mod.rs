@@ -22,6 +22,7 @@ mod reads;
 mod snapshot;
 mod writes;
 
+use config_snapshot_policy::object::ObjectExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -207,7 +208,7 @@ impl Capability {
 
     /// Remembers a source this admission read fresh.
     fn remember(&self, kind: SourceKind, object: &Value) {
-        let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let name = object.name().to_string();
         self.stored
             .lock()
             .unwrap_or_else(|e| e.into_inner())

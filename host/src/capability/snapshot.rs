@@ -9,6 +9,7 @@ use config_snapshot_policy::duration::format_rfc3339;
 use config_snapshot_policy::host_error::{Code, HostError};
 use config_snapshot_policy::keys;
 use config_snapshot_policy::kinds::WorkloadKind;
+use config_snapshot_policy::object::ObjectExt;
 use config_snapshot_policy::operation::{Operation, SNAPSHOTS_PER_CALL};
 use config_snapshot_policy::plan::SA_TOKEN;
 use config_snapshot_policy::rewrite::annotation_path;
@@ -117,11 +118,11 @@ impl Capability {
             .as_str()
             .and_then(SourceKind::from_kind)
             .ok_or_else(|| refused("refused: a snapshot is a ConfigMap or a Secret"))?;
-        let name = proposed["metadata"]["name"]
-            .as_str()
+        let name = proposed
+            .meta_str("name")
             .ok_or_else(|| refused("refused: a snapshot needs a name"))?
             .to_string();
-        match proposed["metadata"]["namespace"].as_str() {
+        match proposed.namespace() {
             None => {}
             Some(ns) if ns == self.caller.namespace => {}
             Some(ns) => {
@@ -136,9 +137,7 @@ impl Capability {
         }
         let content =
             Content::from_object(kind, proposed).map_err(|e| refused(format!("refused: snapshot {name}: {e}")))?;
-        let source = proposed["metadata"]["annotations"][keys::SOURCE_NAME]
-            .as_str()
-            .unwrap_or_default();
+        let source = proposed.annotation(keys::SOURCE_NAME).unwrap_or_default();
         let source = source_name(source)?.to_string();
         let ns = &self.caller.namespace;
         let hash_said = &proposed["metadata"]["annotations"][keys::CONTENT_HASH];
@@ -150,9 +149,7 @@ impl Capability {
             )));
         }
         self.check_stored(&source, &name, &content)?;
-        let version = proposed["metadata"]["annotations"][keys::SOURCE_RESOURCE_VERSION]
-            .as_str()
-            .unwrap_or_default();
+        let version = proposed.annotation(keys::SOURCE_RESOURCE_VERSION).unwrap_or_default();
         let version: String = version.chars().filter(char::is_ascii_digit).take(20).collect();
         let id = SourceId::new(kind, &source);
         let mut object = snapshot_object(&id, ns, &name, &version, &content);
@@ -297,7 +294,7 @@ impl Capability {
                 self.stage(Effect::Adopt {
                     namespace: self.caller.namespace.clone(),
                     owner_kind: owner["kind"].as_str().unwrap_or_default().to_string(),
-                    owner_name: owner["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+                    owner_name: owner.name().to_string(),
                     snapshots: vec![(kind.kind().to_string(), name.to_string())],
                     stored_as: Some(self.stored_as()),
                 });

@@ -271,7 +271,7 @@ fn a_reuse_is_marked_unless_a_fresh_read_shows_the_sweep_a_margin_away() {
         .get("ConfigMap", "team-a", &name_of(&gone))
         .unwrap()
         .unwrap();
-    let uid = stale["metadata"]["uid"].as_str().unwrap().to_string();
+    let uid = stale.uid().unwrap().to_string();
     cached
         .cluster
         .delete(
@@ -298,7 +298,7 @@ fn a_reuse_is_marked_unless_a_fresh_read_shows_the_sweep_a_margin_away() {
 }
 
 pub(super) fn name_of(object: &Value) -> String {
-    object["metadata"]["name"].as_str().unwrap().to_string()
+    object.meta_str("name").unwrap().to_string()
 }
 
 #[test]
@@ -355,7 +355,7 @@ fn what_the_host_creates_is_built_not_copied() {
     assert!(made["metadata"].get("finalizers").is_none(), "{made}");
     assert_eq!(made["metadata"]["labels"][keys::MANAGED_BY], keys::MANAGED_BY_VALUE);
     assert!(made["metadata"]["labels"].get("team").is_none(), "{made}");
-    let annotations = made["metadata"]["annotations"].as_object().unwrap();
+    let annotations = made.annotations().unwrap();
     assert!(!annotations.contains_key("kubectl.kubernetes.io/last-applied-configuration"));
     assert_eq!(annotations[keys::SOURCE_RESOURCE_VERSION], "12");
     assert!(cap.rules.prover.proves(&made), "signed: {made}");

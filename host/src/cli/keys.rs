@@ -14,6 +14,7 @@
 //!
 //! serve's replicas watch the Secret and use a changed ring at once.
 
+use config_snapshot_policy::object::ObjectExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -174,8 +175,8 @@ async fn sign_unsigned(client: &Client, prover: &Prover, namespaces: &[String], 
             }
             found += 1;
             let kind = object["kind"].as_str().unwrap_or_default().to_string();
-            let ns = object["metadata"]["namespace"].as_str().unwrap_or_default().to_string();
-            let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            let ns = object.namespace().unwrap_or_default().to_string();
+            let name = object.name().to_string();
             println!("{kind} {ns}/{name}: unsigned");
             if !sign {
                 continue;

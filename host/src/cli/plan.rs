@@ -2,6 +2,7 @@
 //! the current kubeconfig's cluster or from a replayed scenario; nothing is
 //! written (`config_snapshot::impact`).
 
+use config_snapshot_policy::object::ObjectExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -46,7 +47,7 @@ fn manifest(path: &PathBuf) -> Result<Value> {
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let (kind, new) = stored_form(manifest(&args.file)?)?;
-    let name = new["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let name = new.name().to_string();
     let impact = match args.from.replayed()? {
         Some(sim) => {
             let namespace = namespace_of(&new, args.from.namespace.clone(), "default");
@@ -92,8 +93,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
 }
 
 fn namespace_of(new: &Value, flag: Option<String>, default: &str) -> String {
-    new["metadata"]["namespace"]
-        .as_str()
+    new.namespace()
         .map(str::to_string)
         .or(flag)
         .unwrap_or_else(|| default.to_string())

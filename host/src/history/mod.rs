@@ -21,6 +21,7 @@ use anyhow::{anyhow, bail, Result};
 use config_snapshot_policy::checksum::checksum_key;
 use config_snapshot_policy::keys;
 use config_snapshot_policy::kinds::{self, WorkloadKind};
+use config_snapshot_policy::object::ObjectExt;
 use config_snapshot_policy::references;
 use config_snapshot_policy::template::{self, Snapshots};
 use serde::Serialize;
@@ -161,14 +162,14 @@ pub fn history(cluster: &dyn View, target: &Target, namespace: &str, now: i64) -
         }
         revisions.push(Revision {
             revision: number,
-            name: object["metadata"]["name"].as_str().unwrap_or_default().to_string(),
-            age_seconds: object["metadata"]["creationTimestamp"]
-                .as_str()
+            name: object.name().to_string(),
+            age_seconds: object
+                .creation_timestamp()
                 .and_then(config_snapshot_policy::duration::parse_rfc3339)
                 .map(|t| (now - t).max(0)),
             current: Some(number) == newest,
-            rollback_of: object["metadata"]["annotations"][REVISION_HISTORY_ANNOTATION]
-                .as_str()
+            rollback_of: object
+                .annotation(REVISION_HISTORY_ANNOTATION)
                 .map(|h| h.split(',').filter_map(|n| n.trim().parse().ok()).collect())
                 .unwrap_or_default(),
             images: template["spec"]["containers"]
@@ -195,8 +196,8 @@ pub fn history(cluster: &dyn View, target: &Target, namespace: &str, now: i64) -
 /// which have no number, their order of creation (1 the oldest kept).
 fn numbered(target: &Target, mut kept: Vec<Value>) -> Vec<(i64, Value)> {
     let number = |revision: &Value| match (target.kind.revision_annotation(), target.revision_kind()) {
-        (Some(annotation), _) => revision["metadata"]["annotations"][annotation]
-            .as_str()
+        (Some(annotation), _) => revision
+            .annotation(annotation)
             .and_then(|n| n.parse().ok())
             .unwrap_or(0),
         (None, "ControllerRevision") => revision["revision"].as_i64().unwrap_or(0),
@@ -204,11 +205,8 @@ fn numbered(target: &Target, mut kept: Vec<Value>) -> Vec<(i64, Value)> {
     };
     let created = |r: &Value| {
         (
-            r["metadata"]["creationTimestamp"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
-            r["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+            r.creation_timestamp().unwrap_or_default().to_string(),
+            r.name().to_string(),
         )
     };
     kept.sort_by_cached_key(|r| (number(r), created(r)));
@@ -230,7 +228,7 @@ fn sources_of(cluster: &dyn View, namespace: &str, template: &Value) -> Vec<Sour
         }
         if let Some(object) = cluster.get(r.kind.kind(), namespace, &r.name) {
             if keys::is_snapshot(&object) {
-                if let Some(source) = object["metadata"]["annotations"][keys::SOURCE_NAME].as_str() {
+                if let Some(source) = object.annotation(keys::SOURCE_NAME) {
                     known.insert(r.kind, &r.name, source);
                 }
             }

@@ -9,6 +9,7 @@ use config_snapshot_policy::approval::Entries;
 use config_snapshot_policy::content::{snapshot_object, Content};
 use config_snapshot_policy::keys;
 use config_snapshot_policy::kinds;
+use config_snapshot_policy::object::ObjectExt;
 use config_snapshot_policy::optin::OptIn;
 use config_snapshot_policy::records::Rollback;
 use config_snapshot_policy::references;
@@ -213,7 +214,7 @@ impl Driver<'_> {
             .cluster
             .list(source.kind.kind(), Some(ns), &Selector::managed(), &mut |o| {
                 if keys::snapshot_source(o) == Some(source.name.as_str())
-                    && o["metadata"]["name"].as_str() != Some(keep)
+                    && o.meta_str("name") != Some(keep)
                     && sweep::is_orphan(o, now, grace)
                 {
                     candidates.push(o.clone())
@@ -533,7 +534,7 @@ impl Driver<'_> {
         workload: &Value,
         ops: &mut Vec<Value>,
     ) -> Result<(), Attempt> {
-        let annotations = workload.pointer("/metadata/annotations").and_then(Value::as_object);
+        let annotations = workload.annotations();
         let settings = &self.rules.settings;
         let Some(optin) = OptIn::from_annotations(annotations, settings)
             .ok()
@@ -590,11 +591,7 @@ impl Driver<'_> {
             }
             remaining.remove(id);
         }
-        if Entries::on(
-            patched.pointer("/metadata/annotations").and_then(Value::as_object),
-            keys::PENDING,
-        ) != remaining
-        {
+        if Entries::on(patched.annotations(), keys::PENDING) != remaining {
             ops.push(super::verdict::set_entries(&patched, keys::PENDING, &remaining));
         }
         if remaining.is_empty() && patched.pointer(&annotation_path(keys::SETTLE_UNTIL)).is_some() {
@@ -679,7 +676,7 @@ impl Driver<'_> {
                 intent.snapshot
             )));
         }
-        let version = stored["metadata"]["resourceVersion"].as_str().unwrap_or_default();
+        let version = stored.resource_version();
         let mut object = snapshot_object(id, ns, &intent.snapshot, version, &content);
         prover.sign(&mut object);
         if let Some(budget) = self.budget {
@@ -740,11 +737,7 @@ impl Driver<'_> {
         )?;
         match bridged {
             Some(true) => {
-                let who = format!(
-                    "{}/{}",
-                    workload["kind"].as_str().unwrap_or_default(),
-                    workload["metadata"]["name"].as_str().unwrap_or_default()
-                );
+                let who = format!("{}/{}", workload["kind"].as_str().unwrap_or_default(), workload.name());
                 self.observer.note(format!("{kind}/{name} bridged to {who}"));
                 Ok(())
             }

@@ -14,6 +14,7 @@
 //!   nothing has used for the grace period goes, whatever its source, so
 //!   garbage is bounded by the grace period plus one pass.
 
+use config_snapshot_policy::object::ObjectExt;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use config_snapshot_policy::keys;
@@ -97,10 +98,10 @@ pub fn bridges(objects: &[&Value], awaited: &HashSet<Key>) -> Vec<Patch> {
     // A workload's uid → the snapshots its template names.
     let mut named: HashMap<&str, HashSet<Key>> = HashMap::new();
     for w in &workloads {
-        let (Some(uid), Some(template)) = (w["metadata"]["uid"].as_str(), kinds::template_of(w)) else {
+        let (Some(uid), Some(template)) = (w.uid(), kinds::template_of(w)) else {
             continue;
         };
-        let ns = w["metadata"]["namespace"].as_str().unwrap_or_default();
+        let ns = w.namespace().unwrap_or_default();
         let snapshots = Snapshots::of(template);
         let names = named.entry(uid).or_default();
         for r in references::collect(template) {
@@ -134,7 +135,7 @@ pub fn bridges(objects: &[&Value], awaited: &HashSet<Key>) -> Vec<Patch> {
             .collect();
         if !wanted.is_empty() {
             for w in &workloads {
-                let Some(uid) = w["metadata"]["uid"].as_str() else {
+                let Some(uid) = w.uid() else {
                     continue;
                 };
                 if names(uid) && !wanted.iter().any(|r| r["uid"] == uid) {
@@ -223,7 +224,7 @@ pub fn add_references(referenced: &mut HashSet<Key>, holder: &Value) {
     let Some(row) = kinds::find(kind_of(holder)).filter(|k| k.template.is_some()) else {
         return;
     };
-    let ns = holder["metadata"]["namespace"].as_str().unwrap_or_default();
+    let ns = holder.namespace().unwrap_or_default();
     for kind in [SourceKind::ConfigMap, SourceKind::Secret] {
         let mut names = std::collections::BTreeSet::new();
         sweep::add_references(&mut names, row, holder, kind);
@@ -275,7 +276,7 @@ impl<'s> Watchers<'s> {
     pub fn new(workloads: &[&Value], settings: &'s Settings) -> Self {
         let mut by_namespace: BTreeMap<String, Vec<OptIn>> = BTreeMap::new();
         for workload in workloads {
-            let annotations = workload["metadata"]["annotations"].as_object();
+            let annotations = workload.annotations();
             // A workload whose annotations do not parse is refused at its
             // own admission; a watch rollout could not patch it either.
             let Ok(opt_in) = OptIn::from_annotations(annotations, settings) else {
@@ -284,7 +285,7 @@ impl<'s> Watchers<'s> {
             if opt_in.watch.is_empty() {
                 continue;
             }
-            let ns = workload["metadata"]["namespace"].as_str().unwrap_or_default();
+            let ns = workload.namespace().unwrap_or_default();
             by_namespace.entry(ns.to_string()).or_default().push(opt_in);
         }
         Watchers { settings, by_namespace }

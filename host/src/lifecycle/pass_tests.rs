@@ -67,7 +67,7 @@ fn snap(value: &str, age: i64) -> Value {
 }
 
 fn name(o: &Value) -> String {
-    o["metadata"]["name"].as_str().unwrap().to_string()
+    o.meta_str("name").unwrap().to_string()
 }
 
 #[test]

@@ -5,6 +5,7 @@
 
 use config_snapshot_policy::keys;
 use config_snapshot_policy::kinds::KINDS;
+use config_snapshot_policy::object::ObjectExt;
 use config_snapshot_policy::rewrite::annotation_path;
 use serde_json::{json, Value};
 
@@ -58,10 +59,7 @@ impl Driver<'_> {
         let mut out = Vec::new();
         for k in &KINDS {
             self.cluster.list(k.kind, None, &Selector::default(), &mut |o| {
-                if !self
-                    .rules
-                    .excludes(o["metadata"]["namespace"].as_str().unwrap_or_default())
-                {
+                if !self.rules.excludes(o.namespace().unwrap_or_default()) {
                     out.push(o.clone())
                 }
             })?;
@@ -79,10 +77,7 @@ impl Driver<'_> {
         let mut hashed = Vec::new();
         for kind in ["ConfigMap", "Secret"] {
             let listed = self.cluster.raw().list(kind, None, &Selector::managed(), &mut |o| {
-                if self
-                    .rules
-                    .excludes(o["metadata"]["namespace"].as_str().unwrap_or_default())
-                {
+                if self.rules.excludes(o.namespace().unwrap_or_default()) {
                     return;
                 }
                 if !prover.proves(o) {

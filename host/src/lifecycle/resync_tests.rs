@@ -44,7 +44,7 @@ fn snapshot(prover: &Prover, ns: &str, value: &str, created: i64, sign: bool) ->
 }
 
 fn name(o: &Value) -> String {
-    o["metadata"]["name"].as_str().unwrap().to_string()
+    o.meta_str("name").unwrap().to_string()
 }
 
 /// A cluster of `objects`, each given a uid and a resourceVersion as the
@@ -55,7 +55,7 @@ fn cluster(objects: &[Value]) -> Shared {
 
 fn exists(shared: &Shared, o: &Value) -> bool {
     shared
-        .get("ConfigMap", o["metadata"]["namespace"].as_str().unwrap(), &name(o))
+        .get("ConfigMap", o.namespace().unwrap(), &name(o))
         .unwrap()
         .is_some()
 }

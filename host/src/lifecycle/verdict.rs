@@ -24,6 +24,7 @@
 //! 6. the patch is recomputed on the workload as it is, pinned to its
 //!    resourceVersion, and records the rollout and the generation it makes.
 
+use config_snapshot_policy::object::ObjectExt;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -241,7 +242,7 @@ fn landed(intent: &PatchIntent, source: Option<&Value>) -> Judged<()> {
 /// since or declined this content, and it does not run it already.
 fn wanted(intent: &PatchIntent, workload: &Value, rules: &Rules) -> Judged<(OptIn, Vec<Value>)> {
     let (who, id) = (intent.who(), &intent.source);
-    let annotations = workload.pointer("/metadata/annotations").and_then(Value::as_object);
+    let annotations = workload.annotations();
     let Some(optin) = OptIn::from_annotations(annotations, &rules.settings)
         .ok()
         .filter(|o| o.watches(id, &rules.settings))
@@ -292,7 +293,7 @@ fn wanted(intent: &PatchIntent, workload: &Value, rules: &Rules) -> Judged<(OptI
 /// window (unless approved), the storm guard (always).
 fn held(intent: &PatchIntent, workload: &Value, optin: &OptIn, now: i64, rules: &Rules) -> Judged<()> {
     let id = &intent.source;
-    let annotations = workload.pointer("/metadata/annotations").and_then(Value::as_object);
+    let annotations = workload.annotations();
     let approved = match WatchMode::of(annotations) {
         WatchMode::Roll => false,
         WatchMode::Notify => return Err(Verdict::Later(now + NOTIFY_RECHECK_SECS, Hold::Notify)),
@@ -345,7 +346,7 @@ fn held(intent: &PatchIntent, workload: &Value, optin: &OptIn, now: i64, rules: 
 /// rollout's other changes are taken off by the driver, which adds them.)
 fn apply(intent: &PatchIntent, workload: &Value, now: i64, mut ops: Vec<Value>) -> Verdict {
     let id = &intent.source;
-    let annotations = workload.pointer("/metadata/annotations").and_then(Value::as_object);
+    let annotations = workload.annotations();
     let record = WatchRollout {
         generation: generation(workload) + 1,
         at: now,
@@ -371,7 +372,7 @@ fn apply(intent: &PatchIntent, workload: &Value, now: i64, mut ops: Vec<Value>) 
 /// content of `id` (refused: it changed since); `None` when both are so
 /// already.
 pub fn pending_ops(workload: &Value, id: &SourceId, snapshot: &str, hold: &Hold) -> Option<Vec<Value>> {
-    let annotations = workload.pointer("/metadata/annotations").and_then(Value::as_object);
+    let annotations = workload.annotations();
     // Each op is made on the object as the ones before leave it: the
     // first may create the annotations map the next ones write into.
     let mut ops = Vec::new();
@@ -405,7 +406,7 @@ pub fn pending_ops(workload: &Value, id: &SourceId, snapshot: &str, hold: &Hold)
 /// the workload stopped watching): a record of what will never roll must
 /// not stay for `approve` to act on. `None` if it is not there.
 pub fn unpend_ops(workload: &Value, id: &SourceId, snapshot: &str) -> Option<Vec<Value>> {
-    let annotations = workload.pointer("/metadata/annotations").and_then(Value::as_object);
+    let annotations = workload.annotations();
     let mut pending = Entries::on(annotations, keys::PENDING);
     (pending.get(id) == Some(snapshot)).then(|| {
         pending.remove(id);
@@ -450,7 +451,7 @@ pub fn apply_ops(target: &mut Value, ops: &[Value]) -> Result<(), PatchError> {
 
 /// An object's resourceVersion, what a write pins.
 pub fn version_of(object: &Value) -> &str {
-    object["metadata"]["resourceVersion"].as_str().unwrap_or_default()
+    object.resource_version()
 }
 
 /// The op that sets one metadata annotation, creating the map if needed.

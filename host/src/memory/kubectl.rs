@@ -3,6 +3,7 @@
 
 use anyhow::{anyhow, bail, Result};
 use config_snapshot_policy::keys;
+use config_snapshot_policy::object::ObjectExt;
 use serde_json::{json, Map, Value};
 
 use super::controllers::NOT_COPIED;
@@ -114,7 +115,7 @@ impl Simulator {
                     annotations.insert(k.to_string(), v.clone());
                 }
             }
-            for (k, v) in revision["metadata"]["annotations"].as_object().into_iter().flatten() {
+            for (k, v) in revision.annotations().into_iter().flatten() {
                 if !NOT_COPIED.contains(&k.as_str()) {
                     annotations.insert(k.clone(), v.clone());
                 }

@@ -26,6 +26,7 @@ pub mod store;
 pub mod timeline;
 mod write;
 
+use config_snapshot_policy::object::ObjectExt;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -199,7 +200,7 @@ impl Simulator {
     /// controllers catch up.
     pub fn load(&self, object: Value) -> Result<()> {
         let object = prepare(object, None)?;
-        self.populate_namespace(object["metadata"]["namespace"].as_str().unwrap_or("default"));
+        self.populate_namespace(object.namespace().unwrap_or("default"));
         let stored = self.shared.store().persist(object);
         self.reconcile(&stored)?;
         self.settle()

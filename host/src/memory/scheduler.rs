@@ -15,6 +15,7 @@
 //! queues an effect before the API server has stored the request, and must
 //! give that write time to land.
 
+use config_snapshot_policy::object::ObjectExt;
 use std::sync::atomic::Ordering;
 
 use anyhow::Result;
@@ -200,11 +201,7 @@ impl PassHost for Simulator {
     fn readmit(&self, operation: &str, object: &Value, old: Option<&Value>) -> Result<Option<Value>, ReadmitError> {
         let request = self.admission_request(operation, object, old, false, HOST_USER);
         let failed = |reason: String| ReadmitError {
-            what: format!(
-                "{}/{}",
-                object["kind"].as_str().unwrap_or_default(),
-                object["metadata"]["name"].as_str().unwrap_or_default()
-            ),
+            what: format!("{}/{}", object["kind"].as_str().unwrap_or_default(), object.name()),
             reason,
         };
         let (admission, mutated) = self.review(&request).map_err(|e| failed(format!("{e:#}")))?;

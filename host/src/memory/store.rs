@@ -1,6 +1,7 @@
 //! The in-memory object store: what etcd and the API server's bookkeeping
 //! (uids, resourceVersions, generations, timestamps) are to a real cluster.
 
+use config_snapshot_policy::object::ObjectExt;
 use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
@@ -30,11 +31,8 @@ pub struct Store {
 pub fn key_of(object: &Value) -> Key {
     (
         object["kind"].as_str().unwrap_or_default().to_string(),
-        object["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or("default")
-            .to_string(),
-        object["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+        object.namespace().unwrap_or("default").to_string(),
+        object.name().to_string(),
     )
 }
 
@@ -103,8 +101,8 @@ impl Store {
         self.objects.clear();
         self.referrers = Default::default();
         for object in objects {
-            let rv = object["metadata"]["resourceVersion"]
-                .as_str()
+            let rv = object
+                .meta_str("resourceVersion")
                 .and_then(|r| r.parse().ok())
                 .unwrap_or(0);
             self.counter = self.counter.max(rv);

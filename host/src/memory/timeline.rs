@@ -1,5 +1,6 @@
 //! The words of replay's timeline.
 
+use config_snapshot_policy::object::ObjectExt;
 use config_snapshot_policy::{keys, references, template};
 use serde_json::Value;
 
@@ -27,8 +28,7 @@ pub fn describe_rewrite(before: &Value, after: &Value, live: Option<&Value>) -> 
         parts.push(unique.join(", "));
     }
     let checksums = template::template_annotation(a, keys::SNAPSHOTS).is_none()
-        && a.pointer("/metadata/annotations")
-            .and_then(Value::as_object)
+        && a.annotations()
             .is_some_and(|m| m.keys().any(|k| k.starts_with(keys::CHECKSUM_PREFIX)));
     if checksums {
         parts.push("config checksums stamped".into());

@@ -2,6 +2,7 @@
 //! immutability, admission by the policy (or serve's webhook), persistence,
 //! then the controllers that watch what changed.
 
+use config_snapshot_policy::object::ObjectExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -42,7 +43,7 @@ impl Simulator {
             "uid": self.next_request_uid(),
             "kind": gvk, "resource": gvr, "requestKind": gvk, "requestResource": gvr,
             "name": object["metadata"]["name"],
-            "namespace": object["metadata"]["namespace"].as_str().unwrap_or("default"),
+            "namespace": object.namespace().unwrap_or("default"),
             "operation": operation,
             "userInfo": {"username": actor},
             "object": object,
@@ -198,7 +199,7 @@ impl Simulator {
             self.drop_staged(uid.as_deref());
             return Ok(admission);
         }
-        self.populate_namespace(object["metadata"]["namespace"].as_str().unwrap_or("default"));
+        self.populate_namespace(object.namespace().unwrap_or("default"));
         let stored = self.shared.store().persist(object);
         if let Some(uid) = uid {
             self.release(&uid);
@@ -246,7 +247,7 @@ pub(crate) fn fold_string_data(secret: &mut Value) -> Result<()> {
 /// What the API server does to an object before admission: fill in the
 /// apiVersion and namespace, and fold a Secret's `stringData` into `data`.
 pub(crate) fn prepare(mut object: Value, old: Option<&Value>) -> Result<Value> {
-    if !object.is_object() || object["kind"].as_str().is_none() || object["metadata"]["name"].as_str().is_none() {
+    if !object.is_object() || object["kind"].as_str().is_none() || object.meta_str("name").is_none() {
         bail!("an object needs kind and metadata.name");
     }
     if object["apiVersion"].as_str().is_none() {
@@ -254,10 +255,8 @@ pub(crate) fn prepare(mut object: Value, old: Option<&Value>) -> Result<Value> {
             object["apiVersion"] = json!(k.api_version);
         }
     }
-    if object["metadata"]["namespace"].as_str().is_none() {
-        object["metadata"]["namespace"] = json!(old
-            .and_then(|o| o["metadata"]["namespace"].as_str())
-            .unwrap_or("default"));
+    if object.namespace().is_none() {
+        object["metadata"]["namespace"] = json!(old.and_then(|o| o.namespace()).unwrap_or("default"));
     }
     if object["kind"] == "Secret" {
         fold_string_data(&mut object)?;

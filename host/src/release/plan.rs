@@ -6,6 +6,7 @@
 //! released: a template naming an unproven object is left as it is, since
 //! the source that object claims could be anyone's choice.
 
+use config_snapshot_policy::object::ObjectExt;
 use std::collections::{BTreeMap, BTreeSet};
 
 use config_snapshot_policy::keys;
@@ -111,18 +112,15 @@ impl Plan {
 
 fn guard(object: &Value) -> Guard {
     Guard {
-        uid: object["metadata"]["uid"].as_str().unwrap_or_default().to_string(),
-        resource_version: object["metadata"]["resourceVersion"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
+        uid: object.uid().unwrap_or_default().to_string(),
+        resource_version: object.resource_version().to_string(),
     }
 }
 
 fn named(kind: &'static Kind, object: &Value) -> Named {
     Named {
         kind: kind.kind,
-        name: object["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+        name: object.name().to_string(),
     }
 }
 
@@ -180,7 +178,7 @@ fn in_use(kind: &Kind, object: &Value, owner: &Value, siblings: &[&Value]) -> bo
                 || object["status"]["replicas"].as_i64().unwrap_or(0) > 0
         }
         "ControllerRevision" => {
-            let name = object["metadata"]["name"].as_str();
+            let name = object.meta_str("name");
             let status = &owner["status"];
             if owner["kind"] == "StatefulSet" {
                 name == status["currentRevision"].as_str() || name == status["updateRevision"].as_str()
@@ -195,183 +193,229 @@ fn in_use(kind: &Kind, object: &Value, owner: &Value, siblings: &[&Value]) -> bo
 
 /// The plan for one namespace's `objects` (as read: workloads, revisions,
 /// Jobs, Pods and the objects labelled as snapshots, each with `kind`);
-/// `sources`: the ConfigMaps and Secrets that exist there, by name.
-#[expect(
-    clippy::too_many_lines,
-    reason = "four passes (snapshots, workloads, revisions, snapshots again) sharing their findings; to become a walk struct (issue 44)"
-)]
+/// `sources`: the ConfigMaps and Secrets that exist there, by name. Four
+/// passes: the proven snapshots, the workloads, what still names snapshots
+/// below them, and what becomes of each snapshot.
 pub fn plan(objects: &[Value], sources: &BTreeSet<(SourceKind, String)>, prover: &Prover, options: Options) -> Plan {
-    let mut plan = Plan::default();
-    let kind_of = |o: &Value| kinds::find(o["kind"].as_str().unwrap_or_default());
-    // The proven snapshots: (kind, name) → source.
-    let mut proven: BTreeMap<(SourceKind, String), String> = BTreeMap::new();
-    let mut snapshot_objects: Vec<(SourceKind, &Value)> = Vec::new();
-    for object in objects.iter().filter(|o| keys::is_snapshot(o)) {
-        let Some(Role::Source(source_kind)) = kind_of(object).map(|k| k.role) else {
-            continue;
+    let mut walk = Walk::over(objects, prover, options);
+    walk.workloads(sources);
+    walk.below_workloads();
+    walk.snapshots()
+}
+
+/// What the passes of [`plan`] find, for the passes after them.
+struct Walk<'a> {
+    objects: &'a [Value],
+    options: Options,
+    plan: Plan,
+    /// The proven snapshots: (kind, name) → source.
+    proven: BTreeMap<(SourceKind, String), String>,
+    snapshot_objects: Vec<(SourceKind, &'a Value)>,
+    /// The uids of the workloads released (pointed back, or never pinned).
+    released_owners: BTreeSet<String>,
+    /// Every template as it will be once the plan is carried out.
+    templates_after: Vec<(Named, Value)>,
+}
+
+fn kind_of(object: &Value) -> Option<&'static Kind> {
+    kinds::find(object["kind"].as_str().unwrap_or_default())
+}
+
+impl<'a> Walk<'a> {
+    /// The first pass: which objects labelled as snapshots are proven ours.
+    fn over(objects: &'a [Value], prover: &Prover, options: Options) -> Self {
+        let mut walk = Walk {
+            objects,
+            options,
+            plan: Plan::default(),
+            proven: BTreeMap::new(),
+            snapshot_objects: Vec::new(),
+            released_owners: BTreeSet::new(),
+            templates_after: Vec::new(),
         };
-        let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
-        match (prover.proves(object), keys::snapshot_source(object)) {
-            (true, Some(source)) => {
-                proven.insert((source_kind, name), source.to_string());
-                snapshot_objects.push((source_kind, object));
+        for object in objects.iter().filter(|o| keys::is_snapshot(o)) {
+            let Some(Role::Source(source_kind)) = kind_of(object).map(|k| k.role) else {
+                continue;
+            };
+            let name = object.name().to_string();
+            match (prover.proves(object), keys::snapshot_source(object)) {
+                (true, Some(source)) => {
+                    walk.proven.insert((source_kind, name), source.to_string());
+                    walk.snapshot_objects.push((source_kind, object));
+                }
+                _ => walk.plan.unproven.push(Named {
+                    kind: source_kind.kind(),
+                    name,
+                }),
             }
-            _ => plan.unproven.push(Named {
-                kind: source_kind.kind(),
-                name,
-            }),
+        }
+        walk
+    }
+
+    fn names_proven(&self, template: &Value) -> bool {
+        names(template).iter().any(|n| self.proven.contains_key(n))
+    }
+
+    /// Workloads: point back, or say why not; their records go either way.
+    fn workloads(&mut self, sources: &BTreeSet<(SourceKind, String)>) {
+        for object in self.objects {
+            let Some(kind) = kind_of(object) else { continue };
+            let (Role::Workload { .. }, Some(path)) = (kind.role, kind.template) else {
+                continue;
+            };
+            let Some(template) = object.pointer(path) else { continue };
+            let records: Vec<&'static str> = keys::RECORDS
+                .into_iter()
+                .filter(|k| object["metadata"]["annotations"].get(*k).is_some())
+                .collect();
+            let action = self.workload_action(kind, object, template, sources);
+            if action.is_some() || !records.is_empty() {
+                self.plan.steps.push(Step {
+                    workload: named(kind, object),
+                    guard: guard(object),
+                    template_path: path,
+                    action,
+                    records,
+                });
+            }
         }
     }
-    let names_proven = |template: &Value| names(template).iter().any(|n| proven.contains_key(n));
 
-    // Workloads: point back, or say why not; their records go either way.
-    let mut released_owners: BTreeSet<String> = BTreeSet::new();
-    let mut templates_after: Vec<(Named, Value)> = Vec::new();
-    for object in objects {
-        let Some(kind) = kind_of(object) else { continue };
-        let (Role::Workload { .. }, Some(path)) = (kind.role, kind.template) else {
-            continue;
-        };
-        let Some(template) = object.pointer(path) else { continue };
-        let records: Vec<&'static str> = keys::RECORDS
-            .into_iter()
-            .filter(|k| object["metadata"]["annotations"].get(*k).is_some())
-            .collect();
-        let uid = object["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+    /// What becomes of one workload's template (`None`: already on its
+    /// sources, released before or never pinned).
+    fn workload_action(
+        &mut self,
+        kind: &'static Kind,
+        object: &Value,
+        template: &Value,
+        sources: &BTreeSet<(SourceKind, String)>,
+    ) -> Option<Action> {
+        let uid = object.uid().unwrap_or_default().to_string();
         // A required reference whose source is gone stays on its snapshot.
         let gone = references::collect(template).into_iter().find_map(|r| {
-            let source = proven.get(&(r.kind, r.name.clone()))?;
+            let source = self.proven.get(&(r.kind, r.name.clone()))?;
             let missing = !r.optional && !sources.contains(&(r.kind, source.clone()));
             missing.then(|| format!("{}/{source}", r.kind.tag()))
         });
-        let action = if let Some(source) = gone {
-            templates_after.push((named(kind, object), template.clone()));
-            Some(Action::SourceGone(source))
-        } else if names_proven(template) {
-            let rolls = rolls(kind, object);
-            if rolls && !options.roll {
-                templates_after.push((named(kind, object), template.clone()));
-                Some(Action::WouldRoll)
-            } else {
-                released_owners.insert(uid);
-                let template = released(template, &proven);
-                templates_after.push((named(kind, object), template.clone()));
-                Some(Action::PointBack { rolls, template })
-            }
-        } else {
-            // Already on its sources (released before, or never pinned).
-            released_owners.insert(uid);
-            None
-        };
-        if action.is_some() || !records.is_empty() {
-            plan.steps.push(Step {
-                workload: named(kind, object),
-                guard: guard(object),
-                template_path: path,
-                action,
-                records,
-            });
+        if let Some(source) = gone {
+            self.templates_after.push((named(kind, object), template.clone()));
+            return Some(Action::SourceGone(source));
         }
+        if !self.names_proven(template) {
+            self.released_owners.insert(uid);
+            return None;
+        }
+        let rolls = rolls(kind, object);
+        if rolls && !self.options.roll {
+            self.templates_after.push((named(kind, object), template.clone()));
+            return Some(Action::WouldRoll);
+        }
+        self.released_owners.insert(uid);
+        let template = released(template, &self.proven);
+        self.templates_after.push((named(kind, object), template.clone()));
+        Some(Action::PointBack { rolls, template })
     }
 
-    // Revisions, Jobs and Pods: what still names snapshots.
-    let owners: BTreeMap<&str, &Value> = objects
-        .iter()
-        .filter_map(|o| Some((o["metadata"]["uid"].as_str()?, o)))
-        .collect();
-    for object in objects {
-        let Some(kind) = kind_of(object) else { continue };
-        if matches!(kind.role, Role::Workload { .. } | Role::Source(_)) {
-            continue;
-        }
-        let Some(template) = kind.template_of(object) else {
-            continue;
-        };
-        if !names_proven(template) {
-            continue;
-        }
-        let owner = controller(object).and_then(|uid| owners.get(uid).map(|o| (uid, *o)));
-        // The workload above it: its controller, or its controller's.
-        let workload = owner.and_then(|(uid, o)| match kind_of(o).map(|k| k.role) {
-            Some(Role::Workload { .. }) => Some((uid, o)),
-            _ => controller(o).and_then(|up| owners.get(up).map(|w| (up, *w))),
-        });
-        let rolling =
-            workload.is_some_and(|(uid, w)| released_owners.contains(uid) && kind_of(w).is_some_and(|k| rolls(k, w)));
-        let has_pods =
-            kind.kind == "Pod" || (kind.kind == "ReplicaSet" && object["status"]["replicas"].as_i64().unwrap_or(0) > 0);
-        if rolling && has_pods {
-            plan.waiting.push(named(kind, object));
-        }
-        let prunable = kind.is_revision()
-            && kind.kind != "Job"
-            && options.prune_history
-            && owner.is_some_and(|(uid, _)| released_owners.contains(uid));
-        if let (true, Some((uid, owner))) = (prunable, owner) {
-            let siblings: Vec<&Value> = objects
-                .iter()
-                .filter(|o| o["kind"] == object["kind"] && controller(o) == Some(uid))
-                .collect();
-            if !in_use(kind, object, owner, &siblings) {
-                plan.prune.push((named(kind, object), guard(object)));
+    /// Revisions, Jobs and Pods: what still names snapshots.
+    fn below_workloads(&mut self) {
+        let objects = self.objects;
+        let owners: BTreeMap<&str, &Value> = objects.iter().filter_map(|o| Some((o.uid()?, o))).collect();
+        for object in objects {
+            let Some(kind) = kind_of(object) else { continue };
+            if matches!(kind.role, Role::Workload { .. } | Role::Source(_)) {
                 continue;
             }
-            if kind.kind == "ReplicaSet" {
-                plan.busy.push(named(kind, object));
+            let Some(template) = kind.template_of(object) else {
+                continue;
+            };
+            if !self.names_proven(template) {
+                continue;
             }
+            let owner = controller(object).and_then(|uid| owners.get(uid).map(|o| (uid, *o)));
+            // The workload above it: its controller, or its controller's.
+            let workload = owner.and_then(|(uid, o)| match kind_of(o).map(|k| k.role) {
+                Some(Role::Workload { .. }) => Some((uid, o)),
+                _ => controller(o).and_then(|up| owners.get(up).map(|w| (up, *w))),
+            });
+            let rolling = workload
+                .is_some_and(|(uid, w)| self.released_owners.contains(uid) && kind_of(w).is_some_and(|k| rolls(k, w)));
+            let has_pods = kind.kind == "Pod"
+                || (kind.kind == "ReplicaSet" && object["status"]["replicas"].as_i64().unwrap_or(0) > 0);
+            if rolling && has_pods {
+                self.plan.waiting.push(named(kind, object));
+            }
+            let prunable = kind.is_revision()
+                && kind.kind != "Job"
+                && self.options.prune_history
+                && owner.is_some_and(|(uid, _)| self.released_owners.contains(uid));
+            if let (true, Some((uid, owner))) = (prunable, owner) {
+                let siblings: Vec<&Value> = objects
+                    .iter()
+                    .filter(|o| o["kind"] == object["kind"] && controller(o) == Some(uid))
+                    .collect();
+                if !in_use(kind, object, owner, &siblings) {
+                    self.plan.prune.push((named(kind, object), guard(object)));
+                    continue;
+                }
+                if kind.kind == "ReplicaSet" {
+                    self.plan.busy.push(named(kind, object));
+                }
+            }
+            self.templates_after.push((named(kind, object), template.clone()));
         }
-        templates_after.push((named(kind, object), template.clone()));
     }
 
-    // Snapshots: kept while something still names them, else deleted.
-    let mut named_by: BTreeMap<(SourceKind, String), &Named> = BTreeMap::new();
-    for (holder, template) in &templates_after {
-        for name in names(template) {
-            named_by.entry(name).or_insert(holder);
-        }
-    }
-    for (source_kind, object) in snapshot_objects {
-        let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
-        let snapshot = Named {
-            kind: source_kind.kind(),
-            name: name.clone(),
-        };
-        match named_by.get(&(source_kind, name)) {
-            None => plan.delete.push((snapshot, guard(object))),
-            Some(holder) => {
-                let why = match (holder.kind, plan.steps.iter().find(|s| &s.workload == *holder)) {
-                    (
-                        _,
-                        Some(Step {
-                            action: Some(Action::WouldRoll),
-                            ..
-                        }),
-                    ) => {
-                        format!("{holder} runs it (pointing it back rolls it: --roll)")
-                    }
-                    (
-                        _,
-                        Some(Step {
-                            action: Some(Action::SourceGone(source)),
-                            ..
-                        }),
-                    ) => {
-                        format!("{holder} runs it, and its source {source} is gone")
-                    }
-                    ("ReplicaSet" | "ControllerRevision", _) if plan.busy.contains(holder) => {
-                        format!("{holder} still has pods (run release again once its rollout is done)")
-                    }
-                    ("ReplicaSet" | "ControllerRevision", _) => {
-                        format!("{holder} is revision history (--prune-history; it goes with the revision)")
-                    }
-                    ("Job" | "Pod", _) => format!("{holder} runs it (it goes with it)"),
-                    _ => format!("named by {holder}"),
-                };
-                plan.keep.push(Kept { snapshot, why });
+    /// Snapshots: kept while something still names them, else deleted.
+    fn snapshots(self) -> Plan {
+        let Walk {
+            mut plan,
+            templates_after,
+            snapshot_objects,
+            ..
+        } = self;
+        let mut named_by: BTreeMap<(SourceKind, String), &Named> = BTreeMap::new();
+        for (holder, template) in &templates_after {
+            for name in names(template) {
+                named_by.entry(name).or_insert(holder);
             }
         }
+        for (source_kind, object) in snapshot_objects {
+            let name = object.name().to_string();
+            let snapshot = Named {
+                kind: source_kind.kind(),
+                name: name.clone(),
+            };
+            match named_by.get(&(source_kind, name)) {
+                None => plan.delete.push((snapshot, guard(object))),
+                Some(holder) => {
+                    let why = why_kept(&plan, holder);
+                    plan.keep.push(Kept { snapshot, why });
+                }
+            }
+        }
+        plan
     }
-    plan
+}
+
+/// Why a snapshot stays: what `holder`, which names it, is.
+fn why_kept(plan: &Plan, holder: &Named) -> String {
+    let action = plan
+        .steps
+        .iter()
+        .find(|s| &s.workload == holder)
+        .and_then(|s| s.action.as_ref());
+    match (holder.kind, action) {
+        (_, Some(Action::WouldRoll)) => format!("{holder} runs it (pointing it back rolls it: --roll)"),
+        (_, Some(Action::SourceGone(source))) => format!("{holder} runs it, and its source {source} is gone"),
+        ("ReplicaSet" | "ControllerRevision", _) if plan.busy.contains(holder) => {
+            format!("{holder} still has pods (run release again once its rollout is done)")
+        }
+        ("ReplicaSet" | "ControllerRevision", _) => {
+            format!("{holder} is revision history (--prune-history; it goes with the revision)")
+        }
+        ("Job" | "Pod", _) => format!("{holder} runs it (it goes with it)"),
+        _ => format!("named by {holder}"),
+    }
 }
 
 /// `objects` as they will be once the rollouts `plan` causes are done:
@@ -388,7 +432,7 @@ pub fn after_rollouts(objects: &[Value], plan: &Plan) -> Vec<Value> {
         })
         .collect();
     let kind_of = |o: &Value| kinds::find(o["kind"].as_str().unwrap_or_default());
-    let uid = |o: &Value| o["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+    let uid = |o: &Value| o.uid().unwrap_or_default().to_string();
     let mut rolled_uids = BTreeSet::new();
     let mut out = Vec::new();
     let mut new_revisions = Vec::new();

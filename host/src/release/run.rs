@@ -309,10 +309,6 @@ async fn serve_gone(client: &Client) -> Result<()> {
     Ok(())
 }
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "the release story in the order it prints; to become phases as admit did (issue 44)"
-)]
 pub async fn release(client: Client, settings: &Settings, out: &mut String) -> Result<Outcome> {
     if !settings.force {
         serve_gone(&client).await?;
@@ -346,121 +342,164 @@ pub async fn release(client: Client, settings: &Settings, out: &mut String) -> R
             let _ = writeln!(out, "namespace {namespace}");
             describe_steps(out, &plan, settings.dry_run);
             if settings.dry_run {
-                // What is collected: now, or once the rollouts are done.
-                outcome.pointed_back += plan
-                    .steps
-                    .iter()
-                    .filter(|s| matches!(s.action, Some(Action::PointBack { .. })))
-                    .count();
-                let end = if rolls_out(&plan) {
-                    let _ = writeln!(out, "  once the rollouts are done:");
-                    let after = plan::after_rollouts(&read.objects, &plan);
-                    plan::plan(&after, &read.sources, &prover, settings.options)
-                } else {
-                    plan
-                };
-                describe_collect(out, &end, true);
-                outcome.pruned += end.prune.len();
-                outcome.deleted += end.delete.len();
-                outcome.kept += end.keep.len();
-                continue;
-            }
-            let mut failed = false;
-            for step in &plan.steps {
-                match apply_step(&client, &namespace, step).await {
-                    Ok(()) => {
-                        if matches!(step.action, Some(Action::PointBack { .. })) {
-                            outcome.pointed_back += 1;
-                        }
-                    }
-                    Err(e) if moved(&e) => {
-                        failed = true;
-                        outcome.conflicts += 1;
-                        let _ = writeln!(
-                            out,
-                            "  {}  changed since it was read; left (run release again)",
-                            step.workload
-                        );
-                    }
-                    Err(e) => return Err(anyhow!(e).context(format!("patching {} in {namespace}", step.workload))),
-                }
-            }
-            if rolls_out(&plan) {
-                // Collected once the rollouts are done, from a fresh read.
-                let _ = writeln!(out, "  waiting for the rollouts");
+                dry_run(&read, plan, &prover, settings, &mut outcome, out);
+            } else if carry_out(&client, &namespace, &plan, &mut outcome, out).await? {
                 rolling.push(namespace.clone());
-            } else if !failed {
-                // Deletions assumed every step done.
-                describe_collect(out, &plan, false);
-                collect(&client, &namespace, &plan, &mut outcome, out).await?;
             }
         }
     }
-
     // The rollouts --roll caused: wait for their old pods to go, then
     // prune and delete from a fresh read.
     let deadline = Instant::now() + settings.timeout;
     for namespace in &rolling {
-        let plan = loop {
-            let read = read(&client, Some(namespace))
-                .await?
-                .remove(namespace)
-                .unwrap_or_default();
-            let plan = plan::plan(&read.objects, &read.sources, &prover, settings.options);
-            if plan.waiting.is_empty() || Instant::now() >= deadline {
-                break plan;
-            }
-            tokio::time::sleep(Duration::from_secs(2)).await;
-        };
-        let _ = writeln!(out, "namespace {namespace}, its rollouts done");
-        for waiting in &plan.waiting {
-            let _ = writeln!(
-                out,
-                "  {waiting}  still on a snapshot after {:?}: run release again later",
-                settings.timeout
-            );
-        }
-        describe_collect(out, &plan, false);
-        collect(&client, namespace, &plan, &mut outcome, out).await?;
+        collect_after_rollouts(&client, namespace, (&prover, settings, deadline), &mut outcome, out).await?;
     }
-
     // The key goes last, and only once no proven snapshot is left anywhere.
     if let (true, false, Some(secret)) = (settings.namespaces.is_empty(), settings.dry_run, &key) {
-        let left: usize = read_snapshots(&client)
-            .await?
-            .iter()
-            .filter(|s| s["metadata"]["deletionTimestamp"].is_null() && prover.proves(s))
-            .count();
-        if left == 0 {
-            let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.serve_namespace);
-            let params = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: secret.metadata.uid.clone(),
-                    resource_version: None,
-                }),
-                ..DeleteParams::default()
-            };
-            secrets.delete(&settings.key_secret, &params).await.with_context(|| {
-                format!(
-                    "deleting the key Secret {}/{}",
-                    settings.serve_namespace, settings.key_secret
-                )
-            })?;
-            outcome.key_deleted = true;
-            let _ = writeln!(
-                out,
-                "signing key {}/{}: deleted (no proven snapshot is left)",
-                settings.serve_namespace, settings.key_secret
-            );
-        } else {
-            let _ = writeln!(
-                out,
-                "signing key {}/{}: kept ({left} proven snapshots are left; it proves them if serve comes back)",
-                settings.serve_namespace, settings.key_secret
-            );
-        }
+        retire_key(&client, secret, (&prover, settings), &mut outcome, out).await?;
     }
     Ok(outcome)
+}
+
+/// A dry run's namespace: what is pointed back, and what is collected, now
+/// or once the rollouts are done.
+fn dry_run(
+    read: &Namespace,
+    plan: Plan,
+    prover: &Prover,
+    settings: &Settings,
+    outcome: &mut Outcome,
+    out: &mut String,
+) {
+    outcome.pointed_back += plan
+        .steps
+        .iter()
+        .filter(|s| matches!(s.action, Some(Action::PointBack { .. })))
+        .count();
+    let end = if rolls_out(&plan) {
+        let _ = writeln!(out, "  once the rollouts are done:");
+        let after = plan::after_rollouts(&read.objects, &plan);
+        plan::plan(&after, &read.sources, prover, settings.options)
+    } else {
+        plan
+    };
+    describe_collect(out, &end, true);
+    outcome.pruned += end.prune.len();
+    outcome.deleted += end.delete.len();
+    outcome.kept += end.keep.len();
+}
+
+/// Carries out a namespace's steps, and collects at once unless they roll
+/// workloads (`true`: collect once the rollouts are done) or one of them
+/// met a workload that changed since it was read.
+async fn carry_out(
+    client: &Client,
+    namespace: &str,
+    plan: &Plan,
+    outcome: &mut Outcome,
+    out: &mut String,
+) -> Result<bool> {
+    let mut failed = false;
+    for step in &plan.steps {
+        match apply_step(client, namespace, step).await {
+            Ok(()) => {
+                if matches!(step.action, Some(Action::PointBack { .. })) {
+                    outcome.pointed_back += 1;
+                }
+            }
+            Err(e) if moved(&e) => {
+                failed = true;
+                outcome.conflicts += 1;
+                let _ = writeln!(
+                    out,
+                    "  {}  changed since it was read; left (run release again)",
+                    step.workload
+                );
+            }
+            Err(e) => return Err(anyhow!(e).context(format!("patching {} in {namespace}", step.workload))),
+        }
+    }
+    if rolls_out(plan) {
+        let _ = writeln!(out, "  waiting for the rollouts");
+        return Ok(true);
+    }
+    if !failed {
+        // Deletions assumed every step done.
+        describe_collect(out, plan, false);
+        collect(client, namespace, plan, outcome, out).await?;
+    }
+    Ok(false)
+}
+
+/// Waits (until `deadline`) for the rollouts a namespace's steps caused,
+/// then collects from a fresh read.
+async fn collect_after_rollouts(
+    client: &Client,
+    namespace: &str,
+    (prover, settings, deadline): (&Prover, &Settings, Instant),
+    outcome: &mut Outcome,
+    out: &mut String,
+) -> Result<()> {
+    let plan = loop {
+        let read = read(client, Some(namespace))
+            .await?
+            .remove(namespace)
+            .unwrap_or_default();
+        let plan = plan::plan(&read.objects, &read.sources, prover, settings.options);
+        if plan.waiting.is_empty() || Instant::now() >= deadline {
+            break plan;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    };
+    let _ = writeln!(out, "namespace {namespace}, its rollouts done");
+    for waiting in &plan.waiting {
+        let _ = writeln!(
+            out,
+            "  {waiting}  still on a snapshot after {:?}: run release again later",
+            settings.timeout
+        );
+    }
+    describe_collect(out, &plan, false);
+    collect(client, namespace, &plan, outcome, out).await
+}
+
+/// Deletes the signing key Secret once no proven snapshot is left anywhere:
+/// while one is, the key proves it if serve comes back.
+async fn retire_key(
+    client: &Client,
+    secret: &Secret,
+    (prover, settings): (&Prover, &Settings),
+    outcome: &mut Outcome,
+    out: &mut String,
+) -> Result<()> {
+    let left: usize = read_snapshots(client)
+        .await?
+        .iter()
+        .filter(|s| s["metadata"]["deletionTimestamp"].is_null() && prover.proves(s))
+        .count();
+    let (ns, name) = (&settings.serve_namespace, &settings.key_secret);
+    if left > 0 {
+        let _ = writeln!(
+            out,
+            "signing key {ns}/{name}: kept ({left} proven snapshots are left; it proves them if serve comes back)"
+        );
+        return Ok(());
+    }
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: secret.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    secrets
+        .delete(name, &params)
+        .await
+        .with_context(|| format!("deleting the key Secret {ns}/{name}"))?;
+    outcome.key_deleted = true;
+    let _ = writeln!(out, "signing key {ns}/{name}: deleted (no proven snapshot is left)");
+    Ok(())
 }
 
 /// Every object labelled as a snapshot, cluster-wide.

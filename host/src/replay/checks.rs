@@ -2,6 +2,7 @@
 //! `assert` about the cluster, judged the same over replay's cluster and
 //! over objects read from a real API server ([`View`]).
 
+use config_snapshot_policy::object::ObjectExt;
 use std::collections::BTreeMap;
 
 use base64::Engine as _;
@@ -11,9 +12,9 @@ use config_snapshot_policy::template;
 use serde_json::{json, Value};
 
 use super::CheckResult;
-use crate::invariants;
 use crate::memory::Admission;
-use crate::scenario::{Check, EffectiveConfig, Expect, Invariant};
+use crate::replay::invariants;
+use crate::replay::scenario::{Check, EffectiveConfig, Expect, Invariant};
 use crate::selector::Selector;
 use crate::view::View;
 
@@ -129,7 +130,7 @@ pub fn assert(sim: &dyn View, check: &Check) -> CheckResult {
                                 && o["metadata"]["namespace"] == c.namespace.as_str()
                                 && sel.matches(o)
                         })
-                        .map(|o| o["metadata"]["name"].as_str().unwrap_or_default().to_string())
+                        .map(|o| o.name().to_string())
                         .collect();
                     CheckResult {
                         ok: found.len() == c.equals,

@@ -3,6 +3,7 @@
 //! (`invariants: [nothingDangles, garbageBounded]`) and the random-history
 //! test checks them after every step.
 
+use config_snapshot_policy::object::ObjectExt;
 use std::collections::HashSet;
 
 use config_snapshot_policy::keys;
@@ -20,16 +21,12 @@ fn named_snapshots(objects: &[Value]) -> Vec<(String, Key)> {
     let mut out = Vec::new();
     for holder in objects {
         let Some(template) = template_of(holder) else { continue };
-        let ns = holder["metadata"]["namespace"].as_str().unwrap_or_default();
+        let ns = holder.namespace().unwrap_or_default();
         let snapshots = Snapshots::of(template);
         for r in references::collect(template) {
             if snapshots.contains(r.kind, &r.name) {
                 out.push((
-                    format!(
-                        "{}/{}",
-                        holder["kind"].as_str().unwrap_or_default(),
-                        holder["metadata"]["name"].as_str().unwrap_or_default()
-                    ),
+                    format!("{}/{}", holder["kind"].as_str().unwrap_or_default(), holder.name()),
                     (r.kind.kind().to_string(), ns.to_string(), r.name),
                 ));
             }
@@ -53,11 +50,11 @@ pub fn nothing_dangles(objects: &[Value]) -> Vec<String> {
 /// referenced by one, or awaited by a pending effect. Meaningful once time
 /// has passed the grace period and a resync ran.
 pub fn garbage_bounded(objects: &[Value], awaited: &HashSet<Key>) -> Vec<String> {
-    let uids: HashSet<&str> = objects.iter().filter_map(|o| o["metadata"]["uid"].as_str()).collect();
+    let uids: HashSet<&str> = objects.iter().filter_map(|o| o.uid()).collect();
     let mut referenced: HashSet<Key> = HashSet::new();
     for holder in objects {
         let Some(template) = template_of(holder) else { continue };
-        let ns = holder["metadata"]["namespace"].as_str().unwrap_or_default();
+        let ns = holder.namespace().unwrap_or_default();
         for r in references::collect(template) {
             referenced.insert((r.kind.kind().to_string(), ns.to_string(), r.name));
         }
@@ -76,7 +73,7 @@ pub fn garbage_bounded(objects: &[Value], awaited: &HashSet<Key>) -> Vec<String>
             format!(
                 "{}/{} is neither owned, referenced nor awaited",
                 o["kind"].as_str().unwrap_or_default(),
-                o["metadata"]["name"].as_str().unwrap_or_default()
+                o.name()
             )
         })
         .collect()

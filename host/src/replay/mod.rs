@@ -6,7 +6,10 @@
 //!   over objects read from a real API server.
 
 mod checks;
+pub mod invariants;
+pub mod scenario;
 
+use config_snapshot_policy::object::ObjectExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -18,8 +21,8 @@ use serde_json::Value;
 
 use crate::engine::Engine;
 use crate::memory::{Admission, Fault, Recorded, Simulator};
+use crate::replay::scenario::{Scenario, Step};
 use crate::review;
-use crate::scenario::{Scenario, Step};
 use crate::selector::Selector;
 pub use checks::{assert, effective_config, expect, EffectiveError};
 
@@ -204,7 +207,7 @@ pub fn run_step(
                         .iter()
                         .filter(|o| o["kind"] == d.kind.as_str() && o["metadata"]["namespace"] == d.namespace.as_str())
                         .filter(|o| selector.matches(o))
-                        .filter_map(|o| o["metadata"]["name"].as_str().map(str::to_string))
+                        .filter_map(|o| o.meta_str("name").map(str::to_string))
                         .collect()
                 }
                 _ => bail!("delete needs a name or a selector, not both"),
@@ -293,7 +296,7 @@ fn describe(step: &Step) -> String {
         format!(
             "{}/{}",
             o["kind"].as_str().unwrap_or("?"),
-            o["metadata"]["name"].as_str().unwrap_or("?")
+            o.meta_str("name").unwrap_or("?")
         )
     };
     match step {

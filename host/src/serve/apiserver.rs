@@ -9,6 +9,7 @@
 //! each API call is driven to completion on the runtime from there, with a
 //! deadline well inside the webhook timeout.
 
+use config_snapshot_policy::object::ObjectExt;
 use std::future::Future;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -148,8 +149,8 @@ impl Cluster for KubeCluster {
 
     fn create(&self, object: Value) -> cluster::Result<()> {
         let kind = object["kind"].as_str().unwrap_or_default().to_string();
-        let ns = object["metadata"]["namespace"].as_str().unwrap_or_default().to_string();
-        let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let ns = object.namespace().unwrap_or_default().to_string();
+        let name = object.name().to_string();
         let (api, ar) = self.api(&kind, &ns, &name)?;
         let typed: DynamicObject =
             serde_json::from_value(object).map_err(|e| ApiError::Invalid(format!("invalid object: {e}")))?;

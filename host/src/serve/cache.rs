@@ -5,6 +5,7 @@
 //! Objects are kept as JSON without `managedFields` and `status` (the policy
 //! reads neither), so a get or a masked list serialises straight from here.
 
+use config_snapshot_policy::object::ObjectExt;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
@@ -480,8 +481,8 @@ impl Cache {
 /// Stores `object` unless a later version of it is there; returns it as
 /// stored, or `None` if it was older.
 fn insert(objects: &mut Objects, object: Value) -> Option<&Value> {
-    let ns = object["metadata"]["namespace"].as_str().unwrap_or_default().to_string();
-    let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let ns = object.namespace().unwrap_or_default().to_string();
+    let name = object.name().to_string();
     let names = objects.entry(ns).or_default();
     // Never step back: an Apply can race with `observe` of our own write.
     if let Some(existing) = names.get(&name) {
@@ -495,11 +496,7 @@ fn insert(objects: &mut Objects, object: Value) -> Option<&Value> {
 
 /// Whether `a` is a later version of the same object than `b`.
 fn newer(a: &Value, b: &Value) -> bool {
-    let rv = |o: &Value| {
-        o["metadata"]["resourceVersion"]
-            .as_str()
-            .and_then(|r| r.parse::<u64>().ok())
-    };
+    let rv = |o: &Value| o.meta_str("resourceVersion").and_then(|r| r.parse::<u64>().ok());
     a["metadata"]["uid"] == b["metadata"]["uid"] && matches!((rv(a), rv(b)), (Some(x), Some(y)) if x > y)
 }
 
@@ -549,7 +546,7 @@ mod tests {
         let mut seen = Vec::new();
         cache
             .list("ConfigMap", Some("a"), &Selector::parse("app=x").unwrap(), &mut |o| {
-                seen.push(o["metadata"]["name"].as_str().unwrap().to_string())
+                seen.push(o.meta_str("name").unwrap().to_string())
             })
             .unwrap();
         assert_eq!(seen, ["one"]);

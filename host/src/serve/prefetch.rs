@@ -34,6 +34,7 @@
 //! cache shows owned is not read ahead at all (a snapshot shared by many
 //! workloads carries an ownerReference for each).
 
+use config_snapshot_policy::object::ObjectExt;
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -91,7 +92,7 @@ pub fn wanted(kind: &str, operation: &str, request: &RawValue, settings: &Settin
     let Ok(ObjectOnly { object }) = serde_json::from_str(request.get()) else {
         return Vec::new();
     };
-    let annotations = object.pointer("/metadata/annotations").and_then(Value::as_object);
+    let annotations = object.annotations();
     let Ok(optin) = OptIn::from_annotations(annotations, settings) else {
         return Vec::new();
     };

@@ -2,6 +2,7 @@
 //! each note, a Kubernetes Event for each thing a workload's users should
 //! learn, and the counters Prometheus scrapes.
 
+use config_snapshot_policy::object::ObjectExt;
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -24,10 +25,7 @@ impl Observer for Report {
         if reason == Reason::ConfigRolledOut {
             self.metrics.rollouts.inc();
         }
-        let (kind, name) = (
-            object["kind"].as_str().unwrap_or_default(),
-            object["metadata"]["name"].as_str().unwrap_or_default(),
-        );
+        let (kind, name) = (object["kind"].as_str().unwrap_or_default(), object.name());
         if reason.warning() {
             tracing::warn!(target: "config_snapshot::host", reason = reason.name(), kind, name, "{message}");
         } else {

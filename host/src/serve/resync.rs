@@ -3,6 +3,7 @@
 //! through the webhook's own path (the same wasm engine) and its effects
 //! handed to the queue.
 
+use config_snapshot_policy::object::ObjectExt;
 use std::sync::Arc;
 
 use serde_json::value::RawValue;
@@ -44,7 +45,7 @@ impl PassHost for State {
     fn readmit(&self, operation: &str, object: &Value, old: Option<&Value>) -> Result<Option<Value>, ReadmitError> {
         let kind = object["kind"].as_str().unwrap_or_default();
         let failed = |reason: String| ReadmitError {
-            what: format!("{kind}/{}", object["metadata"]["name"].as_str().unwrap_or_default()),
+            what: format!("{kind}/{}", object.name()),
             reason,
         };
         let api_version = object["apiVersion"].as_str().unwrap_or("v1");

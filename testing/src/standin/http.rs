@@ -2,6 +2,7 @@
 //! lists and watches, and the injected behaviour (forbidden verbs,
 //! latency) on the way.
 
+use config_snapshot_policy::object::ObjectExt;
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -163,7 +164,7 @@ pub(super) async fn handle(State(inner): State<Arc<Inner>>, request: Request) ->
                     let pre = Preconditions {
                         uid: body["preconditions"]["uid"]
                             .as_str()
-                            .or(current["metadata"]["uid"].as_str())
+                            .or(current.uid())
                             .unwrap_or_default()
                             .to_string(),
                         resource_version: body["preconditions"]["resourceVersion"].as_str().map(str::to_string),

@@ -19,6 +19,7 @@
 
 mod http;
 
+use config_snapshot_policy::object::ObjectExt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -307,13 +308,10 @@ impl Inner {
     /// carries, if any.
     fn update(&self, current: &Value, updated: Value) -> Result<Value, ApiError> {
         let (kind, ns, name) = config_snapshot::cluster::key(current);
-        let rv = current["metadata"]["resourceVersion"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
+        let rv = current.resource_version().to_string();
         // Optimistic concurrency: an update that names another version
         // conflicts.
-        if updated["metadata"]["resourceVersion"].as_str().is_some_and(|v| v != rv) {
+        if updated.meta_str("resourceVersion").is_some_and(|v| v != rv) {
             return Err(ApiError::Conflict(
                 "Operation cannot be fulfilled: the object has been modified; please apply your changes to the latest version and try again".into(),
             ));

@@ -1,6 +1,7 @@
 //! The Deployment controller.
 
 use anyhow::Result;
+use config_snapshot_policy::object::ObjectExt;
 use serde_json::{json, Value};
 
 use super::{
@@ -20,11 +21,8 @@ impl Simulator {
         reason = "the Deployment controller's sync, step for step as kube-controller-manager's syncDeployment; split it with the simulator's move (issue 44)"
     )]
     pub(super) fn reconcile_deployment(&self, deployment: &Value) -> Result<()> {
-        let ns = deployment["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or("default")
-            .to_string();
-        let name = deployment["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let ns = deployment.namespace().unwrap_or("default").to_string();
+        let name = deployment.name().to_string();
         let template = deployment["spec"]["template"].clone();
         let replicas = deployment["spec"]["replicas"].as_i64().unwrap_or(1);
         let paused = deployment["spec"]["paused"].as_bool().unwrap_or(false);
@@ -36,11 +34,11 @@ impl Simulator {
             .cloned();
         let current_name = match current {
             Some(mut rs) => {
-                let rs_name = rs["metadata"]["name"].as_str().unwrap_or_default().to_string();
+                let rs_name = rs.name().to_string();
                 let before = rs.clone();
                 if revision_of_rs(&rs) != max_revision {
                     let old = revision_of_rs(&rs).to_string();
-                    let history = match rs["metadata"]["annotations"][REVISION_HISTORY_ANNOTATION].as_str() {
+                    let history = match rs.annotation(REVISION_HISTORY_ANNOTATION) {
                         Some(h) if !h.is_empty() => format!("{h},{old}"),
                         _ => old,
                     };

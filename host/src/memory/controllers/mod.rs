@@ -20,6 +20,7 @@ mod revisions;
 
 use anyhow::Result;
 use config_snapshot_policy::kinds::WorkloadKind;
+use config_snapshot_policy::object::ObjectExt;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -43,8 +44,7 @@ pub const NOT_COPIED: [&str; 6] = [
 ];
 
 fn revision_of_rs(rs: &Value) -> i64 {
-    rs["metadata"]["annotations"][REVISION_ANNOTATION]
-        .as_str()
+    rs.annotation(REVISION_ANNOTATION)
         .and_then(|r| r.parse().ok())
         .unwrap_or(0)
 }
@@ -78,7 +78,7 @@ impl Simulator {
     }
 
     pub(crate) fn owned(&self, kind: &str, owner: &Value) -> Vec<Value> {
-        let ns = owner["metadata"]["namespace"].as_str().unwrap_or("default");
+        let ns = owner.namespace().unwrap_or("default");
         let uid = &owner["metadata"]["uid"];
         self.shared
             .store()
@@ -104,7 +104,7 @@ impl Simulator {
                     .template_of(r)
                     .is_some_and(|t| controller_template(t) == *template)
             })
-            .and_then(|r| r["metadata"]["name"].as_str().map(str::to_string))
+            .and_then(|r| r.meta_str("name").map(str::to_string))
     }
 
     /// Deletes the oldest of a workload's past revisions beyond
@@ -114,7 +114,7 @@ impl Simulator {
         old.sort_by_key(|r| revision(r));
         let excess = old.len().saturating_sub(limit);
         for r in old.iter().take(excess) {
-            let name = r["metadata"]["name"].as_str().unwrap_or_default();
+            let name = r.name();
             self.shared.store().remove(kind, ns, name);
             self.note(format!("{kind}/{name} pruned (revisionHistoryLimit {limit})"));
         }
@@ -171,7 +171,7 @@ impl Simulator {
 /// Copies a Deployment's annotations onto its current ReplicaSet, adding
 /// and updating only, as the controller does.
 fn copy_annotations(deployment: &Value, rs: &mut Value) {
-    let Some(from) = deployment["metadata"]["annotations"].as_object() else {
+    let Some(from) = deployment.annotations() else {
         return;
     };
     if !rs["metadata"]["annotations"].is_object() {

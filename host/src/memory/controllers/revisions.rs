@@ -2,6 +2,7 @@
 //! StatefulSet's current revision.
 
 use anyhow::Result;
+use config_snapshot_policy::object::ObjectExt;
 use serde_json::{json, Value};
 
 use super::{controller_template, owner_ref, template_hash};
@@ -10,11 +11,8 @@ use crate::memory::Simulator;
 impl Simulator {
     /// The StatefulSet and DaemonSet controllers' ControllerRevisions.
     pub(super) fn reconcile_revisions(&self, workload: &Value) -> Result<()> {
-        let ns = workload["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or("default")
-            .to_string();
-        let name = workload["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let ns = workload.namespace().unwrap_or("default").to_string();
+        let name = workload.name().to_string();
         let template = workload["spec"]["template"].clone();
         let revisions = self.owned("ControllerRevision", workload);
         let max_revision = revisions
@@ -28,7 +26,7 @@ impl Simulator {
             .cloned();
         let current_name = match current {
             Some(mut cr) => {
-                let cr_name = cr["metadata"]["name"].as_str().unwrap_or_default().to_string();
+                let cr_name = cr.name().to_string();
                 if cr["revision"].as_i64() != Some(max_revision) {
                     cr["revision"] = json!(max_revision + 1);
                     self.shared.store().persist(cr);
@@ -80,7 +78,7 @@ impl Simulator {
             .owned("ControllerRevision", workload)
             .into_iter()
             .filter(|r| r["metadata"]["name"] != current_name.as_str())
-            .filter(|r| running.as_deref() != r["metadata"]["name"].as_str())
+            .filter(|r| running.as_deref() != r.meta_str("name"))
             .collect();
         self.prune_history("ControllerRevision", &ns, old, limit, |r| {
             r["revision"].as_i64().unwrap_or(0)
