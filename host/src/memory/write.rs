@@ -112,14 +112,44 @@ impl Simulator {
         Ok((admission, mutated))
     }
 
+    /// The webhook's answer to `request` (for `object`, as it is). Without
+    /// a webhook in front, the simulator screens as serve does: a proven
+    /// snapshot of ours passes untouched, and a forged label is taken off
+    /// before the policy reviews the write, its mutation then applied to
+    /// the object as it is.
+    fn screened_review(&self, request: &Value, object: &Value) -> Result<(Admission, Option<Value>)> {
+        let webhook = self.webhook.read().unwrap_or_else(|e| e.into_inner()).is_some();
+        match self.effect_rules.prover.screen(request) {
+            Screen::Ours if !webhook => Ok((
+                Admission {
+                    allowed: true,
+                    ..Default::default()
+                },
+                None,
+            )),
+            Screen::Unlabel(unlabelled) if !webhook => {
+                let (kind, _, name) = key_of(object);
+                self.note(format!(
+                    "{kind}/{name} carries config-snapshot's label without proof: reviewed as a source"
+                ));
+                let (a, mutated) = self.review(&unlabelled)?;
+                let mutated = mutated
+                    .map(|m| {
+                        let diff = json_patch::diff(&unlabelled["object"], &m);
+                        let mut kept = object.clone();
+                        json_patch::patch(&mut kept, &diff).map(|()| kept)
+                    })
+                    .transpose()?;
+                Ok((a, mutated))
+            }
+            _ => self.review(request),
+        }
+    }
+
     /// The API server's write path: validation it does itself, admission,
     /// persistence, then the controllers that watch what changed. The
     /// host's own writes of labelled objects skip admission, as the
     /// webhook's matchConditions make them.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "the API server's write path in order (admission, validation, persistence, watchers); split it with the simulator's move (issue 44)"
-    )]
     pub(crate) fn write(&self, object: Value, old: Option<Value>, dry_run: bool, actor: &str) -> Result<Admission> {
         let (kind, _, name) = key_of(&object);
         let operation = if old.is_some() { "UPDATE" } else { "CREATE" };
@@ -144,32 +174,7 @@ impl Simulator {
         if self.webhook_rules.matches(&api_version, plural, operation) && !own {
             let request = self.admission_request(operation, &object, old.as_ref(), dry_run, actor);
             uid = request["uid"].as_str().map(str::to_string);
-            let webhook = self.webhook.read().unwrap_or_else(|e| e.into_inner()).is_some();
-            let (a, mutated) = match self.effect_rules.prover.screen(&request) {
-                Screen::Ours if !webhook => (
-                    Admission {
-                        allowed: true,
-                        ..Default::default()
-                    },
-                    None,
-                ),
-                Screen::Unlabel(unlabelled) if !webhook => {
-                    self.note(format!(
-                        "{kind}/{name} carries config-snapshot's label without proof: reviewed as a source"
-                    ));
-                    let (a, mutated) = self.review(&unlabelled)?;
-                    // What the policy changed, on the object as it is.
-                    let mutated = mutated
-                        .map(|m| {
-                            let diff = json_patch::diff(&unlabelled["object"], &m);
-                            let mut kept = object.clone();
-                            json_patch::patch(&mut kept, &diff).map(|()| kept)
-                        })
-                        .transpose()?;
-                    (a, mutated)
-                }
-                _ => self.review(&request)?,
-            };
+            let (a, mutated) = self.screened_review(&request, &object)?;
             admission = a;
             for w in &admission.warnings {
                 self.note(format!("warning: {w}"));

@@ -16,13 +16,8 @@ impl Simulator {
     /// Paused (`spec.paused`), it makes no ReplicaSet and scales nothing: a
     /// template that matches an existing ReplicaSet makes it current again,
     /// but the pods stay where they are until the Deployment is resumed.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "the Deployment controller's sync, step for step as kube-controller-manager's syncDeployment; split it with the simulator's move (issue 44)"
-    )]
     pub(super) fn reconcile_deployment(&self, deployment: &Value) -> Result<()> {
         let ns = deployment.namespace().unwrap_or("default").to_string();
-        let name = deployment.name().to_string();
         let template = deployment["spec"]["template"].clone();
         let replicas = deployment["spec"]["replicas"].as_i64().unwrap_or(1);
         let paused = deployment["spec"]["paused"].as_bool().unwrap_or(false);
@@ -59,40 +54,11 @@ impl Simulator {
                 rs_name
             }
             None if paused => String::new(),
-            None => {
-                let hash = &template_hash(&template)[..10];
-                let rs_name = format!("{name}-{hash}");
-                let mut rs_template = template.clone();
-                rs_template["metadata"]["labels"]["pod-template-hash"] = json!(hash);
-                let mut selector = deployment["spec"]["selector"].clone();
-                selector["matchLabels"]["pod-template-hash"] = json!(hash);
-                let mut rs = json!({
-                    "apiVersion": "apps/v1", "kind": "ReplicaSet",
-                    "metadata": {
-                        "name": rs_name, "namespace": ns,
-                        "labels": rs_template["metadata"]["labels"].clone(),
-                        "annotations": {REVISION_ANNOTATION: (max_revision + 1).to_string()},
-                        "ownerReferences": [owner_ref(deployment, true)],
-                    },
-                    "spec": {"replicas": replicas, "selector": selector, "template": rs_template},
-                });
-                copy_annotations(deployment, &mut rs);
-                let a = self.write(
-                    rs,
-                    None,
-                    false,
-                    "system:serviceaccount:kube-system:deployment-controller",
-                )?;
-                if !a.allowed {
-                    self.note(format!(
-                        "ReplicaSet/{rs_name} refused; the Deployment controller retries: {}",
-                        a.message.unwrap_or_default()
-                    ));
-                    return Ok(());
-                }
-                self.note(format!("ReplicaSet/{rs_name} created (revision {})", max_revision + 1));
-                rs_name
-            }
+            None => match self.create_replica_set(deployment, &template, max_revision + 1)? {
+                Some(rs_name) => rs_name,
+                // Refused: the controller retries.
+                None => return Ok(()),
+            },
         };
         // Scale the others down and prune past revisionHistoryLimit; only a
         // ReplicaSet scaled to 0 counts as history.
@@ -111,5 +77,42 @@ impl Simulator {
         old.retain(|rs| rs["spec"]["replicas"] == 0);
         self.prune_history("ReplicaSet", &ns, old, limit, revision_of_rs);
         Ok(())
+    }
+
+    /// A new ReplicaSet for `template`, at `revision`: its name (`None`
+    /// when the API server refused it).
+    fn create_replica_set(&self, deployment: &Value, template: &Value, revision: i64) -> Result<Option<String>> {
+        let hash = &template_hash(template)[..10];
+        let rs_name = format!("{}-{hash}", deployment.name());
+        let mut rs_template = template.clone();
+        rs_template["metadata"]["labels"]["pod-template-hash"] = json!(hash);
+        let mut selector = deployment["spec"]["selector"].clone();
+        selector["matchLabels"]["pod-template-hash"] = json!(hash);
+        let mut rs = json!({
+            "apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {
+                "name": rs_name, "namespace": deployment.namespace().unwrap_or("default"),
+                "labels": rs_template["metadata"]["labels"].clone(),
+                "annotations": {REVISION_ANNOTATION: revision.to_string()},
+                "ownerReferences": [owner_ref(deployment, true)],
+            },
+            "spec": {"replicas": deployment["spec"]["replicas"].as_i64().unwrap_or(1), "selector": selector, "template": rs_template},
+        });
+        copy_annotations(deployment, &mut rs);
+        let a = self.write(
+            rs,
+            None,
+            false,
+            "system:serviceaccount:kube-system:deployment-controller",
+        )?;
+        if !a.allowed {
+            self.note(format!(
+                "ReplicaSet/{rs_name} refused; the Deployment controller retries: {}",
+                a.message.unwrap_or_default()
+            ));
+            return Ok(None);
+        }
+        self.note(format!("ReplicaSet/{rs_name} created (revision {revision})"));
+        Ok(Some(rs_name))
     }
 }
