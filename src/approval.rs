@@ -73,7 +73,7 @@ impl WatchMode {
 }
 
 /// The most bytes a pending or approve annotation may hold.
-pub const MAX_TEXT: usize = 32 * 1024;
+pub(crate) const MAX_TEXT: usize = 32 * 1024;
 
 /// Why a watch-mode, pending or approve annotation was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

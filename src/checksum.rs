@@ -19,7 +19,7 @@ use crate::rewrite::{apply, set_marks};
 use crate::settings::{Settings, WithoutSnapshotCapability};
 use crate::source::{SourceId, SourceKind};
 
-pub fn degrade(
+pub(crate) fn degrade(
     ctx: &Context,
     reads: &Reads,
     (kind, object): (WorkloadKind, &mut Value),
@@ -97,7 +97,7 @@ pub fn degrade(
 /// setting, one key for every namespace, the namespace is in the message
 /// too: a checksum read in one namespace is no oracle for guesses made in
 /// another. (A uid is one object's: the uid-keyed checksum keeps its form.)
-pub fn secret_checksum(settings: &Settings, secret: &Value, content_hash: &str) -> String {
+pub(crate) fn secret_checksum(settings: &Settings, secret: &Value, content_hash: &str) -> String {
     use hmac::Mac as _;
     let meta = |field: &str| {
         secret

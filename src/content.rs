@@ -139,7 +139,7 @@ pub fn snapshot_name(source: &str, hash: &str) -> String {
 
 /// The `config-snapshot.io/source` label value: the name, or a hash of it when
 /// the name is longer than a label value may be.
-pub fn source_label(source: &str) -> String {
+pub(crate) fn source_label(source: &str) -> String {
     if source.len() <= 63 {
         source.to_string()
     } else {

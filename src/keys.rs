@@ -9,7 +9,7 @@ pub const PREFIX: &str = "config-snapshot.io/";
 // Workload annotations (user input).
 pub const SNAPSHOT: &str = "config-snapshot.io/snapshot";
 pub const WATCH: &str = "config-snapshot.io/watch";
-pub const EXCLUDE: &str = "config-snapshot.io/exclude";
+pub(crate) const EXCLUDE: &str = "config-snapshot.io/exclude";
 pub const RENEW_DURATION: &str = "config-snapshot.io/renew-duration";
 pub const ROLLOUT_WINDOW: &str = "config-snapshot.io/rollout-window";
 pub const ROLLOUT_WINDOW_ZONE: &str = "config-snapshot.io/rollout-window-zone";
@@ -21,7 +21,7 @@ pub const APPROVE: &str = "config-snapshot.io/approve";
 
 // Pod template annotations (policy output).
 pub const SNAPSHOTS: &str = "config-snapshot.io/snapshots";
-pub const RENEWED_AT: &str = "config-snapshot.io/renewed-at";
+pub(crate) const RENEWED_AT: &str = "config-snapshot.io/renewed-at";
 pub const CHECKSUM_PREFIX: &str = "config-snapshot.io/checksum-";
 
 // Workload metadata written by config-snapshot itself (see `records`): kept
@@ -40,7 +40,7 @@ pub const RECORDS: [&str; 2] = [ROLLBACK, WATCH_ROLLOUT];
 // Snapshot metadata.
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY_VALUE: &str = "config-snapshot";
-pub const SOURCE_LABEL: &str = "config-snapshot.io/source";
+pub(crate) const SOURCE_LABEL: &str = "config-snapshot.io/source";
 pub const SOURCE_NAME: &str = "config-snapshot.io/source-name";
 pub const CONTENT_HASH: &str = "config-snapshot.io/content-hash";
 pub const SOURCE_RESOURCE_VERSION: &str = "config-snapshot.io/source-resource-version";
@@ -50,13 +50,13 @@ pub const LAST_USED_AT: &str = "config-snapshot.io/last-used-at";
 
 /// Added by the Deployment controller to ReplicaSet templates; never part of
 /// what the user wrote, so it is ignored when comparing templates.
-pub const POD_TEMPLATE_HASH: &str = "pod-template-hash";
+pub(crate) const POD_TEMPLATE_HASH: &str = "pod-template-hash";
 
 /// Added by controllers to the pod templates they copy, besides
 /// `pod-template-hash`: Argo Rollouts' hash on its ReplicaSets, and the Job
 /// controller's labels on a Job's template (a CronJob's Jobs included).
 /// Ignored when comparing templates.
-pub const CONTROLLER_TEMPLATE_LABELS: [&str; 5] = [
+pub(crate) const CONTROLLER_TEMPLATE_LABELS: [&str; 5] = [
     "rollouts-pod-template-hash",
     "batch.kubernetes.io/controller-uid",
     "batch.kubernetes.io/job-name",

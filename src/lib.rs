@@ -9,7 +9,7 @@
 pub mod approval;
 pub mod checksum;
 pub mod content;
-pub mod context;
+pub(crate) mod context;
 pub mod duration;
 pub mod host;
 pub mod host_error;
@@ -19,22 +19,22 @@ pub mod object;
 pub mod operation;
 pub mod optin;
 pub mod plan;
-pub mod reads;
+pub(crate) mod reads;
 pub mod records;
 pub mod references;
 pub mod request;
 pub mod revision;
 pub mod rewrite;
-pub mod screen;
+pub(crate) mod screen;
 pub mod selection;
 pub mod settings;
-pub mod skim;
+pub(crate) mod skim;
 pub mod source;
 pub mod sweep;
 pub mod template;
 pub mod watch;
 pub mod window;
-pub mod workload;
+pub(crate) mod workload;
 
 /// An in-memory host for unit tests and the fuzz targets (feature `fake`);
 /// never in a release build or the wasm.

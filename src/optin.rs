@@ -51,11 +51,11 @@ pub struct OptIn {
 
 /// The longest `settle` accepted: a change held longer is a rollout
 /// window's job.
-pub const MAX_SETTLE_SECS: u64 = 3600;
+pub(crate) const MAX_SETTLE_SECS: u64 = 3600;
 
 /// The shortest renew-duration accepted. Anything shorter would roll a
 /// workload on nearly every admission.
-pub const MIN_RENEW_SECS: u64 = 60;
+pub(crate) const MIN_RENEW_SECS: u64 = 60;
 
 impl OptIn {
     /// Reads a workload's annotations. Errors name the annotation and the bad

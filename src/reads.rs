@@ -24,7 +24,7 @@ pub type Read = Result<Option<Rc<Value>>, CallError>;
 
 /// What planning reads, asked for only when a decision needs it: an
 /// admission's host reads, or plain data in a test.
-pub trait Lookup {
+pub(crate) trait Lookup {
     /// The ConfigMap or Secret `name` of the request's namespace, as fresh
     /// as the request.
     fn source(&self, kind: SourceKind, name: &str) -> Read;

@@ -62,7 +62,7 @@ fn parse_id(text: &str) -> Option<SourceId> {
 
 /// A workload as the owner of a snapshot it names: kind, name, and uid when
 /// it exists already (on CREATE it has none yet).
-pub fn owner_of(kind: crate::kinds::WorkloadKind, workload: &Value) -> Value {
+pub(crate) fn owner_of(kind: crate::kinds::WorkloadKind, workload: &Value) -> Value {
     let meta = &workload["metadata"];
     serde_json::json!({
         "apiVersion": kind.api_version(),
@@ -76,7 +76,7 @@ pub fn owner_of(kind: crate::kinds::WorkloadKind, workload: &Value) -> Value {
 /// `old`: it bumps the generation on a spec change only. A rollback whose
 /// rewritten template is the one already running changes no spec, and a
 /// record claiming the next generation would void every later watch patch.
-pub fn generation_after(old: &Value, new: &Value) -> i64 {
+pub(crate) fn generation_after(old: &Value, new: &Value) -> i64 {
     generation(old) + i64::from(old.get("spec") != new.get("spec"))
 }
 

@@ -94,7 +94,7 @@ impl Outcome {
 
 /// A refusal decided deep in a handler; small, so `Result`s stay cheap.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Rejection {
+pub(crate) struct Rejection {
     pub message: String,
     pub code: u16,
 }

@@ -15,7 +15,7 @@ use crate::references::{self, SourceRefs};
 use crate::template::{self, Mapping};
 
 /// JSON Pointer escaping (RFC 6901).
-pub fn escape(segment: &str) -> String {
+pub(crate) fn escape(segment: &str) -> String {
     segment.replace('~', "~0").replace('/', "~1")
 }
 
@@ -51,7 +51,7 @@ pub fn apply(template: &mut Value, groups: &[SourceRefs], targets: &[Target], op
 
 /// Replaces the policy's template annotations with `marks`, leaving the
 /// user's alone and not adding an empty map where there was none.
-pub fn set_marks(template: &mut Value, marks: Vec<(&str, String)>) {
+pub(crate) fn set_marks(template: &mut Value, marks: Vec<(&str, String)>) {
     let has_annotations = template.pointer("/metadata/annotations").is_some();
     if !has_annotations && marks.is_empty() {
         return;
@@ -68,7 +68,7 @@ pub fn set_marks(template: &mut Value, marks: Vec<(&str, String)>) {
 }
 
 /// Writes (or removes) the rollback record on the workload's metadata.
-pub fn set_rollback(object: &mut Value, record: Option<&Rollback>) {
+pub(crate) fn set_rollback(object: &mut Value, record: Option<&Rollback>) {
     let has = object.pointer(&annotation_path(keys::ROLLBACK)).is_some();
     match record {
         Some(r) => {
@@ -86,7 +86,7 @@ pub fn set_rollback(object: &mut Value, record: Option<&Rollback>) {
 }
 
 /// Sets (or removes) one annotation of the workload's metadata to `value`.
-pub fn set_annotation(object: &mut Value, key: &str, value: Option<Value>) {
+pub(crate) fn set_annotation(object: &mut Value, key: &str, value: Option<Value>) {
     if let Some(ann) = metadata_annotations_mut(object) {
         match value {
             Some(v) => ann.insert(key.to_string(), v),

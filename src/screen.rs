@@ -23,7 +23,7 @@ use crate::skim::{self, Annotated, AnnotationsSkim, Records};
 
 /// The answer for a workload that neither opts in nor carries our marks:
 /// `None` when the full path must decide.
-pub fn pass_through(payload: &[u8]) -> Option<Outcome> {
+pub(crate) fn pass_through(payload: &[u8]) -> Option<Outcome> {
     let head: PayloadHeader = serde_json::from_slice(payload).ok()?;
     let settings = match head.settings {
         Some(raw) => Settings::from_json(raw.get().as_bytes()).ok()?,

@@ -36,7 +36,7 @@ pub enum SettingsError {
 /// request, after the other webhooks, up to its request timeout (60 s by
 /// default). A sweep inside that window would leave the stored workload
 /// naming a snapshot that no longer exists.
-pub const MIN_ORPHAN_GRACE_SECS: u64 = 60;
+pub(crate) const MIN_ORPHAN_GRACE_SECS: u64 = 60;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -31,7 +31,7 @@ pub fn holder_masks(holder: &Kind) -> Vec<String> {
 }
 
 /// The fields of a snapshot the sweep decides on.
-pub const SNAPSHOT_MASKS: [&str; 7] = [
+pub(crate) const SNAPSHOT_MASKS: [&str; 7] = [
     "metadata.name",
     "metadata.uid",
     "metadata.resourceVersion",
@@ -57,7 +57,7 @@ pub fn add_references(names: &mut BTreeSet<String>, row: &Kind, holder: &Value, 
 
 /// When a snapshot was last made or reused (unix seconds): its age for the
 /// grace period counts from here.
-pub fn last_used(snapshot: &Value) -> Option<i64> {
+pub(crate) fn last_used(snapshot: &Value) -> Option<i64> {
     let meta = &snapshot["metadata"];
     let created = meta["creationTimestamp"].as_str().and_then(parse_rfc3339);
     let used = meta["annotations"][keys::LAST_USED_AT].as_str().and_then(parse_rfc3339);

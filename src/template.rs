@@ -146,7 +146,7 @@ pub fn normalise(template: &Value) -> Value {
 
 /// [`normalise`], also knowing the snapshots in `known` (recognised ones,
 /// or another template's mapping) besides the template's own mapping.
-pub fn normalise_with(template: &Value, known: &Snapshots) -> Value {
+pub(crate) fn normalise_with(template: &Value, known: &Snapshots) -> Value {
     let mut out = template.clone();
     let snapshots = known.with_mapping_of(template);
     if !snapshots.0.is_empty() {
@@ -169,7 +169,7 @@ pub fn normalise_with(template: &Value, known: &Snapshots) -> Value {
 /// the Job controller's labels and the `$patch` marker of ControllerRevision
 /// data. `kubectl
 /// rollout undo` puts back exactly this.
-pub fn without_controller_marks(template: &Value) -> Value {
+pub(crate) fn without_controller_marks(template: &Value) -> Value {
     let mut out = template.clone();
     strip_controller_marks(&mut out);
     out
@@ -199,7 +199,7 @@ fn strip_controller_marks(template: &mut Value) {
 }
 
 /// Mutable access to the template's annotations, creating the map if needed.
-pub fn annotations_mut(template: &mut Value) -> Option<&mut serde_json::Map<String, Value>> {
+pub(crate) fn annotations_mut(template: &mut Value) -> Option<&mut serde_json::Map<String, Value>> {
     let obj = template.as_object_mut()?;
     let meta = obj
         .entry("metadata")

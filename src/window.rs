@@ -24,11 +24,11 @@ use crate::duration::parse_go_duration;
 use crate::keys;
 
 /// At most this many windows in one annotation, and this many bytes.
-pub const MAX_WINDOWS: usize = 16;
-pub const MAX_TEXT: usize = 1024;
+pub(crate) const MAX_WINDOWS: usize = 16;
+pub(crate) const MAX_TEXT: usize = 1024;
 /// A window stays open between a minute and 31 days.
-pub const MIN_OPEN_SECS: u64 = 60;
-pub const MAX_OPEN_SECS: u64 = 31 * 24 * 3600;
+pub(crate) const MIN_OPEN_SECS: u64 = 60;
+pub(crate) const MAX_OPEN_SECS: u64 = 31 * 24 * 3600;
 
 /// One window: when it opens, and for how long.
 #[derive(Debug, Clone)]

@@ -95,7 +95,7 @@ pub struct Plan {
 }
 
 /// Decides, for each source the template references, where it should point.
-pub struct Planner<'a> {
+pub(crate) struct Planner<'a> {
     pub settings: &'a Settings,
     /// The request's namespace, where snapshots are made.
     pub namespace: &'a str,
