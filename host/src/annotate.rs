@@ -13,8 +13,8 @@ use config_snapshot_policy::host_error::{Code, HostError};
 
 use crate::engine::{CallFailure, CallHandler, Engine};
 
-pub const METADATA_SECTION: &str = "io.kubewarden.metadata";
-pub const USAGE_ANNOTATION: &str = "io.kubewarden.policy.usage";
+pub(crate) const METADATA_SECTION: &str = "io.kubewarden.metadata";
+pub(crate) const USAGE_ANNOTATION: &str = "io.kubewarden.policy.usage";
 
 /// The metadata JSON to embed: the YAML, plus `protocolVersion` asked of
 /// the module itself, plus the usage text.

@@ -157,7 +157,7 @@ pub fn pin(resource_version: &str) -> Value {
 }
 
 /// (kind, namespace, name) of an object.
-pub type Key = (String, String, String);
+pub(crate) type Key = (String, String, String);
 
 pub fn key(object: &Value) -> Key {
     let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
@@ -181,7 +181,7 @@ pub fn shown(name: &str) -> String {
 
 /// What a judgement of an object, as last read, asks of
 /// [`patch_judged`].
-pub enum Judged<T> {
+pub(crate) enum Judged<T> {
     /// Nothing (more) to write: the answer.
     Done(T),
     /// Write `ops` if the object is still at `version`; `then` is the
@@ -199,7 +199,7 @@ const JUDGEMENTS: usize = 3;
 /// it is judged as gone. `Ok(None)` when it kept changing for
 /// [`JUDGEMENTS`] judgements; `fail` turns a failed call into the caller's
 /// error.
-pub fn patch_judged<C, T, E>(
+pub(crate) fn patch_judged<C, T, E>(
     cluster: &C,
     (kind, namespace, name): (&str, &str, &str),
     mut current: Option<Value>,

@@ -83,7 +83,7 @@ const CALLBACK_FAILURE: &str = "Callback evaluation failure: ";
 /// a foreign host's failure.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
-pub struct EvaluatorText(pub String);
+pub(crate) struct EvaluatorText(pub String);
 
 fn says(text: impl Into<String>) -> EvaluatorText {
     EvaluatorText(text.into())

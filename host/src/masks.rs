@@ -42,7 +42,7 @@ fn keep(value: &Value, paths: &[&[&str]]) -> Option<Value> {
 
 /// Serialises `value` pruned to `masks` without copying it: the list path
 /// is hot, and cloning every object before pruning dominated its profile.
-pub struct Masked<'a> {
+pub(crate) struct Masked<'a> {
     value: &'a Value,
     paths: Vec<&'a [&'a str]>,
 }

@@ -45,11 +45,11 @@ pub const SIGNATURE: &str = "config-snapshot.io/signature";
 /// ([`Prover::digested`]). Only the cache writes it: the API server stores
 /// no such field, and a review's objects are cleared of it before they are
 /// judged ([`Prover::screen`]).
-pub const DIGESTED: &str = "$config-snapshot-digested";
+pub(crate) const DIGESTED: &str = "$config-snapshot-digested";
 
 /// Whether `object` is a source as serve's cache keeps it, without its
 /// data: whoever needs the data reads it fresh.
-pub fn digested(object: &Value) -> bool {
+pub(crate) fn digested(object: &Value) -> bool {
     object.get(DIGESTED).is_some()
 }
 
@@ -78,10 +78,10 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
 }
 
 /// A key's length: HMAC-SHA256's block-sized key.
-pub const KEY_BYTES: usize = 32;
+pub(crate) const KEY_BYTES: usize = 32;
 
 /// The least key length accepted: below, a key could be guessed.
-pub const MIN_KEY_BYTES: usize = 16;
+pub(crate) const MIN_KEY_BYTES: usize = 16;
 
 /// The keys of an installation: the first signs and names, every one
 /// verifies. Never printed.
@@ -102,7 +102,7 @@ pub enum KeyringError {
 }
 
 /// The most keys a ring holds: each costs a MAC per verification.
-pub const MAX_KEYS: usize = 16;
+pub(crate) const MAX_KEYS: usize = 16;
 
 impl Keyring {
     /// A ring of `keys`, the current one first.

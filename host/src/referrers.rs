@@ -21,7 +21,7 @@ use serde_json::Value;
 type Workload = (String, String, String);
 
 #[derive(Default)]
-pub struct Referrers {
+pub(crate) struct Referrers {
     /// (workload kind, namespace, source) → the workloads' names.
     by_source: HashMap<(String, String, SourceId), BTreeSet<String>>,
     /// What each indexed workload references, to undo its entries.
@@ -64,11 +64,6 @@ impl Referrers {
                 }
             }
         }
-    }
-
-    pub fn clear(&mut self) {
-        self.by_source.clear();
-        self.sources.clear();
     }
 
     /// The names of the `kind` workloads in `namespace` referencing `source`.

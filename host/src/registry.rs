@@ -29,7 +29,7 @@ use sigstore::registry::OciReference;
 use zeroize::Zeroizing;
 
 /// The scheme Kubewarden uses for a policy in a registry.
-pub const SCHEME: &str = "registry://";
+pub(crate) const SCHEME: &str = "registry://";
 
 /// Where a policy module comes from: a file, or a registry.
 #[derive(Debug, Clone, PartialEq)]

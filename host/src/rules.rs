@@ -3,7 +3,7 @@
 
 use serde::Deserialize;
 
-pub const METADATA: &str = include_str!("../../policy-metadata.yml");
+pub(crate) const METADATA: &str = include_str!("../../policy-metadata.yml");
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -22,7 +22,7 @@ pub const MAX_PAYLOAD: usize = 8 << 20;
 
 /// One instance's state: its WASI context, its memory limits, and the
 /// conversation of the one call it serves.
-pub struct Guest {
+pub(crate) struct Guest {
     pub wasi: WasiP1Ctx,
     pub budget: Budget,
     operation: Vec<u8>,
@@ -69,7 +69,7 @@ pub struct Budget {
 /// An instance asked for more memory than its budget.
 #[derive(Debug, thiserror::Error)]
 #[error("the policy's memory would grow to {desired} bytes, over its {limit}")]
-pub struct OverBudget {
+pub(crate) struct OverBudget {
     pub desired: usize,
     pub limit: usize,
 }
@@ -95,7 +95,7 @@ impl wasmtime::ResourceLimiter for Budget {
 /// A guest's mistake about its own memory or the protocol: it ends that
 /// instance's call with an error.
 #[derive(Debug, thiserror::Error)]
-pub enum ProtocolError {
+pub(crate) enum ProtocolError {
     #[error("the guest exports no memory")]
     NoMemory,
     #[error("the guest pointed outside its memory ({ptr} + {len})")]
@@ -225,7 +225,7 @@ fn host_call(
 }
 
 /// Adds the waPC imports (module `wapc`) to `linker`.
-pub fn add_to_linker(linker: &mut Linker<Guest>) -> wasmtime::Result<()> {
+pub(crate) fn add_to_linker(linker: &mut Linker<Guest>) -> wasmtime::Result<()> {
     linker.func_wrap(
         "wapc",
         "__guest_request",

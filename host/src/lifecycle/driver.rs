@@ -33,7 +33,7 @@ use crate::cluster::{self, ApiError, Cluster, Judged, Key, Preconditions, Select
 use crate::proof::Proven;
 
 /// The most often a source is swept after its new snapshots (seconds).
-pub const SWEEP_EVERY_SECS: i64 = 60;
+pub(crate) const SWEEP_EVERY_SECS: i64 = 60;
 
 /// What one run of an effect came to.
 #[derive(Debug, PartialEq)]

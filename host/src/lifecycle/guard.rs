@@ -37,7 +37,7 @@ pub fn delete_snapshot(
 
 /// Refused unless `object` is a snapshot this installation made: signed
 /// by a key of its ring.
-pub fn require_ours(prover: &Prover, object: &Value) -> Result<(), HostError> {
+pub(crate) fn require_ours(prover: &Prover, object: &Value) -> Result<(), HostError> {
     prover.verify(object).map_err(|why| {
         let (kind, _, name) = key(object);
         HostError::new(

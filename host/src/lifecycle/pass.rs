@@ -42,7 +42,7 @@ pub type Patch = (Key, String, Vec<Value>);
 
 /// Adoptions the revisions among `objects` are missing, as effects for the
 /// usual adopt path.
-pub fn missing_adoptions(objects: &[&Value]) -> Vec<Effect> {
+pub(crate) fn missing_adoptions(objects: &[&Value]) -> Vec<Effect> {
     let snapshots: HashMap<Key, &Value> = objects
         .iter()
         .filter(|o| keys::is_snapshot(o))
@@ -159,7 +159,7 @@ pub fn bridges(objects: &[&Value], awaited: &HashSet<Key>) -> Vec<Patch> {
 
 /// The workload controlling `revision`: kind, name and uid from its
 /// controller ownerReference.
-pub fn controller_of(revision: &Value) -> Option<(String, String, String)> {
+pub(crate) fn controller_of(revision: &Value) -> Option<(String, String, String)> {
     let r = revision["metadata"]["ownerReferences"]
         .as_array()?
         .iter()
@@ -169,7 +169,7 @@ pub fn controller_of(revision: &Value) -> Option<(String, String, String)> {
 }
 
 /// The workloads to re-admit for renew-duration.
-pub fn renewals<'a>(objects: &[&'a Value]) -> Vec<&'a Value> {
+pub(crate) fn renewals<'a>(objects: &[&'a Value]) -> Vec<&'a Value> {
     objects
         .iter()
         .filter(|o| WorkloadKind::from_kind(kind_of(o)).is_some())
@@ -180,7 +180,7 @@ pub fn renewals<'a>(objects: &[&'a Value]) -> Vec<&'a Value> {
 
 /// The sources to re-admit: those some workload in their namespace
 /// watches, by the policy's own opt-in rules.
-pub fn watched_sources<'a>(objects: &[&'a Value], settings: &Settings) -> Vec<&'a Value> {
+pub(crate) fn watched_sources<'a>(objects: &[&'a Value], settings: &Settings) -> Vec<&'a Value> {
     let workloads: Vec<&Value> = objects
         .iter()
         .filter(|o| WorkloadKind::from_kind(kind_of(o)).is_some())
@@ -220,7 +220,7 @@ pub fn orphans<'a>(objects: &[&'a Value], pending: &HashSet<Key>, now: i64, grac
 
 /// Adds every ConfigMap and Secret `holder` references, if it is a kind
 /// that holds references (workloads, revisions, Pods).
-pub fn add_references(referenced: &mut HashSet<Key>, holder: &Value) {
+pub(crate) fn add_references(referenced: &mut HashSet<Key>, holder: &Value) {
     let Some(row) = kinds::find(kind_of(holder)).filter(|k| k.template.is_some()) else {
         return;
     };
@@ -234,7 +234,7 @@ pub fn add_references(referenced: &mut HashSet<Key>, holder: &Value) {
 
 /// The snapshots among `candidates` a sweep deletes: ours, unowned, unused
 /// for the grace period, and neither `referenced` nor `pending`.
-pub fn doomed<'a>(
+pub(crate) fn doomed<'a>(
     candidates: &[&'a Value],
     referenced: &HashSet<Key>,
     pending: &HashSet<Key>,
@@ -267,7 +267,7 @@ pub fn doomed<'a>(
 /// only sources one of them watches, with the policy's own predicate, so it
 /// skips nothing the policy would roll out and does not re-evaluate every
 /// ConfigMap of a namespace because one Deployment there watches one.
-pub struct Watchers<'s> {
+pub(crate) struct Watchers<'s> {
     settings: &'s Settings,
     by_namespace: BTreeMap<String, Vec<OptIn>>,
 }

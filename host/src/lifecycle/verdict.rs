@@ -88,7 +88,7 @@ impl Rules {
 /// The objects a patch is judged against, as they are now. The snapshot
 /// is not among them: the driver makes it from the source as stored, once
 /// the verdict is to apply.
-pub struct Observed<'a> {
+pub(crate) struct Observed<'a> {
     pub workload: Option<&'a Value>,
     pub source: Option<&'a Value>,
 }
@@ -166,13 +166,13 @@ impl Hold {
 /// How soon a change held for an approval is judged again (seconds) if no
 /// write of its workload wakes it first. An approval is such a write, so
 /// this only bounds a wake that was missed (a watch event lost, a restart).
-pub const APPROVAL_RECHECK_SECS: i64 = 300;
+pub(crate) const APPROVAL_RECHECK_SECS: i64 = 300;
 /// The same for a change held by a closed window, if the window does not
 /// open sooner: a widened window is a write of the workload, and wakes it.
-pub const WINDOW_RECHECK_SECS: i64 = 3600;
+pub(crate) const WINDOW_RECHECK_SECS: i64 = 3600;
 /// The same for a change announced in notify mode: it rolls only if the
 /// user switches the mode, which is a write of the workload.
-pub const NOTIFY_RECHECK_SECS: i64 = 3600;
+pub(crate) const NOTIFY_RECHECK_SECS: i64 = 3600;
 
 fn void(reason: String) -> Verdict {
     Verdict::Drop {
@@ -197,7 +197,7 @@ type Judged<T> = Result<T, Verdict>;
 
 /// Judges a watch patch against the objects as they are now: the change
 /// landed → the workload still wants it → nothing holds it → apply.
-pub fn decide_patch(intent: &PatchIntent, seen: &Observed, now: i64, rules: &Rules) -> Verdict {
+pub(crate) fn decide_patch(intent: &PatchIntent, seen: &Observed, now: i64, rules: &Rules) -> Verdict {
     let judged = || -> Judged<Verdict> {
         let Some(workload) = seen.workload else {
             return Err(void(format!("patch of {} dropped: it no longer exists", intent.who())));
@@ -371,7 +371,7 @@ fn apply(intent: &PatchIntent, workload: &Value, now: i64, mut ops: Vec<Value>) 
 /// `workload`, and takes out an approval the workload carries for other
 /// content of `id` (refused: it changed since); `None` when both are so
 /// already.
-pub fn pending_ops(workload: &Value, id: &SourceId, snapshot: &str, hold: &Hold) -> Option<Vec<Value>> {
+pub(crate) fn pending_ops(workload: &Value, id: &SourceId, snapshot: &str, hold: &Hold) -> Option<Vec<Value>> {
     let annotations = workload.annotations();
     // Each op is made on the object as the ones before leave it: the
     // first may create the annotations map the next ones write into.
@@ -405,7 +405,7 @@ pub fn pending_ops(workload: &Value, id: &SourceId, snapshot: &str, hold: &Hold)
 /// record, when the change it names was dropped (a rollback came first,
 /// the workload stopped watching): a record of what will never roll must
 /// not stay for `approve` to act on. `None` if it is not there.
-pub fn unpend_ops(workload: &Value, id: &SourceId, snapshot: &str) -> Option<Vec<Value>> {
+pub(crate) fn unpend_ops(workload: &Value, id: &SourceId, snapshot: &str) -> Option<Vec<Value>> {
     let annotations = workload.annotations();
     let mut pending = Entries::on(annotations, keys::PENDING);
     (pending.get(id) == Some(snapshot)).then(|| {
@@ -416,7 +416,7 @@ pub fn unpend_ops(workload: &Value, id: &SourceId, snapshot: &str) -> Option<Vec
 
 /// When a settling workload's recorded changes may roll (unix seconds; 0
 /// when it records none).
-pub fn settle_until(workload: &Value) -> i64 {
+pub(crate) fn settle_until(workload: &Value) -> i64 {
     workload
         .pointer(&annotation_path(keys::SETTLE_UNTIL))
         .and_then(Value::as_str)
@@ -435,7 +435,7 @@ pub(super) fn set_entries(object: &Value, key: &str, entries: &Entries) -> Value
 
 /// Why a JSON Patch could not be applied to a local copy.
 #[derive(Debug, thiserror::Error)]
-pub enum PatchError {
+pub(crate) enum PatchError {
     #[error("not a JSON Patch: {0}")]
     Form(#[from] serde_json::Error),
     #[error(transparent)]
@@ -443,14 +443,14 @@ pub enum PatchError {
 }
 
 /// Applies JSON Patch `ops` to a local copy of an object.
-pub fn apply_ops(target: &mut Value, ops: &[Value]) -> Result<(), PatchError> {
+pub(crate) fn apply_ops(target: &mut Value, ops: &[Value]) -> Result<(), PatchError> {
     let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops.to_vec()))?;
     json_patch::patch(target, &patch)?;
     Ok(())
 }
 
 /// An object's resourceVersion, what a write pins.
-pub fn version_of(object: &Value) -> &str {
+pub(crate) fn version_of(object: &Value) -> &str {
     object.resource_version()
 }
 
@@ -472,7 +472,7 @@ fn annotate(object: &Value, key: &str, value: &str) -> Value {
 /// revision; with the revision as the only owner, the garbage collector
 /// would take the snapshot first. The periodic pass drops the workload's
 /// ownership once its template no longer names the snapshot.
-pub fn adopt_ops(owner: &Value, snapshot: &Value) -> Option<Vec<Value>> {
+pub(crate) fn adopt_ops(owner: &Value, snapshot: &Value) -> Option<Vec<Value>> {
     if !keys::is_snapshot(snapshot) {
         return None;
     }

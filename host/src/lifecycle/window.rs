@@ -13,7 +13,7 @@ use serde_json::Value;
 
 /// How long a rollout waits before its window is read again when the
 /// window cannot be judged (an unknown zone, a schedule that never comes).
-pub const RECHECK_SECS: i64 = 3600;
+pub(crate) const RECHECK_SECS: i64 = 3600;
 
 /// `None` when `workload` may roll out at `now` (no window, or one is
 /// open); else when to look again (unix seconds) and why, for the user.

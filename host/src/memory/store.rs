@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
-pub type Key = (String, String, String); // kind, namespace, name
+pub(crate) type Key = (String, String, String); // kind, namespace, name
 
 /// One change, as a watch would report it.
 #[derive(Debug, Clone)]
@@ -28,7 +28,7 @@ pub struct Store {
     referrers: crate::referrers::Referrers,
 }
 
-pub fn key_of(object: &Value) -> Key {
+pub(crate) fn key_of(object: &Value) -> Key {
     (
         object["kind"].as_str().unwrap_or_default().to_string(),
         object.namespace().unwrap_or("default").to_string(),

@@ -6,7 +6,7 @@ use serde_json::Value;
 
 /// Which references a mutation rewrote, and whether it recorded a rollback
 /// (a record that differs from the live object's).
-pub fn describe_rewrite(before: &Value, after: &Value, live: Option<&Value>) -> String {
+pub(crate) fn describe_rewrite(before: &Value, after: &Value, live: Option<&Value>) -> String {
     let (Some(b), Some(a)) = (
         config_snapshot_policy::kinds::template_of(before),
         config_snapshot_policy::kinds::template_of(after),

@@ -422,7 +422,7 @@ fn why_kept(plan: &Plan, holder: &Named) -> String {
 /// each workload pointed back with a rollout runs its new template, its
 /// old pods are gone and its old revisions out of use. What a dry run
 /// shows as the outcome of `--roll`.
-pub fn after_rollouts(objects: &[Value], plan: &Plan) -> Vec<Value> {
+pub(crate) fn after_rollouts(objects: &[Value], plan: &Plan) -> Vec<Value> {
     let rolled: BTreeMap<&Named, &Value> = plan
         .steps
         .iter()

@@ -26,7 +26,7 @@ use config_snapshot_policy::settings::Settings;
 
 /// Request uids of the host's own admissions (the resync's) start with
 /// this: they are logged at debug, not info.
-pub const UID_PREFIX: &str = "resync-";
+pub(crate) const UID_PREFIX: &str = "resync-";
 
 #[derive(Deserialize)]
 struct Review<'a> {

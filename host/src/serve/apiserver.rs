@@ -28,7 +28,7 @@ use crate::cluster::{self, pin, shown, ApiError, Cluster, Preconditions, Selecto
 
 /// One API call's deadline. The webhook answers within `timeoutSeconds`
 /// (10 s in deploy/serve), and an admission makes a few calls at most.
-pub const API_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const API_TIMEOUT: Duration = Duration::from_secs(3);
 
 pub struct KubeCluster {
     client: Client,

@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::lifecycle::Reason;
 
 /// The controller name on every Event (`reportingController`).
-pub const REPORTER: &str = "config-snapshot.io/serve";
+pub(crate) const REPORTER: &str = "config-snapshot.io/serve";
 
 pub struct Events {
     recorder: Recorder,

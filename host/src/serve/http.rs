@@ -23,7 +23,7 @@ const MAX_BODY: usize = 8 << 20;
 
 /// The webhook's routes. `body_timeout`: how long a request's body may
 /// take to arrive (a client that trickles it holds a connection).
-pub fn webhook_router(state: Arc<State>, body_timeout: Duration) -> Router {
+pub(crate) fn webhook_router(state: Arc<State>, body_timeout: Duration) -> Router {
     Router::new()
         .route("/mutate", post(mutate))
         .layer(DefaultBodyLimit::max(MAX_BODY))
@@ -31,7 +31,7 @@ pub fn webhook_router(state: Arc<State>, body_timeout: Duration) -> Router {
         .with_state(state)
 }
 
-pub fn ops_router(state: Arc<State>) -> Router {
+pub(crate) fn ops_router(state: Arc<State>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))

@@ -65,7 +65,7 @@ impl Leadership {
 
 /// Where and as whom to compete.
 #[derive(Debug, Clone)]
-pub struct Election {
+pub(crate) struct Election {
     pub namespace: String,
     pub lease: String,
     pub holder: String,
@@ -75,7 +75,7 @@ pub struct Election {
 /// Renews or contends every third of the lease duration, forever. An error
 /// reaching the API server makes this replica a follower until it can
 /// renew again: a leader that cannot prove it leads must not act as one.
-pub async fn compete(client: kube::Client, election: Election, leadership: Arc<Leadership>) {
+pub(crate) async fn compete(client: kube::Client, election: Election, leadership: Arc<Leadership>) {
     let lock = LeaseLock::new(
         client,
         &election.namespace,
@@ -100,7 +100,7 @@ pub async fn compete(client: kube::Client, election: Election, leadership: Arc<L
 }
 
 /// This replica's name in the Lease: the pod's name, else host and pid.
-pub fn default_holder() -> String {
+pub(crate) fn default_holder() -> String {
     std::env::var("POD_NAME").unwrap_or_else(|_| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_else(|_| "serve".into());
         format!("{}-{}", host.trim(), std::process::id())

@@ -44,7 +44,7 @@ use super::metrics::ConnectionMetrics;
 
 /// The TLS configuration for `cert` and `key`; with `client_ca`, a client
 /// must present a certificate that CA signed, or the handshake fails.
-pub fn server_config(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<Arc<ServerConfig>> {
+pub(crate) fn server_config(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<Arc<ServerConfig>> {
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
         .and_then(|certs| certs.collect())
         .with_context(|| format!("reading {}", cert.display()))?;
@@ -96,7 +96,7 @@ impl Tls {
 const SETTLING_MILLIS: u64 = 250;
 
 /// Requests one HTTP/2 connection carries at once.
-pub const STREAMS: u32 = 32;
+pub(crate) const STREAMS: u32 = 32;
 
 /// The listener's bounds.
 #[derive(Debug, Clone, Copy)]

@@ -24,7 +24,7 @@ pub struct DecisionLabels {
 }
 
 /// Every admission decision serve counts.
-pub const DECISIONS: [&str; 7] = [
+pub(crate) const DECISIONS: [&str; 7] = [
     "allowed", "mutated", "denied", "error", "excluded", "snapshot", "unnamed",
 ];
 
@@ -304,14 +304,14 @@ impl Metrics {
 }
 
 /// A request's kind as a label: one of the kinds the webhook handles.
-pub fn kind_label(kind: &str) -> &'static str {
+pub(crate) fn kind_label(kind: &str) -> &'static str {
     config_snapshot_policy::kinds::KINDS
         .iter()
         .find(|k| k.kind == kind && !k.handled().is_empty())
         .map_or("other", |k| k.kind)
 }
 
-pub fn operation_label(operation: &str) -> &'static str {
+pub(crate) fn operation_label(operation: &str) -> &'static str {
     ["CREATE", "UPDATE", "DELETE", "CONNECT"]
         .into_iter()
         .find(|o| *o == operation)
@@ -319,7 +319,7 @@ pub fn operation_label(operation: &str) -> &'static str {
 }
 
 /// A host call's operation as a label.
-pub fn host_operation_label(operation: &str) -> &'static str {
+pub(crate) fn host_operation_label(operation: &str) -> &'static str {
     config_snapshot_policy::operation::Operation::ALL
         .into_iter()
         .find(|o| o.name() == operation)

@@ -69,13 +69,13 @@ pub type Pending = oneshot::Receiver<cluster::Result<Option<Value>>>;
 
 /// The request's object alone: serde skips the rest of the request.
 #[derive(Deserialize)]
-pub struct ObjectOnly {
+pub(crate) struct ObjectOnly {
     #[serde(default)]
     pub object: Value,
 }
 
 /// The reads made ahead, by (kind, name), each taken at most once.
-pub type Fetched = HashMap<(SourceKind, String), Pending>;
+pub(crate) type Fetched = HashMap<(SourceKind, String), Pending>;
 
 /// The sources worth reading ahead for this AdmissionRequest (raw JSON),
 /// whose `kind` and `operation` the caller has already parsed. A request
@@ -131,7 +131,7 @@ pub fn snapshot_of(wanted: &Wanted, source: &Value) -> Option<String> {
 /// At most [`PER_ADMISSION`] reads of one admission run at once, and at
 /// most [`IN_FLIGHT`] of all admissions: a burst of reviews cannot turn
 /// into an unbounded burst of GETs at the API server.
-pub async fn read_ahead(
+pub(crate) async fn read_ahead(
     cluster: Arc<KubeCluster>,
     namespace: String,
     wanted: Wanted,
@@ -173,10 +173,10 @@ pub async fn read_ahead(
 }
 
 /// Reads ahead one admission runs at once.
-pub const PER_ADMISSION: usize = 8;
+pub(crate) const PER_ADMISSION: usize = 8;
 
 /// Reads ahead all admissions run at once.
-pub const IN_FLIGHT: usize = 64;
+pub(crate) const IN_FLIGHT: usize = 64;
 
 /// Whether serve's cache has `name` with an owner: then
 /// `create_snapshot` reuses it from the cache and waits for no fresh read.

@@ -13,7 +13,7 @@ use super::apiserver::KubeCluster;
 use super::prefetch::{self, Fetched, Wanted};
 use crate::cluster::{self, ApiError, Cluster, Preconditions, Selector};
 
-pub struct RequestScope {
+pub(crate) struct RequestScope {
     pub cluster: Arc<KubeCluster>,
     /// The request's namespace, and the sources read ahead in it: each
     /// answers one fresh read.

@@ -40,23 +40,23 @@ use zeroize::Zeroizing;
 use crate::proof::{Keyring, Prover, MIN_KEY_BYTES};
 
 /// The current key within the Secret.
-pub const CURRENT: &str = "key";
+pub(crate) const CURRENT: &str = "key";
 
 /// The prefix of an earlier key's field (`key-<id>`).
 const EARLIER: &str = "key-";
 
 /// The name of the guard's ValidatingAdmissionPolicy and its binding, as
 /// deploy/serve ships them (`--signing-key-guard`).
-pub const GUARD: &str = "config-snapshot-signing-key";
+pub(crate) const GUARD: &str = "config-snapshot-signing-key";
 
 /// How long after the guard was made the API server may still let a write
 /// through unguarded (its policy informer's lag): a key Secret created
 /// sooner is not trusted, and serve waits this long before creating one.
-pub const GUARD_SETTLES: i64 = 5;
+pub(crate) const GUARD_SETTLES: i64 = 5;
 
 /// The key from a file: raw bytes, or their base64 (a file written by
 /// hand).
-pub fn from_file(path: &Path) -> Result<Keyring> {
+pub(crate) fn from_file(path: &Path) -> Result<Keyring> {
     let bytes = Zeroizing::new(std::fs::read(path).with_context(|| format!("reading {}", path.display()))?);
     let text = std::str::from_utf8(&bytes).ok().map(str::trim);
     let key = match text.and_then(|t| base64::engine::general_purpose::STANDARD.decode(t).ok()) {
@@ -88,7 +88,7 @@ pub fn ring_of(secret: &Secret) -> Result<Keyring> {
 
 /// The key Secret `namespace/name` that holds `ring`. Not immutable: a
 /// rotation or a restore updates it, under the guard.
-pub fn secret_of(ring: &Keyring, namespace: &str, name: &str) -> Secret {
+pub(crate) fn secret_of(ring: &Keyring, namespace: &str, name: &str) -> Secret {
     let mut data = BTreeMap::new();
     let mut keys = ring.keys().iter();
     if let Some(current) = keys.next() {

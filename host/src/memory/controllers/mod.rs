@@ -26,15 +26,15 @@ use sha2::{Digest, Sha256};
 
 use super::Simulator;
 
-pub const REVISION_ANNOTATION: &str = "deployment.kubernetes.io/revision";
+pub(crate) const REVISION_ANNOTATION: &str = "deployment.kubernetes.io/revision";
 /// The revisions a ReplicaSet had before it became current again (a
 /// rollback), comma-separated, as the Deployment controller keeps them.
-pub const REVISION_HISTORY_ANNOTATION: &str = "deployment.kubernetes.io/revision-history";
+pub(crate) const REVISION_HISTORY_ANNOTATION: &str = "deployment.kubernetes.io/revision-history";
 
 /// Deployment annotations the controller does not copy to its ReplicaSets,
 /// and `kubectl rollout undo` does not copy back (kubectl's
 /// `annotationsToSkip`, the controller's `skipCopyAnnotation`).
-pub const NOT_COPIED: [&str; 6] = [
+pub(crate) const NOT_COPIED: [&str; 6] = [
     "kubectl.kubernetes.io/last-applied-configuration",
     REVISION_ANNOTATION,
     REVISION_HISTORY_ANNOTATION,
@@ -210,7 +210,7 @@ fn controller_template(template: &Value) -> Value {
 }
 
 /// A stable hash of a template: keys sorted, so field order never matters.
-pub fn template_hash(template: &Value) -> String {
+pub(crate) fn template_hash(template: &Value) -> String {
     fn sorted(v: &Value) -> Value {
         match v {
             Value::Object(m) => {
