@@ -1,4 +1,4 @@
-//! What the host needs from a cluster, and nothing more: the in-memory one
+//! What the host needs from a cluster, and nothing more: the simulator
 //! behind `replay`, or the API server behind `serve`. The capability's
 //! invariants (`crate::capability`) and the lifecycle's driver
 //! (`crate::lifecycle::driver`) are written once over this trait, so both
@@ -228,10 +228,10 @@ where
 mod tests {
     use super::*;
 
-    fn one_configmap() -> crate::memory::Shared {
+    fn one_configmap() -> crate::simulator::Shared {
         let cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "app", "namespace": "team-a"}, "data": {"k": "v"}});
-        crate::memory::Shared::holding(&[cm], 1_900_000_000)
+        crate::simulator::Shared::holding(&[cm], 1_900_000_000)
     }
 
     fn annotate(n: usize) -> Vec<Value> {

@@ -18,8 +18,8 @@ use serde_json::{json, Value};
 use crate::capability::{Caller, Capability};
 use crate::lifecycle::resync::{PassHost, ReadmitError};
 use crate::lifecycle::{Driver, Effect, Register, Rules};
-use crate::memory::Shared;
 use crate::proof::Prover;
+use crate::simulator::Shared;
 
 /// The namespace the caller is in; the fuzzed call may touch only it.
 const CALLER_NS: &str = "team-a";

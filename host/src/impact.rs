@@ -81,7 +81,7 @@ pub fn stored_form(mut manifest: Value) -> Result<(SourceKind, Value)> {
         bail!("this is a snapshot, which config-snapshot made and never changes; plan its source instead");
     }
     if kind == SourceKind::Secret {
-        crate::memory::fold_string_data(&mut manifest)?;
+        crate::simulator::fold_string_data(&mut manifest)?;
     }
     Ok((kind, manifest))
 }

@@ -15,7 +15,6 @@ pub mod impact;
 pub mod interactions;
 pub mod lifecycle;
 pub mod masks;
-pub mod memory;
 pub mod proof;
 pub mod referrers;
 pub mod registry;
@@ -25,6 +24,7 @@ pub mod review;
 pub mod rules;
 pub mod selector;
 pub mod serve;
+pub mod simulator;
 pub mod status;
 pub mod view;
 

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use crate::capability::{Caller, Capability};
 use crate::engine::{CallHandler, Engine};
-use crate::memory::Simulator;
+use crate::simulator::Simulator;
 
 /// Evaluates one request with `host` answering the policy's calls, as
 /// stock Kubewarden would (see `crate::interactions`): nothing is

@@ -11,7 +11,7 @@ use serde_json::Value;
 use config_snapshot_policy::kinds::WorkloadKind;
 
 use crate::cluster::Key;
-use crate::memory::Simulator;
+use crate::simulator::Simulator;
 
 pub trait View {
     fn get(&self, kind: &str, namespace: &str, name: &str) -> Option<Value>;

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use config_snapshot::engine::Engine;
 use config_snapshot::gate::{declared_resources, Allowed, Gate, KUBEWARDEN_CAPABILITIES};
-use config_snapshot::memory::Simulator;
+use config_snapshot::simulator::Simulator;
 use config_snapshot::{replay, review};
 use serde_json::{json, Value};
 

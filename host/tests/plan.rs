@@ -49,7 +49,7 @@ fn plan(manifest: &Path, output: &str) -> (bool, String) {
 /// workload → the snapshots its template names now.
 fn rolled(dir: &Path, manifest: &Value) -> Vec<(String, Vec<String>)> {
     let engine = Arc::new(Engine::load(&policy()).unwrap());
-    let templates = |sim: &config_snapshot::memory::Simulator| -> Vec<(String, Value)> {
+    let templates = |sim: &config_snapshot::simulator::Simulator| -> Vec<(String, Value)> {
         sim.objects()
             .into_iter()
             .filter(|o| matches!(o["kind"].as_str(), Some("Deployment" | "StatefulSet")))

@@ -19,10 +19,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use config_snapshot::memory::Admission;
 use config_snapshot::replay;
 use config_snapshot::replay::invariants;
 use config_snapshot::replay::scenario::{EffectiveConfig, Step};
+use config_snapshot::simulator::Admission;
 use config_snapshot::view::{Objects, View};
 use config_snapshot_policy::kinds::WorkloadKind;
 use serde_json::{json, Value};

@@ -17,11 +17,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
 use config_snapshot::engine::Engine;
-use config_snapshot::memory::Simulator;
 use config_snapshot::replay::scenario::Step;
 use config_snapshot::replay::{self, CheckResult};
 use config_snapshot::serve::cache::KINDS;
 use config_snapshot::serve::{self, State};
+use config_snapshot::simulator::Simulator;
 use config_snapshot_policy::duration::{parse_go_duration, parse_rfc3339};
 use config_snapshot_testing::standin::ApiServer;
 use serde_json::value::RawValue;
@@ -128,7 +128,7 @@ impl Served {
     async fn step(
         &self,
         step: Step,
-        last: &mut Option<config_snapshot::memory::Admission>,
+        last: &mut Option<config_snapshot::simulator::Admission>,
     ) -> Result<Vec<CheckResult>> {
         if let Step::AdvanceTime(d) = &step {
             let secs = parse_go_duration(d).map_err(|e| anyhow!("advanceTime: {e}"))? as i64;

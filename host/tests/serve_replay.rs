@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use config_snapshot::engine::Engine;
-use config_snapshot::memory::Recorded;
+use config_snapshot::simulator::Recorded;
 use config_snapshot::{replay, serve};
 use config_snapshot_testing::standin::ApiServer;
 use serde_json::value::RawValue;

@@ -3,7 +3,7 @@
 //! invariants of docs/design.md ("Host capability contract") enforced here,
 //! whatever the guest asks.
 //!
-//! It sits on a [`Cluster`] (the in-memory one for replay, the API server
+//! It sits on a [`Cluster`] (the simulator for replay, the API server
 //! for serve), so every host gets the same checks. A failed call answers a
 //! [`HostError`] with a code, which the guest decides by.
 //!

@@ -13,7 +13,7 @@ use crate::cluster::{self, Preconditions, Selector};
 /// The simulator, with every write that lands written down.
 #[derive(Default)]
 pub(super) struct Recorder {
-    pub(super) cluster: crate::memory::Shared,
+    pub(super) cluster: crate::simulator::Shared,
     pub(super) writes: Mutex<Vec<String>>,
     /// Plays a cache that has not seen another replica's write yet:
     /// `get` misses, `get_fresh` and `create` see the truth.

@@ -62,7 +62,7 @@ pub struct ReadFrom {
 impl ReadFrom {
     /// The simulator a replay of `--scenario` leaves, if one was named. A
     /// scenario that does not pass is still read, with a word on stderr.
-    pub fn replayed(&self) -> Result<Option<config_snapshot::memory::Simulator>> {
+    pub fn replayed(&self) -> Result<Option<config_snapshot::simulator::Simulator>> {
         let Some(path) = &self.scenario else {
             return Ok(None);
         };

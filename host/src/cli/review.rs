@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, Context as _, Result};
 use config_snapshot::engine::Engine;
-use config_snapshot::memory::Simulator;
+use config_snapshot::simulator::Simulator;
 use config_snapshot::{interactions, review};
 use serde_json::Value;
 

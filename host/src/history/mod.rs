@@ -27,7 +27,7 @@ use config_snapshot_policy::template::{self, Snapshots};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::memory::controllers::REVISION_HISTORY_ANNOTATION;
+use crate::simulator::controllers::REVISION_HISTORY_ANNOTATION;
 use crate::view::View;
 pub use diff::{diff, Diff};
 pub use fetch::fetch;

@@ -9,7 +9,7 @@
 //! - [`register`]: the effects on their way; [`guard`]: the invariants on
 //!   deleting a snapshot; [`observe`]: what the hosts are told.
 //!
-//! The hosts only schedule: replay's `memory::scheduler`, serve's
+//! The hosts only schedule: replay's `simulator::scheduler`, serve's
 //! `serve::queue`.
 
 pub mod driver;

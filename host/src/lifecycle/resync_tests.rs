@@ -11,8 +11,8 @@ use serde_json::json;
 
 use super::*;
 use crate::lifecycle::{Register, Rules};
-use crate::memory::Shared;
 use crate::proof::Prover;
+use crate::simulator::Shared;
 
 const KEY_MADE: i64 = 1_800_000_000;
 const NOW: i64 = KEY_MADE + 86_400;

@@ -12,10 +12,10 @@ use config_snapshot_policy::template;
 use serde_json::{json, Value};
 
 use super::CheckResult;
-use crate::memory::Admission;
 use crate::replay::invariants;
 use crate::replay::scenario::{Check, EffectiveConfig, Expect, Invariant};
 use crate::selector::Selector;
+use crate::simulator::Admission;
 use crate::view::View;
 
 /// Evaluates an `expect` step against the last admission.

@@ -20,10 +20,10 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::engine::Engine;
-use crate::memory::{Admission, Fault, Recorded, Simulator};
 use crate::replay::scenario::{Scenario, Step};
 use crate::review;
 use crate::selector::Selector;
+use crate::simulator::{Admission, Fault, Recorded, Simulator};
 pub use checks::{assert, effective_config, expect, EffectiveError};
 
 #[derive(Debug, Serialize)]

@@ -6,7 +6,7 @@ use config_snapshot_policy::object::ObjectExt;
 use serde_json::{json, Value};
 
 use super::{controller_template, owner_ref, template_hash};
-use crate::memory::Simulator;
+use crate::simulator::Simulator;
 
 impl Simulator {
     /// The StatefulSet and DaemonSet controllers' ControllerRevisions.
@@ -101,7 +101,7 @@ impl Simulator {
         let partition = strategy["rollingUpdate"]["partition"].as_i64().unwrap_or(0);
         let replicas = workload["spec"]["replicas"].as_i64().unwrap_or(1);
         let rolls_all = strategy["type"] != "OnDelete" && (partition == 0 || replicas == 0);
-        let (kind, ns, name) = crate::memory::store::key_of(workload);
+        let (kind, ns, name) = crate::simulator::store::key_of(workload);
         let live = self.get(&kind, &ns, &name)?;
         let previous = live["status"]["currentRevision"]
             .as_str()

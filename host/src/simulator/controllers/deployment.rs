@@ -8,7 +8,7 @@ use super::{
     controller_template, copy_annotations, owner_ref, revision_of_rs, template_hash, REVISION_ANNOTATION,
     REVISION_HISTORY_ANNOTATION,
 };
-use crate::memory::Simulator;
+use crate::simulator::Simulator;
 
 impl Simulator {
     /// The Deployment controller: one ReplicaSet per distinct template, the

@@ -22,7 +22,8 @@ pub struct Store {
     objects: BTreeMap<Key, Value>,
     counter: u64,
     pub now: i64,
-    /// Every change, when something watches the store (see `memory::http`).
+    /// Every change, when something watches the store (the stand-in API
+    /// server's watches, testing/src/standin/http.rs).
     log: Option<Vec<Change>>,
     /// Which workloads reference which source (`list_referencing`).
     referrers: crate::referrers::Referrers,

@@ -2,8 +2,8 @@
 
 use serde_json::{json, Value};
 
-use crate::memory::store::key_of;
-use crate::memory::Simulator;
+use crate::simulator::store::key_of;
+use crate::simulator::Simulator;
 
 impl Simulator {
     /// The ownerReference garbage collector, as Kubernetes runs it: an
