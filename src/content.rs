@@ -343,7 +343,7 @@ mod tests {
         let label = obj.label(keys::SOURCE_LABEL).unwrap();
         assert!(label.len() <= 63);
         assert!(
-            obj["metadata"]["annotations"].get(keys::CONTENT_HASH).is_none(),
+            !obj.has_annotation(keys::CONTENT_HASH),
             "a Secret snapshot carries no unkeyed hash of its value"
         );
         assert_eq!(obj["metadata"]["annotations"][keys::SOURCE_RESOURCE_VERSION], "42");

@@ -51,6 +51,11 @@ pub trait ObjectExt {
         self.annotations()?.get(key)?.as_str()
     }
 
+    /// Whether the annotation is there, whatever its value.
+    fn has_annotation(&self, key: &str) -> bool {
+        self.annotations().is_some_and(|a| a.contains_key(key))
+    }
+
     /// `metadata.labels`.
     fn labels(&self) -> Option<&Map<String, Value>> {
         self.metadata()?.get("labels")?.as_object()

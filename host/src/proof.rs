@@ -801,7 +801,7 @@ mod tests {
         assert_eq!(p.verify(&secret), Ok(()));
         let text = secret.to_string();
         assert!(!text.contains(&content.hash()), "no unkeyed hash on it: {text}");
-        assert!(secret["metadata"]["annotations"].get(keys::CONTENT_HASH).is_none());
+        assert!(!secret.has_annotation(keys::CONTENT_HASH));
         // ConfigMaps keep the plain, reproducible name and hash.
         let cm = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"a": "1"}})).unwrap();
         assert_eq!(p.snapshot_name("prod", "app", &cm), snapshot_name("app", &cm.hash()));

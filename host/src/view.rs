@@ -67,11 +67,7 @@ impl View for Objects {
             .0
             .iter()
             .filter(|o| o["kind"] == revisions.kind && o["metadata"]["namespace"] == namespace)
-            .filter(|o| {
-                o["metadata"]["ownerReferences"]
-                    .as_array()
-                    .is_some_and(|refs| refs.iter().any(|r| r["uid"] == *uid))
-            })
+            .filter(|o| o.owner_references().iter().any(|r| r["uid"] == *uid))
             .max_by_key(|r| number(r))?;
         let mut template = revisions.template_of(current)?.clone();
         if let Some(t) = template.as_object_mut() {

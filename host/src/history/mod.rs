@@ -138,11 +138,7 @@ pub fn history(cluster: &dyn View, target: &Target, namespace: &str, now: i64) -
         .objects()
         .into_iter()
         .filter(|o| o["kind"] == target.revision_kind() && o["metadata"]["namespace"] == namespace)
-        .filter(|o| {
-            o["metadata"]["ownerReferences"]
-                .as_array()
-                .is_some_and(|refs| refs.iter().any(|r| r["uid"] == uid))
-        })
+        .filter(|o| o.owner_references().iter().any(|r| r["uid"] == uid))
         .collect();
     if kept.is_empty() {
         bail!("{target} has no revisions yet (its controller has not made one)");

@@ -63,9 +63,7 @@ pub(crate) fn missing_adoptions(objects: &[&Value]) -> Vec<Effect> {
             .filter_map(|s| {
                 let (kind, snap) = (s["kind"].as_str()?, s["name"].as_str()?);
                 let object = snapshots.get(&(kind.to_string(), ns.clone(), snap.to_string()))?;
-                let owned = object["metadata"]["ownerReferences"]
-                    .as_array()
-                    .is_some_and(|refs| refs.iter().any(|r| r["uid"] == *uid));
+                let owned = object.owner_references().iter().any(|r| r["uid"] == *uid);
                 (!owned).then(|| (kind.to_string(), snap.to_string()))
             })
             .collect();
@@ -113,10 +111,7 @@ pub fn bridges(objects: &[&Value], awaited: &HashSet<Key>) -> Vec<Patch> {
     let mut out = Vec::new();
     for snapshot in objects.iter().filter(|o| keys::is_snapshot(o)) {
         let k = key(snapshot);
-        let current: Vec<Value> = snapshot["metadata"]["ownerReferences"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
+        let current: Vec<Value> = snapshot.owner_references().to_vec();
         let names = |workload: &str| named.get(workload).is_some_and(|n| n.contains(&k));
         let mut wanted: Vec<Value> = current
             .iter()
@@ -173,7 +168,7 @@ pub(crate) fn renewals<'a>(objects: &[&'a Value]) -> Vec<&'a Value> {
     objects
         .iter()
         .filter(|o| WorkloadKind::from_kind(kind_of(o)).is_some())
-        .filter(|o| o["metadata"]["annotations"].get(keys::RENEW_DURATION).is_some())
+        .filter(|o| o.has_annotation(keys::RENEW_DURATION))
         .copied()
         .collect()
 }

@@ -82,7 +82,7 @@ impl Driver<'_> {
                 }
                 if !prover.proves(o) {
                     unproven.push(o.clone())
-                } else if kind == "Secret" && o["metadata"]["annotations"].get(keys::CONTENT_HASH).is_some() {
+                } else if kind == "Secret" && o.has_annotation(keys::CONTENT_HASH) {
                     hashed.push((cluster::key(o), version_of(o).to_string()));
                 }
             });

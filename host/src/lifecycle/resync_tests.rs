@@ -111,7 +111,7 @@ fn an_unsigned_snapshot_is_never_signed_by_the_pass() {
         assert_eq!((done.swept, done.unproven), (0, 1));
     }
     let kept = shared.get("ConfigMap", "shop", &name(&old)).unwrap().unwrap();
-    assert!(!p.proves(&kept) && kept["metadata"]["annotations"].get(crate::proof::SIGNATURE).is_none());
+    assert!(!p.proves(&kept) && !kept.has_annotation(crate::proof::SIGNATURE));
 }
 
 /// A Secret snapshot an earlier version made carries the plain SHA-256 of
@@ -131,10 +131,7 @@ fn the_pass_takes_the_unkeyed_hash_off_secret_snapshots() {
     let rules = Rules::new(Settings::default(), p.clone());
     assert_eq!(pass(&shared, &rules).unhashed, 1);
     let now = shared.get("Secret", "shop", &name).unwrap().unwrap();
-    assert!(
-        now["metadata"]["annotations"].get(keys::CONTENT_HASH).is_none(),
-        "{now}"
-    );
+    assert!(!now.has_annotation(keys::CONTENT_HASH), "{now}");
     assert!(p.proves(&now), "still proven");
     assert_eq!(pass(&shared, &rules).unhashed, 0, "once");
 }

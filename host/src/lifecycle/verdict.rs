@@ -484,10 +484,7 @@ pub(crate) fn adopt_ops(owner: &Value, snapshot: &Value) -> Option<Vec<Value>> {
         .as_array()
         .and_then(|refs| refs.iter().find(|r| r["controller"] == true))
         .map(|r| json!({"apiVersion": r["apiVersion"], "kind": r["kind"], "name": r["name"], "uid": r["uid"]}));
-    let current: Vec<Value> = snapshot["metadata"]["ownerReferences"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
+    let current: Vec<Value> = snapshot.owner_references().to_vec();
     let mut wanted = current.clone();
     for r in controller.into_iter().chain([reference]) {
         if !wanted.iter().any(|w| w["uid"] == r["uid"]) {

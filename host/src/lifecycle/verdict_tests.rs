@@ -351,12 +351,12 @@ fn a_pending_record_is_written_once_and_takes_off_a_refused_approval() {
     recorded["metadata"]["annotations"][keys::APPROVE] = json!(format!("configmap/app={old}"));
     let ops = pending_ops(&recorded, &id, &new, &Hold::Notify).unwrap();
     apply_ops(&mut recorded, &ops).unwrap();
-    assert!(recorded["metadata"]["annotations"].get(keys::APPROVE).is_none());
+    assert!(!recorded.has_annotation(keys::APPROVE));
     // Dropped: the record goes; a record of other content stays.
     assert_eq!(unpend_ops(&recorded, &id, &old), None);
     let ops = unpend_ops(&recorded, &id, &new).unwrap();
     apply_ops(&mut recorded, &ops).unwrap();
-    assert!(recorded["metadata"]["annotations"].get(keys::PENDING).is_none());
+    assert!(!recorded.has_annotation(keys::PENDING));
 }
 
 #[test]

@@ -264,10 +264,7 @@ impl<'a> Walk<'a> {
                 continue;
             };
             let Some(template) = object.pointer(path) else { continue };
-            let records: Vec<&'static str> = keys::RECORDS
-                .into_iter()
-                .filter(|k| object["metadata"]["annotations"].get(*k).is_some())
-                .collect();
+            let records: Vec<&'static str> = keys::RECORDS.into_iter().filter(|k| object.has_annotation(k)).collect();
             let action = self.workload_action(kind, object, template, sources);
             if action.is_some() || !records.is_empty() {
                 self.plan.steps.push(Step {

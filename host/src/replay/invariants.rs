@@ -63,9 +63,10 @@ pub fn garbage_bounded(objects: &[Value], awaited: &HashSet<Key>) -> Vec<String>
         .iter()
         .filter(|o| keys::is_snapshot(o))
         .filter(|o| {
-            let owned = o["metadata"]["ownerReferences"]
-                .as_array()
-                .is_some_and(|refs| refs.iter().any(|r| r["uid"].as_str().is_some_and(|u| uids.contains(u))));
+            let owned = o
+                .owner_references()
+                .iter()
+                .any(|r| r["uid"].as_str().is_some_and(|u| uids.contains(u)));
             let k = key(o);
             !owned && !referenced.contains(&k) && !awaited.contains(&k)
         })

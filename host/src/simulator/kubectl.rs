@@ -32,7 +32,7 @@ impl Simulator {
             // manifest; an apply's three-way merge leaves them alone.
             for key in [keys::ROLLBACK, keys::WATCH_ROLLOUT] {
                 if let Some(v) = old["metadata"]["annotations"].get(key) {
-                    if object["metadata"]["annotations"].get(key).is_none() {
+                    if !object.has_annotation(key) {
                         if !object["metadata"]["annotations"].is_object() {
                             object["metadata"]["annotations"] = json!({});
                         }

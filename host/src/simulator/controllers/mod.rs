@@ -83,11 +83,7 @@ impl Simulator {
         self.shared
             .store()
             .list(kind, ns)
-            .filter(|o| {
-                o["metadata"]["ownerReferences"]
-                    .as_array()
-                    .is_some_and(|refs| refs.iter().any(|r| r["uid"] == *uid))
-            })
+            .filter(|o| o.owner_references().iter().any(|r| r["uid"] == *uid))
             .cloned()
             .collect()
     }
