@@ -172,3 +172,6 @@ mod guest {
 
 #[cfg(test)]
 mod properties_tests;
+
+#[cfg(test)]
+mod layering_tests;

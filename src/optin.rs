@@ -8,7 +8,7 @@ use serde_json::Value;
 use crate::duration::{parse_go_duration, DurationError};
 use crate::keys;
 use crate::selection::{ListError, SourceList};
-use crate::settings::Settings;
+use crate::settings::{Settings, MAX_SETTLE_SECS};
 use crate::source::SourceId;
 
 /// Why a workload's annotations were refused: each names the annotation
@@ -48,10 +48,6 @@ pub struct OptIn {
     /// before a watch rollout, which then takes all their changes at once.
     pub settle_secs: Option<u64>,
 }
-
-/// The longest `settle` accepted: a change held longer is a rollout
-/// window's job.
-pub(crate) const MAX_SETTLE_SECS: u64 = 3600;
 
 /// The shortest renew-duration accepted. Anything shorter would roll a
 /// workload on nearly every admission.

@@ -108,6 +108,11 @@ impl Default for RawSettings {
     }
 }
 
+/// The longest `settle` accepted, on a workload or as the default: a
+/// change held longer is a rollout window's job. (Here, below `optin`,
+/// which reads it too.)
+pub(crate) const MAX_SETTLE_SECS: u64 = 3600;
+
 /// Validated settings, with the lists and durations parsed once.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -151,7 +156,7 @@ impl TryFrom<RawSettings> for Settings {
             secret_checksum_key: raw.secret_checksum_key.filter(|k| !k.is_empty()),
             settle_secs: match parse_go_duration(&raw.settle).map_err(SettingsError::Settle)? {
                 0 => None,
-                secs if secs <= crate::optin::MAX_SETTLE_SECS => Some(secs),
+                secs if secs <= MAX_SETTLE_SECS => Some(secs),
                 secs => return Err(SettingsError::SettleTooLong(secs)),
             },
         })
