@@ -12,9 +12,15 @@ use super::*;
 /// Reads serve's kube client made after `from` (a length of its logs) to
 /// a path containing `fragment`: its debug log names every request URL.
 fn reads_since(serve: &ServeProcess, from: usize, fragment: &str) -> Vec<String> {
+    // The request's path, not its query: a cache's relist of every
+    // namespace but kube-system names kube-system in its field selector.
+    let path_of = |line: &str| {
+        let url = line.split("\"http.url\":\"").nth(1)?.split('"').next()?;
+        Some(url.split('?').next().unwrap_or_default().to_string())
+    };
     serve.logs()[from..]
         .lines()
-        .filter(|l| l.contains("\"requesting\"") && l.contains(fragment))
+        .filter(|l| l.contains("\"requesting\"") && path_of(l).is_some_and(|p| p.contains(fragment)))
         .map(str::to_string)
         .collect()
 }
