@@ -296,7 +296,7 @@ fn the_module_is_within_its_size_budget() {
     // to about 443 KB and runs a few percent faster (docs/BENCHMARKS.md,
     // "The engine floor and the module's size"). Every kilobyte over this
     // budget needs a reason.
-    // Rollout windows (src/window.rs) brought croner, the cron parser the
+    // Rollout windows (src/model/window.rs) brought croner, the cron parser the
     // host evaluates windows with, so that the policy refuses at the write
     // exactly the windows the host could not judge: 36.5 KB (466,801 bytes
     // before it, 503,351 after, measured 2026-11-26).

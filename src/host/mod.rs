@@ -7,6 +7,12 @@
 //! structure, never by their text: our hosts answer a [`HostError`] with a
 //! code; anything else is a foreign host's text, shown to users as it is.
 
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
+pub mod host_error;
+pub mod operation;
+pub(crate) mod reads;
+
 use std::collections::BTreeSet;
 
 use kubewarden_policy_sdk::host_capabilities::kubernetes::{GetResourceRequest, ListResourcesByNamespaceRequest};

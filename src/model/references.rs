@@ -237,7 +237,7 @@ mod tests {
     /// A template with one reference of every kind docs/design.md lists
     /// ("Vocabulary"); the host's tests use the same fixture.
     pub fn every_kind() -> Value {
-        serde_json::from_str(include_str!("../test_data/every-reference-kind.json")).unwrap()
+        serde_json::from_str(include_str!("../../test_data/every-reference-kind.json")).unwrap()
     }
 
     #[test]

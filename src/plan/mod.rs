@@ -15,6 +15,7 @@
 
 mod judge;
 mod record;
+pub mod rewrite;
 
 use crate::object::ObjectExt;
 use serde_json::Value;

@@ -1,0 +1,19 @@
+//! The vocabulary: sources and snapshots, the kinds and their references,
+//! the annotations a workload opts in with and the records the policy
+//! keeps, the settings. Below everything else; it asks no host anything.
+
+pub mod approval;
+pub mod content;
+pub mod duration;
+pub mod keys;
+pub mod kinds;
+pub mod object;
+pub mod optin;
+pub mod records;
+pub mod references;
+pub mod request;
+pub mod selection;
+pub mod settings;
+pub mod source;
+pub mod template;
+pub mod window;
