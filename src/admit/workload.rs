@@ -250,13 +250,13 @@ fn adopt_standalone(ctx: &Context, admission: &Admission) -> Phase<Vec<String>> 
         warnings.push(format!(
             "{SAY}{} {} cannot be watched: its template never changes, so it keeps the config it was created with",
             kind.kind(),
-            name_of(object)
+            object.name()
         ));
     }
     let template = object.pointer(kind.template()).unwrap_or(&Value::Null);
     let used = crate::revision::used_snapshots(template);
     if !ctx.dry_run && !used.is_empty() {
-        let adopted = crate::revision::adopt(ctx, kind.row(), name_of(object), used);
+        let adopted = crate::revision::adopt(ctx, kind.row(), object.name(), used);
         if !adopted.accepted {
             return Err(adopted.into());
         }
@@ -313,7 +313,7 @@ fn too_many_sources(ctx: &Context, kind: WorkloadKind, object: &Value) -> Option
     if named <= references::MAX_SOURCES {
         return None;
     }
-    let (kind, name, most) = (kind.kind(), name_of(object), references::MAX_SOURCES);
+    let (kind, name, most) = (kind.kind(), object.name(), references::MAX_SOURCES);
     Some(match ctx.settings.on_snapshot_failure {
         OnSnapshotFailure::Reject => Outcome::reject(
             format!("{SAY}{kind} {name} names {named} distinct ConfigMaps and Secrets; config-snapshot takes at most {most} per workload"),
@@ -323,10 +323,6 @@ fn too_many_sources(ctx: &Context, kind: WorkloadKind, object: &Value) -> Option
             "{SAY}{kind} {name} names {named} distinct ConfigMaps and Secrets; config-snapshot takes at most {most} per workload, so it was admitted without snapshots"
         )]),
     })
-}
-
-fn name_of(object: &Value) -> &str {
-    object.name()
 }
 
 #[cfg(test)]

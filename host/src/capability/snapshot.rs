@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 use super::{failed, refused, Capability};
 use crate::cluster::{patch_judged, ApiError, Cluster, Judged};
 use crate::lifecycle::driver::SWEEP_EVERY_SECS;
-use crate::lifecycle::verdict::{adopt_ops, version_of};
+use crate::lifecycle::verdict::adopt_ops;
 use crate::lifecycle::Effect;
 
 /// Secret types that mint credentials when created: never a snapshot's.
@@ -269,7 +269,7 @@ impl Capability {
                 };
                 Ok(Judged::Patch {
                     ops,
-                    version: version_of(&found).to_string(),
+                    version: found.resource_version().to_string(),
                     then: reused,
                 })
             },

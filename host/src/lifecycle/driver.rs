@@ -27,7 +27,7 @@ use super::guard;
 use super::observe::{Observer, Reason};
 use super::pass::{add_references, bridges, controller_of, doomed, orphans, Doomed};
 use super::register::Register;
-use super::verdict::{adopt_ops, apply_ops, decide_patch, version_of, Hold, Observed, Rules, Verdict};
+use super::verdict::{adopt_ops, apply_ops, decide_patch, Hold, Observed, Rules, Verdict};
 use crate::capability::{written_size, Budget};
 use crate::cluster::{self, ApiError, Cluster, Judged, Key, Preconditions, Selector};
 use crate::proof::Proven;
@@ -334,7 +334,7 @@ impl Driver<'_> {
             let Some(ops) = adopt_ops(&owner, &snapshot) else {
                 continue;
             };
-            match self.cluster.patch(kind, ns, name, version_of(&snapshot), ops) {
+            match self.cluster.patch(kind, ns, name, snapshot.resource_version(), ops) {
                 Ok(()) => self
                     .observer
                     .adopted(format!("{kind}/{name} adopted by {owner_kind}/{owner_name}")),
@@ -498,7 +498,7 @@ impl Driver<'_> {
                 // changed or was declined, which `approve` refuses.
                 if let Err(e) = self
                     .cluster
-                    .patch(intent.kind.kind(), ns, &intent.name, version_of(w), ops)
+                    .patch(intent.kind.kind(), ns, &intent.name, w.resource_version(), ops)
                 {
                     self.observer
                         .note(format!("clearing the pending record of {}: {e}", intent.who()));
@@ -610,7 +610,7 @@ impl Driver<'_> {
             return Ok(());
         };
         self.cluster
-            .patch(intent.kind.kind(), ns, &intent.name, version_of(workload), ops)
+            .patch(intent.kind.kind(), ns, &intent.name, workload.resource_version(), ops)
             .map_err(|e| format!("recording the pending change on {}: {e}", intent.who()))?;
         let (id, snapshot) = (&intent.source, &intent.snapshot);
         let target = format!("{}/{}", intent.kind.kind().to_lowercase(), intent.name);
@@ -728,7 +728,7 @@ impl Driver<'_> {
                     None => Judged::Done(false),
                     Some(ops) => Judged::Patch {
                         ops,
-                        version: version_of(&found).to_string(),
+                        version: found.resource_version().to_string(),
                         then: true,
                     },
                 })

@@ -29,7 +29,6 @@ use config_snapshot_policy::template::Snapshots;
 use serde_json::{json, Value};
 
 use super::effect::Effect;
-use super::verdict::version_of;
 use crate::cluster::{key, Key};
 
 fn kind_of(object: &Value) -> &str {
@@ -144,7 +143,7 @@ pub fn bridges(objects: &[&Value], awaited: &HashSet<Key>) -> Vec<Patch> {
         if wanted != current {
             out.push((
                 k,
-                version_of(snapshot).to_string(),
+                snapshot.resource_version().to_string(),
                 vec![json!({"op": "add", "path": "/metadata/ownerReferences", "value": wanted})],
             ));
         }

@@ -13,7 +13,6 @@ use super::driver::Driver;
 use super::effect::Effect;
 use super::observe::Reason;
 use super::pass::{bridges, missing_adoptions, orphans, renewals, watched_sources};
-use super::verdict::version_of;
 use crate::cluster::{self, key, Cluster, Selector};
 use crate::proof::digested;
 
@@ -83,7 +82,7 @@ impl Driver<'_> {
                 if !prover.proves(o) {
                     unproven.push(o.clone())
                 } else if kind == "Secret" && o.has_annotation(keys::CONTENT_HASH) {
-                    hashed.push((cluster::key(o), version_of(o).to_string()));
+                    hashed.push((cluster::key(o), o.resource_version().to_string()));
                 }
             });
             if let Err(e) = listed {
@@ -200,7 +199,7 @@ impl Driver<'_> {
             Err(e) => return Err(failed(e.to_string())),
         };
         self.cluster
-            .patch(&kind, &ns, &name, version_of(workload), ops)
+            .patch(&kind, &ns, &name, workload.resource_version(), ops)
             .map_err(|e| failed(format!("writing the renewal: {e}")))?;
         self.observer
             .note(format!("renew: {kind}/{name} renewed its snapshots"));

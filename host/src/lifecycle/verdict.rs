@@ -362,7 +362,7 @@ fn apply(intent: &PatchIntent, workload: &Value, now: i64, mut ops: Vec<Value>) 
         }
     }
     Verdict::Apply {
-        resource_version: version_of(workload).to_string(),
+        resource_version: workload.resource_version().to_string(),
         ops,
     }
 }
@@ -447,11 +447,6 @@ pub(crate) fn apply_ops(target: &mut Value, ops: &[Value]) -> Result<(), PatchEr
     let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops.to_vec()))?;
     json_patch::patch(target, &patch)?;
     Ok(())
-}
-
-/// An object's resourceVersion, what a write pins.
-pub(crate) fn version_of(object: &Value) -> &str {
-    object.resource_version()
 }
 
 /// The op that sets one metadata annotation, creating the map if needed.
