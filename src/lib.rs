@@ -6,17 +6,17 @@
 //! The decisions live in plain modules that compile and test natively; the
 //! waPC glue at the bottom is the only wasm-specific code.
 
-pub mod admit;
+pub(crate) mod admit;
 pub mod host;
-pub mod model;
-pub mod plan;
+pub(crate) mod model;
+pub(crate) mod plan;
 
-// Each module keeps the path the host and the tests know it by; the
-// folders say what they hold (docs/architecture.md): `model/` the
+// The folders say what they hold (docs/architecture.md): `model/` the
 // vocabulary, `host/` the interface to the host, `plan/` the decisions,
-// `admit/` what each admission does with them.
-pub use admit::{checksum, revision, sweep, watch};
-pub(crate) use admit::{context, screen, skim, workload};
+// `admit/` what each admission does with them. Inside the crate each
+// module keeps a short path; outside it, only the vocabulary, the host
+// interface and the two faces below are public.
+pub(crate) use admit::{checksum, context, revision, screen, skim, sweep, watch, workload};
 #[cfg(any(test, feature = "fake"))]
 pub use host::fake;
 pub(crate) use host::reads;
@@ -25,7 +25,28 @@ pub use model::{
     approval, content, duration, keys, kinds, object, optin, records, references, request, selection, settings, source,
     template, window,
 };
-pub use plan::rewrite;
+pub(crate) use plan::rewrite;
+
+/// What the host's lifecycle shares with the policy about snapshots: which
+/// objects are ours, which a holder still uses, and when one is garbage.
+/// The host judges the same objects the policy does (docs/design.md,
+/// "Garbage collection"), so it asks these rather than keeping a copy.
+pub mod snapshot {
+    pub use crate::admit::revision::used_snapshots;
+    pub use crate::admit::sweep::{add_references, holder_masks, is_orphan, must_mark_reuse, owned, REUSE_MARGIN_SECS};
+}
+
+/// What the host shares with the policy about rolling a workload: where a
+/// record lives in the template, which sources a workload will read, who
+/// watches a source, and the patch that points a workload at a snapshot.
+/// The host's rollouts and the policy's admissions must write the same
+/// patch (docs/design.md, "Watch").
+pub mod rollout {
+    pub use crate::admit::checksum::checksum_key;
+    pub use crate::admit::watch::{retarget_ops, watcher, Watcher};
+    pub use crate::plan::reads_ahead;
+    pub use crate::plan::rewrite::annotation_path;
+}
 
 use context::Context;
 use host::{Host, HostApi};
@@ -38,7 +59,7 @@ use settings::Settings;
 /// failure becomes a rejection with a message.
 pub fn validate(payload: &[u8], host: &dyn Host) -> Vec<u8> {
     let outcome = evaluate(payload, host);
-    serde_json::to_vec(&outcome.to_response()).unwrap_or_else(|_| {
+    serde_json::to_vec(&outcome.into_response()).unwrap_or_else(|_| {
         br#"{"accepted":false,"message":"config-snapshot: could not encode the response"}"#.to_vec()
     })
 }

@@ -11,7 +11,7 @@ use serde_json::json;
 fuzz_target!(|data: (String, String, String, bool)| {
     let (list, duration, exclude, wildcard) = data;
     if let Err(e) = SourceList::parse("config-snapshot.io/snapshot", &list, wildcard) {
-        assert!(e.starts_with("config-snapshot.io/snapshot"), "{e}");
+        assert!(e.to_string().starts_with("config-snapshot.io/snapshot"), "{e}");
     }
     let _ = parse_go_duration(&duration);
     let annotations = json!({
@@ -21,7 +21,7 @@ fuzz_target!(|data: (String, String, String, bool)| {
     });
     if let Err(e) = OptIn::from_annotations(annotations.as_object(), &Settings::default()) {
         assert!(
-            e.starts_with("config-snapshot.io/"),
+            e.to_string().starts_with("config-snapshot.io/"),
             "error does not name the annotation: {e}"
         );
     }

@@ -19,9 +19,9 @@ use config_snapshot_policy::kinds::WorkloadKind;
 use config_snapshot_policy::optin::OptIn;
 use config_snapshot_policy::records::WatchRollout;
 use config_snapshot_policy::references::{Reference, SourceRefs};
+use config_snapshot_policy::rollout::{watcher, Watcher};
 use config_snapshot_policy::settings::Settings;
 use config_snapshot_policy::source::{SourceId, SourceKind};
-use config_snapshot_policy::watch::{watcher, Watcher};
 use serde::Serialize;
 use serde_json::Value;
 

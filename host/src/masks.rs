@@ -155,7 +155,7 @@ mod tests {
 mod reference_tests {
     use config_snapshot_policy::kinds::holders;
     use config_snapshot_policy::references;
-    use config_snapshot_policy::sweep::holder_masks;
+    use config_snapshot_policy::snapshot::holder_masks;
     use serde_json::{json, Value};
 
     fn every_kind() -> Value {

@@ -11,12 +11,13 @@ use crate::host::CallError;
 use crate::keys;
 use crate::kinds::WorkloadKind;
 use crate::optin::OptIn;
-use crate::plan::{Target, SA_TOKEN};
+use crate::plan::Target;
 use crate::reads::{Lookup, Reads};
 use crate::references::SourceRefs;
 use crate::request::{Outcome, SAY};
 use crate::rewrite::{apply, set_marks};
 use crate::settings::{Settings, WithoutSnapshotCapability};
+use crate::source::SA_TOKEN;
 use crate::source::{SourceId, SourceKind};
 
 pub(crate) fn degrade(

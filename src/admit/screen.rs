@@ -150,7 +150,7 @@ mod tests {
     /// What the full path answers, as the response the engine sees.
     fn full(payload: &[u8]) -> Value {
         let host = FakeHost::default();
-        serde_json::to_value(crate::decide(payload, &host).to_response()).unwrap()
+        serde_json::to_value(crate::decide(payload, &host).into_response()).unwrap()
     }
 
     #[test]
@@ -164,7 +164,7 @@ mod tests {
         );
         let screened = pass_through(&p).expect("screened");
         assert!(screened.accepted && screened.mutated.is_none() && screened.warnings.is_empty());
-        assert_eq!(serde_json::to_value(screened.to_response()).unwrap(), full(&p));
+        assert_eq!(serde_json::to_value(screened.into_response()).unwrap(), full(&p));
     }
 
     /// Each of these the full path must decide: the screen steps aside
@@ -296,7 +296,7 @@ mod tests {
             let settings = json!({"watchByDefault": watch_by_default});
             let p = with_old("Deployment", "apps", op, deployment(top, template), old, settings);
             if let Some(screened) = pass_through(&p) {
-                prop_assert_eq!(serde_json::to_value(screened.to_response()).unwrap(), full(&p));
+                prop_assert_eq!(serde_json::to_value(screened.into_response()).unwrap(), full(&p));
             }
         }
     }

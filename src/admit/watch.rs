@@ -20,11 +20,11 @@ use crate::keys;
 use crate::kinds::WorkloadKind;
 use crate::operation::Operation;
 use crate::optin::OptIn;
-use crate::plan::SA_TOKEN;
 use crate::records::Rollback;
 use crate::references;
 use crate::request::{Outcome, SAY};
 use crate::rewrite::escape;
+use crate::source::SA_TOKEN;
 use crate::source::{SourceId, SourceKind};
 use crate::template::{self, Mapping};
 

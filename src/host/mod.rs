@@ -44,7 +44,7 @@ pub enum CallError {
 
 impl CallError {
     /// The code our host gave, if it is one of ours.
-    pub fn code(&self) -> Option<Code> {
+    pub(crate) fn code(&self) -> Option<Code> {
         match self {
             CallError::Host(e) => Some(e.code),
             _ => None,
@@ -55,7 +55,7 @@ impl CallError {
     /// and a host that answers a call of our binding in a protocol other
     /// than ours cannot know the binding (stock Kubewarden answers
     /// `unknown binding`).
-    pub fn unsupported(&self) -> bool {
+    pub(crate) fn unsupported(&self) -> bool {
         matches!(self, CallError::Foreign(_)) || self.code() == Some(Code::Unsupported)
     }
 
@@ -90,26 +90,26 @@ fn decode(operation: Operation, bytes: &[u8]) -> Result<Value, CallError> {
 /// The name a snapshot of some content gets, and the names snapshots of
 /// the same content already carry in the namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Names {
+pub(crate) struct Names {
     pub name: String,
     pub aliases: Vec<String>,
 }
 
 impl Names {
     /// Whether `snapshot` holds this content.
-    pub fn include(&self, snapshot: &str) -> bool {
+    pub(crate) fn include(&self, snapshot: &str) -> bool {
         self.name == snapshot || self.aliases.iter().any(|a| a == snapshot)
     }
 }
 
 /// Typed access to the host, borrowing the trait object: the guest's view
 /// of the cluster.
-pub struct HostApi<'h> {
+pub(crate) struct HostApi<'h> {
     host: &'h dyn Host,
 }
 
 impl<'h> HostApi<'h> {
-    pub fn new(host: &'h dyn Host) -> Self {
+    pub(crate) fn new(host: &'h dyn Host) -> Self {
         HostApi { host }
     }
 
@@ -126,7 +126,13 @@ impl<'h> HostApi<'h> {
     /// read, so the same question is asked in a form whose answer has a
     /// structure: a list of that one name. Empty, the object does not
     /// exist; failing too, the first error stands (an outage).
-    pub fn get(&self, api_version: &str, kind: &str, namespace: &str, name: &str) -> Result<Option<Value>, CallError> {
+    pub(crate) fn get(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Value>, CallError> {
         let req = GetResourceRequest {
             api_version: api_version.to_string(),
             kind: kind.to_string(),
@@ -151,7 +157,7 @@ impl<'h> HostApi<'h> {
     }
 
     /// Lists objects of a kind in a namespace, pruned to `masks`.
-    pub fn list(
+    pub(crate) fn list(
         &self,
         api_version: &str,
         kind: &str,
@@ -191,7 +197,7 @@ impl<'h> HostApi<'h> {
     /// references `source`, pruned to `masks`: a superset of its watchers,
     /// from the host's index. [`CallError::unsupported`] on a host without
     /// it (stock Kubewarden), which then needs [`HostApi::list`].
-    pub fn list_referencing(
+    pub(crate) fn list_referencing(
         &self,
         kind: &str,
         namespace: &str,
@@ -214,7 +220,7 @@ impl<'h> HostApi<'h> {
     /// reveals nothing about the value to whoever can read a pod template.
     /// A host without our capability makes no snapshots (checksum mode): it
     /// gets the plain name, never written anywhere.
-    pub fn snapshot_name(&self, id: &SourceId, content: &crate::content::Content) -> Result<String, CallError> {
+    pub(crate) fn snapshot_name(&self, id: &SourceId, content: &crate::content::Content) -> Result<String, CallError> {
         self.snapshot_names(id, content, &[]).map(|names| names.name)
     }
 
@@ -224,7 +230,7 @@ impl<'h> HostApi<'h> {
     /// same content. `current`: snapshots a workload runs now, which the
     /// host also names if they hold this content (one made under a key the
     /// host no longer has, after a key was lost, still holds it).
-    pub fn snapshot_names(
+    pub(crate) fn snapshot_names(
         &self,
         id: &SourceId,
         content: &crate::content::Content,
@@ -277,7 +283,7 @@ impl<'h> HostApi<'h> {
     /// versions is the policy's ([`crate::sweep::sweep`]). A host that
     /// sweeps after the admission itself, off its latency, says so
     /// (`"sweeps": true`).
-    pub fn create_snapshot(&self, object: &Value, owner: &Value) -> Result<bool, CallError> {
+    pub(crate) fn create_snapshot(&self, object: &Value, owner: &Value) -> Result<bool, CallError> {
         let answer = self.own(Operation::CreateSnapshot, &json!({ "object": object, "owner": owner }))?;
         Ok(sweep_due(&answer))
     }
@@ -286,7 +292,7 @@ impl<'h> HostApi<'h> {
     /// [`SNAPSHOTS_PER_CALL`]: one answer per object, in order. `Err` if the
     /// host cannot take the call at all (a host without it answers
     /// `Unsupported`: then call `create_snapshot` for each).
-    pub fn create_snapshots(
+    pub(crate) fn create_snapshots(
         &self,
         objects: &[&Value],
         owner: &Value,
@@ -318,7 +324,7 @@ impl<'h> HostApi<'h> {
         Ok(out)
     }
 
-    pub fn adopt(&self, owner: Value, snapshots: Vec<Value>) -> Result<(), CallError> {
+    pub(crate) fn adopt(&self, owner: Value, snapshots: Vec<Value>) -> Result<(), CallError> {
         self.own(Operation::Adopt, &json!({ "owner": owner, "snapshots": snapshots }))
             .map(drop)
     }
@@ -327,7 +333,7 @@ impl<'h> HostApi<'h> {
     /// version (`resource_version`) the caller judged: a reuse in between
     /// changes the version, and the delete then fails instead of taking a
     /// snapshot someone just started to reference.
-    pub fn delete_snapshot(
+    pub(crate) fn delete_snapshot(
         &self,
         kind: &str,
         name: &str,
@@ -341,13 +347,13 @@ impl<'h> HostApi<'h> {
         self.own(Operation::DeleteSnapshot, &request).map(drop)
     }
 
-    pub fn patch_workload(&self, request: Value) -> Result<(), CallError> {
+    pub(crate) fn patch_workload(&self, request: Value) -> Result<(), CallError> {
         self.own(Operation::PatchWorkload, &request).map(drop)
     }
 
     /// The current time in unix seconds. Our host answers `now` so replay can
     /// drive the clock; elsewhere the WASI clock is the truth.
-    pub fn now(&self) -> i64 {
+    pub(crate) fn now(&self) -> i64 {
         self.call(Operation::Now, b"{}")
             .ok()
             .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok())

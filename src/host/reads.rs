@@ -20,7 +20,7 @@ use crate::kinds::Kind;
 use crate::source::{SourceId, SourceKind};
 
 /// A read's outcome: the object, `None` if it does not exist, or the error.
-pub type Read = Result<Option<Rc<Value>>, CallError>;
+pub(crate) type Read = Result<Option<Rc<Value>>, CallError>;
 
 /// What planning reads, asked for only when a decision needs it: an
 /// admission's host reads, or plain data in a test.
@@ -37,14 +37,14 @@ pub(crate) trait Lookup {
 }
 
 /// The host's answers, each read at most once per admission.
-pub struct Reads<'a> {
+pub(crate) struct Reads<'a> {
     host: &'a HostApi<'a>,
     namespace: &'a str,
     seen: RefCell<BTreeMap<(SourceKind, String), Read>>,
 }
 
 impl<'a> Reads<'a> {
-    pub fn new(host: &'a HostApi<'a>, namespace: &'a str) -> Self {
+    pub(crate) fn new(host: &'a HostApi<'a>, namespace: &'a str) -> Self {
         Reads {
             host,
             namespace,

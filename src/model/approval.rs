@@ -38,9 +38,9 @@ pub enum WatchMode {
 }
 
 impl WatchMode {
-    pub const NAMES: [&'static str; 3] = ["roll", "notify", "approve"];
+    pub(crate) const NAMES: [&'static str; 3] = ["roll", "notify", "approve"];
 
-    pub fn parse(text: &str) -> Result<WatchMode, ApprovalError> {
+    pub(crate) fn parse(text: &str) -> Result<WatchMode, ApprovalError> {
         match text {
             "roll" => Ok(WatchMode::Roll),
             "notify" => Ok(WatchMode::Notify),
@@ -178,7 +178,7 @@ impl fmt::Display for Entries {
 /// Checks the watch-mode and approve annotations a user writes (the host
 /// writes pending; a user who edits it only misleads themselves, and the
 /// host writes it again).
-pub fn check(annotations: Option<&serde_json::Map<String, serde_json::Value>>) -> Result<(), ApprovalError> {
+pub(crate) fn check(annotations: Option<&serde_json::Map<String, serde_json::Value>>) -> Result<(), ApprovalError> {
     let get = |key: &str| annotations.and_then(|a| a.get(key)).and_then(serde_json::Value::as_str);
     if let Some(mode) = get(keys::WATCH_MODE) {
         WatchMode::parse(mode)?;

@@ -63,7 +63,7 @@ impl Content {
     /// whitespace, an empty map written `{}`. serde_json's string escaping is
     /// deterministic, which makes the form reproducible in any language that
     /// escapes only `"`, `\` and control characters.
-    pub fn canonical_json(&self) -> String {
+    pub(crate) fn canonical_json(&self) -> String {
         serde_json::to_string(self).expect("string maps always serialise")
     }
 

@@ -7,7 +7,7 @@ use crate::object::ObjectExt;
 pub const PREFIX: &str = "config-snapshot.io/";
 
 // Workload annotations (user input).
-pub const SNAPSHOT: &str = "config-snapshot.io/snapshot";
+pub(crate) const SNAPSHOT: &str = "config-snapshot.io/snapshot";
 pub const WATCH: &str = "config-snapshot.io/watch";
 pub(crate) const EXCLUDE: &str = "config-snapshot.io/exclude";
 pub const RENEW_DURATION: &str = "config-snapshot.io/renew-duration";

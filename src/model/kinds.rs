@@ -239,7 +239,7 @@ pub const KINDS: [Kind; 11] = [
 
 /// Whether a controller made `object` (an ownerReference with
 /// `controller: true`).
-pub fn controlled(object: &serde_json::Value) -> bool {
+pub(crate) fn controlled(object: &serde_json::Value) -> bool {
     object
         .pointer("/metadata/ownerReferences")
         .and_then(serde_json::Value::as_array)
@@ -267,7 +267,7 @@ pub fn named(text: &str) -> Option<&'static Kind> {
 
 /// Whether the policy acts on this (group, kind, operation); anything else
 /// is accepted untouched.
-pub fn handles(group: &str, kind: &str, operation: &str) -> bool {
+pub(crate) fn handles(group: &str, kind: &str, operation: &str) -> bool {
     KINDS
         .iter()
         .any(|k| k.group() == group && k.kind == kind && k.handled().contains(&operation))
@@ -305,16 +305,16 @@ impl WorkloadKind {
 
     /// A standalone revision kind (a Job) planned as a workload at its
     /// CREATE: its own revision, never watched, never rolled.
-    pub fn standalone(row: &'static Kind) -> Option<WorkloadKind> {
+    pub(crate) fn standalone(row: &'static Kind) -> Option<WorkloadKind> {
         matches!(row.role, Role::Revision { standalone: true } | Role::Run).then_some(WorkloadKind(row))
     }
 
     /// Whether this is a standalone kind (see [`Self::standalone`]).
-    pub fn is_standalone(self) -> bool {
+    pub(crate) fn is_standalone(self) -> bool {
         !matches!(self.0.role, Role::Workload { .. })
     }
 
-    pub fn row(self) -> &'static Kind {
+    pub(crate) fn row(self) -> &'static Kind {
         self.0
     }
 

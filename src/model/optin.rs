@@ -125,7 +125,7 @@ impl OptIn {
     }
 
     /// Cheap check for the pass-through path, from borrowed annotations.
-    pub fn any_opt_in(annotations: Option<&BTreeMap<String, String>>, settings: &Settings) -> bool {
+    pub(crate) fn any_opt_in(annotations: Option<&BTreeMap<String, String>>, settings: &Settings) -> bool {
         settings.snapshot_by_default
             || settings.watch_by_default
             || annotations.is_some_and(|a| {

@@ -115,11 +115,11 @@ impl Rollback {
     }
 
     /// How many rollbacks `workload` has had (0 without a record).
-    pub fn count_of(workload: &Value) -> u64 {
+    pub(crate) fn count_of(workload: &Value) -> u64 {
         Rollback::of(workload).map_or(0, |r| r.count)
     }
 
-    pub fn to_annotation(&self) -> String {
+    pub(crate) fn to_annotation(&self) -> String {
         let mut out = format!(
             r#"{{"generation":{},"count":{},"at":"{}""#,
             self.generation,

@@ -34,7 +34,7 @@ const ENV_FROM: &str = "envFrom";
 
 /// Kubewarden field masks covering every reference field of a pod spec
 /// whose template sits at `prefix` (`spec.template.`, or `` for a Pod).
-pub fn masks(prefix: &str) -> Vec<String> {
+pub(crate) fn masks(prefix: &str) -> Vec<String> {
     let mut masks = vec![format!("{prefix}spec.{VOLUMES}")];
     for list in CONTAINER_LISTS {
         for field in [ENV, ENV_FROM] {
@@ -52,7 +52,7 @@ pub fn masks(prefix: &str) -> Vec<String> {
 pub const MAX_SOURCES: usize = 64;
 
 /// How many distinct objects (by kind and name) `refs` name.
-pub fn distinct(refs: &[Reference]) -> usize {
+pub(crate) fn distinct(refs: &[Reference]) -> usize {
     refs.iter()
         .map(|r| (r.kind, r.name.as_str()))
         .collect::<BTreeSet<_>>()

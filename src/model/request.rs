@@ -8,7 +8,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 #[derive(Deserialize)]
-pub struct Payload<'a> {
+pub(crate) struct Payload<'a> {
     #[serde(borrow)]
     pub request: Request<'a>,
     #[serde(borrow, default)]
@@ -19,7 +19,7 @@ pub struct Payload<'a> {
 /// one of them: every handled kind has a single served version.
 #[derive(Deserialize, Default, Debug)]
 #[serde(default)]
-pub struct Gvk {
+pub(crate) struct Gvk {
     pub group: String,
     pub kind: String,
 }
@@ -28,7 +28,7 @@ pub struct Gvk {
 /// userInfo, …) is skipped unparsed.
 #[derive(Deserialize, Debug)]
 #[serde(rename_all = "camelCase")]
-pub struct Request<'a> {
+pub(crate) struct Request<'a> {
     #[serde(default)]
     pub kind: Gvk,
     #[serde(default)]
@@ -54,14 +54,14 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    pub fn accept() -> Self {
+    pub(crate) fn accept() -> Self {
         Outcome {
             accepted: true,
             ..Default::default()
         }
     }
 
-    pub fn accept_with(warnings: Vec<String>) -> Self {
+    pub(crate) fn accept_with(warnings: Vec<String>) -> Self {
         Outcome {
             accepted: true,
             warnings,
@@ -69,7 +69,7 @@ impl Outcome {
         }
     }
 
-    pub fn reject(message: impl Into<String>, code: u16) -> Self {
+    pub(crate) fn reject(message: impl Into<String>, code: u16) -> Self {
         Outcome {
             accepted: false,
             message: Some(message.into()),
@@ -80,7 +80,7 @@ impl Outcome {
 
     /// Built by hand rather than with the SDK's `mutate_request`, which
     /// drops warnings.
-    pub fn to_response(self) -> ValidationResponse {
+    pub(crate) fn into_response(self) -> ValidationResponse {
         ValidationResponse {
             accepted: self.accepted,
             message: self.message,
@@ -100,7 +100,7 @@ pub(crate) struct Rejection {
 }
 
 impl Rejection {
-    pub fn new(message: impl Into<String>, code: u16) -> Self {
+    pub(crate) fn new(message: impl Into<String>, code: u16) -> Self {
         Rejection {
             message: message.into(),
             code,
@@ -116,4 +116,4 @@ impl From<Rejection> for Outcome {
 
 /// Every message and warning starts with this, so users can tell ours apart
 /// from other webhooks' in kubectl output.
-pub const SAY: &str = "config-snapshot: ";
+pub(crate) const SAY: &str = "config-snapshot: ";

@@ -15,7 +15,7 @@ pub enum Pattern {
 }
 
 impl Pattern {
-    pub fn matches(&self, id: &SourceId) -> bool {
+    pub(crate) fn matches(&self, id: &SourceId) -> bool {
         match self {
             Pattern::All => true,
             Pattern::Exact(exact) => exact == id,
@@ -43,11 +43,11 @@ pub enum ListError {
 pub struct SourceList(pub Vec<Pattern>);
 
 impl SourceList {
-    pub fn all() -> Self {
+    pub(crate) fn all() -> Self {
         SourceList(vec![Pattern::All])
     }
 
-    pub fn matches(&self, id: &SourceId) -> bool {
+    pub(crate) fn matches(&self, id: &SourceId) -> bool {
         self.0.iter().any(|p| p.matches(id))
     }
 

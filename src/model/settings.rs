@@ -174,7 +174,7 @@ impl Settings {
         Settings::try_from(raw)
     }
 
-    pub fn is_excluded(&self, id: &SourceId) -> bool {
+    pub(crate) fn is_excluded(&self, id: &SourceId) -> bool {
         self.excluded_sources.matches(id)
     }
 }

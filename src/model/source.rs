@@ -3,6 +3,11 @@
 
 use std::fmt;
 
+/// The type of a Secret that holds a service account's token. Such a
+/// Secret is never snapshotted: a copy would be a second, unmanaged
+/// credential that outlives the token controller's rotation.
+pub const SA_TOKEN: &str = "kubernetes.io/service-account-token";
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum SourceKind {
     ConfigMap,

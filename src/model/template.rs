@@ -37,7 +37,7 @@ impl Mapping {
     }
 
     /// Compact JSON, keys sorted: the same mapping always gives the same bytes.
-    pub fn to_annotation(&self) -> String {
+    pub(crate) fn to_annotation(&self) -> String {
         let raw: BTreeMap<String, &String> = self.0.iter().map(|(k, v)| (k.to_string(), v)).collect();
         serde_json::to_string(&raw).expect("string map")
     }
@@ -59,7 +59,7 @@ impl Snapshots {
         s
     }
 
-    pub fn add_mapping(&mut self, mapping: &Mapping) {
+    pub(crate) fn add_mapping(&mut self, mapping: &Mapping) {
         for (id, snapshot) in &mapping.0 {
             self.insert(id.kind, snapshot, &id.name);
         }
@@ -79,7 +79,7 @@ impl Snapshots {
     }
 
     /// The source a name stands for: itself, unless it is a known snapshot.
-    pub fn source_of(&self, kind: SourceKind, name: &str) -> String {
+    pub(crate) fn source_of(&self, kind: SourceKind, name: &str) -> String {
         self.find(kind, name).unwrap_or(name).to_string()
     }
 

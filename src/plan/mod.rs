@@ -29,10 +29,8 @@ use crate::records::Rollback;
 use crate::references::{self, Reference, SourceRefs};
 use crate::request::{Rejection, SAY};
 use crate::settings::{OnMissingSource, OnSnapshotFailure, Settings};
-use crate::source::SourceKind;
+use crate::source::{SourceKind, SA_TOKEN};
 use crate::template::{self, Mapping, Snapshots};
-
-pub const SA_TOKEN: &str = "kubernetes.io/service-account-token";
 
 /// Where a source's references end up.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,11 +11,11 @@ use config_snapshot_policy::keys;
 use config_snapshot_policy::kinds::WorkloadKind;
 use config_snapshot_policy::object::ObjectExt;
 use config_snapshot_policy::operation::{Operation, SNAPSHOTS_PER_CALL};
-use config_snapshot_policy::plan::SA_TOKEN;
-use config_snapshot_policy::rewrite::annotation_path;
+use config_snapshot_policy::rollout::annotation_path;
 use config_snapshot_policy::selection::is_dns_subdomain;
+use config_snapshot_policy::snapshot::{must_mark_reuse, owned};
+use config_snapshot_policy::source::SA_TOKEN;
 use config_snapshot_policy::source::{SourceId, SourceKind};
-use config_snapshot_policy::sweep::{must_mark_reuse, owned};
 use serde::Deserialize;
 use serde_json::{json, Value};
 

@@ -237,7 +237,7 @@ fn a_reuse_is_marked_unless_a_fresh_read_shows_the_sweep_a_margin_away() {
         "made a minute ago: nothing to write {:?}",
         written(&fresh)
     );
-    let margin = config_snapshot_policy::sweep::REUSE_MARGIN_SECS as i64;
+    let margin = config_snapshot_policy::snapshot::REUSE_MARGIN_SECS as i64;
     fresh.cluster.store().now = T0 + 600 - margin;
     reuse(&cap);
     assert_eq!(written(&fresh).len(), 2, "a sweep is within the margin: marked");

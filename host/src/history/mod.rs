@@ -18,11 +18,11 @@ mod render;
 mod values;
 
 use anyhow::{anyhow, bail, Result};
-use config_snapshot_policy::checksum::checksum_key;
 use config_snapshot_policy::keys;
 use config_snapshot_policy::kinds::{self, WorkloadKind};
 use config_snapshot_policy::object::ObjectExt;
 use config_snapshot_policy::references;
+use config_snapshot_policy::rollout::checksum_key;
 use config_snapshot_policy::template::{self, Snapshots};
 use serde::Serialize;
 use serde_json::Value;

@@ -13,11 +13,11 @@ use config_snapshot_policy::object::ObjectExt;
 use config_snapshot_policy::optin::OptIn;
 use config_snapshot_policy::records::Rollback;
 use config_snapshot_policy::references;
-use config_snapshot_policy::rewrite::annotation_path;
+use config_snapshot_policy::rollout;
+use config_snapshot_policy::rollout::annotation_path;
+use config_snapshot_policy::snapshot::{self, owned};
 use config_snapshot_policy::source::SourceId;
-use config_snapshot_policy::sweep::{self, owned};
 use config_snapshot_policy::template::{self, Snapshots};
-use config_snapshot_policy::watch;
 use std::collections::HashSet;
 
 use serde_json::{json, Value};
@@ -215,7 +215,7 @@ impl Driver<'_> {
             .list(source.kind.kind(), Some(ns), &Selector::managed(), &mut |o| {
                 if keys::snapshot_source(o) == Some(source.name.as_str())
                     && o.meta_str("name") != Some(keep)
-                    && sweep::is_orphan(o, now, grace)
+                    && snapshot::is_orphan(o, now, grace)
                 {
                     candidates.push(o.clone())
                 }
@@ -581,7 +581,7 @@ impl Driver<'_> {
                 continue;
             };
             self.bridge(workload, &made).map_err(Attempt::Retry)?;
-            if let Some(more) = watch::retarget_ops(intent.kind, &patched, id, snapshot) {
+            if let Some(more) = rollout::retarget_ops(intent.kind, &patched, id, snapshot) {
                 apply_ops(&mut patched, &more).map_err(|e| Attempt::Retry(e.to_string()))?;
                 ops.extend(more);
                 self.observer.note(format!(

@@ -21,10 +21,10 @@ use config_snapshot_policy::keys;
 use config_snapshot_policy::kinds::{self, WorkloadKind};
 use config_snapshot_policy::optin::OptIn;
 use config_snapshot_policy::references;
-use config_snapshot_policy::revision::used_snapshots;
 use config_snapshot_policy::settings::Settings;
+use config_snapshot_policy::snapshot;
+use config_snapshot_policy::snapshot::used_snapshots;
 use config_snapshot_policy::source::{SourceId, SourceKind};
-use config_snapshot_policy::sweep;
 use config_snapshot_policy::template::Snapshots;
 use serde_json::{json, Value};
 
@@ -221,7 +221,7 @@ pub(crate) fn add_references(referenced: &mut HashSet<Key>, holder: &Value) {
     let ns = holder.namespace().unwrap_or_default();
     for kind in [SourceKind::ConfigMap, SourceKind::Secret] {
         let mut names = std::collections::BTreeSet::new();
-        sweep::add_references(&mut names, row, holder, kind);
+        snapshot::add_references(&mut names, row, holder, kind);
         referenced.extend(names.into_iter().map(|n| (kind.kind().to_string(), ns.to_string(), n)));
     }
 }
@@ -237,7 +237,7 @@ pub(crate) fn doomed<'a>(
 ) -> Vec<Doomed<'a>> {
     candidates
         .iter()
-        .filter(|o| sweep::is_orphan(o, now, grace))
+        .filter(|o| snapshot::is_orphan(o, now, grace))
         .filter(|o| {
             let k = key(o);
             !referenced.contains(&k) && !pending.contains(&k)

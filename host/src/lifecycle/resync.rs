@@ -6,7 +6,7 @@
 use config_snapshot_policy::keys;
 use config_snapshot_policy::kinds::KINDS;
 use config_snapshot_policy::object::ObjectExt;
-use config_snapshot_policy::rewrite::annotation_path;
+use config_snapshot_policy::rollout::annotation_path;
 use serde_json::{json, Value};
 
 use super::driver::Driver;

@@ -34,11 +34,11 @@ use config_snapshot_policy::keys;
 use config_snapshot_policy::optin::OptIn;
 use config_snapshot_policy::records::{generation, Rollback, WatchRollout};
 use config_snapshot_policy::references;
-use config_snapshot_policy::rewrite::annotation_path;
+use config_snapshot_policy::rollout;
+use config_snapshot_policy::rollout::annotation_path;
 use config_snapshot_policy::settings::Settings;
 use config_snapshot_policy::source::SourceId;
 use config_snapshot_policy::template::{self, Snapshots};
-use config_snapshot_policy::watch;
 
 use serde_json::{json, Value};
 
@@ -275,7 +275,7 @@ fn wanted(intent: &PatchIntent, workload: &Value, rules: &Rules) -> Judged<(OptI
             intent.snapshot
         )));
     }
-    let Some(ops) = watch::retarget_ops(intent.kind, workload, id, &intent.snapshot) else {
+    let Some(ops) = rollout::retarget_ops(intent.kind, workload, id, &intent.snapshot) else {
         return Err(void(format!("patch of {who} dropped: it no longer uses {id}")));
     };
     let mut patched = workload.clone();

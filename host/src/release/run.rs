@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Context as _, Result};
 use config_snapshot_policy::keys;
 use config_snapshot_policy::kinds::{self, Role};
-use config_snapshot_policy::rewrite;
+use config_snapshot_policy::rollout;
 use config_snapshot_policy::source::SourceKind;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
@@ -154,7 +154,7 @@ async fn apply_step(client: &Client, namespace: &str, step: &plan::Step) -> Resu
         ops.push(json!({"op": "replace", "path": step.template_path, "value": template}));
     }
     for record in &step.records {
-        ops.push(json!({"op": "remove", "path": rewrite::annotation_path(record)}));
+        ops.push(json!({"op": "remove", "path": rollout::annotation_path(record)}));
     }
     let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops)).expect("well-formed ops");
     api(client, step.workload.kind, Some(namespace))

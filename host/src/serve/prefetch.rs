@@ -43,7 +43,7 @@ use config_snapshot_policy::content::{snapshot_name, Content};
 use config_snapshot_policy::keys;
 use config_snapshot_policy::kinds::WorkloadKind;
 use config_snapshot_policy::optin::OptIn;
-use config_snapshot_policy::plan::reads_ahead;
+use config_snapshot_policy::rollout::reads_ahead;
 use config_snapshot_policy::settings::Settings;
 use config_snapshot_policy::source::SourceKind;
 use serde::Deserialize;
@@ -183,7 +183,7 @@ pub(crate) const IN_FLIGHT: usize = 64;
 fn owned_in_cache(cluster: &KubeCluster, kind: SourceKind, namespace: &str, name: &str) -> bool {
     cluster
         .cache
-        .inspect(kind.kind(), namespace, name, config_snapshot_policy::sweep::owned)
+        .inspect(kind.kind(), namespace, name, config_snapshot_policy::snapshot::owned)
         .is_ok_and(|owned| owned == Some(true))
 }
 
