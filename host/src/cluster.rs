@@ -5,6 +5,7 @@
 //! hosts run the same checks and the same orchestration.
 
 use config_snapshot_policy::host_error::Code;
+use config_snapshot_policy::object::ObjectExt;
 use config_snapshot_policy::source::SourceId;
 use serde_json::{json, Value};
 
@@ -163,8 +164,8 @@ pub fn key(object: &Value) -> Key {
     let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
     (
         text(&object["kind"]),
-        text(&object["metadata"]["namespace"]),
-        text(&object["metadata"]["name"]),
+        object.namespace().unwrap_or_default().to_string(),
+        object.name().to_string(),
     )
 }
 

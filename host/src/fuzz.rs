@@ -47,7 +47,7 @@ fn snapshot(prover: &Prover, ns: &str, value: &str) -> Value {
     let name = prover.snapshot_name(ns, "app", &content);
     let mut o = snapshot_object(&SourceId::new(SourceKind::ConfigMap, "app"), ns, &name, "1", &content);
     prover.sign(&mut o);
-    o["metadata"]["creationTimestamp"] = json!("2020-01-01T00:00:00Z");
+    o.set_meta("creationTimestamp", json!("2020-01-01T00:00:00Z"));
     o
 }
 
@@ -173,19 +173,19 @@ fn shaped(prover: &Prover, i: usize, bytes: &[u8]) -> Value {
             o["data"]["v"] = json!(format!("tampered{}", b(3)));
         }
         2 => {
-            o["metadata"]["annotations"][crate::proof::SIGNATURE] =
-                json!(String::from_utf8_lossy(&bytes[3.min(bytes.len())..]));
+            o.set_annotation(
+                crate::proof::SIGNATURE,
+                json!(String::from_utf8_lossy(&bytes[3.min(bytes.len())..])),
+            );
         }
         3 => {
-            o["metadata"]["annotations"]
-                .as_object_mut()
-                .map(|a| a.remove(crate::proof::SIGNATURE));
+            o.annotations_mut().map(|a| a.remove(crate::proof::SIGNATURE));
         }
         4 => {
             o["immutable"] = json!(false);
         }
         5 => {
-            o["metadata"]["name"] = json!(format!("app-{i}"));
+            o.set_meta("name", json!(format!("app-{i}")));
         }
         6 => {
             o["kind"] = json!("Secret");
@@ -199,7 +199,7 @@ fn shaped(prover: &Prover, i: usize, bytes: &[u8]) -> Value {
         }
     }
     if b(4) % 2 == 1 {
-        o["metadata"]["creationTimestamp"] = json!("2020-01-01T00:00:00Z");
+        o.set_meta("creationTimestamp", json!("2020-01-01T00:00:00Z"));
     }
     o
 }
@@ -238,13 +238,7 @@ pub fn forged_labels(data: &[u8]) {
         for field in ["data", "immutable"] {
             assert_eq!(now[field], object[field], "{key:?}, not ours, changed");
         }
-        assert_eq!(
-            now["metadata"]["labels"], object["metadata"]["labels"],
-            "{key:?}, not ours, changed"
-        );
-        assert_eq!(
-            now["metadata"]["annotations"], object["metadata"]["annotations"],
-            "{key:?}, not ours, changed"
-        );
+        assert_eq!(now.labels(), object.labels(), "{key:?}, not ours, changed");
+        assert_eq!(now.annotations(), object.annotations(), "{key:?}, not ours, changed");
     }
 }

@@ -235,10 +235,6 @@ pub enum Unproven {
     Signature,
 }
 
-fn annotation<'a>(object: &'a Value, key: &str) -> Option<&'a str> {
-    object.annotation(key)
-}
-
 /// What a MAC covers: the parts, each ended by a NUL (no part holds one:
 /// names, hashes and a fixed purpose), so no two lists of parts make the
 /// same message.
@@ -374,18 +370,14 @@ impl Prover {
             .and_then(|k| Content::from_object(k, snapshot).ok())
             .map(|c| c.hash())
             .unwrap_or_default();
-        let meta = &snapshot["metadata"];
         let signature = self.signature_of(
             snapshot["kind"].as_str().unwrap_or_default(),
-            meta["namespace"].as_str().unwrap_or_default(),
-            meta["name"].as_str().unwrap_or_default(),
-            annotation(snapshot, keys::SOURCE_NAME).unwrap_or_default(),
+            snapshot.namespace().unwrap_or_default(),
+            snapshot.name(),
+            snapshot.annotation(keys::SOURCE_NAME).unwrap_or_default(),
             &hash,
         );
-        if !snapshot["metadata"]["annotations"].is_object() {
-            snapshot["metadata"]["annotations"] = serde_json::json!({});
-        }
-        snapshot["metadata"]["annotations"][SIGNATURE] = Value::String(signature);
+        snapshot.set_annotation(SIGNATURE, Value::String(signature));
     }
 
     /// What the object is, signature aside: labelled, a ConfigMap or
@@ -404,12 +396,13 @@ impl Prover {
         if object["immutable"] != true {
             return Err(Unproven::Mutable);
         }
-        let source = annotation(object, keys::SOURCE_NAME)
+        let source = object
+            .annotation(keys::SOURCE_NAME)
             .filter(|s| !s.is_empty())
             .ok_or(Unproven::NoSource)?;
         let content = Content::from_object(kind, object).map_err(|_| Unproven::Content)?;
         let hash = content.hash();
-        match (kind, annotation(object, keys::CONTENT_HASH)) {
+        match (kind, object.annotation(keys::CONTENT_HASH)) {
             (_, Some(said)) if said != hash => return Err(Unproven::Content),
             (SourceKind::ConfigMap, None) => return Err(Unproven::Content),
             _ => {}
@@ -434,15 +427,14 @@ impl Prover {
             };
         }
         let hash = self.well_formed(object)?;
-        let given = annotation(object, SIGNATURE).ok_or(Unproven::Unsigned)?;
+        let given = object.annotation(SIGNATURE).ok_or(Unproven::Unsigned)?;
         let tag = unhex(given).ok_or(Unproven::Signature)?;
-        let meta = &object["metadata"];
         let message = message(&[
             SIGNED,
             object["kind"].as_str().unwrap_or_default(),
-            meta["namespace"].as_str().unwrap_or_default(),
-            meta["name"].as_str().unwrap_or_default(),
-            annotation(object, keys::SOURCE_NAME).unwrap_or_default(),
+            object.namespace().unwrap_or_default(),
+            object.name(),
+            object.annotation(keys::SOURCE_NAME).unwrap_or_default(),
             &hash,
         ]);
         // ring compares the tags in constant time.
@@ -528,7 +520,7 @@ impl Prover {
     /// can tell them apart (`config-snapshot keys sign-unsigned` lists and
     /// signs them); the host never does.
     pub fn unsigned(&self, object: &Value) -> bool {
-        annotation(object, SIGNATURE).is_none() && self.well_formed(object).is_ok()
+        object.annotation(SIGNATURE).is_none() && self.well_formed(object).is_ok()
     }
 
     /// `object` as the guest may see it: our label only on what is ours.
@@ -539,7 +531,7 @@ impl Prover {
             return None;
         }
         let mut shown = object.clone();
-        if let Some(labels) = shown["metadata"]["labels"].as_object_mut() {
+        if let Some(labels) = shown.labels_mut() {
             labels.remove(keys::MANAGED_BY);
         }
         Some(shown)

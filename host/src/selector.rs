@@ -3,6 +3,7 @@
 //! selector read as something else would select other objects.
 
 use config_snapshot_policy::keys;
+use config_snapshot_policy::object::ObjectExt;
 use serde_json::Value;
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -61,9 +62,8 @@ impl Selector {
     }
 
     pub fn matches(&self, object: &Value) -> bool {
-        let labels = &object["metadata"]["labels"];
         self.0.iter().all(|(k, req)| {
-            let v = labels.get(k).and_then(Value::as_str);
+            let v = object.label(k);
             match req {
                 Requirement::Equals(want) => v == Some(want.as_str()),
                 Requirement::NotEquals(want) => v != Some(want.as_str()),

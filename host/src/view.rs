@@ -46,7 +46,7 @@ impl View for Objects {
     fn get(&self, kind: &str, namespace: &str, name: &str) -> Option<Value> {
         self.0
             .iter()
-            .find(|o| o["kind"] == kind && o["metadata"]["namespace"] == namespace && o["metadata"]["name"] == name)
+            .find(|o| o["kind"] == kind && o.namespace() == Some(namespace) && o.meta_str("name") == Some(name))
             .cloned()
     }
     fn objects(&self) -> Vec<Value> {
@@ -54,7 +54,7 @@ impl View for Objects {
     }
     fn current_revision_template(&self, kind: &str, namespace: &str, name: &str) -> Option<Value> {
         let workload = self.get(kind, namespace, name)?;
-        let uid = &workload["metadata"]["uid"];
+        let uid = workload.uid();
         let workload_kind = WorkloadKind::from_kind(kind)?;
         let revisions = workload_kind.revisions();
         let number = |r: &Value| -> i64 {
@@ -66,8 +66,8 @@ impl View for Objects {
         let current = self
             .0
             .iter()
-            .filter(|o| o["kind"] == revisions.kind && o["metadata"]["namespace"] == namespace)
-            .filter(|o| o.owner_references().iter().any(|r| r["uid"] == *uid))
+            .filter(|o| o["kind"] == revisions.kind && o.namespace() == Some(namespace))
+            .filter(|o| o.owner_references().iter().any(|r| r["uid"].as_str() == uid))
             .max_by_key(|r| number(r))?;
         let mut template = revisions.template_of(current)?.clone();
         if let Some(t) = template.as_object_mut() {

@@ -58,9 +58,8 @@ pub fn add_references(names: &mut BTreeSet<String>, row: &Kind, holder: &Value, 
 /// When a snapshot was last made or reused (unix seconds): its age for the
 /// grace period counts from here.
 pub(crate) fn last_used(snapshot: &Value) -> Option<i64> {
-    let meta = &snapshot["metadata"];
-    let created = meta["creationTimestamp"].as_str().and_then(parse_rfc3339);
-    let used = meta["annotations"][keys::LAST_USED_AT].as_str().and_then(parse_rfc3339);
+    let created = snapshot.creation_timestamp().and_then(parse_rfc3339);
+    let used = snapshot.annotation(keys::LAST_USED_AT).and_then(parse_rfc3339);
     created.max(used)
 }
 
@@ -68,9 +67,7 @@ pub(crate) fn last_used(snapshot: &Value) -> Option<i64> {
 /// collector's to delete, never the sweep's, and its reuse writes nothing
 /// but a bridge.
 pub fn owned(object: &Value) -> bool {
-    object["metadata"]["ownerReferences"]
-        .as_array()
-        .is_some_and(|o| !o.is_empty())
+    !object.owner_references().is_empty()
 }
 
 /// Whether a snapshot may be swept, as far as it alone can tell: ours, with
@@ -138,12 +135,11 @@ pub fn sweep(ctx: &Context, source: &SourceId, keep: &str) {
         return;
     };
     for snap in candidates {
-        let meta = &snap["metadata"];
-        let (Some(name), Some(uid)) = (meta["name"].as_str(), meta["uid"].as_str()) else {
+        let (Some(name), Some(uid)) = (snap.meta_str("name"), snap.uid()) else {
             continue;
         };
         if !referenced.contains(name) {
-            let rv = meta["resourceVersion"].as_str();
+            let rv = snap.meta_str("resourceVersion");
             let _ = ctx.host.delete_snapshot(source.kind.kind(), name, uid, rv);
         }
     }

@@ -66,7 +66,7 @@ impl FakeHost {
         self.objects
             .borrow()
             .iter()
-            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+            .find(|o| o["kind"] == kind && o.meta_str("name") == Some(name))
             .cloned()
     }
 
@@ -174,8 +174,8 @@ impl Host for FakeHost {
                     .iter()
                     .find(|o| {
                         o["kind"] == req["kind"]
-                            && o["metadata"]["name"] == req["name"]
-                            && o["metadata"]["namespace"] == req["namespace"]
+                            && o.meta_str("name") == req["name"].as_str()
+                            && o.namespace() == req["namespace"].as_str()
                     })
                     .cloned();
                 match found {
@@ -194,12 +194,12 @@ impl Host for FakeHost {
                     .filter(|o| {
                         o["kind"] == req["kind"]
                             && o["apiVersion"] == req["api_version"]
-                            && o["metadata"]["namespace"] == req["namespace"]
+                            && o.namespace() == req["namespace"].as_str()
                             && Self::matches_selector(o, req["label_selector"].as_str())
                             && req["field_selector"]
                                 .as_str()
                                 .and_then(|f| f.strip_prefix("metadata.name="))
-                                .is_none_or(|name| o["metadata"]["name"] == name)
+                                .is_none_or(|name| o.meta_str("name") == Some(name))
                     })
                     .map(|o| Self::masked(o, &req["field_masks"]))
                     .collect();
@@ -212,7 +212,7 @@ impl Host for FakeHost {
                     .objects
                     .borrow()
                     .iter()
-                    .filter(|o| o["kind"] == req["kind"] && o["metadata"]["namespace"] == req["namespace"])
+                    .filter(|o| o["kind"] == req["kind"] && o.namespace() == req["namespace"].as_str())
                     .filter(|o| {
                         source.as_ref().is_some_and(|id| {
                             crate::kinds::template_of(o).is_some_and(|t| crate::template::own_group(t, id).is_some())
@@ -234,16 +234,16 @@ impl Host for FakeHost {
             }
             "create_snapshot" => {
                 let mut object = req["object"].clone();
-                let name = object["metadata"]["name"].clone();
-                if let Some(existing) = self.find(object["kind"].as_str().unwrap_or(""), name.as_str().unwrap_or("")) {
+                let name = object.name().to_string();
+                if let Some(existing) = self.find(object["kind"].as_str().unwrap_or(""), &name) {
                     if existing["data"] != object["data"] {
                         return fail(Code::Refused, format!("snapshot {name} exists with different content"));
                     }
                     json!({"created": false})
                 } else {
                     *self.next_uid.borrow_mut() += 1;
-                    object["metadata"]["uid"] = json!(format!("uid-{}", self.next_uid.borrow()));
-                    object["metadata"]["creationTimestamp"] = json!(crate::duration::format_rfc3339(self.now));
+                    object.set_meta("uid", json!(format!("uid-{}", self.next_uid.borrow())));
+                    object.set_meta("creationTimestamp", json!(crate::duration::format_rfc3339(self.now)));
                     self.objects.borrow_mut().push(object);
                     json!({"created": true, "sweeps": self.sweeps})
                 }
@@ -251,7 +251,7 @@ impl Host for FakeHost {
             "delete_snapshot" => {
                 let rv = &req["resourceVersion"];
                 self.objects.borrow_mut().retain(|o| {
-                    o["metadata"]["uid"] != req["uid"] || (!rv.is_null() && o["metadata"]["resourceVersion"] != *rv)
+                    o.uid() != req["uid"].as_str() || (!rv.is_null() && o.meta("resourceVersion") != Some(rv))
                 });
                 json!({})
             }

@@ -160,6 +160,16 @@ pub fn snapshot_object(
     source_resource_version: &str,
     content: &Content,
 ) -> Value {
+    let mut annotations = json!({
+        keys::SOURCE_NAME: source.name,
+        keys::SOURCE_RESOURCE_VERSION: source_resource_version,
+    });
+    // A Secret's plain content hash would let anyone who reads metadata
+    // test guesses of its value: its snapshot carries none (its keyed name
+    // says what it holds).
+    if source.kind == SourceKind::ConfigMap {
+        annotations[keys::CONTENT_HASH] = json!(content.hash());
+    }
     let mut object = Map::new();
     object.insert("apiVersion".into(), json!("v1"));
     object.insert("kind".into(), json!(source.kind.kind()));
@@ -172,18 +182,9 @@ pub fn snapshot_object(
                 keys::MANAGED_BY: keys::MANAGED_BY_VALUE,
                 keys::SOURCE_LABEL: source_label(&source.name),
             },
-            "annotations": {
-                keys::SOURCE_NAME: source.name,
-                keys::SOURCE_RESOURCE_VERSION: source_resource_version,
-            },
+            "annotations": annotations,
         }),
     );
-    // A Secret's plain content hash would let anyone who reads metadata
-    // test guesses of its value: its snapshot carries none (its keyed name
-    // says what it holds).
-    if source.kind == SourceKind::ConfigMap {
-        object["metadata"]["annotations"][keys::CONTENT_HASH] = json!(content.hash());
-    }
     object.insert("immutable".into(), json!(true));
     if source.kind == SourceKind::Secret {
         object.insert("type".into(), json!(content.type_));

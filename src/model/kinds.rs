@@ -7,6 +7,7 @@
 //! tests. Adding a kind is one row; `policy-metadata.yml`'s rules are
 //! checked against it (`host/tests/packaging.rs`).
 
+use crate::object::ObjectExt;
 use crate::source::SourceKind;
 
 /// What objects of a kind are to config-snapshot.
@@ -240,10 +241,7 @@ pub const KINDS: [Kind; 11] = [
 /// Whether a controller made `object` (an ownerReference with
 /// `controller: true`).
 pub(crate) fn controlled(object: &serde_json::Value) -> bool {
-    object
-        .pointer("/metadata/ownerReferences")
-        .and_then(serde_json::Value::as_array)
-        .is_some_and(|refs| refs.iter().any(|r| r["controller"] == true))
+    object.controller().is_some()
 }
 
 /// The row for a kind name.

@@ -74,15 +74,84 @@ pub trait ObjectExt {
             .map_or(&[], Vec::as_slice)
     }
 
+    /// The owner reference marked `controller: true`: the one owner that
+    /// manages the object (a ReplicaSet's Deployment, a Pod's ReplicaSet).
+    fn controller(&self) -> Option<&Value> {
+        self.owner_references().iter().find(|r| r["controller"] == true)
+    }
+
+    /// `metadata.generation`.
+    fn generation(&self) -> Option<i64> {
+        self.metadata()?.get("generation")?.as_i64()
+    }
+
+    /// Whether `metadata.deletionTimestamp` is set: the object is going.
+    fn is_deleting(&self) -> bool {
+        self.metadata()
+            .and_then(|m| m.get("deletionTimestamp"))
+            .is_some_and(|t| !t.is_null())
+    }
+
+    /// A field of `metadata` as it is, to copy it whole.
+    fn meta(&self, field: &str) -> Option<&Value> {
+        self.metadata()?.get(field)
+    }
+
     /// A string field of `metadata`.
     fn meta_str(&self, field: &str) -> Option<&str> {
         self.metadata()?.get(field)?.as_str()
     }
+
+    /// `metadata`, to write: made an object if it is absent or is not one.
+    /// `None` only when the object itself is not a JSON object.
+    fn metadata_mut(&mut self) -> Option<&mut Map<String, Value>>;
+
+    /// Sets one field of `metadata`.
+    fn set_meta(&mut self, field: &str, value: Value) {
+        if let Some(meta) = self.metadata_mut() {
+            meta.insert(field.to_string(), value);
+        }
+    }
+
+    /// Takes one field of `metadata` away, and returns it.
+    fn remove_meta(&mut self, field: &str) -> Option<Value> {
+        self.metadata_mut()?.remove(field)
+    }
+
+    /// `metadata.annotations`, to write: made an object if absent.
+    fn annotations_mut(&mut self) -> Option<&mut Map<String, Value>> {
+        map_field(self.metadata_mut()?, "annotations")
+    }
+
+    /// `metadata.labels`, to write: made an object if absent.
+    fn labels_mut(&mut self) -> Option<&mut Map<String, Value>> {
+        map_field(self.metadata_mut()?, "labels")
+    }
+
+    /// Sets one annotation.
+    fn set_annotation(&mut self, key: &str, value: Value) {
+        if let Some(a) = self.annotations_mut() {
+            a.insert(key.to_string(), value);
+        }
+    }
+}
+
+/// A field of `map` that holds a map, made one if it is absent or is not.
+fn map_field<'a>(map: &'a mut Map<String, Value>, field: &str) -> Option<&'a mut Map<String, Value>> {
+    let slot = map.entry(field).or_insert_with(|| Value::Object(Map::new()));
+    if !slot.is_object() {
+        *slot = Value::Object(Map::new());
+    }
+    slot.as_object_mut()
 }
 
 impl ObjectExt for Value {
     fn metadata(&self) -> Option<&Map<String, Value>> {
         self.get("metadata")?.as_object()
+    }
+
+    fn metadata_mut(&mut self) -> Option<&mut Map<String, Value>> {
+        map_field(self.as_object_mut()?, "metadata")
     }
 }
 
@@ -118,5 +187,32 @@ mod tests {
             assert!(forged.annotations().is_none());
             assert!(forged.owner_references().is_empty());
         }
+    }
+
+    #[test]
+    fn writes_make_what_is_missing_and_keep_the_rest() {
+        let mut o = json!({"kind": "ConfigMap"});
+        o.set_annotation("a", json!("1"));
+        o.labels_mut().unwrap().insert("app".into(), json!("web"));
+        o.set_meta("name", json!("x"));
+        assert_eq!(
+            o,
+            json!({"kind": "ConfigMap", "metadata": {"annotations": {"a": "1"}, "labels": {"app": "web"}, "name": "x"}})
+        );
+        o.set_annotation("b", json!("2"));
+        assert_eq!(o.annotation("a"), Some("1"), "kept");
+        assert_eq!(o.remove_meta("labels"), Some(json!({"app": "web"})));
+        assert_eq!(o.labels(), None);
+
+        let mut forged = json!({"metadata": {"annotations": "x"}});
+        forged.set_annotation("a", json!("1"));
+        assert_eq!(
+            forged.annotation("a"),
+            Some("1"),
+            "a non-map is replaced, not panicked on"
+        );
+        let mut not_an_object = json!([1]);
+        not_an_object.set_annotation("a", json!("1"));
+        assert_eq!(not_an_object, json!([1]));
     }
 }

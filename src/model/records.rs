@@ -11,6 +11,7 @@
 //! template is the running one changes no spec and bumps no generation,
 //! yet it is a rollback the user asked for.
 
+use crate::object::ObjectExt;
 use serde_json::Value;
 
 use crate::duration::{format_rfc3339, parse_rfc3339};
@@ -51,10 +52,6 @@ fn quote(text: &str) -> String {
     serde_json::to_string(text).unwrap_or_default()
 }
 
-fn annotation<'a>(object: &'a Value, key: &str) -> Option<&'a str> {
-    object.get("metadata")?.get("annotations")?.get(key)?.as_str()
-}
-
 fn parse_id(text: &str) -> Option<SourceId> {
     let (tag, name) = text.split_once('/')?;
     Some(SourceId::new(SourceKind::from_tag(tag)?, name))
@@ -63,12 +60,11 @@ fn parse_id(text: &str) -> Option<SourceId> {
 /// A workload as the owner of a snapshot it names: kind, name, and uid when
 /// it exists already (on CREATE it has none yet).
 pub(crate) fn owner_of(kind: crate::kinds::WorkloadKind, workload: &Value) -> Value {
-    let meta = &workload["metadata"];
     serde_json::json!({
         "apiVersion": kind.api_version(),
         "kind": kind.kind(),
-        "name": meta["name"],
-        "uid": meta["uid"],
+        "name": workload.meta("name"),
+        "uid": workload.meta("uid"),
     })
 }
 
@@ -82,10 +78,7 @@ pub(crate) fn generation_after(old: &Value, new: &Value) -> i64 {
 
 /// A workload's `metadata.generation` (0 when absent).
 pub fn generation(object: &Value) -> i64 {
-    object
-        .pointer("/metadata/generation")
-        .and_then(Value::as_i64)
-        .unwrap_or(0)
+    object.generation().unwrap_or(0)
 }
 
 impl Rollback {
@@ -94,7 +87,7 @@ impl Rollback {
     pub fn of(object: &Value) -> Option<Rollback> {
         // Read through `Value`, which the policy parses anyway: a derived
         // deserializer per record costs the wasm tens of kilobytes.
-        let raw: Value = serde_json::from_str(annotation(object, keys::ROLLBACK)?).ok()?;
+        let raw: Value = serde_json::from_str(object.annotation(keys::ROLLBACK)?).ok()?;
         Some(Rollback {
             generation: raw.get("generation")?.as_i64()?,
             count: raw.get("count").and_then(Value::as_u64).unwrap_or(1),
@@ -141,7 +134,7 @@ impl Rollback {
 
 impl WatchRollout {
     pub fn of(object: &Value) -> Option<WatchRollout> {
-        let raw: Value = serde_json::from_str(annotation(object, keys::WATCH_ROLLOUT)?).ok()?;
+        let raw: Value = serde_json::from_str(object.annotation(keys::WATCH_ROLLOUT)?).ok()?;
         Some(WatchRollout {
             generation: raw.get("generation")?.as_i64()?,
             at: parse_rfc3339(raw.get("at")?.as_str()?)?,

@@ -3,6 +3,7 @@
 //! templates across edits and revisions (docs/design.md, "Workload
 //! admission", step 2).
 
+use crate::object::ObjectExt;
 use std::collections::BTreeMap;
 
 use serde_json::Value;
@@ -20,7 +21,7 @@ impl Mapping {
     /// every name is then taken at face value, which is safe (it only means a
     /// fresh snapshot), whereas trusting garbage could point at the wrong copy.
     pub fn of(template: &Value) -> Mapping {
-        let Some(text) = template_annotation(template, keys::SNAPSHOTS) else {
+        let Some(text) = template.annotation(keys::SNAPSHOTS) else {
             return Mapping::default();
         };
         let Ok(raw) = serde_json::from_str::<BTreeMap<String, String>>(text) else {
@@ -92,10 +93,6 @@ impl Snapshots {
         }
         all
     }
-}
-
-pub fn template_annotation<'a>(template: &'a Value, key: &str) -> Option<&'a str> {
-    template.get("metadata")?.get("annotations")?.get(key)?.as_str()
 }
 
 /// Whether a name has the shape of a snapshot name (`<source>-<10 hex>`):

@@ -98,10 +98,7 @@ impl Planner<'_> {
 }
 
 fn owned_by(object: &Value, uid: Option<&str>, kind: &str) -> bool {
-    let Some(owners) = object.pointer("/metadata/ownerReferences").and_then(Value::as_array) else {
-        return false;
-    };
-    owners.iter().any(|o| {
+    object.owner_references().iter().any(|o| {
         o.get("kind").and_then(Value::as_str) == Some(kind)
             && uid.is_none_or(|uid| o.get("uid").and_then(Value::as_str) == Some(uid))
     })

@@ -320,10 +320,7 @@ impl<'a> Planner<'a> {
             Ok(c) => c.subset(group.key_subset().as_ref()),
             Err(e) => return Err(Rejection::new(format!("{SAY}{id} has malformed content: {e}"), 400)),
         };
-        let rv = source
-            .pointer("/metadata/resourceVersion")
-            .and_then(Value::as_str)
-            .unwrap_or("");
+        let rv = source.resource_version();
         let name = match self.lookup.snapshot_name(id, &content) {
             Ok(name) => name,
             Err(e) => {

@@ -2,6 +2,7 @@
 //! the rollback record the workload carries afterwards (docs/design.md,
 //! "A rollback always wins").
 
+use crate::object::ObjectExt;
 use serde_json::Value;
 
 use crate::content::Content;
@@ -21,7 +22,7 @@ impl Planner<'_> {
         let Some(every) = self.optin.renew_secs else {
             return (false, None);
         };
-        let renewed_in = |t: &Value| template::template_annotation(t, keys::RENEWED_AT).and_then(parse_rfc3339);
+        let renewed_in = |t: &Value| t.annotation(keys::RENEWED_AT).and_then(parse_rfc3339);
         // A rollback brings its revision's renewal back with it. Any other
         // write that drops the mark (`kubectl replace`, Argo CD's
         // Replace=true: the manifest never carried it) keeps the live one:

@@ -4,6 +4,7 @@
 //! here; the host's watch rollout builds the same edits as a JSON Patch
 //! (`watch::retarget_ops`).
 
+use crate::object::ObjectExt;
 use serde_json::Value;
 
 use crate::duration::format_rfc3339;
@@ -62,7 +63,7 @@ pub(crate) fn set_marks(template: &mut Value, marks: Vec<(&str, String)>) {
             ann.insert(k.to_string(), Value::String(v));
         }
         if ann.is_empty() && !has_annotations {
-            template["metadata"].as_object_mut().map(|m| m.remove("annotations"));
+            template.remove_meta("annotations");
         }
     }
 }

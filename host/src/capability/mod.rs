@@ -75,19 +75,16 @@ impl Subject {
     /// What `request` (an AdmissionRequest as JSON) writes, reviewed at
     /// `now`.
     pub fn of(request: &Value, now: i64) -> Subject {
-        let meta = &request["object"]["metadata"];
-        let text = |v: &Value| v.as_str().filter(|s| !s.is_empty()).map(str::to_string);
+        let object = &request["object"];
+        let text = |v: Option<&str>| v.filter(|s| !s.is_empty()).map(str::to_string);
         Subject {
             kind: request["kind"]["kind"].as_str().unwrap_or_default().to_string(),
-            name: text(&request["name"])
-                .or_else(|| text(&meta["name"]))
+            name: text(request["name"].as_str())
+                .or_else(|| text(object.meta_str("name")))
                 .unwrap_or_default(),
             operation: request["operation"].as_str().unwrap_or_default().to_string(),
-            uid: text(&meta["uid"]),
-            controller_uid: meta["ownerReferences"]
-                .as_array()
-                .and_then(|refs| refs.iter().find(|r| r["controller"] == true))
-                .and_then(|r| text(&r["uid"])),
+            uid: text(object.uid()),
+            controller_uid: object.controller().and_then(|r| text(r["uid"].as_str())),
             reviewed_at: now,
         }
     }

@@ -4,6 +4,7 @@
 
 use config_snapshot_policy::host_error::{Code, HostError};
 use config_snapshot_policy::kinds::{self, WorkloadKind};
+use config_snapshot_policy::object::ObjectExt;
 use config_snapshot_policy::operation::Operation;
 use config_snapshot_policy::selection::is_dns_subdomain;
 use config_snapshot_policy::source::{SourceId, SourceKind};
@@ -157,7 +158,7 @@ impl Capability {
         let name = name_selector(req.field_selector.as_deref())?;
         masked_list(&req.api_version, &req.kind, req.field_masks, |visit| {
             self.cluster.list(&req.kind, Some(&req.namespace), &selector, &mut |o| {
-                if name.is_none_or(|n| o["metadata"]["name"] == n) {
+                if name.is_none_or(|n| o.meta_str("name") == Some(n)) {
                     visit(o)
                 }
             })

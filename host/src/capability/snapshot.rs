@@ -140,9 +140,9 @@ impl Capability {
         let source = proposed.annotation(keys::SOURCE_NAME).unwrap_or_default();
         let source = source_name(source)?.to_string();
         let ns = &self.caller.namespace;
-        let hash_said = &proposed["metadata"]["annotations"][keys::CONTENT_HASH];
+        let hash_said = proposed.annotation(keys::CONTENT_HASH);
         if name != self.prover().snapshot_name(ns, &source, &content)
-            || (kind == SourceKind::ConfigMap && *hash_said != content.hash().as_str())
+            || (kind == SourceKind::ConfigMap && hash_said != Some(content.hash().as_str()))
         {
             return Err(refused(format!(
                 "refused: snapshot {name} does not match its content hash"
@@ -290,7 +290,7 @@ impl Capability {
     fn keep_alive(&self, owner: Option<&Value>, found: &Value, kind: SourceKind, name: &str) -> Option<Vec<Value>> {
         match (owner, owned(found)) {
             (None, true) => None,
-            (Some(owner), true) if owner["metadata"]["uid"].is_null() => {
+            (Some(owner), true) if owner.uid().is_none() => {
                 self.stage(Effect::Adopt {
                     namespace: self.caller.namespace.clone(),
                     owner_kind: owner["kind"].as_str().unwrap_or_default().to_string(),
@@ -372,7 +372,7 @@ impl Capability {
         let uid = owner["uid"].as_str().filter(|u| !u.is_empty());
         if let Some(uid) = uid {
             let live = self.cluster.get(kind, &self.caller.namespace, name).map_err(failed)?;
-            if live.as_ref().map(|l| &l["metadata"]["uid"]) != Some(&json!(uid)) {
+            if live.as_ref().and_then(|l| l.uid()) != Some(uid) {
                 return Err(refused(format!(
                     "refused: owner {kind}/{name} with uid {uid} does not exist"
                 )));

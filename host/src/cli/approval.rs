@@ -1,6 +1,7 @@
 //! `status` and `approve`: what a workload's watched changes wait for, and
 //! the approval of one (`config_snapshot::status`).
 
+use config_snapshot_policy::object::ObjectExt;
 use std::process::ExitCode;
 
 use anyhow::{anyhow, Result};
@@ -84,7 +85,7 @@ pub fn approve_command(args: ApproveArgs) -> Result<ExitCode> {
         // Pinned to the version read: a change recorded meanwhile is
         // judged again by whoever runs this again.
         let patch = serde_json::json!({"metadata": {
-            "resourceVersion": workload["metadata"]["resourceVersion"],
+            "resourceVersion": workload.meta("resourceVersion"),
             "annotations": {keys::APPROVE: approved.to_string()},
         }});
         api(&client, &target, &namespace)

@@ -183,8 +183,8 @@ async fn sign_unsigned(client: &Client, prover: &Prover, namespaces: &[String], 
             }
             prover.sign(&mut object);
             let patch = json!({"metadata": {
-                "resourceVersion": object["metadata"]["resourceVersion"],
-                "annotations": {SIGNATURE: object["metadata"]["annotations"][SIGNATURE]},
+                "resourceVersion": object.meta("resourceVersion"),
+                "annotations": {SIGNATURE: object.annotation(SIGNATURE)},
             }});
             let params = PatchParams::default();
             let result = if kind == "Secret" {

@@ -54,7 +54,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             let objects = sim.objects();
             let workloads: Vec<Value> = objects
                 .iter()
-                .filter(|o| o["metadata"]["namespace"] == namespace.as_str())
+                .filter(|o| o.namespace() == Some(namespace.as_str()))
                 .filter(|o| o["kind"].as_str().and_then(WorkloadKind::from_kind).is_some())
                 .cloned()
                 .collect();

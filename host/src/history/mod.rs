@@ -133,12 +133,12 @@ pub fn history(cluster: &dyn View, target: &Target, namespace: &str, now: i64) -
     let workload = cluster
         .get(target.kind.kind(), namespace, &target.name)
         .ok_or_else(|| anyhow!("{target} not found in namespace {namespace}"))?;
-    let uid = workload["metadata"]["uid"].clone();
+    let uid = workload.uid();
     let kept: Vec<Value> = cluster
         .objects()
         .into_iter()
-        .filter(|o| o["kind"] == target.revision_kind() && o["metadata"]["namespace"] == namespace)
-        .filter(|o| o.owner_references().iter().any(|r| r["uid"] == uid))
+        .filter(|o| o["kind"] == target.revision_kind() && o.namespace() == Some(namespace))
+        .filter(|o| o.owner_references().iter().any(|r| r["uid"].as_str() == uid))
         .collect();
     if kept.is_empty() {
         bail!("{target} has no revisions yet (its controller has not made one)");
@@ -251,7 +251,7 @@ fn sources_of(cluster: &dyn View, namespace: &str, template: &Value) -> Vec<Sour
                         None,
                     ),
                 }
-            } else if template::template_annotation(template, &checksum_key(&id)).is_some() {
+            } else if template.annotation(&checksum_key(&id)).is_some() {
                 (State::Checksum, None)
             } else if object.is_none() && group.all_optional() {
                 (State::OptionalMissing, None)

@@ -368,7 +368,7 @@ impl Driver<'_> {
             return;
         };
         let workload = match self.cluster.get_fresh(&kind, ns, &name) {
-            Ok(Some(w)) if w["metadata"]["uid"] == uid.as_str() => w,
+            Ok(Some(w)) if w.uid() == Some(uid.as_str()) => w,
             _ => return,
         };
         let Ok(snapshots) = self.snapshots(ns) else {

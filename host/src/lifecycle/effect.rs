@@ -1,6 +1,7 @@
 //! Deferred effects: writes an admission asks for that run after it, once
 //! it is allowed and persisted (docs/design.md, "Deferred effects").
 
+use config_snapshot_policy::object::ObjectExt;
 use std::collections::BTreeSet;
 
 use config_snapshot_policy::kinds::WorkloadKind;
@@ -176,23 +177,19 @@ impl StoredAs {
 
     /// Why the live `object` is not the one reviewed, if it is not.
     pub fn mismatch(&self, object: &Value) -> Option<String> {
-        let meta = &object["metadata"];
         if let Some(uid) = &self.uid {
-            if meta["uid"].as_str() != Some(uid) {
+            if object.uid() != Some(uid) {
                 return Some(format!("its uid is not {uid}, the reviewed object's"));
             }
         }
         if let Some(uid) = &self.controller_uid {
-            let controller = meta["ownerReferences"]
-                .as_array()
-                .and_then(|refs| refs.iter().find(|r| r["controller"] == true))
-                .and_then(|r| r["uid"].as_str());
+            let controller = object.controller().and_then(|r| r["uid"].as_str());
             if controller != Some(uid) {
                 return Some(format!("its controller is not {uid}, the reviewed object's"));
             }
         }
-        let created = meta["creationTimestamp"]
-            .as_str()
+        let created = object
+            .creation_timestamp()
             .and_then(config_snapshot_policy::duration::parse_rfc3339);
         match created {
             Some(created) if self.uid.is_some() || created >= self.reviewed_at - StoredAs::SKEW => None,

@@ -5,6 +5,7 @@
 //! never one an effect on its way will make a workload reference.
 
 use config_snapshot_policy::host_error::{Code, HostError};
+use config_snapshot_policy::object::ObjectExt;
 use serde_json::Value;
 
 use super::register::Register;
@@ -21,7 +22,7 @@ pub fn delete_snapshot(
 ) -> Result<(), HostError> {
     let (kind, ns, name) = key(snapshot);
     require_ours(prover, snapshot)?;
-    if snapshot["metadata"]["uid"] != preconditions.uid.as_str() {
+    if snapshot.uid() != Some(preconditions.uid.as_str()) {
         return Err(HostError::new(Code::Conflict, format!("{kind} {name} has another uid")));
     }
     if register.awaits(&(kind.clone(), ns.clone(), name.clone())) {

@@ -56,13 +56,13 @@ pub(crate) fn missing_adoptions(objects: &[&Value]) -> Vec<Effect> {
             continue;
         };
         let (_, ns, name) = key(revision);
-        let uid = &revision["metadata"]["uid"];
+        let uid = revision.uid();
         let missing: Vec<(String, String)> = used_snapshots(template)
             .iter()
             .filter_map(|s| {
                 let (kind, snap) = (s["kind"].as_str()?, s["name"].as_str()?);
                 let object = snapshots.get(&(kind.to_string(), ns.clone(), snap.to_string()))?;
-                let owned = object.owner_references().iter().any(|r| r["uid"] == *uid);
+                let owned = object.owner_references().iter().any(|r| r["uid"].as_str() == uid);
                 (!owned).then(|| (kind.to_string(), snap.to_string()))
             })
             .collect();
@@ -135,7 +135,7 @@ pub fn bridges(objects: &[&Value], awaited: &HashSet<Key>) -> Vec<Patch> {
                 if names(uid) && !wanted.iter().any(|r| r["uid"] == uid) {
                     wanted.push(json!({
                         "apiVersion": w["apiVersion"], "kind": w["kind"],
-                        "name": w["metadata"]["name"], "uid": uid,
+                        "name": w.meta("name"), "uid": uid,
                     }));
                 }
             }
@@ -154,10 +154,7 @@ pub fn bridges(objects: &[&Value], awaited: &HashSet<Key>) -> Vec<Patch> {
 /// The workload controlling `revision`: kind, name and uid from its
 /// controller ownerReference.
 pub(crate) fn controller_of(revision: &Value) -> Option<(String, String, String)> {
-    let r = revision["metadata"]["ownerReferences"]
-        .as_array()?
-        .iter()
-        .find(|r| r["controller"] == true)?;
+    let r = revision.controller()?;
     let text = |v: &Value| v.as_str().map(str::to_string);
     Some((text(&r["kind"])?, text(&r["name"])?, text(&r["uid"])?))
 }
@@ -244,13 +241,12 @@ pub(crate) fn doomed<'a>(
         })
         .map(|o| {
             let (kind, namespace, name) = key(o);
-            let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
             Doomed {
                 kind,
                 namespace,
                 name,
-                uid: text(&o["metadata"]["uid"]),
-                resource_version: text(&o["metadata"]["resourceVersion"]),
+                uid: o.uid().unwrap_or_default().to_string(),
+                resource_version: o.resource_version().to_string(),
                 snapshot: o,
             }
         })
@@ -289,11 +285,10 @@ impl<'s> Watchers<'s> {
         if keys::is_snapshot(source) {
             return false;
         }
-        let metadata = &source["metadata"];
         let (Some(kind), Some(name), Some(ns)) = (
             source["kind"].as_str().and_then(SourceKind::from_kind),
-            metadata["name"].as_str(),
-            metadata["namespace"].as_str(),
+            source.meta_str("name"),
+            source.namespace(),
         ) else {
             return false;
         };

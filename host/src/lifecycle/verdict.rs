@@ -220,10 +220,7 @@ fn landed(intent: &PatchIntent, source: Option<&Value>) -> Judged<()> {
     if landed {
         return Ok(());
     }
-    let version = source
-        .and_then(|s| s.pointer("/metadata/resourceVersion"))
-        .and_then(Value::as_str)
-        .unwrap_or_default();
+    let version = source.map(|s| s.resource_version()).unwrap_or_default();
     Err(if version == intent.source_version {
         Verdict::Wait(format!(
             "patch of {who} to {}: the change of {id} is not persisted yet",
@@ -473,11 +470,10 @@ pub(crate) fn adopt_ops(owner: &Value, snapshot: &Value) -> Option<Vec<Value>> {
     }
     let reference = json!({
         "apiVersion": owner["apiVersion"], "kind": owner["kind"],
-        "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"],
+        "name": owner.meta("name"), "uid": owner.meta("uid"),
     });
-    let controller = owner["metadata"]["ownerReferences"]
-        .as_array()
-        .and_then(|refs| refs.iter().find(|r| r["controller"] == true))
+    let controller = owner
+        .controller()
         .map(|r| json!({"apiVersion": r["apiVersion"], "kind": r["kind"], "name": r["name"], "uid": r["uid"]}));
     let current: Vec<Value> = snapshot.owner_references().to_vec();
     let mut wanted = current.clone();

@@ -6,6 +6,7 @@
 //! may go now, and if not, when.
 
 use config_snapshot_policy::keys;
+use config_snapshot_policy::object::ObjectExt;
 use config_snapshot_policy::window::{self, Window};
 use jiff::tz::TimeZone;
 use jiff::Timestamp;
@@ -20,12 +21,8 @@ pub(crate) const RECHECK_SECS: i64 = 3600;
 /// A window that cannot be judged holds the rollout, and says why: the
 /// user asked not to roll outside it.
 pub fn held(workload: &Value, now: i64) -> Option<(i64, String)> {
-    let annotations = workload.pointer("/metadata/annotations")?;
-    let text = annotations.get(keys::ROLLOUT_WINDOW)?.as_str()?;
-    let zone_name = annotations
-        .get(keys::ROLLOUT_WINDOW_ZONE)
-        .and_then(Value::as_str)
-        .unwrap_or("UTC");
+    let text = workload.annotation(keys::ROLLOUT_WINDOW)?;
+    let zone_name = workload.annotation(keys::ROLLOUT_WINDOW_ZONE).unwrap_or("UTC");
     let unjudged = |why: String| Some((now + RECHECK_SECS, why));
     let windows = match window::parse(text) {
         Ok(windows) => windows,

@@ -144,7 +144,7 @@ pub fn released(template: &Value, proven: &BTreeMap<(SourceKind, String), String
     if let Some(annotations) = out.pointer_mut("/metadata/annotations").and_then(Value::as_object_mut) {
         annotations.retain(|k, _| !keys::is_policy_template_annotation(k));
         if annotations.is_empty() {
-            out["metadata"].as_object_mut().map(|m| m.remove("annotations"));
+            out.remove_meta("annotations");
         }
     }
     out
@@ -162,11 +162,7 @@ fn rolls(kind: &Kind, workload: &Value) -> bool {
 
 /// The controller's uid of `object`, if a controller owns it.
 fn controller(object: &Value) -> Option<&str> {
-    object["metadata"]["ownerReferences"]
-        .as_array()?
-        .iter()
-        .find(|r| r["controller"] == true)?["uid"]
-        .as_str()
+    object.controller()?["uid"].as_str()
 }
 
 /// Whether revision `object` of `owner` is in use: a ReplicaSet with pods,

@@ -8,6 +8,7 @@
 //! a workload or snapshot that changed since is left alone, and the run
 //! says so (run it again).
 
+use config_snapshot_policy::object::ObjectExt;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -119,9 +120,7 @@ async fn read(client: &Client, namespace: Option<&str>) -> Result<BTreeMap<Strin
             let mut value = serde_json::to_value(item)?;
             value["apiVersion"] = json!(kind.api_version);
             value["kind"] = json!(kind.kind);
-            if let Some(meta) = value["metadata"].as_object_mut() {
-                meta.remove("managedFields");
-            }
+            value.remove_meta("managedFields");
             by_namespace.entry(ns).or_default().objects.push(value);
         }
     }
@@ -475,7 +474,7 @@ async fn retire_key(
     let left: usize = read_snapshots(client)
         .await?
         .iter()
-        .filter(|s| s["metadata"]["deletionTimestamp"].is_null() && prover.proves(s))
+        .filter(|s| !s.is_deleting() && prover.proves(s))
         .count();
     let (ns, name) = (&settings.serve_namespace, &settings.key_secret);
     if left > 0 {

@@ -127,7 +127,7 @@ pub fn assert(sim: &dyn View, check: &Check) -> CheckResult {
                         .iter()
                         .filter(|o| {
                             o["kind"] == c.kind.as_str()
-                                && o["metadata"]["namespace"] == c.namespace.as_str()
+                                && o.namespace() == Some(c.namespace.as_str())
                                 && sel.matches(o)
                         })
                         .map(|o| o.name().to_string())

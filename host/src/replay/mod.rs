@@ -205,7 +205,7 @@ pub fn run_step(
                     let selector = Selector::parse(selector).map_err(|e| anyhow!(e))?;
                     sim.objects()
                         .iter()
-                        .filter(|o| o["kind"] == d.kind.as_str() && o["metadata"]["namespace"] == d.namespace.as_str())
+                        .filter(|o| o["kind"] == d.kind.as_str() && o.namespace() == Some(d.namespace.as_str()))
                         .filter(|o| selector.matches(o))
                         .filter_map(|o| o.meta_str("name").map(str::to_string))
                         .collect()

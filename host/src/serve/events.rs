@@ -5,6 +5,7 @@
 //! one Event with a count), off the caller's path: an Event that cannot be
 //! written is logged and forgotten, never a reason to fail the work.
 
+use config_snapshot_policy::object::ObjectExt;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use serde_json::Value;
@@ -59,14 +60,13 @@ impl Events {
 }
 
 fn reference_to(object: &Value) -> Option<ObjectReference> {
-    let meta = &object["metadata"];
     Some(ObjectReference {
         api_version: object["apiVersion"].as_str().map(str::to_string),
         kind: Some(object["kind"].as_str()?.to_string()),
-        name: Some(meta["name"].as_str()?.to_string()),
-        namespace: meta["namespace"].as_str().map(str::to_string),
-        uid: meta["uid"].as_str().map(str::to_string),
-        resource_version: meta["resourceVersion"].as_str().map(str::to_string),
+        name: Some(object.meta_str("name")?.to_string()),
+        namespace: object.namespace().map(str::to_string),
+        uid: object.uid().map(str::to_string),
+        resource_version: object.meta_str("resourceVersion").map(str::to_string),
         ..Default::default()
     })
 }

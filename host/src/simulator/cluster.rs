@@ -7,6 +7,7 @@
 //! exactly as it is on a real cluster.
 
 use config_snapshot_policy::keys;
+use config_snapshot_policy::object::ObjectExt;
 use config_snapshot_policy::source::SourceId;
 use serde_json::Value;
 
@@ -92,7 +93,7 @@ impl Cluster for Simulator {
         if keys::is_snapshot(&current) {
             return self.shared.delete(kind, namespace, name, pre);
         }
-        if current["metadata"]["uid"] != pre.uid.as_str() {
+        if current.uid() != Some(pre.uid.as_str()) {
             return Err(ApiError::Conflict(format!(
                 "Precondition failed: {kind} {name} has another uid"
             )));

@@ -21,7 +21,7 @@ impl Simulator {
         if let Some(old) = &old {
             // As an apply would: server-owned fields come from the live object.
             for field in ["resourceVersion", "uid", "creationTimestamp", "generation"] {
-                object["metadata"][field] = old["metadata"][field].clone();
+                object.set_meta(field, old.meta(field).cloned().unwrap_or_default());
             }
             if object.get("status").is_none() {
                 if let Some(status) = old.get("status") {
@@ -31,12 +31,9 @@ impl Simulator {
             // The records config-snapshot keeps on the workload are in no
             // manifest; an apply's three-way merge leaves them alone.
             for key in [keys::ROLLBACK, keys::WATCH_ROLLOUT] {
-                if let Some(v) = old["metadata"]["annotations"].get(key) {
+                if let Some(v) = old.annotations().and_then(|a| a.get(key)) {
                     if !object.has_annotation(key) {
-                        if !object["metadata"]["annotations"].is_object() {
-                            object["metadata"]["annotations"] = json!({});
-                        }
-                        object["metadata"]["annotations"][key] = v.clone();
+                        object.set_annotation(key, v.clone());
                     }
                 }
             }
@@ -111,7 +108,7 @@ impl Simulator {
         if kind == "Deployment" {
             let mut annotations = Map::new();
             for k in NOT_COPIED {
-                if let Some(v) = workload["metadata"]["annotations"].get(k) {
+                if let Some(v) = workload.annotations().and_then(|a| a.get(k)) {
                     annotations.insert(k.to_string(), v.clone());
                 }
             }
@@ -120,7 +117,7 @@ impl Simulator {
                     annotations.insert(k.clone(), v.clone());
                 }
             }
-            updated["metadata"]["annotations"] = Value::Object(annotations);
+            updated.set_meta("annotations", Value::Object(annotations));
         }
         self.note(format!("kubectl rollout undo {kind}/{name} to revision {number}"));
         self.write(updated, Some(workload), false, "kubectl")
@@ -155,7 +152,7 @@ impl Simulator {
             "ownerReferences": [super::controllers::owner_ref(&cronjob, true)],
         });
         for key in ["labels", "annotations"] {
-            if let Some(extra) = template["metadata"][key].as_object() {
+            if let Some(extra) = template.meta(key).and_then(Value::as_object) {
                 for (k, v) in extra {
                     metadata[key][k] = v.clone();
                 }

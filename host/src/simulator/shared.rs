@@ -5,6 +5,7 @@
 //! snapshots are written (the webhook's objectSelector skips them), and
 //! what a host call's capability needs.
 
+use config_snapshot_policy::object::ObjectExt;
 use std::sync::{Mutex, MutexGuard};
 
 use config_snapshot_policy::host_error::{Code, HostError};
@@ -60,8 +61,8 @@ impl Shared {
             .enumerate()
             .map(|(i, o)| {
                 let mut o = o.clone();
-                o["metadata"]["uid"] = serde_json::json!(format!("uid-{i}"));
-                o["metadata"]["resourceVersion"] = serde_json::json!((i + 1).to_string());
+                o.set_meta("uid", serde_json::json!(format!("uid-{i}")));
+                o.set_meta("resourceVersion", serde_json::json!((i + 1).to_string()));
                 o
             })
             .collect();
@@ -192,12 +193,11 @@ impl Cluster for Shared {
         let existing = store
             .get(kind, namespace, name)
             .ok_or_else(|| ApiError::NotFound(format!("{} {name:?} not found", plural(kind))))?;
-        let meta = &existing["metadata"];
-        if meta["uid"] != pre.uid.as_str()
+        if existing.uid() != Some(pre.uid.as_str())
             || pre
                 .resource_version
                 .as_ref()
-                .is_some_and(|rv| meta["resourceVersion"] != rv.as_str())
+                .is_some_and(|rv| existing.meta_str("resourceVersion") != Some(rv.as_str()))
         {
             return Err(ApiError::Conflict(format!(
                 "Precondition failed: {kind} {name} changed since it was read"
@@ -232,7 +232,7 @@ pub(super) fn patched(current: &Value, rv: &str, ops: &[Value]) -> cluster::Resu
     let mut pinned = vec![pin(rv)];
     pinned.extend_from_slice(ops);
     apply_ops(&mut object, &pinned).map_err(|e| ApiError::Invalid(format!("the patch could not be applied: {e}")))?;
-    if object["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
+    if object.meta("resourceVersion") != current.meta("resourceVersion") {
         return Err(ApiError::Conflict(format!(
             "Operation cannot be fulfilled on {} {name:?}: the object has been modified",
             plural(&kind)

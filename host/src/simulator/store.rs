@@ -72,7 +72,7 @@ impl Store {
     }
 
     pub fn contains_uid(&self, uid: &str) -> bool {
-        self.objects.values().any(|o| o["metadata"]["uid"] == uid)
+        self.objects.values().any(|o| o.uid() == Some(uid))
     }
 
     /// The latest resourceVersion handed out.
@@ -133,18 +133,18 @@ impl Store {
             fields.remove(crate::proof::DIGESTED);
         }
         let key = key_of(&object);
-        let meta = object["metadata"].as_object_mut().expect("objects have metadata");
+        let meta = object.metadata_mut().expect("a stored object is a JSON object");
         meta.insert("namespace".into(), json!(key.1));
         let existed = self.objects.contains_key(&key);
         match self.objects.get(&key) {
             Some(old) => {
-                meta.insert("uid".into(), old["metadata"]["uid"].clone());
-                if let Some(created) = old["metadata"].get("creationTimestamp") {
+                meta.insert("uid".into(), old.meta("uid").cloned().unwrap_or_default());
+                if let Some(created) = old.meta("creationTimestamp") {
                     meta.insert("creationTimestamp".into(), created.clone());
                 }
-                let generation = old["metadata"]["generation"].as_i64().unwrap_or(1);
+                let generation = old.generation().unwrap_or(1);
                 let spec_changed = old.get("spec") != object.get("spec");
-                object["metadata"]["generation"] = json!(generation + i64::from(spec_changed));
+                object.set_meta("generation", json!(generation + i64::from(spec_changed)));
                 // Status is a subresource: a write of the object without it
                 // (an apply, an edit) keeps what the controller wrote.
                 if object.get("status").is_none() {
@@ -163,7 +163,7 @@ impl Store {
                 meta.insert("generation".into(), json!(1));
             }
         }
-        object["metadata"]["resourceVersion"] = json!(self.counter.to_string());
+        object.set_meta("resourceVersion", json!(self.counter.to_string()));
         self.referrers.observe(&object);
         self.objects.insert(key, object.clone());
         self.record(if existed { "MODIFIED" } else { "ADDED" }, &object);

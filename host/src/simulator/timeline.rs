@@ -1,7 +1,7 @@
 //! The words of replay's timeline.
 
 use config_snapshot_policy::object::ObjectExt;
-use config_snapshot_policy::{keys, references, template};
+use config_snapshot_policy::{keys, references};
 use serde_json::Value;
 
 /// Which references a mutation rewrote, and whether it recorded a rollback
@@ -27,13 +27,13 @@ pub(crate) fn describe_rewrite(before: &Value, after: &Value, live: Option<&Valu
         unique.dedup();
         parts.push(unique.join(", "));
     }
-    let checksums = template::template_annotation(a, keys::SNAPSHOTS).is_none()
+    let checksums = a.annotation(keys::SNAPSHOTS).is_none()
         && a.annotations()
             .is_some_and(|m| m.keys().any(|k| k.starts_with(keys::CHECKSUM_PREFIX)));
     if checksums {
         parts.push("config checksums stamped".into());
     }
-    let records = |o: &Value, k: &str| o.pointer("/metadata/annotations").and_then(|a| a.get(k)).cloned();
+    let records = |o: &Value, k: &str| o.annotations().and_then(|a| a.get(k)).cloned();
     let recorded = records(after, keys::ROLLBACK);
     if recorded.is_some() && live.and_then(|l| records(l, keys::ROLLBACK)) != recorded {
         parts.push("rollback recorded".into());

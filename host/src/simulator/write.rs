@@ -42,7 +42,7 @@ impl Simulator {
         json!({
             "uid": self.next_request_uid(),
             "kind": gvk, "resource": gvr, "requestKind": gvk, "requestResource": gvr,
-            "name": object["metadata"]["name"],
+            "name": object.meta("name"),
             "namespace": object.namespace().unwrap_or("default"),
             "operation": operation,
             "userInfo": {"username": actor},
@@ -261,7 +261,7 @@ pub(crate) fn prepare(mut object: Value, old: Option<&Value>) -> Result<Value> {
         }
     }
     if object.namespace().is_none() {
-        object["metadata"]["namespace"] = json!(old.and_then(|o| o.namespace()).unwrap_or("default"));
+        object.set_meta("namespace", json!(old.and_then(|o| o.namespace()).unwrap_or("default")));
     }
     if object["kind"] == "Secret" {
         fold_string_data(&mut object)?;

@@ -37,8 +37,8 @@ impl Simulator {
                         Some(h) if !h.is_empty() => format!("{h},{old}"),
                         _ => old,
                     };
-                    rs["metadata"]["annotations"][REVISION_HISTORY_ANNOTATION] = json!(history);
-                    rs["metadata"]["annotations"][REVISION_ANNOTATION] = json!((max_revision + 1).to_string());
+                    rs.set_annotation(REVISION_HISTORY_ANNOTATION, json!(history));
+                    rs.set_annotation(REVISION_ANNOTATION, json!((max_revision + 1).to_string()));
                     self.note(format!(
                         "ReplicaSet/{rs_name} is current again (revision {})",
                         max_revision + 1
@@ -66,7 +66,7 @@ impl Simulator {
         let mut old: Vec<Value> = self
             .owned("ReplicaSet", deployment)
             .into_iter()
-            .filter(|rs| rs["metadata"]["name"] != current_name.as_str())
+            .filter(|rs| rs.meta_str("name") != Some(current_name.as_str()))
             .collect();
         for rs in &mut old {
             if !paused && rs["spec"]["replicas"] != 0 {
@@ -85,14 +85,16 @@ impl Simulator {
         let hash = &template_hash(template)[..10];
         let rs_name = format!("{}-{hash}", deployment.name());
         let mut rs_template = template.clone();
-        rs_template["metadata"]["labels"]["pod-template-hash"] = json!(hash);
+        if let Some(labels) = rs_template.labels_mut() {
+            labels.insert("pod-template-hash".into(), json!(hash));
+        }
         let mut selector = deployment["spec"]["selector"].clone();
         selector["matchLabels"]["pod-template-hash"] = json!(hash);
         let mut rs = json!({
             "apiVersion": "apps/v1", "kind": "ReplicaSet",
             "metadata": {
                 "name": rs_name, "namespace": deployment.namespace().unwrap_or("default"),
-                "labels": rs_template["metadata"]["labels"].clone(),
+                "labels": rs_template.labels(),
                 "annotations": {REVISION_ANNOTATION: revision.to_string()},
                 "ownerReferences": [owner_ref(deployment, true)],
             },

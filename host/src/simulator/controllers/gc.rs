@@ -1,5 +1,6 @@
 //! The ownerReference garbage collector.
 
+use config_snapshot_policy::object::ObjectExt;
 use serde_json::{json, Value};
 
 use crate::simulator::store::key_of;
@@ -16,9 +17,10 @@ impl Simulator {
             let mut doomed = Vec::new();
             let mut pruned = Vec::new();
             for o in store.all() {
-                let Some(refs) = o["metadata"]["ownerReferences"].as_array().filter(|r| !r.is_empty()) else {
+                let refs = o.owner_references();
+                if refs.is_empty() {
                     continue;
-                };
+                }
                 let live: Vec<&Value> = refs
                     .iter()
                     .filter(|r| store.contains_uid(r["uid"].as_str().unwrap_or_default()))
@@ -27,7 +29,7 @@ impl Simulator {
                     doomed.push(key_of(o));
                 } else if live.len() < refs.len() {
                     let mut kept = o.clone();
-                    kept["metadata"]["ownerReferences"] = json!(live);
+                    kept.set_meta("ownerReferences", json!(live));
                     pruned.push(kept);
                 }
             }

@@ -79,11 +79,11 @@ impl Simulator {
 
     pub(crate) fn owned(&self, kind: &str, owner: &Value) -> Vec<Value> {
         let ns = owner.namespace().unwrap_or("default");
-        let uid = &owner["metadata"]["uid"];
+        let uid = owner.uid();
         self.shared
             .store()
             .list(kind, ns)
-            .filter(|o| o.owner_references().iter().any(|r| r["uid"] == *uid))
+            .filter(|o| o.owner_references().iter().any(|r| r["uid"].as_str() == uid))
             .cloned()
             .collect()
     }
@@ -170,12 +170,12 @@ fn copy_annotations(deployment: &Value, rs: &mut Value) {
     let Some(from) = deployment.annotations() else {
         return;
     };
-    if !rs["metadata"]["annotations"].is_object() {
-        rs["metadata"]["annotations"] = json!({});
-    }
+    let Some(to) = rs.annotations_mut() else {
+        return;
+    };
     for (k, v) in from {
         if !NOT_COPIED.contains(&k.as_str()) {
-            rs["metadata"]["annotations"][k] = v.clone();
+            to.insert(k.clone(), v.clone());
         }
     }
 }
@@ -183,7 +183,7 @@ fn copy_annotations(deployment: &Value, rs: &mut Value) {
 pub(crate) fn owner_ref(owner: &Value, controller: bool) -> Value {
     let mut r = json!({
         "apiVersion": owner["apiVersion"], "kind": owner["kind"],
-        "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"],
+        "name": owner.meta("name"), "uid": owner.meta("uid"),
     });
     if controller {
         r["controller"] = json!(true);

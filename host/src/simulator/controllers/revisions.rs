@@ -77,7 +77,7 @@ impl Simulator {
         let old: Vec<Value> = self
             .owned("ControllerRevision", workload)
             .into_iter()
-            .filter(|r| r["metadata"]["name"] != current_name.as_str())
+            .filter(|r| r.meta_str("name") != Some(current_name.as_str()))
             .filter(|r| running.as_deref() != r.meta_str("name"))
             .collect();
         self.prune_history("ControllerRevision", &ns, old, limit, |r| {
