@@ -844,3 +844,67 @@ async fn an_opted_in_admission_reads_its_sources_together_and_fresh() {
     let (_, api_web) = serve.admit("create-api", "CREATE", &workload("api"), None, false).await;
     assert_eq!(snapshot_values(&api_web)[3], "newer-3");
 }
+
+/// With `--source-reads list`, an opted-in Deployment's sources and their
+/// snapshots come in one consistent LIST of the namespace's ConfigMaps:
+/// one round trip instead of a GET each, and as fresh (a source edited
+/// after serve's cache saw it is snapshotted as edited). A second
+/// Deployment of the same sources reuses the snapshots the LIST showed,
+/// and writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_list_reads_every_source_and_snapshot_as_fresh_as_gets() {
+    const N: usize = 4;
+    let api = ApiServer::start().await;
+    let source = |i: usize, v: &str| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": format!("src-{i}"), "namespace": NS},
+               "data": {"k": format!("{v}-{i}")}})
+    };
+    for i in 0..N {
+        api.put(source(i, "old"));
+    }
+    let mut serve = Serve::start(&api, &["--source-reads", "list"]);
+    serve.wait_ready().await;
+    for i in 0..N {
+        api.put(source(i, "new"));
+    }
+    let env: Vec<Value> = (0..N)
+        .map(|i| json!({"name": format!("E{i}"), "valueFrom": {"configMapKeyRef": {"name": format!("src-{i}"), "key": "k"}}}))
+        .collect();
+    let workload = |name: &str| {
+        json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": NS, "annotations": {"config-snapshot.io/snapshot": "*"}},
+            "spec": {"selector": {"matchLabels": {"app": name}}, "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "app", "image": "nginx:1.25", "env": env.clone()}]}}}
+        })
+    };
+    let list = format!("GET /api/v1/namespaces/{NS}/configmaps");
+    let reads_of = |lines: &[String]| -> (usize, usize) {
+        let lists = lines.iter().filter(|l| **l == list).count();
+        let gets = lines.iter().filter(|l| l.starts_with(&format!("{list}/"))).count();
+        (lists, gets)
+    };
+
+    let seen = api.log().len();
+    let (response, web) = serve.admit("create-web", "CREATE", &workload("web"), None, false).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    for i in 0..N {
+        let name = env_ref(&web, &format!("E{i}"), "configMapKeyRef");
+        let snapshot = api.get("ConfigMap", NS, name).expect("the snapshot exists");
+        assert_eq!(snapshot["data"]["k"], format!("new-{i}"), "read as fresh as the request");
+    }
+    let during = api.log()[seen..].to_vec();
+    assert_eq!(reads_of(&during), (1, 0), "one LIST, no GET: {during:?}");
+
+    let seen = api.log().len();
+    let (response, blue) = serve
+        .admit("create-blue", "CREATE", &workload("blue"), None, false)
+        .await;
+    assert_eq!(response["allowed"], true, "{response}");
+    assert_eq!(blue["spec"]["template"]["spec"], web["spec"]["template"]["spec"], "the same snapshots");
+    let during = api.log()[seen..].to_vec();
+    assert_eq!(reads_of(&during), (1, 0), "sources and snapshots from one LIST: {during:?}");
+    assert!(during.iter().all(|l| l.starts_with("GET")), "reusing the snapshots wrote: {during:?}");
+    serve.terminate();
+}

@@ -24,6 +24,7 @@ use tokio::runtime::Handle;
 
 use super::cache::{api_resource, trim, Cache};
 use super::metrics::Metrics;
+use super::prefetch::{Listed, SourceReads};
 use crate::cluster::{self, pin, shown, ApiError, Cluster, Preconditions, Selector};
 
 /// One API call's deadline. The webhook answers within `timeoutSeconds`
@@ -42,6 +43,8 @@ pub struct KubeCluster {
     /// the system clock). Replaying a recorded admission needs the clock
     /// it was recorded at.
     fixed_now: AtomicI64,
+    /// How an admission's fresh source reads are made ahead of the policy.
+    pub source_reads: SourceReads,
 }
 
 impl KubeCluster {
@@ -53,7 +56,14 @@ impl KubeCluster {
             metrics,
             reads_ahead: tokio::sync::Semaphore::new(super::prefetch::IN_FLIGHT),
             fixed_now: AtomicI64::new(0),
+            source_reads: SourceReads::default(),
         }
+    }
+
+    /// The same cluster, reading sources ahead as `reads` says.
+    pub fn reading(mut self, reads: SourceReads) -> KubeCluster {
+        self.source_reads = reads;
+        self
     }
 
     pub fn client(&self) -> &Client {
@@ -86,14 +96,23 @@ impl KubeCluster {
         namespace: &str,
         name: &str,
     ) -> cluster::Result<(Api<DynamicObject>, kube::core::ApiResource)> {
+        if !is_dns_subdomain(name) {
+            return Err(ApiError::Invalid(format!("{} is not an object's name", shown(name))));
+        }
+        self.namespaced(kind, namespace)
+    }
+
+    /// The API of `kind` in `namespace` (see [`Self::api`]).
+    fn namespaced(
+        &self,
+        kind: &str,
+        namespace: &str,
+    ) -> cluster::Result<(Api<DynamicObject>, kube::core::ApiResource)> {
         if !is_dns_label(namespace) {
             return Err(ApiError::Invalid(format!(
                 "{} is not a namespace's name",
                 shown(namespace)
             )));
-        }
-        if !is_dns_subdomain(name) {
-            return Err(ApiError::Invalid(format!("{} is not an object's name", shown(name))));
         }
         let ar = api_resource(kind)
             .ok_or_else(|| ApiError::NotFound(format!("the server could not find the requested resource: {kind}")))?;
@@ -107,6 +126,24 @@ impl KubeCluster {
             Ok(Ok(object)) => Ok(object.map(|o| trim(o, &ar))),
             Ok(Err(e)) => Err(e.into()),
             Err(_) => Err(ApiError::Timeout(format!("timeout reading {kind} {name}"))),
+        }
+    }
+
+    /// Lists `kind` in `namespace` from the API server, as fresh as a
+    /// read of one object: a list without a resourceVersion is a
+    /// consistent read (served from the API server's watch cache once it
+    /// has caught up with etcd, Kubernetes 1.31 and later). At most
+    /// `limit` objects: `complete` is false when there were more.
+    pub async fn list_fresh(&self, kind: &str, namespace: &str, limit: u32) -> cluster::Result<Listed> {
+        let (api, ar) = self.namespaced(kind, namespace)?;
+        let params = kube::api::ListParams::default().limit(limit);
+        match tokio::time::timeout(API_TIMEOUT, api.list(&params)).await {
+            Ok(Ok(list)) => Ok(Listed {
+                complete: list.metadata.continue_.as_deref().is_none_or(str::is_empty),
+                objects: list.items.into_iter().map(|o| trim(o, &ar)).collect(),
+            }),
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => Err(ApiError::Timeout(format!("timeout listing {kind} in {namespace}"))),
         }
     }
 

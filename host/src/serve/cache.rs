@@ -370,6 +370,13 @@ impl Cache {
         self.inspect(kind, namespace, name, Value::clone)
     }
 
+    /// How many objects of `kind` the cache holds in `namespace`.
+    pub fn held_in(&self, kind: &str, namespace: &str) -> Option<usize> {
+        let cache = self.kind(kind).ok()?;
+        let indexed = cache.objects.read().unwrap_or_else(|e| e.into_inner());
+        Some(indexed.objects.get(namespace).map_or(0, BTreeMap::len))
+    }
+
     /// `look` at one cached object in place: a question about a large
     /// object (a snapshot can be 1 MiB) need not copy it.
     pub fn inspect<T>(
@@ -436,7 +443,7 @@ impl Cache {
             .map(|c| {
                 c.objects
                     .read()
-                    .unwrap()
+                    .unwrap_or_else(|e| e.into_inner())
                     .objects
                     .values()
                     .flat_map(|n| n.values().cloned())
@@ -497,7 +504,7 @@ fn insert(objects: &mut Objects, object: Value) -> Option<&Value> {
 /// Whether `a` is a later version of the same object than `b`.
 fn newer(a: &Value, b: &Value) -> bool {
     let rv = |o: &Value| o.meta_str("resourceVersion").and_then(|r| r.parse::<u64>().ok());
-    a["metadata"]["uid"] == b["metadata"]["uid"] && matches!((rv(a), rv(b)), (Some(x), Some(y)) if x > y)
+    a.uid() == b.uid() && matches!((rv(a), rv(b)), (Some(x), Some(y)) if x > y)
 }
 
 /// The object as the policy sees it: typed, without the fields it never reads.

@@ -119,6 +119,12 @@ pub struct Options {
     /// change persisted, the owner created) before it is dropped.
     #[arg(long, default_value = "30s", value_parser = go_duration)]
     pub effect_wait: Duration,
+    /// How an opted-in workload's fresh source reads are made, ahead of
+    /// the policy: `parallel` GETs, `sequential` GETs on one connection,
+    /// one consistent `list` per kind where the namespace is small, or
+    /// `none` (docs/BENCHMARKS.md, "Fresh reads").
+    #[arg(long, default_value = "parallel", value_enum)]
+    pub source_reads: prefetch::SourceReads,
     /// Deferred effects waiting at most (beyond: dropped, the resync and the
     /// sweep recover).
     #[arg(long, default_value = "1024")]
@@ -421,7 +427,8 @@ pub fn build_with_engine(
         events: events::Events::new(client.clone(), runtime.clone()),
         metrics: metrics.clone(),
     });
-    let cluster = Arc::new(KubeCluster::new(client, cache.clone(), runtime, metrics.clone()));
+    let cluster =
+        Arc::new(KubeCluster::new(client, cache.clone(), runtime, metrics.clone()).reading(options.source_reads));
     let budget = Arc::new(Budget::new(crate::capability::Limits {
         count: options.snapshot_rate,
         namespace_bytes: options.snapshot_bytes_rate,

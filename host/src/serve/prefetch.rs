@@ -54,6 +54,31 @@ use tokio::sync::{oneshot, Semaphore};
 use super::apiserver::KubeCluster;
 use crate::cluster;
 
+/// How an admission's fresh source reads are made ahead of the policy
+/// (`serve --source-reads`; docs/BENCHMARKS.md, "Fresh reads", measures
+/// each on the real control plane). Every way is as fresh as the request:
+/// each read starts after it arrived.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum SourceReads {
+    /// A GET per source and per snapshot, all at once.
+    #[default]
+    Parallel,
+    /// The same GETs, one after another: one kept-alive connection.
+    Sequential,
+    /// One consistent LIST per kind of the namespace, when serve's cache
+    /// shows it small; GETs otherwise.
+    List,
+    /// None ahead: the policy's reads go to the API server as it makes them.
+    None,
+}
+
+/// A fresh listing of one kind in one namespace.
+pub struct Listed {
+    pub objects: Vec<Value>,
+    /// Whether it holds every object (not cut at its limit).
+    pub complete: bool,
+}
+
 /// A source to read, in the request's namespace.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Wanted {
@@ -170,6 +195,87 @@ pub(crate) async fn read_ahead(
         };
         let _ = tx.send(cluster.fetch(wanted.kind.kind(), &namespace, &name).await);
     }
+}
+
+/// Reads `slots` (sources of one kind in `namespace`) with one consistent
+/// LIST, and answers each, and registers its snapshot, from it: two fresh
+/// reads per source for the price of one round trip. A source the LIST
+/// could not show (a failed or cut listing) is read with its own GET.
+pub(crate) async fn read_listed(
+    cluster: Arc<KubeCluster>,
+    namespace: String,
+    kind: SourceKind,
+    slots: Vec<(Wanted, oneshot::Sender<cluster::Result<Option<Value>>>)>,
+    pending: Arc<Mutex<Fetched>>,
+    admission: Arc<Semaphore>,
+) {
+    let listed = {
+        let (Ok(_one), Ok(_all)) = (admission.acquire().await, cluster.reads_ahead.acquire().await) else {
+            return;
+        };
+        cluster.list_fresh(kind.kind(), &namespace, LIST_AT_MOST).await
+    };
+    let Ok(Listed { objects, complete }) = listed else {
+        for (wanted, tx) in slots {
+            read_ahead(
+                cluster.clone(),
+                namespace.clone(),
+                wanted,
+                tx,
+                pending.clone(),
+                admission.clone(),
+            )
+            .await;
+        }
+        return;
+    };
+    let by_name: HashMap<&str, &Value> = objects.iter().map(|o| (o.name(), o)).collect();
+    let shown = |name: &str| by_name.get(name).map(|o| (*o).clone());
+    for (wanted, tx) in slots {
+        let read = match shown(&wanted.name) {
+            Some(found) => Some(found),
+            None if complete => None,
+            None => {
+                read_ahead(
+                    cluster.clone(),
+                    namespace.clone(),
+                    wanted,
+                    tx,
+                    pending.clone(),
+                    admission.clone(),
+                )
+                .await;
+                continue;
+            }
+        };
+        let snapshot = read
+            .as_ref()
+            .and_then(|object| snapshot_of(&wanted, object))
+            .filter(|name| !owned_in_cache(&cluster, kind, &namespace, name))
+            .filter(|name| complete || by_name.contains_key(name.as_str()));
+        if let Some(name) = snapshot {
+            let (stx, srx) = oneshot::channel();
+            let _ = stx.send(Ok(shown(&name)));
+            let mut pending = pending.lock().unwrap_or_else(|e| e.into_inner());
+            pending.entry((kind, name)).or_insert(srx);
+        }
+        let _ = tx.send(Ok(read));
+    }
+}
+
+/// The most objects a LIST ahead may bring, and the most serve's cache may
+/// show of the kind in the namespace for one to be made: past it, the
+/// listing would cost more than the GETs it saves.
+pub(crate) const LIST_AT_MOST: u32 = 32;
+
+/// Whether a LIST of `kind` in `namespace` is worth making for `wanted`
+/// sources: two or more, in a namespace serve's cache shows small.
+pub(crate) fn worth_listing(cluster: &KubeCluster, kind: SourceKind, namespace: &str, wanted: usize) -> bool {
+    wanted >= 2
+        && cluster
+            .cache
+            .held_in(kind.kind(), namespace)
+            .is_some_and(|n| n <= LIST_AT_MOST as usize)
 }
 
 /// Reads ahead one admission runs at once.

@@ -4,13 +4,14 @@
 //! reads ahead, and each of the policy's reads takes its own or goes to
 //! the cluster.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use config_snapshot_policy::source::{SourceId, SourceKind};
 use serde_json::Value;
 
 use super::apiserver::KubeCluster;
-use super::prefetch::{self, Fetched, Wanted};
+use super::prefetch::{self, Fetched, SourceReads, Wanted};
 use crate::cluster::{self, ApiError, Cluster, Preconditions, Selector};
 
 pub(crate) struct RequestScope {
@@ -25,11 +26,15 @@ pub(crate) struct RequestScope {
 
 impl RequestScope {
     pub fn new(cluster: Arc<KubeCluster>, namespace: &str) -> RequestScope {
+        let at_once = match cluster.source_reads {
+            SourceReads::Sequential => 1,
+            _ => prefetch::PER_ADMISSION,
+        };
         RequestScope {
             cluster,
             namespace: namespace.to_string(),
             prefetched: Arc::default(),
-            permits: Arc::new(tokio::sync::Semaphore::new(prefetch::PER_ADMISSION)),
+            permits: Arc::new(tokio::sync::Semaphore::new(at_once)),
         }
     }
 
@@ -37,18 +42,41 @@ impl RequestScope {
     /// their snapshots, all at once and beside the policy: a read the
     /// policy takes waits for its own GET only.
     pub fn prefetch(&self, wanted: Vec<Wanted>) {
+        let reads = self.cluster.source_reads;
+        if reads == SourceReads::None {
+            return;
+        }
         let mut pending = self.prefetched.lock().unwrap_or_else(|e| e.into_inner());
+        let mut listed: HashMap<SourceKind, Vec<_>> = HashMap::new();
         for w in wanted {
             let (tx, rx) = tokio::sync::oneshot::channel();
             pending.insert((w.kind, w.name.clone()), rx);
-            self.cluster.runtime.spawn(prefetch::read_ahead(
-                self.cluster.clone(),
-                self.namespace.clone(),
-                w,
-                tx,
-                self.prefetched.clone(),
-                self.permits.clone(),
-            ));
+            listed.entry(w.kind).or_default().push((w, tx));
+        }
+        drop(pending);
+        for (kind, slots) in listed {
+            if reads == SourceReads::List && prefetch::worth_listing(&self.cluster, kind, &self.namespace, slots.len())
+            {
+                self.cluster.runtime.spawn(prefetch::read_listed(
+                    self.cluster.clone(),
+                    self.namespace.clone(),
+                    kind,
+                    slots,
+                    self.prefetched.clone(),
+                    self.permits.clone(),
+                ));
+                continue;
+            }
+            for (w, tx) in slots {
+                self.cluster.runtime.spawn(prefetch::read_ahead(
+                    self.cluster.clone(),
+                    self.namespace.clone(),
+                    w,
+                    tx,
+                    self.prefetched.clone(),
+                    self.permits.clone(),
+                ));
+            }
         }
     }
 

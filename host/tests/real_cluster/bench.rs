@@ -898,6 +898,19 @@ pub fn webhook_latency(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: 
         }
     }
     let fan = runtime.block_on(fan_out(cp, &client, "bench-fan-out", rounds));
+    // The ways to read a workload's sources fresh, each on serve restarted
+    // with it, in this one run (docs/BENCHMARKS.md, "Fresh reads").
+    let strategies = env("BENCH_READS", "", "");
+    if !strategies.is_empty() {
+        bench.stop();
+        let reads = compare_reads(cp, kubeconfig, &flags, &runtime, &client, &strategies, samples);
+        publish("bench-reads", &reads);
+        eprintln!("{reads}");
+        bench = ServeProcess::start_logging(kubeconfig, &flags, "info");
+        bench.wait_ready();
+        register(cp, &bench, yaml("deploy/serve/webhook.yaml").remove(0));
+        webhook_answers(cp);
+    }
     // The real Kubewarden engine on the same creates, if POLICY_SERVER
     // names it: serve and its webhook out of the way first.
     if let Some(binary) = policy_server::binary() {
@@ -951,6 +964,67 @@ pub fn webhook_latency(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: 
     serve.wait_ready();
     register(cp, serve, yaml("deploy/serve/webhook.yaml").remove(0));
     webhook_answers(cp);
+}
+
+/// kube-apiserver's count of GET and LIST requests for ConfigMaps and
+/// Secrets: the reads a window cost the API server.
+fn source_reads_served(cp: &ControlPlane) -> f64 {
+    cp.kubectl(&["get", "--raw", "/metrics"])
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+        .filter(|l| l.contains("verb=\"GET\"") || l.contains("verb=\"LIST\""))
+        .filter(|l| l.contains("resource=\"configmaps\"") || l.contains("resource=\"secrets\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The opted-in CREATE groups at one client, on serve restarted with each
+/// `--source-reads` way in turn: a table of kube-apiserver's mean time in
+/// the webhook, serve's own, the clients' p50, and the source reads each
+/// admission cost the API server.
+fn compare_reads(
+    cp: &ControlPlane,
+    kubeconfig: &Path,
+    flags: &[&str],
+    runtime: &tokio::runtime::Runtime,
+    client: &kube::Client,
+    strategies: &str,
+    samples: usize,
+) -> String {
+    let mut text = format!(
+        "Fresh reads, {} ({} build), 1 client, {samples} creates per row; reads: kube-apiserver's GET and LIST \
+         requests for ConfigMaps and Secrets per create.\n\n\
+         | `--source-reads` | group | apiserver mean (ms) | serve mean (ms) | client p50 (ms) | reads per create |\n\
+         |---|---|---|---|---|---|\n",
+        today(),
+        if cfg!(debug_assertions) { "unoptimised" } else { "release" },
+    );
+    for (i, way) in strategies.split(',').map(str::trim).enumerate() {
+        let mut flags = flags.to_vec();
+        flags.extend(["--source-reads", way]);
+        let mut serve = ServeProcess::start_logging(kubeconfig, &flags, "info");
+        serve.wait_ready();
+        register(cp, &serve, yaml("deploy/serve/webhook.yaml").remove(0));
+        webhook_answers(cp);
+        for group in [Group::OneExisting, Group::EightExisting] {
+            let ns = format!("bench-reads-{i}-{}", group as usize);
+            cp.namespace(&ns);
+            let before = source_reads_served(cp);
+            let row = runtime.block_on(measure(cp, Hook::Serve(&serve), client, &ns, group, 1, samples));
+            let reads = (source_reads_served(cp) - before) / row.samples.max(1) as f64;
+            let serve_mean = row.serve_secs * 1e6 / row.samples.max(1) as f64;
+            text.push_str(&format!(
+                "| `{way}` | {} | {} | {} | {} | {reads:.1} |\n",
+                group.describe(),
+                ms(row.apiserver_mean()),
+                ms(serve_mean),
+                ms(row.client_quantile(0.5) as f64),
+            ));
+            let _ = cp.try_kubectl(&["delete", "namespace", &ns, "--timeout=300s"], None);
+        }
+        serve.stop();
+    }
+    text
 }
 
 /// Writes a measured table to target/NAME.md and, with
