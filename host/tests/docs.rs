@@ -531,3 +531,36 @@ fn the_architecture_map_names_only_paths_that_exist() {
         "docs/architecture.md names paths that do not exist: {missing:?}"
     );
 }
+
+/// Product code reaches an object's metadata through `ObjectExt`
+/// (src/model/object.rs), which says which fields a function uses and
+/// reads a forged shape as absent: no raw `["metadata"]` index outside it.
+/// Test code (a `_tests.rs` file, a `tests` folder, a trailing
+/// `#[cfg(test)]` module) builds its fixtures as it likes.
+#[test]
+fn product_code_reads_metadata_through_object_ext() {
+    let mut raw = Vec::new();
+    for dir in ["src", "host/src"] {
+        for file in rust_files(&root().join(dir)) {
+            let path = file.to_string_lossy().to_string();
+            let name = file.file_name().unwrap().to_string_lossy().to_string();
+            if name.ends_with("_tests.rs") || name == "tests.rs" || path.contains("/tests/") || name == "object.rs" {
+                continue;
+            }
+            let text = std::fs::read_to_string(&file).unwrap();
+            for (n, line) in text.lines().enumerate() {
+                if line.starts_with("#[cfg(test)]") {
+                    break;
+                }
+                if line.contains("[\"metadata\"]") && !line.trim_start().starts_with("//") {
+                    raw.push(format!("{path}:{}: {}", n + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(
+        raw.is_empty(),
+        "raw metadata reads outside ObjectExt:\n{}",
+        raw.join("\n")
+    );
+}

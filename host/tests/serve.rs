@@ -892,7 +892,11 @@ async fn one_list_reads_every_source_and_snapshot_as_fresh_as_gets() {
     for i in 0..N {
         let name = env_ref(&web, &format!("E{i}"), "configMapKeyRef");
         let snapshot = api.get("ConfigMap", NS, name).expect("the snapshot exists");
-        assert_eq!(snapshot["data"]["k"], format!("new-{i}"), "read as fresh as the request");
+        assert_eq!(
+            snapshot["data"]["k"],
+            format!("new-{i}"),
+            "read as fresh as the request"
+        );
     }
     let during = api.log()[seen..].to_vec();
     assert_eq!(reads_of(&during), (1, 0), "one LIST, no GET: {during:?}");
@@ -902,9 +906,52 @@ async fn one_list_reads_every_source_and_snapshot_as_fresh_as_gets() {
         .admit("create-blue", "CREATE", &workload("blue"), None, false)
         .await;
     assert_eq!(response["allowed"], true, "{response}");
-    assert_eq!(blue["spec"]["template"]["spec"], web["spec"]["template"]["spec"], "the same snapshots");
+    assert_eq!(
+        blue["spec"]["template"]["spec"], web["spec"]["template"]["spec"],
+        "the same snapshots"
+    );
     let during = api.log()[seen..].to_vec();
-    assert_eq!(reads_of(&during), (1, 0), "sources and snapshots from one LIST: {during:?}");
-    assert!(during.iter().all(|l| l.starts_with("GET")), "reusing the snapshots wrote: {during:?}");
+    assert_eq!(
+        reads_of(&during),
+        (1, 0),
+        "sources and snapshots from one LIST: {during:?}"
+    );
+    assert!(
+        during.iter().all(|l| l.starts_with("GET")),
+        "reusing the snapshots wrote: {during:?}"
+    );
+    serve.terminate();
+}
+
+/// Every answer serve gives is timed, the ones the policy never sees too:
+/// a request in an excluded namespace and one naming no valid namespace
+/// each add one observation to the admission histogram, and one answer
+/// to their decision's count. An answer left out of the histogram would
+/// make serve look faster than the API server finds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn untouched_answers_are_timed_like_the_rest() {
+    let api = ApiServer::start().await;
+    let mut serve = Serve::start(&api, &[]);
+    serve.wait_ready().await;
+    let timed = "config_snapshot_admission_duration_seconds_count{kind=\"Deployment\",operation=\"CREATE\"}";
+    let decided = |d: &str| format!("config_snapshot_admission_decisions_total{{decision=\"{d}\"}}");
+    let (timed_before, excluded_before, unnamed_before) = (
+        serve.metric(timed),
+        serve.metric(&decided("excluded")),
+        serve.metric(&decided("unnamed")),
+    );
+    let workload = deployment();
+    for (uid, namespace) in [("in-kube-system", "kube-system"), ("bad-namespace", "Not_A_Namespace")] {
+        let (response, _) = serve
+            .hook
+            .admit(namespace, uid, "CREATE", &workload, None, false)
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", serve.logs()));
+        assert_eq!(response["allowed"], true, "{response}");
+        assert!(response.get("patch").is_none(), "untouched: {response}");
+    }
+    assert_eq!(serve.metric(timed) - timed_before, 2.0, "both answers timed");
+    assert_eq!(serve.metric(&decided("excluded")) - excluded_before, 1.0);
+    assert_eq!(serve.metric(&decided("unnamed")) - unnamed_before, 1.0);
     serve.terminate();
 }

@@ -997,7 +997,11 @@ fn compare_reads(
          | `--source-reads` | group | apiserver mean (ms) | serve mean (ms) | client p50 (ms) | reads per create |\n\
          |---|---|---|---|---|---|\n",
         today(),
-        if cfg!(debug_assertions) { "unoptimised" } else { "release" },
+        if cfg!(debug_assertions) {
+            "unoptimised"
+        } else {
+            "release"
+        },
     );
     for (i, way) in strategies.split(',').map(str::trim).enumerate() {
         let mut flags = flags.to_vec();
