@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 
 use crate::capability::{Caller, Capability};
 use crate::lifecycle::resync::{PassHost, ReadmitError};
-use crate::lifecycle::{Driver, Effect, Register, Rules};
+use crate::lifecycle::{Driver, Effect, InFlight, Rules};
 use crate::proof::Prover;
 use crate::simulator::Shared;
 
@@ -142,13 +142,13 @@ pub fn capability_call(operation: u8, payload: &[u8]) {
 pub fn admission_request(body: &[u8]) {
     let prover = prover();
     if let Ok(preview) = crate::serve::admission::preview(body, &prover, &Settings::default()) {
-        if preview.screened == "ours" {
+        if preview.provenance == "ours" {
             // Only a body that carries an object this key signed gets here.
             let object: Value = serde_json::from_slice::<Value>(body)
                 .ok()
                 .map(|v| v["request"]["object"].clone())
                 .unwrap_or(Value::Null);
-            assert!(prover.ours(&object), "screened as ours without proof");
+            assert!(prover.ours(&object), "taken for ours without proof");
         }
     }
 }
@@ -220,8 +220,8 @@ pub fn forged_labels(data: &[u8]) {
     let shared = stored(&objects);
     let before = everything(&shared);
     let rules = rules(prover.clone());
-    let register = Register::default();
-    Driver::new(&shared, &rules, &register, &shared).resync(&Nothing);
+    let in_flight = InFlight::default();
+    Driver::new(&shared, &rules, &in_flight, &shared).resync(&Nothing);
     let after = everything(&shared);
     for (key, object) in &before {
         if key.1 == EXCLUDED_NS {

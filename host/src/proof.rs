@@ -538,10 +538,11 @@ impl Prover {
     }
 }
 
-/// What a host does with an admitted write of a ConfigMap or Secret that
-/// carries our label.
+/// Whose a write of a ConfigMap or Secret is, as its proof says, and so
+/// what a host does with it. `T` is the request the policy then reviews:
+/// JSON here, raw text in serve (`serve::admission`).
 #[derive(Debug, PartialEq)]
-pub enum Screen {
+pub enum Provenance<T = Value> {
     /// Not labelled, or not a source: the policy decides as usual.
     Policy,
     /// A write of a proven snapshot (the host's own, or metadata on one):
@@ -549,15 +550,14 @@ pub enum Screen {
     Ours,
     /// Labelled but not ours: the policy sees it as the plain ConfigMap or
     /// Secret it is, without the label that would make it skip it.
-    Unlabel(Value),
+    Unlabel(T),
 }
 
 impl Prover {
-    /// How an admission request (JSON) for a write of `object` is
-    /// screened: the webhook's "skip our own writes", on proof rather than
-    /// on the label (an objectSelector would let anyone's labelled write
-    /// through unreviewed).
-    pub fn screen(&self, request: &Value) -> Screen {
+    /// Whose write an admission request (JSON) is: the webhook's "skip our
+    /// own writes", on proof rather than on the label (an objectSelector
+    /// would let anyone's labelled write through unreviewed).
+    pub fn provenance(&self, request: &Value) -> Provenance {
         // A review's objects never speak for the cache.
         if ["object", "oldObject"]
             .iter()
@@ -569,17 +569,17 @@ impl Prover {
                     object.remove(DIGESTED);
                 }
             }
-            return match self.screen(&cleared) {
-                Screen::Policy => Screen::Unlabel(cleared),
+            return match self.provenance(&cleared) {
+                Provenance::Policy => Provenance::Unlabel(cleared),
                 other => other,
             };
         }
         let object = &request["object"];
         if !keys::is_snapshot(object) {
-            return Screen::Policy;
+            return Provenance::Policy;
         }
         if self.ours(object) {
-            return Screen::Ours;
+            return Provenance::Ours;
         }
         let mut request = request.clone();
         for field in ["object", "oldObject"] {
@@ -587,7 +587,7 @@ impl Prover {
                 request[field] = shown;
             }
         }
-        Screen::Unlabel(request)
+        Provenance::Unlabel(request)
     }
 }
 
@@ -897,7 +897,7 @@ mod tests {
         let mut pretend = forged.clone();
         pretend[DIGESTED] = json!({"digest": "", "unproven": null});
         let review = json!({"object": pretend, "oldObject": null});
-        assert!(matches!(p.screen(&review), Screen::Unlabel(_)));
+        assert!(matches!(p.provenance(&review), Provenance::Unlabel(_)));
     }
 
     #[test]

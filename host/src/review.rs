@@ -33,7 +33,7 @@ pub fn cluster_host(sim: &Simulator, request: &Value) -> Arc<dyn CallHandler> {
             ..Caller::of(request, sim.now())
         },
         Arc::new(sim.effect_rules.clone()),
-        sim.register.clone(),
+        sim.in_flight.clone(),
         sim.shared.clone(),
     ))
 }

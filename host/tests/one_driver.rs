@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use config_snapshot::cluster::Cluster;
 use config_snapshot::lifecycle::resync::{PassHost, ReadmitError};
-use config_snapshot::lifecycle::{Driver, Effect, Ending, Next, Register, Rules, Silent};
+use config_snapshot::lifecycle::{Driver, Effect, Ending, InFlight, Next, Rules, Silent};
 use config_snapshot::proof::Prover;
 use config_snapshot::serve::apiserver::KubeCluster;
 use config_snapshot::serve::cache::Cache;
@@ -108,7 +108,7 @@ impl PassHost for Pass<'_> {
         Ok(None)
     }
     fn submit(&self, effect: Effect) {
-        if self.0.register.begin(&effect) {
+        if self.0.in_flight.begin(&effect) {
             self.0.step(&effect, false, 0);
         }
     }
@@ -120,12 +120,12 @@ fn drive(cluster: &dyn Cluster, effects: &[Effect]) -> Vec<Next> {
         watch_min_interval: 30,
         ..rules()
     };
-    let register = Register::default();
-    let driver = Driver::new(cluster, &rules, &register, &Silent);
+    let in_flight = InFlight::default();
+    let driver = Driver::new(cluster, &rules, &in_flight, &Silent);
     let endings = effects
         .iter()
         .map(|e| {
-            assert!(register.begin(e));
+            assert!(in_flight.begin(e));
             driver.step(e, false, 0)
         })
         .collect();
@@ -253,10 +253,10 @@ async fn a_watch_rollout_makes_the_workload_own_the_snapshot_before_it_names_it(
     assert_eq!(rollout.target().unwrap().2, green);
     let ((a, left), (b, right)) = on_both(&objects, |c| {
         let rules = rules();
-        let register = Register::default();
-        let driver = Driver::new(c, &rules, &register, &Silent);
+        let in_flight = InFlight::default();
+        let driver = Driver::new(c, &rules, &in_flight, &Silent);
         let (_, effects) = cluster();
-        assert!(register.begin(&effects[1]));
+        assert!(in_flight.begin(&effects[1]));
         driver.step(&effects[1], false, 0)
     })
     .await;
@@ -289,8 +289,8 @@ async fn the_sweep_after_a_new_snapshot_takes_only_the_sources_unused_versions()
     let (objects, _) = cluster();
     let ((a, left), (b, right)) = on_both(&objects, |c| {
         let rules = rules();
-        let register = Register::default();
-        let driver = Driver::new(c, &rules, &register, &Silent);
+        let in_flight = InFlight::default();
+        let driver = Driver::new(c, &rules, &in_flight, &Silent);
         let (objects, _) = cluster();
         let sweep = |keep: &Value| Effect::Sweep {
             namespace: "shop".into(),
@@ -299,12 +299,12 @@ async fn the_sweep_after_a_new_snapshot_takes_only_the_sources_unused_versions()
         };
         // Kept as the one just made, the hour-old version stays.
         let spared = sweep(&objects[5]);
-        assert!(register.begin(&spared));
+        assert!(in_flight.begin(&spared));
         let first = driver.step(&spared, false, 0);
         let kept = c.get("ConfigMap", "shop", objects[5]["metadata"]["name"].as_str().unwrap());
         assert!(kept.unwrap().is_some(), "the snapshot kept is never swept");
         let swept = sweep(&objects[4]);
-        assert!(register.begin(&swept));
+        assert!(in_flight.begin(&swept));
         (first, driver.step(&swept, false, 0))
     })
     .await;

@@ -35,7 +35,7 @@ use serde_json::{json, Value};
 use crate::cluster::Cluster;
 use crate::engine::{CallFailure, CallHandler};
 use crate::lifecycle::effect::StoredAs;
-use crate::lifecycle::{Effect, Observer, Register, Rules};
+use crate::lifecycle::{Effect, InFlight, Observer, Rules};
 use crate::proof::{Proven, Prover};
 
 pub use budget::{parse_bytes, Budget, Limits};
@@ -131,7 +131,7 @@ pub struct Capability {
     /// namespaces it stays out of.
     pub rules: Arc<Rules>,
     /// The effects on their way: a snapshot one awaits is never deleted.
-    pub register: Arc<Register>,
+    pub in_flight: Arc<InFlight>,
     pub observer: Arc<dyn Observer>,
     faults: Option<Arc<dyn Faults>>,
     budget: Option<Arc<Budget>>,
@@ -146,14 +146,14 @@ impl Capability {
         cluster: Arc<dyn Cluster>,
         caller: Caller,
         rules: Arc<Rules>,
-        register: Arc<Register>,
+        in_flight: Arc<InFlight>,
         observer: Arc<dyn Observer>,
     ) -> Capability {
         Capability {
             cluster: Proven::new(cluster, rules.prover.clone()),
             caller,
             rules,
-            register,
+            in_flight,
             observer,
             faults: None,
             budget: None,

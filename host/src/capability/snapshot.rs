@@ -213,7 +213,7 @@ impl Capability {
             self.observer.note(format!("snapshot {}/{name} created", kind.kind()));
             let grace = self.rules.settings.orphan_grace_period_secs as i64;
             let every = SWEEP_EVERY_SECS.min(grace / 2);
-            if self.register.sweep_due(&ns, &source, self.cluster.now(), every) {
+            if self.in_flight.sweep_due(&ns, &source, self.cluster.now(), every) {
                 self.stage(Effect::Sweep {
                     namespace: ns.clone(),
                     source: source.clone(),

@@ -80,7 +80,7 @@ impl Capability {
             uid: uid.to_string(),
             resource_version: rv.map(str::to_string),
         };
-        guard::delete_snapshot(&self.cluster, &self.register, self.prover(), &existing, &preconditions)?;
+        guard::delete_snapshot(&self.cluster, &self.in_flight, self.prover(), &existing, &preconditions)?;
         self.observer.note(format!("snapshot {kind}/{name} swept"));
         Ok(json!({"deleted": true}))
     }

@@ -24,9 +24,9 @@ use serde_json::{json, Value};
 
 use super::effect::{Effect, PatchIntent, StoredAs};
 use super::guard;
+use super::in_flight::InFlight;
 use super::observe::{Observer, Reason};
 use super::pass::{add_references, bridges, controller_of, doomed, orphans, Doomed};
-use super::register::Register;
 use super::verdict::{adopt_ops, apply_ops, decide_patch, Hold, Observed, Rules, Verdict};
 use crate::capability::{written_size, Budget};
 use crate::cluster::{self, ApiError, Cluster, Judged, Key, Preconditions, Selector};
@@ -91,7 +91,7 @@ pub struct Driver<'a> {
     /// without proof is seen without it ([`Proven`]).
     pub cluster: Proven<&'a dyn Cluster>,
     pub rules: &'a Rules,
-    pub register: &'a Register,
+    pub in_flight: &'a InFlight,
     pub observer: &'a dyn Observer,
     /// What a watch rollout's snapshot is taken from (serve's; replay has
     /// none).
@@ -99,11 +99,16 @@ pub struct Driver<'a> {
 }
 
 impl<'a> Driver<'a> {
-    pub fn new(cluster: &'a dyn Cluster, rules: &'a Rules, register: &'a Register, observer: &'a dyn Observer) -> Self {
+    pub fn new(
+        cluster: &'a dyn Cluster,
+        rules: &'a Rules,
+        in_flight: &'a InFlight,
+        observer: &'a dyn Observer,
+    ) -> Self {
         Driver {
             cluster: Proven::new(cluster, rules.prover.clone()),
             rules,
-            register,
+            in_flight,
             observer,
             budget: None,
         }
@@ -166,7 +171,7 @@ impl Driver<'_> {
     }
 
     fn over(&self, effect: &Effect, ending: Ending) -> Next {
-        self.register.end(effect);
+        self.in_flight.end(effect);
         Next::Over(ending)
     }
 
@@ -240,18 +245,18 @@ impl Driver<'_> {
             };
         }
         let candidates: Vec<&Value> = candidates.iter().collect();
-        let doomed = doomed(&candidates, &referenced, &self.register.targets(), now, grace);
+        let doomed = doomed(&candidates, &referenced, &self.in_flight.targets(), now, grace);
         self.delete_doomed(&doomed, grace);
         Attempt::Done
     }
 
     /// After a new snapshot of `source` is named: its older versions are
     /// swept, at most once a minute per source (half the grace period if
-    /// shorter; see [`Register::sweep_due`]).
+    /// shorter; see [`InFlight::sweep_due`]).
     pub fn sweep_after_new(&self, ns: &str, source: &SourceId, keep: &str) {
         let grace = self.rules.settings.orphan_grace_period_secs as i64;
         let every = SWEEP_EVERY_SECS.min(grace / 2);
-        if self.register.sweep_due(ns, source, self.cluster.now(), every) {
+        if self.in_flight.sweep_due(ns, source, self.cluster.now(), every) {
             self.sweep_source(ns, source, keep);
         }
     }
@@ -268,7 +273,7 @@ impl Driver<'_> {
             };
             match guard::delete_snapshot(
                 &self.cluster,
-                self.register,
+                self.in_flight,
                 &self.rules.prover,
                 d.snapshot,
                 &preconditions,
@@ -375,7 +380,7 @@ impl Driver<'_> {
             return;
         };
         let objects: Vec<&Value> = std::iter::once(&workload).chain(&snapshots).collect();
-        for ((k, ns, n), rv, ops) in bridges(&objects, &self.register.targets()) {
+        for ((k, ns, n), rv, ops) in bridges(&objects, &self.in_flight.targets()) {
             match self.cluster.patch(&k, &ns, &n, &rv, ops) {
                 Ok(()) => self
                     .observer
@@ -770,7 +775,7 @@ impl Driver<'_> {
         }
         objects.push(snapshot.clone());
         let all: Vec<&Value> = objects.iter().collect();
-        let doomed = orphans(&all, &self.register.targets(), self.cluster.now(), 0);
+        let doomed = orphans(&all, &self.in_flight.targets(), self.cluster.now(), 0);
         let Some(d) = doomed
             .into_iter()
             .find(|d| (&d.kind, &d.namespace, &d.name) == (kind, ns, name))
@@ -783,7 +788,7 @@ impl Driver<'_> {
         };
         match guard::delete_snapshot(
             &self.cluster,
-            self.register,
+            self.in_flight,
             &self.rules.prover,
             &snapshot,
             &preconditions,

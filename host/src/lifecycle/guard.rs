@@ -8,14 +8,14 @@ use config_snapshot_policy::host_error::{Code, HostError};
 use config_snapshot_policy::object::ObjectExt;
 use serde_json::Value;
 
-use super::register::Register;
+use super::in_flight::InFlight;
 use crate::cluster::{key, Cluster, Preconditions};
 use crate::proof::Prover;
 
 /// Deletes `snapshot` under `preconditions` if every invariant holds.
 pub fn delete_snapshot(
     cluster: &dyn Cluster,
-    register: &Register,
+    in_flight: &InFlight,
     prover: &Prover,
     snapshot: &Value,
     preconditions: &Preconditions,
@@ -25,7 +25,7 @@ pub fn delete_snapshot(
     if snapshot.uid() != Some(preconditions.uid.as_str()) {
         return Err(HostError::new(Code::Conflict, format!("{kind} {name} has another uid")));
     }
-    if register.awaits(&(kind.clone(), ns.clone(), name.clone())) {
+    if in_flight.awaits(&(kind.clone(), ns.clone(), name.clone())) {
         return Err(HostError::new(
             Code::Refused,
             format!("refused: {kind} {name} is the target of a queued watch rollout"),

@@ -6,7 +6,7 @@
 //! - [`verdict`]: what an effect does now, from the objects as they are;
 //! - [`pass`]: what the periodic pass does, from the objects as they are;
 //! - [`driver`] and [`resync`]: carrying both out against a cluster;
-//! - [`register`]: the effects on their way; [`guard`]: the invariants on
+//! - [`in_flight`]: the effects on their way; [`guard`]: the invariants on
 //!   deleting a snapshot; [`observe`]: what the hosts are told.
 //!
 //! The hosts only schedule: replay's `simulator::scheduler`, serve's
@@ -15,15 +15,15 @@
 pub mod driver;
 pub mod effect;
 pub mod guard;
+pub mod in_flight;
 pub mod observe;
 pub mod pass;
-pub mod register;
 pub mod resync;
 pub mod verdict;
 pub mod window;
 
 pub use driver::{Attempt, Driver, Ending, Next};
 pub use effect::{Effect, PatchIntent};
+pub use in_flight::InFlight;
 pub use observe::{Observer, Reason, Silent};
-pub use register::Register;
 pub use verdict::{Hold, Rules, Verdict};

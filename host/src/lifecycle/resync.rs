@@ -133,7 +133,7 @@ impl Driver<'_> {
             host.submit(effect);
             pass.adoptions += 1;
         }
-        for ((kind, ns, name), rv, ops) in bridges(&all, &self.register.targets()) {
+        for ((kind, ns, name), rv, ops) in bridges(&all, &self.in_flight.targets()) {
             match self.cluster.patch(&kind, &ns, &name, &rv, ops) {
                 Ok(()) => self
                     .observer
@@ -224,7 +224,7 @@ impl Driver<'_> {
         };
         let all: Vec<&Value> = objects.iter().collect();
         let grace = self.rules.settings.orphan_grace_period_secs;
-        let doomed = orphans(&all, &self.register.targets(), self.cluster.now(), grace);
+        let doomed = orphans(&all, &self.in_flight.targets(), self.cluster.now(), grace);
         self.delete_doomed(&doomed, grace)
     }
 }

@@ -10,7 +10,7 @@ use config_snapshot_policy::source::{SourceId, SourceKind};
 use serde_json::json;
 
 use super::*;
-use crate::lifecycle::{Register, Rules};
+use crate::lifecycle::{InFlight, Rules};
 use crate::proof::Prover;
 use crate::simulator::Shared;
 
@@ -61,8 +61,8 @@ fn exists(shared: &Shared, o: &Value) -> bool {
 }
 
 fn pass(shared: &Shared, rules: &Rules) -> Pass {
-    let register = Register::default();
-    Driver::new(shared, rules, &register, shared).resync(&Nothing)
+    let in_flight = InFlight::default();
+    Driver::new(shared, rules, &in_flight, shared).resync(&Nothing)
 }
 
 /// What the c7d6a24 sweep deleted on a real cluster: ConfigMaps that only

@@ -21,7 +21,7 @@ use super::State;
 use crate::capability::{Caller, Capability, Subject};
 use crate::cluster::shown;
 use crate::engine::{CallFailure, CallHandler};
-use crate::proof::{Prover, Screen};
+use crate::proof::{Provenance, Prover};
 use config_snapshot_policy::settings::Settings;
 
 /// Request uids of the host's own admissions (the resync's) start with
@@ -230,7 +230,7 @@ const MAX_UID: usize = 128;
 pub struct Preview {
     /// `policy`, `ours` (a proven snapshot: untouched) or `unlabelled` (a
     /// forged label: reviewed as a plain source).
-    pub screened: &'static str,
+    pub provenance: &'static str,
     /// Sources serve would read ahead for the policy.
     pub read_ahead: usize,
 }
@@ -238,42 +238,37 @@ pub struct Preview {
 pub fn preview(body: &[u8], prover: &Prover, settings: &Settings) -> Result<Preview, Failure> {
     let request = request_of(body)?;
     let head = head_of(request)?;
-    let (screened, request) = match screen(&head, request, prover) {
-        Screened::Policy => ("policy", None),
-        Screened::Ours => ("ours", None),
-        Screened::Unlabelled(raw) => ("unlabelled", Some(raw)),
+    let (provenance_of, request) = match provenance(&head, request, prover) {
+        Provenance::Policy => ("policy", None),
+        Provenance::Ours => ("ours", None),
+        Provenance::Unlabel(raw) => ("unlabelled", Some(raw)),
     };
     let request = request.as_deref().unwrap_or(request_of(body)?);
     Ok(Preview {
-        screened,
+        provenance: provenance_of,
         read_ahead: prefetch::wanted(&head.kind.kind, &head.operation, request, settings).len(),
     })
 }
 
-enum Screened {
-    Policy,
-    Ours,
-    Unlabelled(Box<RawValue>),
-}
-
-/// The webhook's "skip our own writes", on proof ([`Prover::screen`]).
-/// Only a ConfigMap or Secret whose text names our label is parsed.
-fn screen(head: &RequestHeader, request: &RawValue, prover: &Prover) -> Screened {
+/// Whose write a request is ([`Prover::provenance`]), with the request
+/// the policy reviews as raw text. Only a ConfigMap or Secret whose text
+/// names our label is parsed.
+fn provenance(head: &RequestHeader, request: &RawValue, prover: &Prover) -> Provenance<Box<RawValue>> {
     if SourceKind::from_kind(&head.kind.kind).is_none() || !request.get().contains(keys::MANAGED_BY) {
-        return Screened::Policy;
+        return Provenance::Policy;
     }
     let Ok(parsed) = serde_json::from_str::<Value>(request.get()) else {
-        return Screened::Policy;
+        return Provenance::Policy;
     };
-    match prover.screen(&parsed) {
-        Screen::Policy => Screened::Policy,
-        Screen::Ours => Screened::Ours,
-        Screen::Unlabel(unlabelled) => match serde_json::value::to_raw_value(&unlabelled) {
+    match prover.provenance(&parsed) {
+        Provenance::Policy => Provenance::Policy,
+        Provenance::Ours => Provenance::Ours,
+        Provenance::Unlabel(unlabelled) => match serde_json::value::to_raw_value(&unlabelled) {
             Ok(raw) => {
                 tracing::warn!(uid = %head.uid, "a {} carries config-snapshot's label without proof: reviewed as a source", head.kind.kind);
-                Screened::Unlabelled(raw)
+                Provenance::Unlabel(raw)
             }
-            Err(_) => Screened::Policy,
+            Err(_) => Provenance::Policy,
         },
     }
 }
@@ -312,11 +307,11 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
         namespace = head.namespace.as_deref().unwrap_or_default()
     )
     .entered();
-    let screened = match gate(state, &head, request) {
-        Ok(screened) => screened,
+    let reviewed = match gate(state, &head, request) {
+        Ok(reviewed) => reviewed,
         Err(answer) => return Ok(*answer),
     };
-    let request: &RawValue = screened.as_deref().unwrap_or(request);
+    let request: &RawValue = reviewed.as_deref().unwrap_or(request);
     let handler = capability(state, &head, request);
     let validation = evaluate(state, &head, request, handler.clone())?;
     let answer = respond(&head, request, &validation)?;
@@ -346,11 +341,11 @@ fn gate(state: &State, head: &RequestHeader, request: &RawValue) -> Result<Optio
         let warning = format!("config-snapshot does not act in namespace {namespace}");
         return Err(untouched(state, &head.uid, "excluded", Some(warning)).into());
     }
-    match screen(head, request, &rules.prover) {
-        Screened::Policy => Ok(None),
+    match provenance(head, request, &rules.prover) {
+        Provenance::Policy => Ok(None),
         // A write of one of our snapshots: nothing to decide.
-        Screened::Ours => Err(untouched(state, &head.uid, "snapshot", None).into()),
-        Screened::Unlabelled(request) => Ok(Some(request)),
+        Provenance::Ours => Err(untouched(state, &head.uid, "snapshot", None).into()),
+        Provenance::Unlabel(request) => Ok(Some(request)),
     }
 }
 
@@ -378,7 +373,7 @@ fn capability(state: &State, head: &RequestHeader, request: &RawValue) -> Arc<Me
                 subject: head.subject(state.cluster.now()),
             },
             carry.rules.clone(),
-            carry.register.clone(),
+            carry.in_flight.clone(),
             carry.report.clone(),
         )
         .with_budget(state.budget.clone()),

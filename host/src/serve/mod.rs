@@ -443,7 +443,7 @@ pub fn build_with_engine(
             excluded_namespaces: options.excluded_namespaces(),
             only_namespaces,
         }),
-        register: Arc::default(),
+        in_flight: Arc::default(),
         report,
         budget: budget.clone(),
     });

@@ -21,7 +21,7 @@ use tracing::Instrument as _;
 use super::apiserver::KubeCluster;
 use super::report::Report;
 use crate::cluster::Key;
-use crate::lifecycle::{Driver, Effect, Hold, Next, Register, Rules};
+use crate::lifecycle::{Driver, Effect, Hold, InFlight, Next, Rules};
 
 #[derive(Debug, Clone)]
 pub struct QueueSettings {
@@ -59,7 +59,7 @@ struct Job {
 pub struct WorkerContext {
     pub cluster: Arc<KubeCluster>,
     pub rules: Arc<Rules>,
-    pub register: Arc<Register>,
+    pub in_flight: Arc<InFlight>,
     pub report: Arc<Report>,
     /// What a watch rollout's snapshot is taken from, as an admission's is.
     pub budget: Arc<crate::capability::Budget>,
@@ -67,7 +67,13 @@ pub struct WorkerContext {
 
 impl WorkerContext {
     pub fn driver(&self) -> Driver<'_> {
-        Driver::new(self.cluster.as_ref(), &self.rules, &self.register, self.report.as_ref()).with_budget(&self.budget)
+        Driver::new(
+            self.cluster.as_ref(),
+            &self.rules,
+            &self.in_flight,
+            self.report.as_ref(),
+        )
+        .with_budget(&self.budget)
     }
 }
 
@@ -121,7 +127,7 @@ impl Queue {
     /// controller's work queue holds an item once, too.
     pub fn submit(&self, effect: Effect) {
         let metrics = &self.carry.report.metrics;
-        if !self.carry.register.begin(&effect) {
+        if !self.carry.in_flight.begin(&effect) {
             metrics.effect(effect.label(), "coalesced");
             tracing::debug!(effect = effect.label(), "the same work is on its way; not queued twice");
             return;
@@ -142,7 +148,7 @@ impl Queue {
     pub fn quiet(&self) -> bool {
         let now = self.carry.cluster.now();
         let parked = self.parked();
-        self.carry.register.len() == parked.len() && parked.iter().all(|(at, _)| *at > now)
+        self.carry.in_flight.len() == parked.len() && parked.iter().all(|(at, _)| *at > now)
     }
 
     /// A write of `workload` is stored: its held rollouts that wait for
@@ -183,7 +189,7 @@ impl Queue {
                 metrics.queue_depth.inc();
             }
             Err(_) => {
-                self.carry.register.end(&effect);
+                self.carry.in_flight.end(&effect);
                 metrics.effect(name, "dropped");
                 tracing::warn!(
                     effect = name,
@@ -299,7 +305,7 @@ impl Queue {
             }
             Err(e) => {
                 tracing::error!(effect = name, "an effect's run panicked: {e}");
-                self.carry.register.end(&job.effect);
+                self.carry.in_flight.end(&job.effect);
                 metrics.effect(name, "failed");
             }
         }

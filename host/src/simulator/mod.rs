@@ -37,7 +37,7 @@ use serde_json::{json, Value};
 
 use crate::cluster::Key;
 use crate::engine::Engine;
-use crate::lifecycle::{Effect, Register, Rules};
+use crate::lifecycle::{Effect, InFlight, Rules};
 use crate::proof::Prover;
 use crate::rules::WebhookRules;
 use shared::lock;
@@ -97,7 +97,7 @@ pub struct Simulator {
     /// When set, every admission is recorded here.
     recorder: Mutex<Option<Vec<Recorded>>>,
     /// The effects on their way, as serve keeps them.
-    pub register: Arc<Register>,
+    pub in_flight: Arc<InFlight>,
     /// Replay's effect scheduler (see [`scheduler`]).
     jobs: Mutex<Vec<scheduler::Job>>,
     /// How many effects were ever queued: each job's `seq`.
@@ -125,7 +125,7 @@ impl Simulator {
             requests: AtomicU64::new(0),
             hold_effects: AtomicBool::new(false),
             recorder: Mutex::new(None),
-            register: Arc::default(),
+            in_flight: Arc::default(),
             jobs: Mutex::default(),
             queued: Default::default(),
             staged: Mutex::default(),
@@ -179,7 +179,7 @@ impl Simulator {
 
     /// Snapshots nothing may delete: the targets of effects on their way.
     pub fn awaited_snapshots(&self) -> HashSet<Key> {
-        self.register.targets()
+        self.in_flight.targets()
     }
 
     /// What Kubernetes puts in every namespace: the root-CA publisher's

@@ -44,13 +44,13 @@ pub struct Job {
 
 impl Simulator {
     fn driver(&self) -> Driver<'_> {
-        Driver::new(self, &self.effect_rules, &self.register, self.shared.as_ref())
+        Driver::new(self, &self.effect_rules, &self.in_flight, self.shared.as_ref())
     }
 
     /// Queues an effect whose admission is persisted, unless the same work
     /// is on its way already.
     pub(crate) fn submit(&self, effect: Effect) {
-        if self.register.begin(&effect) {
+        if self.in_flight.begin(&effect) {
             lock(&self.jobs).push(Job {
                 effect,
                 attempts: 0,

@@ -16,7 +16,7 @@ use super::shared::lock;
 use super::store::key_of;
 use super::{timeline, Admission, Recorded, Simulator, HOST_USER};
 use crate::capability::{Caller, Capability};
-use crate::proof::Screen;
+use crate::proof::Provenance;
 
 impl Simulator {
     fn next_request_uid(&self) -> String {
@@ -69,7 +69,7 @@ impl Simulator {
                 self.shared.clone(),
                 Caller::of(request, self.now()),
                 Arc::new(self.effect_rules.clone()),
-                self.register.clone(),
+                self.in_flight.clone(),
                 self.shared.clone(),
             )
             .with_faults(self.shared.clone()),
@@ -117,17 +117,17 @@ impl Simulator {
     /// snapshot of ours passes untouched, and a forged label is taken off
     /// before the policy reviews the write, its mutation then applied to
     /// the object as it is.
-    fn screened_review(&self, request: &Value, object: &Value) -> Result<(Admission, Option<Value>)> {
+    fn review_by_provenance(&self, request: &Value, object: &Value) -> Result<(Admission, Option<Value>)> {
         let webhook = self.webhook.read().unwrap_or_else(|e| e.into_inner()).is_some();
-        match self.effect_rules.prover.screen(request) {
-            Screen::Ours if !webhook => Ok((
+        match self.effect_rules.prover.provenance(request) {
+            Provenance::Ours if !webhook => Ok((
                 Admission {
                     allowed: true,
                     ..Default::default()
                 },
                 None,
             )),
-            Screen::Unlabel(unlabelled) if !webhook => {
+            Provenance::Unlabel(unlabelled) if !webhook => {
                 let (kind, _, name) = key_of(object);
                 self.note(format!(
                     "{kind}/{name} carries config-snapshot's label without proof: reviewed as a source"
@@ -174,7 +174,7 @@ impl Simulator {
         if self.webhook_rules.matches(&api_version, plural, operation) && !own {
             let request = self.admission_request(operation, &object, old.as_ref(), dry_run, actor);
             uid = request["uid"].as_str().map(str::to_string);
-            let (a, mutated) = self.screened_review(&request, &object)?;
+            let (a, mutated) = self.review_by_provenance(&request, &object)?;
             admission = a;
             for w in &admission.warnings {
                 self.note(format!("warning: {w}"));

@@ -13,17 +13,17 @@ use super::effect::Effect;
 use crate::cluster::Key;
 
 #[derive(Debug, Default)]
-pub struct Register {
+pub struct InFlight {
     effects: Mutex<Vec<Effect>>,
     /// (namespace, source) → when its last sweep was asked for (unix
     /// seconds).
     swept: Mutex<HashMap<(String, SourceId), i64>>,
 }
 
-/// Entries of [`Register::swept`] past which old ones are forgotten.
+/// Entries of [`InFlight::swept`] past which old ones are forgotten.
 const SWEPT_REMEMBERED: usize = 10_000;
 
-impl Register {
+impl InFlight {
     fn effects(&self) -> MutexGuard<'_, Vec<Effect>> {
         // Every write is one push or one removal: a poisoned lock still
         // holds a consistent list.
@@ -101,21 +101,21 @@ mod tests {
             SourceId::new(SourceKind::ConfigMap, "app"),
             SourceId::new(SourceKind::ConfigMap, "other"),
         );
-        let register = Register::default();
-        assert!(register.sweep_due("ns", &app, 1000, 60));
-        assert!(!register.sweep_due("ns", &app, 1059, 60), "within the interval");
-        assert!(register.sweep_due("ns", &other, 1059, 60), "per source");
-        assert!(register.sweep_due("other-ns", &app, 1059, 60), "per namespace");
-        assert!(register.sweep_due("ns", &app, 1060, 60), "the interval passed");
+        let in_flight = InFlight::default();
+        assert!(in_flight.sweep_due("ns", &app, 1000, 60));
+        assert!(!in_flight.sweep_due("ns", &app, 1059, 60), "within the interval");
+        assert!(in_flight.sweep_due("ns", &other, 1059, 60), "per source");
+        assert!(in_flight.sweep_due("other-ns", &app, 1059, 60), "per namespace");
+        assert!(in_flight.sweep_due("ns", &app, 1060, 60), "the interval passed");
         let sweep = |keep: &str| Effect::Sweep {
             namespace: "ns".into(),
             source: app.clone(),
             keep: keep.into(),
         };
-        assert!(register.begin(&sweep("app-1")));
-        assert!(!register.begin(&sweep("app-2")), "one sweep of a source at a time");
-        register.end(&sweep("app-1"));
-        assert!(register.is_empty());
+        assert!(in_flight.begin(&sweep("app-1")));
+        assert!(!in_flight.begin(&sweep("app-2")), "one sweep of a source at a time");
+        in_flight.end(&sweep("app-1"));
+        assert!(in_flight.is_empty());
     }
 
     #[test]
@@ -125,13 +125,13 @@ mod tests {
             request: json!({"kind": "Deployment", "name": "web", "snapshot": "app-1",
                             "source": {"kind": "ConfigMap", "name": "app", "resourceVersion": source_version}}),
         };
-        let register = Register::default();
-        assert!(register.begin(&patch("7")));
-        assert!(!register.begin(&patch("8")), "the same work is on its way");
+        let in_flight = InFlight::default();
+        assert!(in_flight.begin(&patch("7")));
+        assert!(!in_flight.begin(&patch("8")), "the same work is on its way");
         let target = ("ConfigMap".to_string(), "ns".to_string(), "app-1".to_string());
-        assert!(register.awaits(&target));
-        register.end(&patch("7"));
-        assert!(!register.awaits(&target) && register.is_empty());
-        assert!(register.begin(&patch("8")), "over: may be queued again");
+        assert!(in_flight.awaits(&target));
+        in_flight.end(&patch("7"));
+        assert!(!in_flight.awaits(&target) && in_flight.is_empty());
+        assert!(in_flight.begin(&patch("8")), "over: may be queued again");
     }
 }
