@@ -235,10 +235,16 @@ fn install_as_documented(cp: &ControlPlane) {
 }
 
 /// The pod that holds serve's Lease.
+/// The pod holding serve's Lease, once that is a running pod: right after
+/// a `helm upgrade`, the Lease may still name a pod of the old ReplicaSet
+/// that is going or gone.
 fn leader(cp: &ControlPlane) -> String {
-    eventually("a leader", 60, || {
+    eventually("a running pod to lead", 120, || {
         let lease = cp.get("config-snapshot", "lease", "config-snapshot")?;
-        lease["spec"]["holderIdentity"].as_str().map(str::to_string)
+        let holder = lease["spec"]["holderIdentity"].as_str()?;
+        let pod = cp.get("config-snapshot", "pod", holder)?;
+        (pod["metadata"]["deletionTimestamp"].is_null() && pod["status"]["phase"] == "Running")
+            .then(|| holder.to_string())
     })
 }
 
