@@ -711,6 +711,27 @@ async fn an_effect_given_up_is_a_warning_event_and_leaves_no_snapshot() {
     assert_canary_absent(&[&serve.logs(), &failed.to_string()]);
 }
 
+/// ConfigMap `src-{i}` of the test namespace, holding `k: {v}-{i}`.
+fn numbered_source(i: usize, v: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": format!("src-{i}"), "namespace": NS},
+           "data": {"k": format!("{v}-{i}")}})
+}
+
+/// A Deployment `name` that snapshots everything and reads key `k` of
+/// `src-0` … `src-{n-1}` as `E0` … through env.
+fn reading_sources(name: &str, n: usize) -> Value {
+    let env: Vec<Value> = (0..n)
+        .map(|i| json!({"name": format!("E{i}"), "valueFrom": {"configMapKeyRef": {"name": format!("src-{i}"), "key": "k"}}}))
+        .collect();
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": NS, "annotations": {"config-snapshot.io/snapshot": "*"}},
+        "spec": {"selector": {"matchLabels": {"app": name}}, "template": {
+            "metadata": {"labels": {"app": name}},
+            "spec": {"containers": [{"name": "app", "image": "nginx:1.25", "env": env}]}}}
+    })
+}
+
 /// An opted-in Deployment's sources are read together before the policy
 /// runs, not one after another: against a slow API server its eight fresh
 /// reads overlap. Each snapshot still holds the content the API server had
@@ -719,10 +740,7 @@ async fn an_effect_given_up_is_a_warning_event_and_leaves_no_snapshot() {
 async fn an_opted_in_admission_reads_its_sources_together_and_fresh() {
     const N: usize = 8;
     let api = ApiServer::start().await;
-    let source = |i: usize, v: &str| {
-        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": format!("src-{i}"), "namespace": NS},
-               "data": {"k": format!("{v}-{i}")}})
-    };
+    let source = numbered_source;
     for i in 0..N {
         api.put(source(i, "old"));
     }
@@ -734,18 +752,7 @@ async fn an_opted_in_admission_reads_its_sources_together_and_fresh() {
         api.put(source(i, "new"));
     }
     api.latency(Duration::from_millis(150));
-    let env: Vec<Value> = (0..N)
-        .map(|i| json!({"name": format!("E{i}"), "valueFrom": {"configMapKeyRef": {"name": format!("src-{i}"), "key": "k"}}}))
-        .collect();
-    let workload = |name: &str| {
-        json!({
-            "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": name, "namespace": NS, "annotations": {"config-snapshot.io/snapshot": "*"}},
-            "spec": {"selector": {"matchLabels": {"app": name}}, "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {"containers": [{"name": "app", "image": "nginx:1.25", "env": env.clone()}]}}}
-        })
-    };
+    let workload = |name: &str| reading_sources(name, N);
     let snapshot_values = |w: &Value| -> Vec<String> {
         (0..N)
             .map(|i| {
@@ -855,10 +862,7 @@ async fn an_opted_in_admission_reads_its_sources_together_and_fresh() {
 async fn one_list_reads_every_source_and_snapshot_as_fresh_as_gets() {
     const N: usize = 4;
     let api = ApiServer::start().await;
-    let source = |i: usize, v: &str| {
-        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": format!("src-{i}"), "namespace": NS},
-               "data": {"k": format!("{v}-{i}")}})
-    };
+    let source = numbered_source;
     for i in 0..N {
         api.put(source(i, "old"));
     }
@@ -867,18 +871,7 @@ async fn one_list_reads_every_source_and_snapshot_as_fresh_as_gets() {
     for i in 0..N {
         api.put(source(i, "new"));
     }
-    let env: Vec<Value> = (0..N)
-        .map(|i| json!({"name": format!("E{i}"), "valueFrom": {"configMapKeyRef": {"name": format!("src-{i}"), "key": "k"}}}))
-        .collect();
-    let workload = |name: &str| {
-        json!({
-            "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": name, "namespace": NS, "annotations": {"config-snapshot.io/snapshot": "*"}},
-            "spec": {"selector": {"matchLabels": {"app": name}}, "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {"containers": [{"name": "app", "image": "nginx:1.25", "env": env.clone()}]}}}
-        })
-    };
+    let workload = |name: &str| reading_sources(name, N);
     let list = format!("GET /api/v1/namespaces/{NS}/configmaps");
     let reads_of = |lines: &[String]| -> (usize, usize) {
         let lists = lines.iter().filter(|l| **l == list).count();

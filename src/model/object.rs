@@ -113,8 +113,10 @@ pub trait ObjectExt {
         }
     }
 
-    /// Takes one field of `metadata` away, and returns it.
+    /// Takes one field of `metadata` away, and returns it. An object with
+    /// no metadata is left as it is.
     fn remove_meta(&mut self, field: &str) -> Option<Value> {
+        self.metadata()?;
         self.metadata_mut()?.remove(field)
     }
 
@@ -203,6 +205,9 @@ mod tests {
         assert_eq!(o.annotation("a"), Some("1"), "kept");
         assert_eq!(o.remove_meta("labels"), Some(json!({"app": "web"})));
         assert_eq!(o.labels(), None);
+        let mut bare = json!({"kind": "ConfigMap"});
+        assert_eq!(bare.remove_meta("annotations"), None);
+        assert_eq!(bare, json!({"kind": "ConfigMap"}), "nothing made to take nothing away");
 
         let mut forged = json!({"metadata": {"annotations": "x"}});
         forged.set_annotation("a", json!("1"));

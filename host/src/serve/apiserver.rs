@@ -44,7 +44,7 @@ pub struct KubeCluster {
     /// it was recorded at.
     fixed_now: AtomicI64,
     /// How an admission's fresh source reads are made ahead of the policy.
-    pub source_reads: SourceReads,
+    pub(crate) source_reads: SourceReads,
 }
 
 impl KubeCluster {

@@ -215,36 +215,21 @@ pub(crate) async fn read_listed(
         };
         cluster.list_fresh(kind.kind(), &namespace, LIST_AT_MOST).await
     };
-    let Ok(Listed { objects, complete }) = listed else {
-        for (wanted, tx) in slots {
-            read_ahead(
-                cluster.clone(),
-                namespace.clone(),
-                wanted,
-                tx,
-                pending.clone(),
-                admission.clone(),
-            )
-            .await;
-        }
-        return;
-    };
+    // A failed listing shows nothing and is not complete: every source
+    // is then read with its own GET, as a cut one's missing ones are.
+    let Listed { objects, complete } = listed.unwrap_or(Listed {
+        objects: Vec::new(),
+        complete: false,
+    });
     let by_name: HashMap<&str, &Value> = objects.iter().map(|o| (o.name(), o)).collect();
     let shown = |name: &str| by_name.get(name).map(|o| (*o).clone());
+    let mut unshown = Vec::new();
     for (wanted, tx) in slots {
         let read = match shown(&wanted.name) {
             Some(found) => Some(found),
             None if complete => None,
             None => {
-                read_ahead(
-                    cluster.clone(),
-                    namespace.clone(),
-                    wanted,
-                    tx,
-                    pending.clone(),
-                    admission.clone(),
-                )
-                .await;
+                unshown.push((wanted, tx));
                 continue;
             }
         };
@@ -260,6 +245,17 @@ pub(crate) async fn read_listed(
             pending.entry((kind, name)).or_insert(srx);
         }
         let _ = tx.send(Ok(read));
+    }
+    for (wanted, tx) in unshown {
+        read_ahead(
+            cluster.clone(),
+            namespace.clone(),
+            wanted,
+            tx,
+            pending.clone(),
+            admission.clone(),
+        )
+        .await;
     }
 }
 

@@ -4,7 +4,6 @@
 //! reads ahead, and each of the policy's reads takes its own or goes to
 //! the cluster.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use config_snapshot_policy::source::{SourceId, SourceKind};
@@ -46,37 +45,46 @@ impl RequestScope {
         if reads == SourceReads::None {
             return;
         }
-        let mut pending = self.prefetched.lock().unwrap_or_else(|e| e.into_inner());
-        let mut listed: HashMap<SourceKind, Vec<_>> = HashMap::new();
-        for w in wanted {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            pending.insert((w.kind, w.name.clone()), rx);
-            listed.entry(w.kind).or_default().push((w, tx));
-        }
-        drop(pending);
-        for (kind, slots) in listed {
-            if reads == SourceReads::List && prefetch::worth_listing(&self.cluster, kind, &self.namespace, slots.len())
-            {
+        let mut slots: Vec<_> = {
+            let mut pending = self.prefetched.lock().unwrap_or_else(|e| e.into_inner());
+            wanted
+                .into_iter()
+                .map(|w| {
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    pending.insert((w.kind, w.name.clone()), rx);
+                    (w, tx)
+                })
+                .collect()
+        };
+        // Only the list way sorts the sources by kind: the default path
+        // spawns one read per source and nothing else.
+        if reads == SourceReads::List {
+            for kind in [SourceKind::ConfigMap, SourceKind::Secret] {
+                let of_kind = slots.iter().filter(|(w, _)| w.kind == kind).count();
+                if !prefetch::worth_listing(&self.cluster, kind, &self.namespace, of_kind) {
+                    continue;
+                }
+                let (listed, rest) = slots.into_iter().partition(|(w, _)| w.kind == kind);
+                slots = rest;
                 self.cluster.runtime.spawn(prefetch::read_listed(
                     self.cluster.clone(),
                     self.namespace.clone(),
                     kind,
-                    slots,
-                    self.prefetched.clone(),
-                    self.permits.clone(),
-                ));
-                continue;
-            }
-            for (w, tx) in slots {
-                self.cluster.runtime.spawn(prefetch::read_ahead(
-                    self.cluster.clone(),
-                    self.namespace.clone(),
-                    w,
-                    tx,
+                    listed,
                     self.prefetched.clone(),
                     self.permits.clone(),
                 ));
             }
+        }
+        for (w, tx) in slots {
+            self.cluster.runtime.spawn(prefetch::read_ahead(
+                self.cluster.clone(),
+                self.namespace.clone(),
+                w,
+                tx,
+                self.prefetched.clone(),
+                self.permits.clone(),
+            ));
         }
     }
 

@@ -888,10 +888,7 @@ pub fn webhook_latency(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: 
         "--snapshot-bytes-rate-total",
         "4095Mi",
     ]);
-    let mut bench = ServeProcess::start_logging(kubeconfig, &flags, "info");
-    bench.wait_ready();
-    register(cp, &bench, yaml("deploy/serve/webhook.yaml").remove(0));
-    webhook_answers(cp);
+    let mut bench = serving(cp, kubeconfig, &flags);
 
     config_snapshot::use_ring_for_tls();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -935,10 +932,7 @@ pub fn webhook_latency(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: 
         let reads = compare_reads(cp, kubeconfig, &flags, &runtime, &client, &strategies, samples);
         publish("bench-reads", &reads);
         eprintln!("{reads}");
-        bench = ServeProcess::start_logging(kubeconfig, &flags, "info");
-        bench.wait_ready();
-        register(cp, &bench, yaml("deploy/serve/webhook.yaml").remove(0));
-        webhook_answers(cp);
+        bench = serving(cp, kubeconfig, &flags);
     }
     // The real Kubewarden engine on the same creates, if POLICY_SERVER
     // names it: serve and its webhook out of the way first.
@@ -995,6 +989,16 @@ pub fn webhook_latency(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: 
     webhook_answers(cp);
 }
 
+/// serve started as the benchmark runs it (info logs, `flags`), its
+/// webhook registered and answering.
+fn serving(cp: &ControlPlane, kubeconfig: &Path, flags: &[&str]) -> ServeProcess {
+    let mut serve = ServeProcess::start_logging(kubeconfig, flags, "info");
+    serve.wait_ready();
+    register(cp, &serve, yaml("deploy/serve/webhook.yaml").remove(0));
+    webhook_answers(cp);
+    serve
+}
+
 /// Whether a write failed because its webhook did not answer: the API
 /// server's 500 for a failed webhook call (failurePolicy Fail). Anything
 /// else is the benchmark's own error.
@@ -1042,10 +1046,7 @@ fn compare_reads(
     for (i, way) in strategies.split(',').map(str::trim).enumerate() {
         let mut flags = flags.to_vec();
         flags.extend(["--source-reads", way]);
-        let mut serve = ServeProcess::start_logging(kubeconfig, &flags, "info");
-        serve.wait_ready();
-        register(cp, &serve, yaml("deploy/serve/webhook.yaml").remove(0));
-        webhook_answers(cp);
+        let mut serve = serving(cp, kubeconfig, &flags);
         for group in [Group::OneExisting, Group::EightExisting] {
             let ns = format!("bench-reads-{i}-{}", group as usize);
             cp.namespace(&ns);
