@@ -144,11 +144,22 @@ fn everything(cluster: &dyn Cluster) -> Vec<Value> {
     out
 }
 
-/// serve's kube-rs cluster over a stand-in API server holding `objects`,
-/// its cache synced, and the cache's watches (abort them to let the cache
-/// fall behind).
-async fn over_http(objects: &[Value]) -> (ApiServer, Arc<KubeCluster>, Vec<tokio::task::JoinHandle<()>>) {
+/// `run` over replay's simulator and over serve's kube-rs cluster
+/// (to the stand-in API server), each starting from `objects`: what each
+/// run answered, and every object each left.
+async fn on_both<R: Send + 'static>(
+    objects: &[Value],
+    run: fn(&dyn Cluster) -> R,
+) -> ((R, Vec<Value>), (R, Vec<Value>)) {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    let memory = Arc::new(Shared::default());
+    memory.store().reset(objects);
+    memory.store().now = NOW;
+    let in_memory = {
+        let memory = memory.clone();
+        tokio::task::spawn_blocking(move || run(memory.as_ref())).await.unwrap()
+    };
+
     let api = ApiServer::start().await;
     api.reset(objects);
     api.fix_clock(NOW);
@@ -165,25 +176,6 @@ async fn over_http(objects: &[Value]) -> (ApiServer, Arc<KubeCluster>, Vec<tokio
         Arc::new(Metrics::default()),
     ));
     kube.fix_clock(NOW);
-    (api, kube, watchers)
-}
-
-/// `run` over replay's simulator and over serve's kube-rs cluster
-/// (to the stand-in API server), each starting from `objects`: what each
-/// run answered, and every object each left.
-async fn on_both<R: Send + 'static>(
-    objects: &[Value],
-    run: fn(&dyn Cluster) -> R,
-) -> ((R, Vec<Value>), (R, Vec<Value>)) {
-    let memory = Arc::new(Shared::default());
-    memory.store().reset(objects);
-    memory.store().now = NOW;
-    let in_memory = {
-        let memory = memory.clone();
-        tokio::task::spawn_blocking(move || run(memory.as_ref())).await.unwrap()
-    };
-
-    let (_api, kube, watchers) = over_http(objects).await;
     let over_http = {
         let kube = kube.clone();
         tokio::task::spawn_blocking(move || run(kube.as_ref())).await.unwrap()
@@ -325,75 +317,4 @@ async fn the_sweep_after_a_new_snapshot_takes_only_the_sources_unused_versions()
         .collect();
     assert_eq!(snapshots, ["u-blue", "u-green"].into(), "only the unused version went");
     assert_eq!(left, right);
-}
-
-/// An adoption writes on the snapshot as serve's cache holds it, pinned to
-/// that version: a PATCH and no GET of the snapshot, which halves what a
-/// Deployment sharing its config costs the API server after its admission.
-/// When the cache is behind (its watches stopped, then another writer made
-/// the snapshot an owner's too), the pin fails, the snapshot is read fresh
-/// and judged again, and the other writer's owner stays.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_adoption_writes_on_the_cached_snapshot_and_reads_it_fresh_only_when_behind() {
-    let (objects, effects) = cluster();
-    let adopt = effects[0].clone();
-    let blue = objects[3]["metadata"]["name"].as_str().unwrap().to_string();
-    let path = format!("/api/v1/namespaces/shop/configmaps/{blue}");
-    let adopt_over = |kube: Arc<KubeCluster>| {
-        let adopt = adopt.clone();
-        tokio::task::spawn_blocking(move || {
-            let rules = rules();
-            let in_flight = InFlight::default();
-            let driver = Driver::new(kube.as_ref(), &rules, &in_flight, &Silent);
-            assert!(in_flight.begin(&adopt));
-            driver.step(&adopt, false, 0)
-        })
-    };
-    let owners = |api: &ApiServer| -> Vec<String> {
-        api.get("ConfigMap", "shop", &blue).unwrap()["metadata"]["ownerReferences"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| r["uid"].as_str().unwrap().to_string())
-            .collect()
-    };
-
-    // The cache is current: one PATCH, no GET.
-    let (api, kube, watchers) = over_http(&objects).await;
-    let seen = api.log().len();
-    assert_eq!(adopt_over(kube).await.unwrap(), Next::Over(Ending::Done));
-    let calls: Vec<String> = api.log()[seen..]
-        .iter()
-        .filter(|l| l.ends_with(&path))
-        .cloned()
-        .collect();
-    assert_eq!(calls, [format!("PATCH {path}")], "{:?}", api.log());
-    assert_eq!(owners(&api), ["u-web", "u-rs"]);
-    watchers.iter().for_each(|w| w.abort());
-
-    // The cache is behind: the pinned PATCH fails, a GET, a PATCH again.
-    let (api, kube, watchers) = over_http(&objects).await;
-    watchers.iter().for_each(|w| w.abort());
-    let mut moved = api.get("ConfigMap", "shop", &blue).unwrap();
-    moved["metadata"]["ownerReferences"] =
-        json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-0", "uid": "u-rs0"}]);
-    api.put(moved);
-    let seen = api.log().len();
-    assert_eq!(adopt_over(kube).await.unwrap(), Next::Over(Ending::Done));
-    let calls: Vec<String> = api.log()[seen..]
-        .iter()
-        .filter(|l| l.ends_with(&path))
-        .cloned()
-        .collect();
-    assert_eq!(
-        calls,
-        [format!("PATCH {path}"), format!("GET {path}"), format!("PATCH {path}")],
-        "{:?}",
-        api.log()
-    );
-    assert_eq!(
-        owners(&api),
-        ["u-rs0", "u-web", "u-rs"],
-        "the other writer's owner stays"
-    );
 }

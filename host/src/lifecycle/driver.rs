@@ -298,22 +298,6 @@ impl Driver<'_> {
         }
     }
 
-    /// The snapshot an adoption judges first. The cache's copy when it
-    /// calls for a write: the write is pinned to that copy's
-    /// resourceVersion, so a copy the cache has not caught up on fails with
-    /// a conflict and is read fresh and judged again, and the write is as
-    /// safe as after a GET. Read fresh when the cache has none, or when its
-    /// copy says there is nothing to write: an ownership removed a moment
-    /// ago must not be taken as still there, since nothing would then
-    /// check it. A Deployment created beside others sharing its config
-    /// adopts each shared snapshot with one request instead of two.
-    fn last_known(&self, kind: &str, ns: &str, name: &str, owner: &Value) -> cluster::Result<Option<Value>> {
-        match self.cluster.get(kind, ns, name)? {
-            Some(cached) if adopt_ops(owner, &cached).is_some() => Ok(Some(cached)),
-            _ => self.cluster.get_fresh(kind, ns, name),
-        }
-    }
-
     /// Makes the live `owner_kind/owner_name` an owner of `snapshots`:
     /// only if it is the object the admission reviewed (`stored_as`), and
     /// only of the snapshots its stored template names. A review that was
@@ -347,33 +331,18 @@ impl Driver<'_> {
             })
             .unwrap_or_default();
         for (kind, name) in snapshots.iter().filter(|s| named.contains(*s)) {
-            let adopted = match self.last_known(kind, ns, name, &owner) {
-                Ok(snapshot) => cluster::patch_judged(
-                    &self.cluster,
-                    (kind, ns, name),
-                    snapshot,
-                    |found| {
-                        Ok(
-                            match found.as_ref().and_then(|s| adopt_ops(&owner, s).map(|ops| (s, ops))) {
-                                None => Judged::Done(false),
-                                Some((s, ops)) => Judged::Patch {
-                                    ops,
-                                    version: s.resource_version().to_string(),
-                                    then: true,
-                                },
-                            },
-                        )
-                    },
-                    |e| e,
-                ),
-                Err(e) => Err(e),
+            let snapshot = match self.cluster.get_fresh(kind, ns, name) {
+                Ok(Some(s)) => s,
+                Ok(None) => continue,
+                Err(e) => return Attempt::Retry(e.to_string()),
             };
-            match adopted {
-                Ok(Some(true)) => self
+            let Some(ops) = adopt_ops(&owner, &snapshot) else {
+                continue;
+            };
+            match self.cluster.patch(kind, ns, name, snapshot.resource_version(), ops) {
+                Ok(()) => self
                     .observer
                     .adopted(format!("{kind}/{name} adopted by {owner_kind}/{owner_name}")),
-                Ok(Some(false)) => {}
-                Ok(None) => return Attempt::Retry(format!("{kind}/{name} kept changing while it was adopted")),
                 Err(e) => return Attempt::Retry(e.to_string()),
             }
         }

@@ -190,6 +190,44 @@ fn apiserver_buckets(cp: &ControlPlane, webhook: &str, operation: &str) -> (Buck
     )
 }
 
+/// kube-apiserver's own account of a Deployment write, from its
+/// histograms' sums and counts (seconds, observations): the whole request
+/// (`apiserver_request_duration_seconds`, the verb the group writes with),
+/// the call to `webhook`, and etcd's write of the Deployment
+/// (`etcd_request_duration_seconds`). What is left of the request is the
+/// API server's own work: authentication, decoding, the other admission
+/// steps, validation, encoding.
+fn apiserver_split(cp: &ControlPlane, webhook: &str, operation: &str) -> [(f64, f64); 3] {
+    let text = cp.kubectl(&["get", "--raw", "/metrics"]);
+    let (verb, etcd_operation) = match operation {
+        "UPDATE" => ("verb=\"PATCH\"", "operation=\"update\""),
+        _ => ("verb=\"POST\"", "operation=\"create\""),
+    };
+    let (name, admitted) = (format!("name=\"{webhook}\""), format!("operation=\"{operation}\""));
+    let series: [(&str, Vec<&str>); 3] = [
+        (
+            "apiserver_request_duration_seconds",
+            vec![verb, "resource=\"deployments\"", "subresource=\"\""],
+        ),
+        (
+            "apiserver_admission_webhook_admission_duration_seconds",
+            vec![name.as_str(), admitted.as_str(), "type=\"admit\""],
+        ),
+        ("etcd_request_duration_seconds", vec![etcd_operation, "deployments"]),
+    ];
+    series.map(|(metric, labels)| {
+        let total = |suffix: &str| -> f64 {
+            let prefix = format!("{metric}_{suffix}{{");
+            text.lines()
+                .filter(|l| l.starts_with(&prefix))
+                .filter(|l| labels.iter().all(|label| l.contains(label)))
+                .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+                .sum()
+        };
+        (total("sum"), total("count"))
+    })
+}
+
 /// serve's host-call histogram's sums and counts, by operation: where an
 /// admission's time goes.
 fn host_calls(serve: &ServeProcess) -> BTreeMap<String, (f64, f64)> {
@@ -340,6 +378,9 @@ struct Row {
     /// Writes the webhook did not answer (an error, or let through
     /// untouched past its timeout): counted, not timed.
     unanswered: usize,
+    /// kube-apiserver's request, webhook call and etcd write over the
+    /// window ([`apiserver_split`]): seconds, observations.
+    split: [(f64, f64); 3],
 }
 
 impl Row {
@@ -440,6 +481,7 @@ async fn measure(
     settle(cp, ns);
     let operation = group.operation();
     let (api_before, api_secs_before) = apiserver_buckets(cp, hook.name(), operation);
+    let split_before = apiserver_split(cp, hook.name(), operation);
     let serve_view = |serve: Option<&ServeProcess>| match serve {
         Some(serve) => (
             serve_buckets(serve, operation),
@@ -552,6 +594,7 @@ async fn measure(
     }
     client_times.sort_unstable();
     let (api_after, api_secs_after) = apiserver_buckets(cp, hook.name(), operation);
+    let split_after = apiserver_split(cp, hook.name(), operation);
     let (serve_after, calls_after, secs_after) = serve_view(serve);
     Row {
         hook: hook.engine(),
@@ -564,6 +607,12 @@ async fn measure(
         serve: serve_after.minus(&serve_before),
         client: client_times,
         serve_secs: secs_after - secs_before,
+        split: std::array::from_fn(|i| {
+            (
+                split_after[i].0 - split_before[i].0,
+                split_after[i].1 - split_before[i].1,
+            )
+        }),
         calls: calls_after
             .into_iter()
             .map(|(op, (secs, n))| {
@@ -694,6 +743,33 @@ fn table(rows: &[Row], fan: &[Duration], build: &str) -> String {
             } else {
                 calls.join(", ")
             }
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\nWhere kube-apiserver's time went, from its own histograms over each window: the \
+         Deployment write's mean (`apiserver_request_duration_seconds`), the mean call to the \
+         webhook, and etcd's mean write of a Deployment (`etcd_request_duration_seconds`). \
+         The rest is the API server's own work (authentication, decoding, the other admission \
+         steps, validation, encoding) and waiting for a core.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| group | clients | request mean (ms) | webhook mean (ms) | etcd write mean (ms) | rest (ms) |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|");
+    for r in rows {
+        let mean = |(secs, n): (f64, f64)| secs * 1e6 / n.max(1.0);
+        let [request, webhook, etcd] = r.split.map(mean);
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} |",
+            r.describe(),
+            r.clients,
+            ms(request),
+            ms(webhook),
+            ms(etcd),
+            ms(request - webhook - etcd),
         );
     }
     let compared: Vec<(&Row, &Row)> = rows
@@ -992,7 +1068,12 @@ pub fn webhook_latency(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: 
 /// serve started as the benchmark runs it (info logs, `flags`), its
 /// webhook registered and answering.
 fn serving(cp: &ControlPlane, kubeconfig: &Path, flags: &[&str]) -> ServeProcess {
-    let mut serve = ServeProcess::start_logging(kubeconfig, flags, "info");
+    serving_build(cp, Path::new(env!("CARGO_BIN_EXE_config-snapshot")), kubeconfig, flags)
+}
+
+/// [`serving`] with `binary` as serve: another build, to compare against.
+fn serving_build(cp: &ControlPlane, binary: &Path, kubeconfig: &Path, flags: &[&str]) -> ServeProcess {
+    let mut serve = ServeProcess::start_build(binary, kubeconfig, flags, "info");
     serve.wait_ready();
     register(cp, &serve, yaml("deploy/serve/webhook.yaml").remove(0));
     webhook_answers(cp);
@@ -1043,10 +1124,25 @@ fn compare_reads(
             "release"
         },
     );
-    for (i, way) in strategies.split(',').map(str::trim).enumerate() {
+    // With BENCH_AGAINST naming another build's binary, each way is run
+    // on it too, right after this build's: two builds compared in one run.
+    let this = PathBuf::from(env!("CARGO_BIN_EXE_config-snapshot"));
+    let builds: Vec<(PathBuf, &str)> = std::iter::once((this, ""))
+        .chain(
+            std::env::var("BENCH_AGAINST")
+                .ok()
+                .filter(|b| !b.is_empty())
+                .map(|b| (PathBuf::from(b), " (BENCH_AGAINST)")),
+        )
+        .collect();
+    let runs = strategies
+        .split(',')
+        .map(str::trim)
+        .flat_map(|way| builds.iter().map(move |(binary, label)| (way, binary, *label)));
+    for (i, (way, binary, label)) in runs.enumerate() {
         let mut flags = flags.to_vec();
         flags.extend(["--source-reads", way]);
-        let mut serve = serving(cp, kubeconfig, &flags);
+        let mut serve = serving_build(cp, binary, kubeconfig, &flags);
         for group in [Group::OneExisting, Group::EightExisting] {
             let ns = format!("bench-reads-{i}-{}", group as usize);
             cp.namespace(&ns);
@@ -1055,7 +1151,7 @@ fn compare_reads(
             let reads = (source_reads_served(cp) - before) / row.samples.max(1) as f64;
             let serve_mean = row.serve_secs * 1e6 / row.samples.max(1) as f64;
             text.push_str(&format!(
-                "| `{way}` | {} | {} | {} | {} | {reads:.1} |\n",
+                "| `{way}`{label} | {} | {} | {} | {} | {reads:.1} |\n",
                 group.describe(),
                 ms(row.apiserver_mean()),
                 ms(serve_mean),

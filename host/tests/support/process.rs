@@ -48,6 +48,8 @@ pub struct ServeProcess {
     pub cert_pem: String,
     logs: Arc<Mutex<String>>,
     pub dir: PathBuf,
+    /// The serve binary: this build's, or another's to compare against.
+    binary: PathBuf,
 }
 
 impl ServeProcess {
@@ -60,19 +62,31 @@ impl ServeProcess {
     /// As [`ServeProcess::start`], logging at `level` (`RUST_LOG`): the load
     /// test runs at the shipped level, `info`.
     pub fn start_logging(kubeconfig: &Path, extra: &[&str], level: &str) -> ServeProcess {
+        Self::start_build(
+            Path::new(env!("CARGO_BIN_EXE_config-snapshot")),
+            kubeconfig,
+            extra,
+            level,
+        )
+    }
+
+    /// As [`ServeProcess::start_logging`], with `binary` in place of this
+    /// build's serve: another build, measured in the same run.
+    pub fn start_build(binary: &Path, kubeconfig: &Path, extra: &[&str], level: &str) -> ServeProcess {
         let dir = std::env::temp_dir().join(format!("config-snapshot-serve-{}-{}", std::process::id(), free_port()));
         std::fs::create_dir_all(&dir).unwrap();
         let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
         let cert_pem = cert.cert.pem();
         std::fs::write(dir.join("tls.crt"), &cert_pem).unwrap();
         std::fs::write(dir.join("tls.key"), cert.signing_key.serialize_pem()).unwrap();
-        Self::start_in(dir, cert_pem, kubeconfig, extra, free_port(), level)
+        Self::start_in(binary, dir, cert_pem, kubeconfig, extra, free_port(), level)
     }
 
     /// Starts serve again with the same certificate and webhook port.
     pub fn restart(&mut self, kubeconfig: &Path, extra: &[&str]) {
         self.stop();
         *self = Self::start_in(
+            &self.binary.clone(),
             self.dir.clone(),
             self.cert_pem.clone(),
             kubeconfig,
@@ -83,6 +97,7 @@ impl ServeProcess {
     }
 
     fn start_in(
+        binary: &Path,
         dir: PathBuf,
         cert_pem: String,
         kubeconfig: &Path,
@@ -107,7 +122,7 @@ impl ServeProcess {
             std::fs::write(&key, [42u8; 32]).unwrap();
             vec!["--signing-key-file".into(), key.into_os_string()]
         };
-        let mut child = Command::new(env!("CARGO_BIN_EXE_config-snapshot"))
+        let mut child = Command::new(binary)
             .arg("serve")
             .args(policy_args)
             .args(key_args)
@@ -133,6 +148,7 @@ impl ServeProcess {
             cert_pem,
             logs,
             dir,
+            binary: binary.to_path_buf(),
         }
     }
 
