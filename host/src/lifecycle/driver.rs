@@ -303,6 +303,11 @@ impl Driver<'_> {
     /// only of the snapshots its stored template names. A review that was
     /// never stored (forged, or refused by a later webhook) names an object
     /// that either never appears or is another request's.
+    ///
+    /// Each snapshot is read fresh before its write, although serve's cache
+    /// holds it: writing on the cached copy, pinned to its version, saves
+    /// the GET but measured slower for the admissions that follow
+    /// (docs/BENCHMARKS.md, "Adoptions from the cache").
     fn adopt(
         &self,
         ns: &str,
