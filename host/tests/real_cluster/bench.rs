@@ -168,64 +168,68 @@ impl<'a> Hook<'a> {
     }
 }
 
-/// kube-apiserver's histogram of `webhook`'s CREATE calls, and their
-/// total seconds.
-fn apiserver_buckets(cp: &ControlPlane, webhook: &str, operation: &str) -> (Buckets, f64) {
-    let text = cp.kubectl(&["get", "--raw", "/metrics"]);
-    let (name, operation) = (format!("name=\"{webhook}\""), format!("operation=\"{operation}\""));
-    let labels = [name.as_str(), operation.as_str(), "type=\"admit\""];
-    let seconds = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("apiserver_admission_webhook_admission_duration_seconds_sum"))
+/// The sum of the values of `series` (a metric's full name, `_sum` or
+/// `_count` included) over the lines whose labels include all of
+/// `labels`, in the Prometheus text `text`.
+fn summed(text: &str, series: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(series)?.strip_prefix('{'))
         .filter(|l| labels.iter().all(|label| l.contains(label)))
         .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
-        .sum();
-    (
-        Buckets::parse(
-            &text,
-            "apiserver_admission_webhook_admission_duration_seconds_bucket",
-            &labels,
-        ),
-        seconds,
-    )
+        .sum()
 }
 
-/// kube-apiserver's own account of a Deployment write, from its
-/// histograms' sums and counts (seconds, observations): the whole request
-/// (`apiserver_request_duration_seconds`, the verb the group writes with),
-/// the call to `webhook`, and etcd's write of the Deployment
-/// (`etcd_request_duration_seconds`). What is left of the request is the
-/// API server's own work: authentication, decoding, the other admission
-/// steps, validation, encoding.
-fn apiserver_split(cp: &ControlPlane, webhook: &str, operation: &str) -> [(f64, f64); 3] {
+/// kube-apiserver's metrics at one edge of a window, for `webhook`'s calls
+/// on `operation` (CREATE, or UPDATE for re-applies), from one reading.
+struct ApiserverView {
+    /// The histogram of the calls to the webhook.
+    buckets: Buckets,
+    /// Their total seconds.
+    webhook_secs: f64,
+    /// The rest of the API server's own account of a Deployment write
+    /// (seconds, observations): the whole request
+    /// (`apiserver_request_duration_seconds`, the verb the group writes
+    /// with) and etcd's write of the Deployment
+    /// (`etcd_request_duration_seconds`). What the request leaves after
+    /// them and the webhook is the API server's own work: authentication,
+    /// decoding, the other admission steps, validation, encoding.
+    split: [(f64, f64); 2],
+}
+
+fn apiserver_view(cp: &ControlPlane, webhook: &str, operation: &str) -> ApiserverView {
     let text = cp.kubectl(&["get", "--raw", "/metrics"]);
+    let (name, admitted) = (format!("name=\"{webhook}\""), format!("operation=\"{operation}\""));
+    let labels = [name.as_str(), admitted.as_str(), "type=\"admit\""];
     let (verb, etcd_operation) = match operation {
         "UPDATE" => ("verb=\"PATCH\"", "operation=\"update\""),
         _ => ("verb=\"POST\"", "operation=\"create\""),
     };
-    let (name, admitted) = (format!("name=\"{webhook}\""), format!("operation=\"{operation}\""));
-    let series: [(&str, Vec<&str>); 3] = [
+    let split = [
         (
             "apiserver_request_duration_seconds",
-            vec![verb, "resource=\"deployments\"", "subresource=\"\""],
+            &[verb, "resource=\"deployments\"", "subresource=\"\""][..],
         ),
+        ("etcd_request_duration_seconds", &[etcd_operation, "deployments"][..]),
+    ]
+    .map(|(metric, labels)| {
         (
-            "apiserver_admission_webhook_admission_duration_seconds",
-            vec![name.as_str(), admitted.as_str(), "type=\"admit\""],
+            summed(&text, &format!("{metric}_sum"), labels),
+            summed(&text, &format!("{metric}_count"), labels),
+        )
+    });
+    ApiserverView {
+        buckets: Buckets::parse(
+            &text,
+            "apiserver_admission_webhook_admission_duration_seconds_bucket",
+            &labels,
         ),
-        ("etcd_request_duration_seconds", vec![etcd_operation, "deployments"]),
-    ];
-    series.map(|(metric, labels)| {
-        let total = |suffix: &str| -> f64 {
-            let prefix = format!("{metric}_{suffix}{{");
-            text.lines()
-                .filter(|l| l.starts_with(&prefix))
-                .filter(|l| labels.iter().all(|label| l.contains(label)))
-                .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
-                .sum()
-        };
-        (total("sum"), total("count"))
-    })
+        webhook_secs: summed(
+            &text,
+            "apiserver_admission_webhook_admission_duration_seconds_sum",
+            &labels,
+        ),
+        split,
+    }
 }
 
 /// serve's host-call histogram's sums and counts, by operation: where an
@@ -378,9 +382,9 @@ struct Row {
     /// Writes the webhook did not answer (an error, or let through
     /// untouched past its timeout): counted, not timed.
     unanswered: usize,
-    /// kube-apiserver's request, webhook call and etcd write over the
-    /// window ([`apiserver_split`]): seconds, observations.
-    split: [(f64, f64); 3],
+    /// kube-apiserver's request and etcd write over the window
+    /// ([`ApiserverView::split`]): seconds, observations.
+    split: [(f64, f64); 2],
 }
 
 impl Row {
@@ -480,8 +484,7 @@ async fn measure(
     // the window opens.
     settle(cp, ns);
     let operation = group.operation();
-    let (api_before, api_secs_before) = apiserver_buckets(cp, hook.name(), operation);
-    let split_before = apiserver_split(cp, hook.name(), operation);
+    let api_before = apiserver_view(cp, hook.name(), operation);
     let serve_view = |serve: Option<&ServeProcess>| match serve {
         Some(serve) => (
             serve_buckets(serve, operation),
@@ -593,8 +596,7 @@ async fn measure(
         unanswered += missed;
     }
     client_times.sort_unstable();
-    let (api_after, api_secs_after) = apiserver_buckets(cp, hook.name(), operation);
-    let split_after = apiserver_split(cp, hook.name(), operation);
+    let api_after = apiserver_view(cp, hook.name(), operation);
     let (serve_after, calls_after, secs_after) = serve_view(serve);
     Row {
         hook: hook.engine(),
@@ -602,15 +604,15 @@ async fn measure(
         clients,
         samples: client_times.len(),
         unanswered,
-        apiserver: api_after.minus(&api_before),
-        apiserver_secs: api_secs_after - api_secs_before,
+        apiserver: api_after.buckets.minus(&api_before.buckets),
+        apiserver_secs: api_after.webhook_secs - api_before.webhook_secs,
         serve: serve_after.minus(&serve_before),
         client: client_times,
         serve_secs: secs_after - secs_before,
         split: std::array::from_fn(|i| {
             (
-                split_after[i].0 - split_before[i].0,
-                split_after[i].1 - split_before[i].1,
+                api_after.split[i].0 - api_before.split[i].0,
+                api_after.split[i].1 - api_before.split[i].1,
             )
         }),
         calls: calls_after
@@ -760,7 +762,8 @@ fn table(rows: &[Row], fan: &[Duration], build: &str) -> String {
     let _ = writeln!(out, "|---|---|---|---|---|---|");
     for r in rows {
         let mean = |(secs, n): (f64, f64)| secs * 1e6 / n.max(1.0);
-        let [request, webhook, etcd] = r.split.map(mean);
+        let [request, etcd] = r.split.map(mean);
+        let webhook = r.apiserver_mean();
         let _ = writeln!(
             out,
             "| {} | {} | {} | {} | {} | {} |",
@@ -1068,7 +1071,7 @@ pub fn webhook_latency(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: 
 /// serve started as the benchmark runs it (info logs, `flags`), its
 /// webhook registered and answering.
 fn serving(cp: &ControlPlane, kubeconfig: &Path, flags: &[&str]) -> ServeProcess {
-    serving_build(cp, Path::new(env!("CARGO_BIN_EXE_config-snapshot")), kubeconfig, flags)
+    serving_build(cp, ServeProcess::this_build(), kubeconfig, flags)
 }
 
 /// [`serving`] with `binary` as serve: another build, to compare against.
@@ -1090,13 +1093,14 @@ fn unanswered_by_webhook(e: &kube::Error) -> bool {
 /// kube-apiserver's count of GET and LIST requests for ConfigMaps and
 /// Secrets: the reads a window cost the API server.
 fn source_reads_served(cp: &ControlPlane) -> f64 {
-    cp.kubectl(&["get", "--raw", "/metrics"])
-        .lines()
-        .filter(|l| l.starts_with("apiserver_request_total{"))
-        .filter(|l| l.contains("verb=\"GET\"") || l.contains("verb=\"LIST\""))
-        .filter(|l| l.contains("resource=\"configmaps\"") || l.contains("resource=\"secrets\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    let text = cp.kubectl(&["get", "--raw", "/metrics"]);
+    let mut reads = 0.0;
+    for verb in ["verb=\"GET\"", "verb=\"LIST\""] {
+        for resource in ["resource=\"configmaps\"", "resource=\"secrets\""] {
+            reads += summed(&text, "apiserver_request_total", &[verb, resource]);
+        }
+    }
+    reads
 }
 
 /// The opted-in CREATE groups at one client, on serve restarted with each
@@ -1126,8 +1130,7 @@ fn compare_reads(
     );
     // With BENCH_AGAINST naming another build's binary, each way is run
     // on it too, right after this build's: two builds compared in one run.
-    let this = PathBuf::from(env!("CARGO_BIN_EXE_config-snapshot"));
-    let builds: Vec<(PathBuf, &str)> = std::iter::once((this, ""))
+    let builds: Vec<(PathBuf, &str)> = std::iter::once((ServeProcess::this_build().to_path_buf(), ""))
         .chain(
             std::env::var("BENCH_AGAINST")
                 .ok()
@@ -1202,7 +1205,23 @@ pub fn today() -> String {
 
 #[cfg(test)]
 mod buckets {
-    use super::Buckets;
+    use super::{summed, Buckets};
+
+    #[test]
+    fn a_series_is_summed_over_the_lines_with_every_label() {
+        let text = "etcd_request_duration_seconds_sum{operation=\"create\",type=\"deployments.apps\"} 0.5\n\
+                    etcd_request_duration_seconds_sum{operation=\"create\",type=\"/registry/deployments\"} 0.25\n\
+                    etcd_request_duration_seconds_sum{operation=\"update\",type=\"deployments.apps\"} 4\n\
+                    etcd_request_duration_seconds_count{operation=\"create\",type=\"deployments.apps\"} 2\n\
+                    etcd_request_duration_seconds_sum_other{operation=\"create\",type=\"deployments\"} 8\n";
+        let labels = ["operation=\"create\"", "deployments"];
+        assert_eq!(summed(text, "etcd_request_duration_seconds_sum", &labels), 0.75);
+        assert_eq!(summed(text, "etcd_request_duration_seconds_count", &labels), 2.0);
+        assert_eq!(
+            summed(text, "etcd_request_duration_seconds_sum", &["operation=\"delete\""]),
+            0.0
+        );
+    }
 
     #[test]
     fn quantiles_interpolate_inside_a_bucket() {

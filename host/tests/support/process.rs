@@ -62,12 +62,12 @@ impl ServeProcess {
     /// As [`ServeProcess::start`], logging at `level` (`RUST_LOG`): the load
     /// test runs at the shipped level, `info`.
     pub fn start_logging(kubeconfig: &Path, extra: &[&str], level: &str) -> ServeProcess {
-        Self::start_build(
-            Path::new(env!("CARGO_BIN_EXE_config-snapshot")),
-            kubeconfig,
-            extra,
-            level,
-        )
+        Self::start_build(Self::this_build(), kubeconfig, extra, level)
+    }
+
+    /// This build's `config-snapshot` binary.
+    pub fn this_build() -> &'static Path {
+        Path::new(env!("CARGO_BIN_EXE_config-snapshot"))
     }
 
     /// As [`ServeProcess::start_logging`], with `binary` in place of this
