@@ -852,6 +852,56 @@ async fn an_opted_in_admission_reads_its_sources_together_and_fresh() {
     assert_eq!(snapshot_values(&api_web)[3], "newer-3");
 }
 
+/// The other ways to read sources ahead (`serve --source-reads`) keep the
+/// same freshness and do what their names say. `sequential` and `none`
+/// make one GET at a time against a slow API server, and each snapshot
+/// holds the content a source was edited to after serve's cache saw it.
+/// `list` falls back to a GET per source in a namespace serve's cache shows
+/// bigger than its bound: no LIST, and as fresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_way_to_read_ahead_is_as_fresh_as_the_request() {
+    const N: usize = 4;
+    let workload = |name: &str| reading_sources(name, N);
+    for (way, crowd) in [("sequential", 0), ("none", 0), ("list", 40)] {
+        let api = ApiServer::start().await;
+        for i in 0..N {
+            api.put(numbered_source(i, "old"));
+        }
+        // Other ConfigMaps of the namespace, beyond the LIST's bound.
+        for i in 0..crowd {
+            api.put(json!({"apiVersion": "v1", "kind": "ConfigMap",
+                           "metadata": {"name": format!("other-{i}"), "namespace": NS}, "data": {}}));
+        }
+        let mut serve = Serve::start(&api, &["--source-reads", way]);
+        serve.wait_ready().await;
+        for i in 0..N {
+            api.put(numbered_source(i, "new"));
+        }
+        api.latency(Duration::from_millis(50));
+        let seen = api.log().len();
+        let (response, web) = serve.admit("create-web", "CREATE", &workload("web"), None, false).await;
+        assert_eq!(response["allowed"], true, "{way}: {response}");
+        for i in 0..N {
+            let name = env_ref(&web, &format!("E{i}"), "configMapKeyRef");
+            let snapshot = api.get("ConfigMap", NS, name).expect("the snapshot exists");
+            assert_eq!(
+                snapshot["data"]["k"],
+                format!("new-{i}"),
+                "{way}: read as fresh as the request"
+            );
+        }
+        let during = api.log()[seen..].to_vec();
+        let list = format!("GET /api/v1/namespaces/{NS}/configmaps");
+        let gets = |i: usize| during.iter().filter(|l| **l == format!("{list}/src-{i}")).count();
+        assert!(!during.contains(&list), "{way}: listed {during:?}");
+        assert!((0..N).all(|i| gets(i) == 1), "{way}: a GET per source: {during:?}");
+        if way != "list" {
+            assert_eq!(api.peak_gets_in_flight(), 1, "{way}: reads overlapped");
+        }
+        serve.terminate();
+    }
+}
+
 /// With `--source-reads list`, an opted-in Deployment's sources and their
 /// snapshots come in one consistent LIST of the namespace's ConfigMaps:
 /// one round trip instead of a GET each, and as fresh (a source edited
