@@ -27,10 +27,11 @@ pub const EIGHT_TO_ONE: f64 = 5.5;
 /// With `POLICY_SERVER` set: serve at most this many times policy-server
 /// on the opted-in creates whose snapshots exist (kube-apiserver's mean in
 /// the webhook, 1 client). The goal is 1 (issue 43); the bound keeps what
-/// is reached from slipping. An unoptimised serve against a release
-/// policy-server measures the compiler as much as the design, so that
-/// build has its own bound.
-pub const SERVE_TO_POLICY_SERVER: f64 = if cfg!(debug_assertions) { 6.0 } else { 2.0 };
+/// is reached from slipping (release: 1.42 and 1.68 on 2026-11-26). An
+/// unoptimised serve against a release policy-server measures the compiler
+/// as much as the design, so that build has its own bound (measured 5.77
+/// and 4.73, 2026-11-27 09:05 UTC).
+pub const SERVE_TO_POLICY_SERVER: f64 = if cfg!(debug_assertions) { 8.0 } else { 2.0 };
 
 /// One ratio of the guard: what it compares, its value in this run, its bound.
 #[derive(Debug)]
