@@ -732,6 +732,23 @@ fn reading_sources(name: &str, n: usize) -> Value {
     })
 }
 
+/// What the snapshots `workload` pins hold, under key `k`, for its env
+/// entries `E0` … `E{n-1}` (as [`reading_sources`] names them).
+fn snapshot_values(api: &ApiServer, workload: &Value, n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| {
+            let name = env_ref(workload, &format!("E{i}"), "configMapKeyRef");
+            let snapshot = api.get("ConfigMap", NS, name).expect("the snapshot exists");
+            snapshot["data"]["k"].as_str().unwrap().to_string()
+        })
+        .collect()
+}
+
+/// The values `n` sources numbered by [`numbered_source`] hold at version `v`.
+fn numbered_values(v: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{v}-{i}")).collect()
+}
+
 /// An opted-in Deployment's sources are read together before the policy
 /// runs, not one after another: against a slow API server its eight fresh
 /// reads overlap. Each snapshot still holds the content the API server had
@@ -753,19 +770,9 @@ async fn an_opted_in_admission_reads_its_sources_together_and_fresh() {
     }
     api.latency(Duration::from_millis(150));
     let workload = |name: &str| reading_sources(name, N);
-    let snapshot_values = |w: &Value| -> Vec<String> {
-        (0..N)
-            .map(|i| {
-                let name = env_ref(w, &format!("E{i}"), "configMapKeyRef");
-                let snapshot = api.get("ConfigMap", NS, name).expect("the snapshot exists");
-                snapshot["data"]["k"].as_str().unwrap().to_string()
-            })
-            .collect()
-    };
     let (response, web) = serve.admit("create-web", "CREATE", &workload("web"), None, false).await;
     assert_eq!(response["allowed"], true, "{response}");
-    let expected: Vec<String> = (0..N).map(|i| format!("new-{i}")).collect();
-    assert_eq!(snapshot_values(&web), expected);
+    assert_eq!(snapshot_values(&api, &web, N), numbered_values("new", N));
     assert!(
         api.peak_gets_in_flight() >= N,
         "the sources were read one at a time (at most {} at once)",
@@ -849,7 +856,7 @@ async fn an_opted_in_admission_reads_its_sources_together_and_fresh() {
     // The next request reads again: nothing is kept between requests.
     api.put(source(3, "newer"));
     let (_, api_web) = serve.admit("create-api", "CREATE", &workload("api"), None, false).await;
-    assert_eq!(snapshot_values(&api_web)[3], "newer-3");
+    assert_eq!(snapshot_values(&api, &api_web, N)[3], "newer-3");
 }
 
 /// The other ways to read sources ahead (`serve --source-reads`) keep the
@@ -881,15 +888,11 @@ async fn every_way_to_read_ahead_is_as_fresh_as_the_request() {
         let seen = api.log().len();
         let (response, web) = serve.admit("create-web", "CREATE", &workload("web"), None, false).await;
         assert_eq!(response["allowed"], true, "{way}: {response}");
-        for i in 0..N {
-            let name = env_ref(&web, &format!("E{i}"), "configMapKeyRef");
-            let snapshot = api.get("ConfigMap", NS, name).expect("the snapshot exists");
-            assert_eq!(
-                snapshot["data"]["k"],
-                format!("new-{i}"),
-                "{way}: read as fresh as the request"
-            );
-        }
+        assert_eq!(
+            snapshot_values(&api, &web, N),
+            numbered_values("new", N),
+            "{way}: read as fresh as the request"
+        );
         let during = api.log()[seen..].to_vec();
         let list = format!("GET /api/v1/namespaces/{NS}/configmaps");
         let gets = |i: usize| during.iter().filter(|l| **l == format!("{list}/src-{i}")).count();
@@ -932,15 +935,11 @@ async fn one_list_reads_every_source_and_snapshot_as_fresh_as_gets() {
     let seen = api.log().len();
     let (response, web) = serve.admit("create-web", "CREATE", &workload("web"), None, false).await;
     assert_eq!(response["allowed"], true, "{response}");
-    for i in 0..N {
-        let name = env_ref(&web, &format!("E{i}"), "configMapKeyRef");
-        let snapshot = api.get("ConfigMap", NS, name).expect("the snapshot exists");
-        assert_eq!(
-            snapshot["data"]["k"],
-            format!("new-{i}"),
-            "read as fresh as the request"
-        );
-    }
+    assert_eq!(
+        snapshot_values(&api, &web, N),
+        numbered_values("new", N),
+        "read as fresh as the request"
+    );
     let during = api.log()[seen..].to_vec();
     assert_eq!(reads_of(&during), (1, 0), "one LIST, no GET: {during:?}");
 

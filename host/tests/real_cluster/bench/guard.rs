@@ -11,8 +11,8 @@
 use super::{ms, Engine, Group, Row};
 
 /// A Deployment with 8 new snapshots may cost at most this many times one
-/// whose 8 snapshots exist (client p50). Measured 2.7 in release with 1,000
-/// samples, where the bench's paused Deployments leave every new snapshot
+/// whose 8 snapshots exist (client p50). Measured 0.5 to 0.8 in the
+/// unoptimised build on 2026-11-27, and 2.7 in release with 1,000 samples, where the bench's paused Deployments leave every new snapshot
 /// unowned and each sweep lists more of them. That the creates run
 /// together is proven apart, without timing: host/tests/serve.rs counts
 /// them in flight against a slow stand-in.
