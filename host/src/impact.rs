@@ -238,7 +238,7 @@ fn decide(
             ))
         }
     }
-    if let Some(settle) = optin.settle_secs {
+    if let Some(settle) = optin.settle_in(WatchMode::Roll) {
         return (
             true,
             snapshot,

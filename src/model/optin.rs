@@ -124,6 +124,15 @@ impl OptIn {
         })
     }
 
+    /// The settle time that applies in watch mode `mode`: settling takes
+    /// every pending change into one rollout, so it applies only where a
+    /// change rolls by itself (`roll`). In `approve` mode each change rolls
+    /// only once its own content is approved, and a rollout must never take
+    /// along a change nobody approved; in `notify` mode nothing rolls.
+    pub fn settle_in(&self, mode: crate::approval::WatchMode) -> Option<u64> {
+        self.settle_secs.filter(|_| mode == crate::approval::WatchMode::Roll)
+    }
+
     /// Cheap check for the pass-through path, from borrowed annotations.
     pub(crate) fn any_opt_in(annotations: Option<&BTreeMap<String, String>>, settings: &Settings) -> bool {
         settings.snapshot_by_default

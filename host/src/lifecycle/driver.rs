@@ -5,7 +5,7 @@
 //! backoff); what an attempt means, when an effect is over, what is then
 //! collected and what users are told is decided here.
 
-use config_snapshot_policy::approval::Entries;
+use config_snapshot_policy::approval::{Entries, WatchMode};
 use config_snapshot_policy::content::{snapshot_object, Content};
 use config_snapshot_policy::keys;
 use config_snapshot_policy::kinds;
@@ -548,7 +548,7 @@ impl Driver<'_> {
         let settings = &self.rules.settings;
         let Some(optin) = OptIn::from_annotations(annotations, settings)
             .ok()
-            .filter(|o| o.settle_secs.is_some())
+            .filter(|o| o.settle_in(WatchMode::of(annotations)).is_some())
         else {
             return Ok(());
         };

@@ -291,7 +291,8 @@ fn wanted(intent: &PatchIntent, workload: &Value, rules: &Rules) -> Judged<(OptI
 fn held(intent: &PatchIntent, workload: &Value, optin: &OptIn, now: i64, rules: &Rules) -> Judged<()> {
     let id = &intent.source;
     let annotations = workload.annotations();
-    let approved = match WatchMode::of(annotations) {
+    let mode = WatchMode::of(annotations);
+    let approved = match mode {
         WatchMode::Roll => false,
         WatchMode::Notify => return Err(Verdict::Later(now + NOTIFY_RECHECK_SECS, Hold::Notify)),
         WatchMode::Approve => match Entries::on(annotations, keys::APPROVE).get(id) {
@@ -305,7 +306,7 @@ fn held(intent: &PatchIntent, workload: &Value, optin: &OptIn, now: i64, rules: 
     // Settling: a change rolls once its workload's watched sources have
     // been quiet for the settle time, together with every other change
     // recorded by then (the driver adds them to this patch).
-    if let (Some(settle), false) = (optin.settle_secs, approved) {
+    if let Some(settle) = optin.settle_in(mode) {
         let settle = i64::try_from(settle).unwrap_or(i64::MAX);
         if Entries::on(annotations, keys::PENDING).get(id) != Some(intent.snapshot.as_str()) {
             return Err(Verdict::Later(now + settle, Hold::Settle { until: now + settle }));

@@ -14,7 +14,7 @@
 use super::*;
 
 /// Runs the binary as the cluster admin: (success, stdout, stderr).
-fn cli(cp: &ControlPlane, args: &[&str]) -> (bool, String, String) {
+pub(crate) fn cli(cp: &ControlPlane, args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_config-snapshot"))
         .args(args)
         .env("KUBECONFIG", &cp.kubeconfig)
@@ -53,6 +53,7 @@ fn told(cp: &ControlPlane, ns: &str, name: &str, reason: &str) -> Vec<String> {
 
 pub fn held_stories(cp: &ControlPlane) {
     approval_story(cp);
+    approval_with_settle_story(cp);
     settle_story(cp);
     window_story(cp);
 }
@@ -127,6 +128,65 @@ fn approval_story(cp: &ControlPlane) {
     let (ok, _, err) = cli(cp, &["approve", "deploy/told", "-n", ns]);
     assert!(!ok && err.contains("watch mode is notify"), "{err}");
     cp.kubectl(&["-n", ns, "delete", "deployment", "web", "told"]);
+}
+
+/// Round 3, finding 2: approve mode with a settle time rolls what was
+/// approved and nothing else. Two watched ConfigMaps change; approving one
+/// rolls that one alone, and the other stays pending, awaiting its own
+/// approval (it rolled too, unapproved, before the fix).
+fn approval_with_settle_story(cp: &ControlPlane) {
+    let ns = "story-approve-settle";
+    cp.namespace(ns);
+    cp.apply(ns, &config_map("app", json!({"mode": "v1"})));
+    cp.apply(ns, &config_map("flags", json!({"beta": "off"})));
+    let annotations = json!({
+        "config-snapshot.io/watch": "configmap/app, configmap/flags",
+        "config-snapshot.io/watch-mode": "approve",
+        "config-snapshot.io/settle": "5s",
+    });
+    let env = json!([{"configMapRef": {"name": "app"}}, {"configMapRef": {"name": "flags"}}]);
+    cp.apply(ns, &workload("Deployment", "web", annotations, "web:1", env, 5));
+    let refs = || {
+        let w = cp.get(ns, "deployment", "web").unwrap();
+        let env = &w["spec"]["template"]["spec"]["containers"][0]["envFrom"];
+        (
+            env[0]["configMapRef"]["name"].as_str().unwrap().to_string(),
+            env[1]["configMapRef"]["name"].as_str().unwrap().to_string(),
+        )
+    };
+    let (app_before, flags_before) = refs();
+    cp.apply(ns, &config_map("app", json!({"mode": "v2"})));
+    cp.apply(ns, &config_map("flags", json!({"beta": "on"})));
+    let pending = || annotation(cp, ns, "web", "config-snapshot.io/pending").unwrap_or_default();
+    let (app_v2, flags_on) = eventually("both changes pending", 60, || {
+        let p = pending();
+        let entry = |id: &str| {
+            p.split(',')
+                .find_map(|e| e.trim().strip_prefix(&format!("{id}=")).map(str::to_string))
+        };
+        Some((entry("configmap/app")?, entry("configmap/flags")?))
+    });
+    // Past the settle time: nothing rolls without an approval.
+    std::thread::sleep(Duration::from_secs(7));
+    assert_eq!(refs(), (app_before.clone(), flags_before.clone()), "rolled unapproved");
+
+    let (ok, out, err) = cli(cp, &["approve", "deploy/web", "-n", ns, "--snapshot", &app_v2]);
+    assert!(ok, "{out}{err}");
+    eventually("the approved rollout", 60, || (refs().0 == app_v2).then_some(()));
+    std::thread::sleep(Duration::from_secs(INTERVAL_SECS + 3));
+    let (app_now, flags_now) = refs();
+    assert_eq!(app_now, app_v2);
+    assert_eq!(
+        flags_now, flags_before,
+        "the unapproved change rolled with the approved one"
+    );
+    assert!(
+        pending().contains(&format!("configmap/flags={flags_on}")),
+        "the unapproved change still awaits its approval: {}",
+        pending()
+    );
+    assert_eq!(told(cp, ns, "web", "ConfigRolledOut").len(), 1);
+    cp.kubectl(&["-n", ns, "delete", "deployment", "web"]);
 }
 
 /// The ReplicaSets of Deployment `name`.
