@@ -146,6 +146,12 @@ impl Cache {
         }
     }
 
+    /// The prover its sources are digested by, which also names Secret
+    /// snapshots (`None` in tests that keep sources whole).
+    pub fn prover(&self) -> Option<&Prover> {
+        self.prover.as_deref()
+    }
+
     /// The same cache, counting its objects into `gauges`.
     pub fn counting(self, gauges: Family<KindLabels, Gauge>) -> Cache {
         Cache {

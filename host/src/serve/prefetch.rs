@@ -53,6 +53,7 @@ use tokio::sync::{oneshot, Semaphore};
 
 use super::apiserver::KubeCluster;
 use crate::cluster;
+use crate::proof::Prover;
 
 /// How an admission's fresh source reads are made ahead of the policy
 /// (`serve --source-reads`; docs/BENCHMARKS.md, "Fresh reads", measures
@@ -135,17 +136,27 @@ pub fn wanted(kind: &str, operation: &str, request: &RawValue, settings: &Settin
         .collect()
 }
 
-/// The name of the snapshot the policy makes of `source` (as read) for a
-/// template reading its `keys`; `None` for what it makes none of (an
-/// object that is itself a snapshot, content it refuses).
-pub fn snapshot_of(wanted: &Wanted, source: &Value) -> Option<String> {
+/// The name of the snapshot the host makes of `source` (as read, in
+/// `namespace`) for a template reading its `keys`; `None` for what it makes
+/// none of (an object that is itself a snapshot, content it refuses).
+///
+/// A Secret's snapshot is named by the keyed digest (`prover`), as the host
+/// names it: a GET of a name with the plain hash of a Secret's content would
+/// write that hash into the API server's audit log, where anyone who reads
+/// the log could test guesses of the value against it. Without a prover a
+/// Secret's snapshot is not read ahead at all.
+pub fn snapshot_of(wanted: &Wanted, namespace: &str, source: &Value, prover: Option<&Prover>) -> Option<String> {
     if keys::is_snapshot(source) {
         return None;
     }
     let content = Content::from_object(wanted.kind, source)
         .ok()?
         .subset(wanted.keys.as_ref());
-    Some(snapshot_name(&wanted.name, &content.hash()))
+    match (wanted.kind, prover) {
+        (_, Some(prover)) => Some(prover.snapshot_name(namespace, &wanted.name, &content)),
+        (SourceKind::ConfigMap, None) => Some(snapshot_name(&wanted.name, &content.hash())),
+        (SourceKind::Secret, None) => None,
+    }
 }
 
 /// Reads one wanted source of `namespace`, then its snapshot, answering
@@ -171,7 +182,7 @@ pub(crate) async fn read_ahead(
         cluster.fetch(wanted.kind.kind(), &namespace, &wanted.name).await
     };
     let snapshot = match &read {
-        Ok(Some(object)) => snapshot_of(&wanted, object),
+        Ok(Some(object)) => snapshot_of(&wanted, &namespace, object, cluster.cache.prover()),
         _ => None,
     };
     // A snapshot the cache shows owned is reused from the cache: the host
@@ -235,7 +246,7 @@ pub(crate) async fn read_listed(
         };
         let snapshot = read
             .as_ref()
-            .and_then(|object| snapshot_of(&wanted, object))
+            .and_then(|object| snapshot_of(&wanted, &namespace, object, cluster.cache.prover()))
             .filter(|name| !owned_in_cache(&cluster, kind, &namespace, name))
             .filter(|name| complete || by_name.contains_key(name.as_str()));
         if let Some(name) = snapshot {
@@ -357,13 +368,44 @@ mod tests {
         let source = json!({"metadata": {"name": "a"}, "data": {"k": "1", "other": "2"}});
         let only_k = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"k": "1"}})).unwrap();
         assert_eq!(
-            snapshot_of(&wanted[0], &source),
+            snapshot_of(&wanted[0], "ns", &source, None),
             Some(snapshot_name("a", &only_k.hash()))
         );
         let mut copy = source.clone();
         copy["metadata"]["labels"] = json!({keys::MANAGED_BY: keys::MANAGED_BY_VALUE});
         copy["metadata"]["annotations"] = json!({keys::SOURCE_NAME: "a"});
-        assert_eq!(snapshot_of(&wanted[0], &copy), None, "a snapshot has no snapshot");
+        assert_eq!(
+            snapshot_of(&wanted[0], "ns", &copy, None),
+            None,
+            "a snapshot has no snapshot"
+        );
+    }
+
+    /// A Secret's snapshot is read ahead under the name the host gives it,
+    /// keyed per namespace: a GET of the plain-hash name would put an
+    /// unkeyed hash of the Secret's value into the API server's audit log
+    /// (round 3, finding 3). Without a prover it is not read ahead at all.
+    #[test]
+    fn a_secret_snapshot_is_read_ahead_by_its_keyed_name_only() {
+        let wanted = Wanted {
+            kind: SourceKind::Secret,
+            name: "db".to_string(),
+            keys: None,
+        };
+        let secret = json!({"kind": "Secret", "metadata": {"name": "db"}, "data": {"password": "aHVudGVyMg=="}});
+        let content = Content::from_object(SourceKind::Secret, &secret).unwrap();
+        let plain = snapshot_name("db", &content.hash());
+        let prover = Prover::new(b"the prefetch tests' key, 32 byte");
+        let named = snapshot_of(&wanted, "payments", &secret, Some(&prover)).unwrap();
+        assert_eq!(named, prover.snapshot_name("payments", "db", &content));
+        assert_ne!(named, plain, "never the unkeyed hash");
+        assert!(!named.contains(&content.hash()[..10]));
+        assert_ne!(
+            snapshot_of(&wanted, "dev", &secret, Some(&prover)).unwrap(),
+            named,
+            "keyed per namespace"
+        );
+        assert_eq!(snapshot_of(&wanted, "payments", &secret, None), None);
     }
 
     /// Finding 2 and 5 of docs/security.md: a name that is not one is not
