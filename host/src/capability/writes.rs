@@ -48,6 +48,24 @@ impl Capability {
                 subject.kind, subject.name
             )));
         }
+        // Only snapshots that exist are worth a place in the queue: a
+        // revision naming made-up ones (a tenant's, by hand) stages nothing
+        // and reads nothing. What the host's cache shows: one another replica
+        // made a moment ago and this one's watch has not brought yet is
+        // adopted by the periodic pass, and kept meanwhile because its
+        // workload names it.
+        let ns = &self.caller.namespace;
+        let mut existing = Vec::with_capacity(snapshots.len());
+        for (kind, name) in snapshots {
+            let found = self.cluster.get(&kind, ns, &name).map_err(failed)?;
+            if found.is_some_and(|o| config_snapshot_policy::keys::is_snapshot(&o)) {
+                existing.push((kind, name));
+            }
+        }
+        if existing.is_empty() {
+            return Ok(json!({"queued": false}));
+        }
+        let snapshots = existing;
         self.stage(Effect::Adopt {
             namespace: self.caller.namespace.clone(),
             owner_kind,

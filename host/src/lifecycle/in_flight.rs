@@ -68,6 +68,19 @@ impl InFlight {
         }
     }
 
+    /// Adoptions and sweeps on their way (watch rollouts are not counted:
+    /// they never wait for a place): all of them, and those of `namespace`.
+    pub fn places_taken(&self, namespace: &str) -> (usize, usize) {
+        let effects = self.effects();
+        let placed = effects.iter().filter(|e| !matches!(e, Effect::Patch { .. }));
+        let (mut all, mut mine) = (0, 0);
+        for effect in placed {
+            all += 1;
+            mine += usize::from(effect.namespace() == namespace);
+        }
+        (all, mine)
+    }
+
     /// How many effects are on their way.
     pub fn len(&self) -> usize {
         self.effects().len()

@@ -125,8 +125,9 @@ pub struct Options {
     /// `none` (docs/BENCHMARKS.md, "Fresh reads").
     #[arg(long, default_value = "parallel", value_enum)]
     pub source_reads: prefetch::SourceReads,
-    /// Deferred effects waiting at most (beyond: dropped, the resync and the
-    /// sweep recover).
+    /// Adoptions and sweeps on their way at most, a quarter of them for one
+    /// namespace (beyond: dropped, the resync and the sweep recover). Watch
+    /// rollouts are never dropped for a full queue.
     #[arg(long, default_value = "1024")]
     pub queue_capacity: usize,
     /// The policy's deadline per request (Go duration).

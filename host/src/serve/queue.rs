@@ -6,9 +6,17 @@
 //!
 //! The storm guard is the rollout recorded on the workload itself, so every
 //! replica and a restarted one see the same guard. The queue lives in
-//! memory; what a restart or a full queue loses is re-derived by the
-//! resync (watch patches, adoptions) or collected by the sweep
-//! (snapshots), see docs/serve.md.
+//! memory; what a restart loses is re-derived by the resync (watch
+//! patches, adoptions) or collected by the sweep (snapshots), see
+//! docs/serve.md.
+//!
+//! Its places are held per namespace (docs/security.md, "A tenant's work
+//! stays theirs"): adoptions and sweeps are refused past `capacity` in all,
+//! or past a quarter of it in one namespace, so that one namespace's
+//! revisions cannot crowd out another's. A watch rollout is never refused
+//! for a full queue: each comes from a source write the API server stored,
+//! one per watcher and content (the same work is queued once), and one
+//! that a newer edit superseded ends at its next look.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -79,7 +87,11 @@ impl WorkerContext {
 
 #[derive(Clone)]
 pub struct Queue {
-    tx: mpsc::Sender<Job>,
+    tx: mpsc::UnboundedSender<Job>,
+    /// Adoptions and sweeps on their way, at most: in all, and of one
+    /// namespace.
+    capacity: usize,
+    per_namespace: usize,
     carry: Arc<WorkerContext>,
     /// Jobs the storm guard holds, with when to look again.
     parked: Arc<Mutex<Vec<(i64, Job)>>>,
@@ -91,7 +103,7 @@ pub struct Queue {
 }
 
 pub struct Worker {
-    rx: mpsc::Receiver<Job>,
+    rx: mpsc::UnboundedReceiver<Job>,
     queue: Queue,
     settings: QueueSettings,
 }
@@ -101,9 +113,12 @@ const TICK: Duration = Duration::from_millis(200);
 
 impl Queue {
     pub fn new(carry: Arc<WorkerContext>, settings: QueueSettings) -> (Queue, Worker) {
-        let (tx, rx) = mpsc::channel(settings.capacity);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let capacity = settings.capacity.max(1);
         let queue = Queue {
             tx,
+            capacity,
+            per_namespace: (capacity / 4).max(1),
             carry,
             parked: Arc::default(),
             running: Arc::default(),
@@ -127,6 +142,19 @@ impl Queue {
     /// controller's work queue holds an item once, too.
     pub fn submit(&self, effect: Effect) {
         let metrics = &self.carry.report.metrics;
+        if !matches!(effect, Effect::Patch { .. }) {
+            let (all, mine) = self.carry.in_flight.places_taken(effect.namespace());
+            if all >= self.capacity || mine >= self.per_namespace {
+                metrics.effect(effect.label(), "dropped");
+                tracing::warn!(
+                    effect = effect.label(),
+                    namespace = effect.namespace(),
+                    "deferred-effect queue full{}; dropped (the resync re-derives adoptions, the sweep collects snapshots)",
+                    if all >= self.capacity { "" } else { " for this namespace" }
+                );
+                return;
+            }
+        }
         if !self.carry.in_flight.begin(&effect) {
             metrics.effect(effect.label(), "coalesced");
             tracing::debug!(effect = effect.label(), "the same work is on its way; not queued twice");
@@ -180,23 +208,18 @@ impl Queue {
         self.parked.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Hands `job` to the workers. Its place was taken at [`Queue::submit`]:
+    /// a retry or a release keeps it.
     fn send(&self, job: Job) {
         let metrics = &self.carry.report.metrics;
-        let name = job.effect.label();
         let effect = job.effect.clone();
-        match self.tx.try_send(job) {
+        match self.tx.send(job) {
             Ok(()) => {
                 metrics.queue_depth.inc();
             }
-            Err(_) => {
-                self.carry.in_flight.end(&effect);
-                metrics.effect(name, "dropped");
-                tracing::warn!(
-                    effect = name,
-                    "deferred-effect queue full; dropped (the resync re-derives patches and adoptions, the sweep collects snapshots)"
-                );
-            }
-        };
+            // The workers are gone: serve is stopping.
+            Err(_) => self.carry.in_flight.end(&effect),
+        }
     }
 
     fn send_after(&self, job: Job, delay: Duration) {

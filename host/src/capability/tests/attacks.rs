@@ -258,3 +258,54 @@ fn an_excluded_namespace_gets_no_writes() {
         "excluded",
     );
 }
+
+/// Round 3, finding 6: a revision that names snapshots stages an adoption
+/// only for those that exist (and are the host's): one naming made-up
+/// snapshots takes no place in the effect queue. Before, each such review
+/// queued an adoption that waited and retried for 30 s.
+#[test]
+fn an_adoption_of_snapshots_that_do_not_exist_stages_nothing() {
+    let (backend, cap) = capability(false);
+    let made_up = |n: usize| -> Vec<Value> {
+        (0..n)
+            .map(|i| json!({"kind": "ConfigMap", "name": format!("app-{i:010x}")}))
+            .collect()
+    };
+    let answer = write(
+        &cap,
+        "adopt",
+        json!({"owner": {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1"}, "snapshots": made_up(64)}),
+    )
+    .unwrap();
+    assert_eq!(
+        serde_json::from_slice::<Value>(&answer).unwrap(),
+        json!({"queued": false})
+    );
+    assert!(cap.take_staged().is_empty(), "an adoption of nothing was queued");
+    // An unsigned look-alike is not one either.
+    let mut forged = good_snapshot("team-a");
+    forged["metadata"]["uid"] = json!("forged-uid");
+    backend.put(forged.clone());
+    write(
+        &cap,
+        "adopt",
+        json!({"owner": {"kind": "ReplicaSet", "name": "web-1"}, "snapshots": [{"kind": "ConfigMap", "name": name_of(&forged)}]}),
+    )
+    .unwrap();
+    assert!(cap.take_staged().is_empty(), "a look-alike's adoption was queued");
+    // A real one is adopted, and only it.
+    backend.put(signed(good_snapshot("team-a")));
+    let mut snapshots = made_up(3);
+    snapshots.push(json!({"kind": "ConfigMap", "name": name_of(&good_snapshot("team-a"))}));
+    write(
+        &cap,
+        "adopt",
+        json!({"owner": {"kind": "ReplicaSet", "name": "web-1"}, "snapshots": snapshots}),
+    )
+    .unwrap();
+    let staged = cap.take_staged();
+    assert!(
+        matches!(&staged[..], [Effect::Adopt { snapshots, .. }] if snapshots.len() == 1),
+        "{staged:?}"
+    );
+}
