@@ -671,14 +671,16 @@ async fn a_rollback_drops_the_rollout_the_storm_guard_held_and_says_so() {
 
 /// RBAC without `patch` on Deployments: the watch rollout is retried for
 /// `--effect-wait`, then given up with a Warning Event on the workload that
-/// `kubectl describe` shows, and the snapshot made for it is collected.
-/// Resync passes that find the rollout undone while it retries do not
-/// queue it again: it fails once.
+/// `kubectl describe` shows, and the snapshot made for it is collected once
+/// it is older than the orphan grace period (the API server's clock reads
+/// an hour ago here, so at once). Resync passes that find the rollout
+/// undone while it retries do not queue it again: it fails once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_effect_given_up_is_a_warning_event_and_leaves_no_snapshot() {
     let api = ApiServer::start().await;
     let (mut serve, _, blue) = web_on_blue(&api, &["--effect-wait", "3s", "--resync-interval", "1s"]).await;
     api.forbid(axum::http::Method::PATCH, "Deployment");
+    api.fix_clock(config_snapshot_policy::duration::unix_now() - 3600);
 
     let green = edit_config(&mut serve, &api, "green").await;
     let failed = eventually("the EffectFailed Event", &serve, || {

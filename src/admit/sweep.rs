@@ -55,13 +55,22 @@ pub fn add_references(names: &mut BTreeSet<String>, row: &Kind, holder: &Value, 
     }
 }
 
-/// When a snapshot was last made or reused (unix seconds): its age for the
-/// grace period counts from here.
-pub(crate) fn last_used(snapshot: &Value) -> Option<i64> {
+/// When a snapshot was last made or reused (unix seconds), as of `now`:
+/// its age for the grace period counts from here. A `last-used-at` later
+/// than `now` (past the clock skew replicas may have) is not one the host
+/// wrote: anyone who may annotate ConfigMaps in the namespace could set
+/// one far in the future to keep a snapshot for ever, so it is ignored.
+pub(crate) fn last_used(snapshot: &Value, now: i64) -> Option<i64> {
     let created = snapshot.creation_timestamp().and_then(parse_rfc3339);
-    let used = snapshot.annotation(keys::LAST_USED_AT).and_then(parse_rfc3339);
+    let used = snapshot
+        .annotation(keys::LAST_USED_AT)
+        .and_then(parse_rfc3339)
+        .filter(|t| *t <= now.saturating_add(CLOCK_SKEW_SECS));
     created.max(used)
 }
+
+/// How far ahead of a replica's clock another's may be.
+const CLOCK_SKEW_SECS: i64 = 300;
 
 /// Whether an object has an owner: a snapshot with one is the garbage
 /// collector's to delete, never the sweep's, and its reuse writes nothing
@@ -74,7 +83,7 @@ pub fn owned(object: &Value) -> bool {
 /// no owner, and unused for at least `grace` seconds. The caller must also
 /// know that nothing references it.
 pub fn is_orphan(snapshot: &Value, now: i64, grace: u64) -> bool {
-    keys::is_snapshot(snapshot) && !owned(snapshot) && last_used(snapshot).is_some_and(|t| now - t >= grace as i64)
+    keys::is_snapshot(snapshot) && !owned(snapshot) && last_used(snapshot, now).is_some_and(|t| now - t >= grace as i64)
 }
 
 /// How much of the grace period a reused snapshot must have left for its
@@ -95,7 +104,7 @@ pub fn must_mark_reuse(snapshot: &Value, now: i64, grace: u64) -> bool {
     let Some(left) = grace.checked_sub(REUSE_MARGIN_SECS) else {
         return true;
     };
-    last_used(snapshot).is_none_or(|t| now - t >= left as i64)
+    last_used(snapshot, now).is_none_or(|t| now - t >= left as i64)
 }
 
 /// Deletes the unowned, unreferenced snapshots of `source` unused for the
@@ -276,6 +285,28 @@ mod tests {
         host.now = NOW;
         sweep(&host, "x");
         assert!(host.ops("delete_snapshot").is_empty());
+    }
+
+    /// Round 3, lower finding: a `last-used-at` set far in the future (by
+    /// anyone who may annotate ConfigMaps there) does not keep an unused
+    /// snapshot for ever; one within the clock skew still counts.
+    #[test]
+    fn a_last_use_in_the_future_is_not_believed() {
+        let mut kept = snap("kept", 3600, false);
+        kept["metadata"]["annotations"][crate::keys::LAST_USED_AT] = json!(format_rfc3339(NOW + 100 * 365 * 86400));
+        let mut host = FakeHost::with(vec![kept]);
+        host.now = NOW;
+        sweep(&host, "x");
+        assert_eq!(host.ops("delete_snapshot").len(), 1, "swept as made an hour ago");
+        let mut skewed = snap("skewed", 3600, false);
+        skewed["metadata"]["annotations"][crate::keys::LAST_USED_AT] = json!(format_rfc3339(NOW + 60));
+        let mut host = FakeHost::with(vec![skewed]);
+        host.now = NOW;
+        sweep(&host, "x");
+        assert!(
+            host.ops("delete_snapshot").is_empty(),
+            "a replica's clock a minute ahead"
+        );
     }
 
     #[test]

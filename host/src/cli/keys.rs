@@ -63,11 +63,18 @@ enum Keys {
         file: PathBuf,
     },
     /// Lists snapshots made by a version that did not sign (well formed,
-    /// unsigned); with `--yes`, signs them with the current key.
+    /// unsigned, and made before the key Secret was: a version that signs
+    /// made that Secret, and signs what it makes, so anything unsigned made
+    /// since is a look-alike); with `--yes`, signs them with the current
+    /// key.
     SignUnsigned {
         /// Namespaces to look in (every one: omit).
         #[arg(long = "in", value_delimiter = ',')]
         namespaces: Vec<String>,
+        /// Only objects made before this time (RFC 3339); default: when the
+        /// key Secret was made.
+        #[arg(long)]
+        made_before: Option<String>,
         #[arg(long)]
         yes: bool,
     },
@@ -121,10 +128,24 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 secret.write(&ring).await?;
                 println!("restored: {} keys verify; {} signs", ring.ids().len(), ring.ids()[0]);
             }
-            Keys::SignUnsigned { namespaces, yes } => {
+            Keys::SignUnsigned {
+                namespaces,
+                made_before,
+                yes,
+            } => {
                 let live = current().await?.ok_or_else(missing)?;
                 let prover = Prover::with(&ring_of(&live)?);
-                let found = sign_unsigned(&client, &prover, namespaces, *yes).await?;
+                let before = match made_before {
+                    Some(text) => config_snapshot_policy::duration::parse_rfc3339(text)
+                        .ok_or_else(|| anyhow!("--made-before {text:?}: not an RFC 3339 time"))?,
+                    None => live
+                        .metadata
+                        .creation_timestamp
+                        .as_ref()
+                        .map(|t| t.0.as_second())
+                        .ok_or_else(|| anyhow!("the key Secret has no creation time: give --made-before"))?,
+                };
+                let found = sign_unsigned(&client, &prover, namespaces, before, *yes).await?;
                 if found > 0 && !*yes {
                     println!("{found} unsigned; sign them with --yes if config-snapshot made them");
                 }
@@ -139,8 +160,15 @@ fn no_secret(namespace: &str, secret: &str) -> anyhow::Error {
 }
 
 /// Lists (and with `sign`, signs) the unsigned, well-formed snapshots in
-/// `namespaces` (all if empty). How many there were.
-async fn sign_unsigned(client: &Client, prover: &Prover, namespaces: &[String], sign: bool) -> Result<usize> {
+/// `namespaces` (all if empty) made before `before` (unix seconds). How
+/// many there were. One made at or after `before` is named and left.
+async fn sign_unsigned(
+    client: &Client,
+    prover: &Prover,
+    namespaces: &[String],
+    before: i64,
+    sign: bool,
+) -> Result<usize> {
     let selector = format!("{}={}", labels::MANAGED_BY, labels::MANAGED_BY_VALUE);
     let params = ListParams::default().labels(&selector);
     let mut found = 0;
@@ -173,10 +201,17 @@ async fn sign_unsigned(client: &Client, prover: &Prover, namespaces: &[String], 
             if !prover.unsigned(&object) {
                 continue;
             }
-            found += 1;
             let kind = object["kind"].as_str().unwrap_or_default().to_string();
             let ns = object.namespace().unwrap_or_default().to_string();
             let name = object.name().to_string();
+            let made = object
+                .creation_timestamp()
+                .and_then(config_snapshot_policy::duration::parse_rfc3339);
+            if made.is_none_or(|t| t >= before) {
+                println!("{kind} {ns}/{name}: unsigned, but made after the key: not config-snapshot's, left alone");
+                continue;
+            }
+            found += 1;
             println!("{kind} {ns}/{name}: unsigned");
             if !sign {
                 continue;

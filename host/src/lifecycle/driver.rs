@@ -756,9 +756,12 @@ impl Driver<'_> {
         }
     }
 
-    /// Deletes a snapshot made for a patch that was dropped, at once, if
-    /// nothing owns, references or awaits it. Nothing is deleted when the
-    /// holders of references cannot all be listed.
+    /// Deletes a snapshot made for a patch that was dropped, if nothing
+    /// owns, references or awaits it and it is older than the orphan grace
+    /// period: younger, an admission may be reusing it this moment, its
+    /// answer not yet stored, and the periodic sweep takes it later.
+    /// Nothing is deleted when the holders of references cannot all be
+    /// listed.
     pub fn collect_unused(&self, target: &Key) {
         let (kind, ns, name) = target;
         let mut objects = Vec::new();
@@ -780,7 +783,8 @@ impl Driver<'_> {
         }
         objects.push(snapshot.clone());
         let all: Vec<&Value> = objects.iter().collect();
-        let doomed = orphans(&all, &self.in_flight.targets(), self.cluster.now(), 0);
+        let grace = self.rules.settings.orphan_grace_period_secs;
+        let doomed = orphans(&all, &self.in_flight.targets(), self.cluster.now(), grace);
         let Some(d) = doomed
             .into_iter()
             .find(|d| (&d.kind, &d.namespace, &d.name) == (kind, ns, name))

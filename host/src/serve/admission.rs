@@ -25,8 +25,18 @@ use crate::proof::{Provenance, Prover};
 use config_snapshot_policy::settings::Settings;
 
 /// Request uids of the host's own admissions (the resync's) start with
-/// this: they are logged at debug, not info.
+/// this, for whoever reads a debug log. It decides nothing: a review's uid
+/// is whatever its sender wrote.
 pub(crate) const UID_PREFIX: &str = "resync-";
+
+/// Who asked for an admission: the API server (over the webhook), or the
+/// host's own periodic pass. Its log level follows from it, never from the
+/// request's fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    ApiServer,
+    Resync,
+}
 
 #[derive(Deserialize)]
 struct Review<'a> {
@@ -291,6 +301,11 @@ fn untouched(state: &State, uid: &str, decision: &'static str, warning: Option<S
 /// effects if it was allowed: header → gate → capability → policy →
 /// response → effects. Every answer after the header is timed.
 pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
+    admit_from(state, request, Origin::ApiServer)
+}
+
+/// [`admit`], for a request from `origin`.
+pub fn admit_from(state: &State, request: &RawValue, origin: Origin) -> Result<Answer, Failure> {
     let started = Instant::now();
     let head = head_of(request)?;
     let labels = RequestLabels {
@@ -316,7 +331,7 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
     let validation = evaluate(state, &head, request, handler.clone())?;
     let answer = respond(&head, request, &validation)?;
     release(state, &handler, &answer);
-    log_admission(&head, &labels, &answer, &validation);
+    log_admission(origin, &head, &labels, &answer, &validation);
     Ok(answer)
 }
 
@@ -447,8 +462,10 @@ fn release(state: &State, handler: &MeteredCapability, answer: &Answer) {
 }
 
 /// One line per admission. The resync re-admits every watched source each
-/// pass: at info level that would drown the admissions users make.
-fn log_admission(head: &RequestHeader, labels: &RequestLabels, answer: &Answer, validation: &Value) {
+/// pass: at info level that would drown the admissions users make, so its
+/// own are logged at debug; every review that came over the webhook is
+/// logged at info, whatever its uid says.
+fn log_admission(origin: Origin, head: &RequestHeader, labels: &RequestLabels, answer: &Answer, validation: &Value) {
     let warnings = validation["warnings"].as_array().map_or(0, Vec::len);
     // `tracing::event!` takes its level as a constant.
     macro_rules! at {
@@ -466,7 +483,7 @@ fn log_admission(head: &RequestHeader, labels: &RequestLabels, answer: &Answer, 
             )
         };
     }
-    if head.uid.starts_with(UID_PREFIX) {
+    if origin == Origin::Resync {
         at!(tracing::Level::DEBUG);
     } else {
         at!(tracing::Level::INFO);

@@ -66,7 +66,8 @@ impl PassHost for State {
             "options": {},
         });
         let raw = RawValue::from_string(request.to_string()).map_err(|e| failed(e.to_string()))?;
-        let answer = admission::admit(self, &raw).map_err(|e| failed(format!("{e:?}")))?;
+        let answer =
+            admission::admit_from(self, &raw, admission::Origin::Resync).map_err(|e| failed(format!("{e:?}")))?;
         Ok(answer.mutated.filter(|_| answer.allowed))
     }
 
