@@ -24,6 +24,9 @@ PAUSE_TAG=3.10
 BUSYBOX_TAG=1.35
 CRANE_VERSION=v0.22.1
 CRANE_DIR="$ROOT/tools/crane-$CRANE_VERSION"
+# The attacker of docs/security.md's round 3 (e2e-tests/cluster/attack),
+# static Go, cached by its source's hash.
+ATTACK_DIR="$ROOT/tools/attack-$(cat "$HERE/attack/go.mod" "$HERE/attack/main.go" | sha256sum | cut -c1-12)"
 
 # The binaries the node adds to the control plane's cache.
 node_build() { # node_build
@@ -42,6 +45,11 @@ node_build() { # node_build
     src=$(cd "$HERE/go/kubernetes" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
     gcc -Os -static -DVERSION="$PAUSE_TAG" -o "$CACHE/pause.tmp" "$src/build/pause/linux/pause.c" && mv "$CACHE/pause.tmp" "$CACHE/pause"
   fi
+  if [ ! -x "$ATTACK_DIR/attack" ]; then
+    log "building the attacker (e2e-tests/cluster/attack)"
+    mkdir -p "$ATTACK_DIR"
+    (cd "$HERE/attack" && CGO_ENABLED=0 go build -trimpath -o "$ATTACK_DIR/attack.tmp" .) && mv "$ATTACK_DIR/attack.tmp" "$ATTACK_DIR/attack"
+  fi
   if [ ! -x "$CRANE_DIR/crane" ]; then
     log "building crane $CRANE_VERSION"
     mkdir -p "$CRANE_DIR"
@@ -52,7 +60,7 @@ node_build() { # node_build
 
 node_cached() {
   for b in kubelet kube-scheduler kube-proxy pause; do [ -x "$CACHE/$b" ] || return 1; done
-  [ -x "$CRANE_DIR/crane" ]
+  [ -x "$CRANE_DIR/crane" ] && [ -x "$ATTACK_DIR/attack" ]
 }
 
 # The distribution's packages the node runs on (as root, installed when
@@ -164,6 +172,10 @@ node_images() { # node_images DIR REGISTRY
   echo 'root:x:0:0:root:/:/bin/sh' > "$d/images/busybox/etc/passwd"
   echo 'nobody:x:65534:65534:nobody:/:/bin/false' >> "$d/images/busybox/etc/passwd"
   push_image "$d/images/busybox" "$registry/busybox:$BUSYBOX_TAG" ""
+  # The attacker: one static binary.
+  mkdir -p "$d/images/attack"
+  install -m 0755 "$ATTACK_DIR/attack" "$d/images/attack/attack"
+  push_image "$d/images/attack" "$registry/attack:v1" /attack 65534
 }
 
 node_up() { # node_up DIR BIN URL
@@ -272,7 +284,7 @@ EOF
     "! ${k[*]} get node $NODE_NAME -o jsonpath='{.spec.taints[*].key}' | grep -q not-ready"
   cat >> "$d/env" <<EOF
 export REGISTRY="$registry"
-export NODE_IMAGES="pause=$registry/pause:$PAUSE_TAG,busybox=$registry/busybox:$BUSYBOX_TAG"
+export NODE_IMAGES="pause=$registry/pause:$PAUSE_TAG,busybox=$registry/busybox:$BUSYBOX_TAG,attack=$registry/attack:v1"
 export NODE="$NODE_NAME"
 export CRANE="$CRANE_DIR/crane"
 EOF

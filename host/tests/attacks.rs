@@ -10,6 +10,7 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use base64::Engine as _;
 use config_snapshot_policy::duration::unix_now;
 use config_snapshot_testing::standin::ApiServer;
 use rustls::pki_types::pem::PemObject;
@@ -72,8 +73,14 @@ fn tls_config(serve: &ServeProcess, client: Option<&Issued>) -> Arc<rustls::Clie
     })
 }
 
-/// One HTTP/1.1 request over TLS: the status, or the error that ended it.
+/// One HTTP/1.1 request over TLS to the door's path, as the API server
+/// makes it: the status, or the error that ended it.
 fn post(serve: &ServeProcess, client: Option<&Issued>, body: &str) -> Result<(u16, String), String> {
+    post_to(serve, &serve.door_path(), client, body)
+}
+
+/// [`post`] to `path`.
+fn post_to(serve: &ServeProcess, path: &str, client: Option<&Issued>, body: &str) -> Result<(u16, String), String> {
     let config = tls_config(serve, client);
     let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
     let connection = rustls::ClientConnection::new(config, name).unwrap();
@@ -81,7 +88,7 @@ fn post(serve: &ServeProcess, client: Option<&Issued>, body: &str) -> Result<(u1
     tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut tls = rustls::StreamOwned::new(connection, tcp);
     let request = format!(
-        "POST /mutate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     tls.write_all(request.as_bytes()).map_err(|e| e.to_string())?;
@@ -240,6 +247,13 @@ async fn the_signing_key_is_made_once_and_shared() {
         .get("Secret", "config-snapshot", "config-snapshot-signing-key")
         .expect("made on first start");
     assert!(key["data"]["key"].is_string(), "{key}");
+    let door = {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(key["data"]["key"].as_str().unwrap())
+            .unwrap();
+        config_snapshot::serve::door::path_of(&config_snapshot::proof::Keyring::of(&bytes).unwrap(), unix_now())
+            .to_string()
+    };
     let ordinary = review("shop", opted_in("shop"));
     let names = |api: &ApiServer| -> Vec<String> {
         snapshots(api)
@@ -249,8 +263,9 @@ async fn the_signing_key_is_made_once_and_shared() {
     };
     let post_once = |serve: ServeProcess| {
         let body = ordinary.clone();
+        let door = door.clone();
         std::thread::spawn(move || {
-            let answer = post(&serve, None, &body).unwrap();
+            let answer = post_to(&serve, &door, None, &body).unwrap();
             (serve, answer)
         })
         .join()

@@ -173,7 +173,9 @@ fn the_webhook_matches_the_policy_metadata_and_is_safe_to_run() {
     let target = hook.client_config.service.as_ref().unwrap();
     assert_eq!(Some(&target.name), service.metadata.name.as_ref());
     assert_eq!(Some(&target.namespace), service.metadata.namespace.as_ref());
-    assert_eq!(target.path.as_deref(), Some("/mutate"));
+    // No path: serve writes the door's (docs/security.md, "The door"), and a
+    // path in the manifest would be put back by every apply.
+    assert_eq!(target.path, None);
     let ports = service.spec.as_ref().unwrap().ports.as_ref().unwrap();
     assert!(ports.iter().any(|p| Some(p.port) == target.port));
 
@@ -338,7 +340,7 @@ fn the_lease_is_the_only_namespaced_grant_and_stays_in_serves_namespace() {
 fn rbac_grants_exactly_what_serve_uses() {
     let role: ClusterRole = typed(&find("ClusterRole"));
     let mut grants = BTreeSet::new();
-    for rule in role.rules.unwrap() {
+    for rule in role.rules.clone().unwrap() {
         for group in rule.api_groups.unwrap() {
             for resource in rule.resources.clone().unwrap() {
                 for verb in &rule.verbs {
@@ -374,7 +376,37 @@ fn rbac_grants_exactly_what_serve_uses() {
     for resource in ["validatingadmissionpolicies", "validatingadmissionpolicybindings"] {
         expected.insert(format!("admissionregistration.k8s.io/{resource}:get"));
     }
+    // Its own webhook configuration, kept on the door's path.
+    expected.insert("admissionregistration.k8s.io/mutatingwebhookconfigurations:get".to_string());
+    expected.insert("admissionregistration.k8s.io/mutatingwebhookconfigurations:patch".to_string());
     assert_eq!(grants, expected);
+    // Every cluster-scoped grant of the admissionregistration group is by
+    // name: serve reads its guard and keeps its own webhook, nothing else.
+    let webhook: MutatingWebhookConfiguration = typed(&find("MutatingWebhookConfiguration"));
+    for rule in role.rules.clone().unwrap() {
+        if rule
+            .api_groups
+            .as_ref()
+            .unwrap()
+            .iter()
+            .any(|g| g == "admissionregistration.k8s.io")
+        {
+            let names = rule.resource_names.clone().expect("by name");
+            if rule
+                .resources
+                .as_ref()
+                .unwrap()
+                .iter()
+                .any(|r| r == "mutatingwebhookconfigurations")
+            {
+                assert_eq!(names, vec![webhook.metadata.name.clone().unwrap()]);
+                assert_eq!(
+                    deployed_serve_options().webhook_configuration,
+                    webhook.metadata.name.clone().unwrap()
+                );
+            }
+        }
+    }
     // The serve cache watches exactly these kinds.
     let cached: BTreeSet<String> = config_snapshot::serve::cache::KINDS
         .iter()

@@ -79,11 +79,24 @@ fn reads_the_guard(rule: &Value) -> bool {
         && rule["verbs"] == serde_json::json!(["get"])
 }
 
+/// The right to keep its own webhook configuration on the door's path.
+fn keeps_its_webhook(rule: &Value) -> bool {
+    rule["apiGroups"] == serde_json::json!(["admissionregistration.k8s.io"])
+        && rule["resources"] == serde_json::json!(["mutatingwebhookconfigurations"])
+        && rule["resourceNames"] == serde_json::json!(["config-snapshot"])
+        && rule["verbs"] == serde_json::json!(["get", "patch"])
+}
+
 /// Each (group, resource, verb) a rule list grants in a namespace (the
-/// guard's read, cluster-scoped, apart).
+/// cluster-scoped ones, the guard's read and the webhook's path, apart).
 fn grants(rules: &Value) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
-    for rule in rules.as_array().unwrap().iter().filter(|r| !reads_the_guard(r)) {
+    for rule in rules
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| !reads_the_guard(r) && !keeps_its_webhook(r))
+    {
         assert!(rule.get("resourceNames").is_none(), "{rule}");
         for group in rule["apiGroups"].as_array().unwrap() {
             for resource in rule["resources"].as_array().unwrap() {
@@ -165,11 +178,15 @@ fn the_namespaced_component_names_one_list_and_grants_no_more_than_the_cluster_r
         .collect();
     assert!(deleted.iter().any(|t| t.contains("kind: ClusterRole\n")));
     assert!(deleted.iter().any(|t| t.contains("kind: ClusterRoleBinding")));
-    // But for the guard's read, by name, which is cluster-scoped.
+    // But for the guard's read and its webhook's path, by name, which are
+    // cluster-scoped.
     let cluster_wide: Vec<&Value> = roles.iter().filter(|o| o["kind"] == "ClusterRole").collect();
     assert_eq!(cluster_wide.len(), 1);
     let rules = cluster_wide[0]["rules"].as_array().unwrap();
-    assert!(rules.len() == 1 && reads_the_guard(&rules[0]), "{rules:?}");
+    assert!(
+        rules.len() == 2 && reads_the_guard(&rules[0]) && keeps_its_webhook(&rules[1]),
+        "{rules:?}"
+    );
 }
 
 #[test]

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use config_snapshot_testing::standin::ApiServer;
 use serde_json::json;
-use support::connections::{h2_idle, hold_h2, hold_tls, loopback, tcp, tls};
+use support::connections::{h2_idle, hold_h2, hold_tls, loopback, post_declaring, tcp, tls};
 use support::process::ServeProcess;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -38,7 +38,8 @@ async fn apiserver_call(serve: &ServeProcess) -> Result<(u16, Duration), String>
     let mut stream = tls(serve, loopback(1), b"http/1.1").await.map_err(|e| e.to_string())?;
     let body = review();
     let request = format!(
-        "POST /mutate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST {} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        serve.door_path(),
         body.len()
     );
     stream.write_all(request.as_bytes()).await.map_err(|e| e.to_string())?;
@@ -149,7 +150,7 @@ async fn silent_and_slow_clients_are_cut_off() {
     // HTTP/2 that made one request, then went quiet: closed by the idle
     // timeout.
     let (mut sender, driver) = h2_idle(&serve, loopback(4)).await.unwrap();
-    let request = hyper::Request::post("https://127.0.0.1/mutate")
+    let request = hyper::Request::post(format!("https://127.0.0.1{}", serve.door_path()))
         .header("content-type", "application/json")
         .body(review())
         .unwrap();
@@ -184,7 +185,13 @@ async fn silent_and_slow_clients_are_cut_off() {
     let started = Instant::now();
     let mut trickle = tls(&serve, loopback(6), b"http/1.1").await.unwrap();
     trickle
-        .write_all(b"POST /mutate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"apiVersion\"")
+        .write_all(
+            format!(
+                "POST {} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"apiVersion\"",
+                serve.door_path()
+            )
+            .as_bytes(),
+        )
         .await
         .unwrap();
     let mut answer = String::new();
@@ -233,4 +240,217 @@ async fn unfinished_handshakes_take_no_place() {
         assert!(took < Duration::from_secs(1), "{took:?}");
     }
     drop(half_open);
+}
+
+/// Round 3, finding 1 and the door: the request head of `path` declaring a
+/// body of `length`, from `from`, with `sent` bytes of it written.
+async fn begin(
+    serve: &ServeProcess,
+    from: std::net::IpAddr,
+    path: &str,
+    length: usize,
+    sent: usize,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    let mut stream = tls(serve, from, b"http/1.1").await.unwrap();
+    assert!(
+        post_declaring(&mut stream, path, length, sent).await,
+        "the request's head was refused"
+    );
+    stream
+}
+
+/// The status serve answers on `stream` (0: none) and when.
+async fn status_of(
+    stream: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    within: Duration,
+) -> (u16, Instant) {
+    let mut answer = Vec::new();
+    let mut buffer = [0u8; 4096];
+    let deadline = Instant::now() + within;
+    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.read(&mut buffer)).await {
+            Ok(Ok(n)) if n > 0 => answer.extend_from_slice(&buffer[..n]),
+            _ => break,
+        }
+    }
+    let text = String::from_utf8_lossy(&answer).to_string();
+    let status = text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, Instant::now())
+}
+
+fn refused(serve: &ServeProcess, reason: &str) -> f64 {
+    serve.metric(&format!(
+        "config_snapshot_webhook_requests_refused_total{{reason=\"{reason}\"}}"
+    ))
+}
+
+/// The door: a caller that does not call the webhook configuration's path
+/// (`/mutate/<token>`) gets a bare 404 before a byte of its body is read,
+/// and its connection is closed; nothing is read from the cluster for it.
+/// The same review at the door's path is answered. On cd11c64, `/mutate`
+/// was answered for anyone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_door_path_is_answered_and_nothing_is_read_for_another() {
+    let _serial = SERIAL.lock().await;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let api = ApiServer::start().await;
+    api.put(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app", "namespace": "shop"}, "data": {"k": "v"}}));
+    let mut serve = ServeProcess::start_logging(&api.kubeconfig(), &[], "info");
+    serve.wait_ready();
+    let forged = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "forged-1", "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
+        "resource": {"group": "apps", "version": "v1", "resource": "deployments"},
+        "namespace": "shop", "operation": "CREATE", "userInfo": {"username": "mallory"},
+        "object": {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "shop", "annotations": {"config-snapshot.io/snapshot": "*"}},
+            "spec": {"selector": {"matchLabels": {"app": "web"}}, "template": {"metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "web", "image": "x:1", "envFrom": [{"configMapRef": {"name": "app"}}]}]}}}},
+        "oldObject": null, "dryRun": true}})
+    .to_string();
+    let door = serve.door_path();
+    let wrong_token = format!("/mutate/{}", "A".repeat(43));
+    let reads_before = api.log().len();
+    for path in ["/mutate", "/", "/mutate/", wrong_token.as_str(), "/healthz"] {
+        let mut stream = begin(&serve, loopback(2), path, forged.len(), 0).await;
+        // serve may answer, and close, before the body is written.
+        let _ = stream.write_all(forged.as_bytes()).await;
+        let (status, _) = status_of(&mut stream, Duration::from_secs(5)).await;
+        assert_eq!(status, 404, "{path} was answered");
+    }
+    // Declaring 8 MiB and sending little: refused at once, not read, and
+    // the connection closed.
+    let started = Instant::now();
+    let mut stream = begin(&serve, loopback(2), "/mutate", 8 << 20, 4096).await;
+    let (status, at) = status_of(&mut stream, Duration::from_secs(5)).await;
+    assert_eq!(status, 404);
+    assert!(at - started < Duration::from_secs(1), "took {:?}", at - started);
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(3), stream.read_to_end(&mut rest)).await;
+    assert!(closed.is_ok(), "the connection stayed open");
+    let read: Vec<String> = api.log()[reads_before..].to_vec();
+    assert!(read.is_empty(), "read for a caller without the door's path: {read:?}");
+    assert!(refused(&serve, "door") >= 6.0);
+    // The API server's path: the same review is answered, and mutated.
+    let mut stream = begin(&serve, loopback(1), &door, forged.len(), 0).await;
+    stream.write_all(forged.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut buffer = [0u8; 65536];
+        while let Ok(n) = stream.read(&mut buffer).await {
+            if n == 0 {
+                break;
+            }
+            answer.push_str(&String::from_utf8_lossy(&buffer[..n]));
+            if answer.contains("\"patch\"") || answer.contains("\"allowed\"") {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"patch\""), "the door's path is answered: {answer}");
+}
+
+/// Round 3, finding 1: a body trickled a byte at a time is cut off at one
+/// deadline from its headers. On cd11c64 the timeout restarted at every
+/// frame, so a byte every few seconds held the request for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickled_body_is_cut_off_at_one_deadline() {
+    let _serial = SERIAL.lock().await;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let api = ApiServer::start().await;
+    let mut serve = ServeProcess::start_logging(&api.kubeconfig(), &["--body-read-timeout", "2s"], "info");
+    serve.wait_ready();
+    let started = Instant::now();
+    let mut stream = begin(&serve, loopback(2), &serve.door_path(), 1000, 1).await;
+    // A byte every 400 ms: well inside any per-frame timeout.
+    let trickle = async {
+        for _ in 0..30 {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            if stream.write_all(b" ").await.is_err() || stream.flush().await.is_err() {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(12), trickle).await;
+    let (status, at) = status_of(&mut stream, Duration::from_secs(1)).await;
+    let took = at - started;
+    assert_eq!(status, 408, "after {took:?}");
+    assert!(took < Duration::from_secs(13));
+    assert!(refused(&serve, "deadline") >= 1.0);
+}
+
+/// serve's resident memory, in MiB.
+fn rss_mib(serve: &ServeProcess) -> f64 {
+    serve.rss_bytes() as f64 / (1 << 20) as f64
+}
+
+/// Round 3, finding 1, behind the door (a caller that learned the path, or
+/// the API server's own burst): bodies take their declared size of a
+/// budget before a byte is read, one address gets half of it and a few
+/// requests in flight, and serve's memory stays bounded. On cd11c64, 64
+/// bodies of 8 MiB trickling from one address took serve from 69 to
+/// 311 MiB on the real control plane (6 of 8 MiB each, in 40 of them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_in_flight_are_bounded_in_bytes_per_peer_and_in_count() {
+    let _serial = SERIAL.lock().await;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let api = ApiServer::start().await;
+    let mut serve = ServeProcess::start_logging(
+        &api.kubeconfig(),
+        &[
+            "--body-read-timeout",
+            "6s",
+            "--body-bytes-in-flight",
+            "32Mi",
+            "--max-requests-per-peer",
+            "8",
+        ],
+        "info",
+    );
+    serve.wait_ready();
+    let door = serve.door_path();
+    let before = rss_mib(&serve);
+    // Eight addresses, eight bodies each declaring 8 MiB, 6 MiB of each
+    // sent as fast as serve takes it.
+    let mut held = Vec::new();
+    for peer in 2..10u8 {
+        for _ in 0..8 {
+            let serve = &serve;
+            let door = door.clone();
+            held.push(async move { begin(serve, loopback(peer), &door, 8 << 20, 6 << 20).await });
+        }
+    }
+    let mut streams = futures::future::join_all(held).await;
+    let peak = rss_mib(&serve);
+    let grown = peak - before;
+    eprintln!("serve's RSS: {before:.0} MiB before, {peak:.0} MiB with 64 bodies of 8 MiB in flight");
+    assert!(grown < 96.0, "64 bodies of 8 MiB grew serve by {grown:.0} MiB");
+    // One address with eight small bodies in flight: its ninth request is
+    // refused at once.
+    let mut small = Vec::new();
+    for _ in 0..8 {
+        small.push(begin(&serve, loopback(20), &door, 100, 1).await);
+    }
+    let mut ninth = begin(&serve, loopback(20), &door, 100, 0).await;
+    let (status, _) = status_of(&mut ninth, Duration::from_secs(2)).await;
+    assert_eq!(status, 503, "past --max-requests-per-peer");
+    assert!(refused(&serve, "peer") >= 1.0);
+    drop(small);
+    // Past the budget or a peer's half of it: 503, never a read.
+    let mut statuses = Vec::new();
+    for stream in &mut streams {
+        statuses.push(status_of(stream, Duration::from_secs(10)).await.0);
+    }
+    assert!(
+        statuses.iter().all(|s| [408, 503, 413, 400].contains(s)),
+        "{statuses:?}"
+    );
+    assert!(refused(&serve, "budget") >= 1.0, "{statuses:?}");
+    drop(streams);
+    // Then the API server is answered.
+    let (status, took) = apiserver_call(&serve).await.expect("answered");
+    assert_eq!(status, 200);
+    assert!(took < Duration::from_secs(2), "{took:?}");
 }

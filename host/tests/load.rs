@@ -71,7 +71,7 @@ fn run(oha: &Path, serve: &ServeProcess, body: &Path, connections: u32, seconds:
         .arg("-D")
         .arg(body)
         .args(["-c", &connections.to_string(), "-z", &format!("{seconds}s")])
-        .arg(format!("https://{}/mutate", serve.webhook))
+        .arg(format!("https://{}{}", serve.webhook, serve.door_path()))
         .output()
         .expect("oha runs");
     assert!(out.status.success(), "oha: {}", String::from_utf8_lossy(&out.stderr));

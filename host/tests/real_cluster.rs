@@ -271,6 +271,7 @@ fn start_serve(cp: &ControlPlane) -> (ServeProcess, PathBuf) {
         .into_iter()
         .chain(yaml("deploy/serve/rbac.yaml"))
         .chain(yaml("deploy/serve/keyguard.yaml"))
+        .chain(yaml("deploy/serve/webhookguard.yaml"))
         .chain(yaml("deploy/serve/settings.yaml"))
     {
         cp.apply("config-snapshot", &object);
@@ -292,12 +293,41 @@ fn register(cp: &ControlPlane, serve: &ServeProcess, webhook: Value) {
     register_at(cp, serve.webhook, &serve.cert_pem, webhook);
 }
 
-/// [`register`] at `address`, trusting the certificates in `ca_pem`.
+/// The door's path (docs/security.md, "The door") of the serve that keeps
+/// its key in the Secret of its namespace, as the cluster admin derives
+/// it; `/mutate` before there is a key (serve then moves the configuration
+/// to its path itself).
+fn door_path(cp: &ControlPlane) -> String {
+    door_paths(cp).get(1).cloned().unwrap_or_else(|| "/mutate".to_string())
+}
+
+/// The door's paths of the hour before, this hour and the next (each
+/// opens the door now), for the current key of serve's Secret; none before
+/// there is a key.
+fn door_paths(cp: &ControlPlane) -> Vec<String> {
+    let Some(secret) = cp.get("config-snapshot", "secret", "config-snapshot-signing-key") else {
+        return Vec::new();
+    };
+    let key = base64::engine::general_purpose::STANDARD
+        .decode(secret["data"]["key"].as_str().unwrap())
+        .unwrap();
+    let ring = config_snapshot::proof::Keyring::of(&key).unwrap();
+    let now = config_snapshot_policy::duration::unix_now();
+    let hour = config_snapshot::serve::door::PERIOD_SECS;
+    [now - hour, now, now + hour]
+        .iter()
+        .map(|t| config_snapshot::serve::door::path_of(&ring, *t).to_string())
+        .collect()
+}
+
+/// [`register`] at `address`, trusting the certificates in `ca_pem`, at the
+/// door's path: what serve itself would write into the configuration.
 fn register_at(cp: &ControlPlane, address: std::net::SocketAddr, ca_pem: &str, mut webhook: Value) {
     webhook["metadata"].as_object_mut().unwrap().remove("annotations");
     let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    let path = door_path(cp);
     for hook in webhook["webhooks"].as_array_mut().unwrap() {
-        hook["clientConfig"] = json!({"url": format!("https://{address}/mutate"), "caBundle": ca});
+        hook["clientConfig"] = json!({"url": format!("https://{address}{path}"), "caBundle": ca});
     }
     cp.try_kubectl(&["apply", "-f", "-"], Some(&webhook.to_string()))
         .unwrap_or_else(|e| panic!("{e}"));
@@ -343,11 +373,14 @@ fn serve_flags_with(settings: &str, interval: &str) -> Vec<&'static str> {
         "--effect-wait",
         "10s",
         // As deployed: its own namespace (excluded from review), where it
-        // keeps its signing key in a Secret it makes on first start.
+        // keeps its signing key in a Secret it makes on first start, and
+        // its webhook configuration on the door's path.
         "--namespace",
         "config-snapshot",
         "--signing-key-secret",
         "config-snapshot-signing-key",
+        "--webhook-configuration",
+        "config-snapshot",
     ]
 }
 
@@ -412,6 +445,23 @@ fn no_dangling(view: &Objects, when: &str) {
 
 /// `kubectl patch configmap NAME --type merge` setting `data`: a user's
 /// edit of a source.
+/// An opted-in Deployment `name` reading ConfigMap `app`, applied with
+/// kubectl: whether serve pinned it (one that is not was let through:
+/// failurePolicy Ignore).
+fn applied_pinned(cp: &ControlPlane, ns: &str, name: &str) -> bool {
+    let d = workload(
+        "Deployment",
+        name,
+        json!({"config-snapshot.io/snapshot": "*"}),
+        "x:1",
+        json!([{"configMapRef": {"name": "app"}}]),
+        1,
+    );
+    cp.apply(ns, &d);
+    cp.get(ns, "deployment", name)
+        .is_some_and(|made| env_ref(&made).starts_with("app-"))
+}
+
 fn set_data(cp: &ControlPlane, ns: &str, name: &str, data: Value) {
     let patch = json!({ "data": data }).to_string();
     cp.kubectl(&["-n", ns, "patch", "configmap", name, "--type", "merge", "-p", &patch]);
@@ -1225,6 +1275,8 @@ fn scenarios_agree_with_replay(cp: &ControlPlane, serve: &mut ServeProcess, kube
 
 #[path = "real_cluster/bench.rs"]
 mod bench;
+#[path = "real_cluster/door.rs"]
+mod door;
 #[path = "real_cluster/drift.rs"]
 mod drift;
 #[path = "real_cluster/fleet.rs"]

@@ -2,33 +2,246 @@
 //! plain HTTP for the kubelet and Prometheus (which should not need the
 //! webhook's CA).
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context as _, Result};
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State as Extract};
-use axum::http::{header, StatusCode};
+use axum::extract::{Request, State as Extract};
+use axum::http::{header, HeaderValue, Method, StatusCode, Version};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::get;
 use axum::Router;
+use tokio::sync::Semaphore;
+use tokio::time::{timeout_at, Instant};
 
+use super::door::Door;
 use super::listener::{self, server_config, Table, Tls};
+use super::metrics::RefusedLabels;
 use super::{admission, Options, State};
 
 /// An AdmissionReview carries the object and the old object; the API
 /// server caps each at about 3 MiB.
-const MAX_BODY: usize = 8 << 20;
+pub(crate) const MAX_BODY: usize = 8 << 20;
 
-/// The webhook's routes. `body_timeout`: how long a request's body may
-/// take to arrive (a client that trickles it holds a connection).
-pub(crate) fn webhook_router(state: Arc<State>, body_timeout: Duration) -> Router {
-    Router::new()
-        .route("/mutate", post(mutate))
-        .layer(DefaultBodyLimit::max(MAX_BODY))
-        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(body_timeout))
-        .with_state(state)
+/// The budget of request bodies is counted in KiB.
+const BUDGET_UNIT: usize = 1024;
+
+/// A body larger than this is large: large ones take their part of the
+/// budget from a pool of their own, half of it.
+const LARGE: usize = 1 << 20;
+
+/// Why a request was answered with an error before any work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Not a POST to the door's path: not the API server.
+    Door,
+    /// The peer already has its share of requests in flight.
+    Peer,
+    /// A body declared, or found, larger than [`MAX_BODY`].
+    TooLarge,
+    /// The bodies being read already hold the whole budget until the
+    /// request's deadline, or this peer's half of it.
+    Budget,
+    /// The body did not arrive, whole, by the deadline.
+    Deadline,
+}
+
+impl Refusal {
+    pub(crate) const LABELS: [&'static str; 5] = ["door", "peer", "too_large", "budget", "deadline"];
+
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Refusal::Door => "door",
+            Refusal::Peer => "peer",
+            Refusal::TooLarge => "too_large",
+            Refusal::Budget => "budget",
+            Refusal::Deadline => "deadline",
+        }
+    }
+
+    fn status(self) -> (StatusCode, &'static str) {
+        match self {
+            // Nothing here: the same answer as for any unknown path, so
+            // that it tells a prober nothing.
+            Refusal::Door => (StatusCode::NOT_FOUND, "not found"),
+            Refusal::Peer => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too many requests in flight from this address",
+            ),
+            Refusal::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "request body too large"),
+            Refusal::Budget => (StatusCode::SERVICE_UNAVAILABLE, "too many request bodies in flight"),
+            Refusal::Deadline => (StatusCode::REQUEST_TIMEOUT, "request body too slow"),
+        }
+    }
+}
+
+/// The answer to a refused request. On HTTP/1 it closes the connection: a
+/// body left unread is never read, and the caller must connect again (and
+/// take a place again) to try once more.
+pub(crate) fn refusal(version: Version, why: Refusal) -> Response {
+    let (status, text) = why.status();
+    let mut response = (status, text).into_response();
+    if version < Version::HTTP_2 {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
+/// The address a request came from, as the listener saw it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Peer(pub IpAddr);
+
+/// Given to the webhook by the listener with each request: the request's
+/// place among its peer's requests in flight, held until its evaluation is
+/// over (not only until its caller goes), and the means to close its
+/// connection.
+#[derive(Clone)]
+pub(crate) struct Connection {
+    pub in_flight: Arc<dyn std::any::Any + Send + Sync>,
+    pub close: Arc<tokio::sync::Notify>,
+}
+
+/// What the webhook's one route needs.
+#[derive(Clone)]
+pub(crate) struct Webhook {
+    pub state: Arc<State>,
+    pub door: Arc<Door>,
+    /// The budget of request bodies being read or evaluated at once, in
+    /// [`BUDGET_UNIT`]s, in two pools: bodies up to [`LARGE`] and larger
+    /// ones, half each. A body takes its declared size (or [`MAX_BODY`] when
+    /// it declares none) from its pool before a byte of it is read. Apart,
+    /// a large body waiting never holds up the API server's usual reviews
+    /// (a few KiB to a few hundred) queued behind it.
+    small: Arc<Semaphore>,
+    large: Arc<Semaphore>,
+    /// Of the budget, what each peer holds: one peer may hold half of it at
+    /// most, so that one address cannot take it all.
+    shares: Arc<Mutex<HashMap<IpAddr, u32>>>,
+    share: u32,
+    /// From a request's headers to its whole body: one deadline, not one
+    /// per frame, so that a body trickled a byte at a time is cut off.
+    pub body_deadline: Duration,
+}
+
+/// A peer's part of the budget, given back when the request ends.
+struct Share {
+    shares: Arc<Mutex<HashMap<IpAddr, u32>>>,
+    peer: IpAddr,
+    units: u32,
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        let mut shares = self.shares.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(held) = shares.get_mut(&self.peer) {
+            *held = held.saturating_sub(self.units);
+            if *held == 0 {
+                shares.remove(&self.peer);
+            }
+        }
+    }
+}
+
+impl Webhook {
+    /// `budget_bytes` of bodies at once, never less than two bodies at
+    /// most (so that each pool, and one peer's half, holds one).
+    pub fn new(state: Arc<State>, door: Arc<Door>, budget_bytes: usize, body_deadline: Duration) -> Webhook {
+        let units = u32::try_from(budget_bytes.max(2 * MAX_BODY) / BUDGET_UNIT).unwrap_or(u32::MAX >> 4);
+        Webhook {
+            state,
+            door,
+            small: Arc::new(Semaphore::new((units / 2) as usize)),
+            large: Arc::new(Semaphore::new((units / 2) as usize)),
+            shares: Arc::default(),
+            share: units / 2,
+            body_deadline,
+        }
+    }
+
+    /// `units` of the peer's share, if it has them left.
+    fn share(&self, peer: IpAddr, units: u32) -> Option<Share> {
+        let mut shares = self.shares.lock().unwrap_or_else(|e| e.into_inner());
+        let held = shares.entry(peer).or_default();
+        if held.saturating_add(units) > self.share {
+            return None;
+        }
+        *held += units;
+        Some(Share {
+            shares: self.shares.clone(),
+            peer,
+            units,
+        })
+    }
+
+    fn refuse(&self, version: Version, why: Refusal) -> Response {
+        self.state
+            .metrics
+            .connections
+            .requests_refused
+            .get_or_create(&RefusedLabels { reason: why.label() })
+            .inc();
+        refusal(version, why)
+    }
+}
+
+/// The webhook: one handler for every method and path, so that what is
+/// not the door's path is refused the same way, before its body is read.
+pub(crate) fn webhook_router(webhook: Webhook) -> Router {
+    Router::new().fallback(intake).with_state(webhook)
+}
+
+/// Lets a request in, or not: the door's path first, then its body's size
+/// against the budget, then the body itself by the deadline. Only then is
+/// it evaluated. A request refused at the door also closes its connection
+/// (a GOAWAY on HTTP/2): whoever does not know the path keeps no place.
+async fn intake(Extract(hook): Extract<Webhook>, request: Request) -> Response {
+    let version = request.version();
+    let connection = request.extensions().get::<Connection>().cloned();
+    let now = config_snapshot_policy::duration::unix_now();
+    if request.method() != Method::POST || !hook.door.opens(request.uri().path(), now) {
+        if let Some(c) = &connection {
+            c.close.notify_one();
+        }
+        return hook.refuse(version, Refusal::Door);
+    }
+    let deadline = Instant::now() + hook.body_deadline;
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY) {
+        return hook.refuse(version, Refusal::TooLarge);
+    }
+    let limit = declared.unwrap_or(MAX_BODY);
+    let units = u32::try_from(limit.div_ceil(BUDGET_UNIT).max(1)).unwrap_or(u32::MAX);
+    let peer = request
+        .extensions()
+        .get::<Peer>()
+        .map_or(IpAddr::from([0, 0, 0, 0]), |p| p.0);
+    let Some(share) = hook.share(peer, units) else {
+        return hook.refuse(version, Refusal::Budget);
+    };
+    let pool = if limit > LARGE { &hook.large } else { &hook.small };
+    let Ok(Ok(held)) = timeout_at(deadline, pool.clone().acquire_many_owned(units)).await else {
+        return hook.refuse(version, Refusal::Budget);
+    };
+    let body = match timeout_at(deadline, axum::body::to_bytes(request.into_body(), limit)).await {
+        Ok(Ok(body)) => body,
+        Ok(Err(_)) => return hook.refuse(version, Refusal::TooLarge),
+        Err(_) => return hook.refuse(version, Refusal::Deadline),
+    };
+    // Everything the request holds goes with its evaluation, which runs to
+    // its end even if the caller goes: a caller that resets its stream
+    // after sending the body frees nothing the evaluation still uses.
+    let holds = (held, share, connection.map(|c| c.in_flight));
+    evaluate(hook.state, body, holds).await
 }
 
 pub(crate) fn ops_router(state: Arc<State>) -> Router {
@@ -39,20 +252,27 @@ pub(crate) fn ops_router(state: Arc<State>) -> Router {
         .with_state(state)
 }
 
-async fn mutate(Extract(state): Extract<Arc<State>>, body: Bytes) -> Response {
-    let Ok(permit) = state.evaluations.acquire().await else {
-        return (StatusCode::SERVICE_UNAVAILABLE, "config-snapshot: shutting down").into_response();
-    };
-    let evaluating = state.clone();
-    let task = tokio::task::spawn_blocking(move || admission::review(&evaluating, &body));
-    let result = task.await;
-    drop(permit);
-    match result {
-        Ok(Ok(answer)) => axum::Json(answer.review).into_response(),
-        Ok(Err(admission::Failure::BadRequest(m))) => (StatusCode::BAD_REQUEST, m).into_response(),
-        Ok(Err(admission::Failure::Policy(m))) => (StatusCode::INTERNAL_SERVER_ERROR, m).into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("config-snapshot: {e}")).into_response(),
-    }
+/// Evaluates `body` on a task of its own, which keeps `holds` (the
+/// request's budget and place) until the evaluation is over, whether or not
+/// the caller waits for its answer.
+async fn evaluate(state: Arc<State>, body: Bytes, holds: impl Send + 'static) -> Response {
+    let task = tokio::spawn(async move {
+        let _holds = holds;
+        let Ok(permit) = state.evaluations.acquire().await else {
+            return (StatusCode::SERVICE_UNAVAILABLE, "config-snapshot: shutting down").into_response();
+        };
+        let evaluating = state.clone();
+        let result = tokio::task::spawn_blocking(move || admission::review(&evaluating, &body)).await;
+        drop(permit);
+        match result {
+            Ok(Ok(answer)) => axum::Json(answer.review).into_response(),
+            Ok(Err(admission::Failure::BadRequest(m))) => (StatusCode::BAD_REQUEST, m).into_response(),
+            Ok(Err(admission::Failure::Policy(m))) => (StatusCode::INTERNAL_SERVER_ERROR, m).into_response(),
+            Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("config-snapshot: {e}")).into_response(),
+        }
+    });
+    task.await
+        .unwrap_or_else(|e| (StatusCode::INTERNAL_SERVER_ERROR, format!("config-snapshot: {e}")).into_response())
 }
 
 async fn readyz(Extract(state): Extract<Arc<State>>) -> Response {
@@ -76,14 +296,15 @@ async fn metrics(Extract(state): Extract<Arc<State>>) -> Response {
         .into_response()
 }
 
-pub async fn serve(state: Arc<State>, options: &Options) -> Result<()> {
+pub async fn serve(state: Arc<State>, door: Arc<Door>, options: &Options) -> Result<()> {
     let tls = Tls::new(tls_config(options)?);
     if options.client_ca.is_some() {
         tracing::info!("the webhook answers only callers with a client certificate from --client-ca");
     }
     tokio::spawn(reload_certificates(tls.clone(), options.clone()));
     let limits = options.listener_limits()?;
-    let body_timeout = options.body_read_timeout.max(Duration::from_secs(1));
+    let body_deadline = options.body_read_timeout.max(Duration::from_secs(1));
+    let budget = usize::try_from(options.body_bytes_in_flight.get()).unwrap_or(usize::MAX);
     let grace = options.shutdown_grace;
     let ops = tokio::net::TcpListener::bind(options.metrics_listen)
         .await
@@ -115,7 +336,7 @@ pub async fn serve(state: Arc<State>, options: &Options) -> Result<()> {
     listener::serve(
         webhook,
         tls,
-        webhook_router(state, body_timeout),
+        webhook_router(Webhook::new(state, door, budget, body_deadline)),
         table,
         stopping,
         grace,

@@ -5,7 +5,10 @@
 //!
 //! - A connection takes a place only once its TLS handshake is done: a
 //!   handshake in progress holds a slot of its own, a few per peer and a
-//!   bounded number overall, for at most the handshake timeout.
+//!   bounded number overall, for at most the handshake timeout. When every
+//!   slot is taken, a new handshake takes the slot of the oldest one of the
+//!   peer holding the most (a handshake the API server makes takes
+//!   milliseconds; a silent one is what an attacker holds).
 //! - At most `--max-connections` connections are open, and at most
 //!   `--max-connections-per-peer` from one address.
 //! - When every place is taken, a new connection takes the place of an
@@ -16,9 +19,12 @@
 //! - A connection that sends no request within `--first-byte-timeout` of
 //!   its handshake, or none for `--idle-timeout` after its last answer, is
 //!   closed, on HTTP/1 and HTTP/2 alike (HTTP/2 gets a GOAWAY).
-//! - HTTP/1 request headers must arrive within `--header-read-timeout`; a
-//!   request body within `--body-read-timeout` (the router's layer); an
-//!   HTTP/2 connection carries at most [`STREAMS`] requests at once.
+//! - HTTP/1 request headers must arrive within `--header-read-timeout`; an
+//!   HTTP/2 connection carries at most [`STREAMS`] requests at once; one
+//!   address has at most `--max-requests-per-peer` requests in flight, past
+//!   which a request is answered 503 at once.
+//! - What a request may do before it is answered (the door's path, its
+//!   body's size, deadline and budget) is the webhook's (serve/http.rs).
 
 use std::collections::HashMap;
 use std::io;
@@ -95,8 +101,15 @@ impl Tls {
 /// another (milliseconds).
 const SETTLING_MILLIS: u64 = 250;
 
-/// Requests one HTTP/2 connection carries at once.
-pub(crate) const STREAMS: u32 = 32;
+/// Bytes a connection takes in before its request's handler reads them:
+/// hyper's HTTP/1 read buffer and HTTP/2 flow-control windows.
+const WINDOW: u32 = 64 << 10;
+
+/// Requests one HTTP/2 connection carries at once. The API server's HTTP/2
+/// client opens another connection when a server's limit is reached, so a
+/// low one costs it nothing, and a peer gets no more requests in flight per
+/// connection place than this.
+pub(crate) const STREAMS: u32 = 8;
 
 /// The listener's bounds.
 #[derive(Debug, Clone, Copy)]
@@ -115,6 +128,9 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// For an HTTP/1 request's headers.
     pub header_read_timeout: Duration,
+    /// Requests in flight at once from one address, on all its
+    /// connections.
+    pub requests_per_peer: usize,
 }
 
 impl Default for Limits {
@@ -128,6 +144,7 @@ impl Default for Limits {
             first_byte_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(120),
             header_read_timeout: Duration::from_secs(5),
+            requests_per_peer: 64,
         }
     }
 }
@@ -154,16 +171,25 @@ impl Activity {
     }
 }
 
-/// A request in flight on a connection: counted until it ends, however.
+/// A request in flight on a connection: counted, on the connection and for
+/// its peer, until it ends, however.
 struct Busy {
     activity: Arc<Activity>,
-    started: Instant,
+    table: Arc<Table>,
+    peer: IpAddr,
 }
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        self.activity.last.store(millis_since(self.started), Ordering::SeqCst);
+        self.activity.last.store(self.table.now(), Ordering::SeqCst);
         self.activity.in_flight.fetch_sub(1, Ordering::SeqCst);
+        let mut places = self.table.places();
+        if let Some(n) = places.in_flight.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                places.in_flight.remove(&self.peer);
+            }
+        }
     }
 }
 
@@ -177,6 +203,10 @@ struct Places {
     per_peer: HashMap<IpAddr, usize>,
     handshakes: HashMap<IpAddr, usize>,
     handshaking: usize,
+    /// The handshakes in progress: whose, since when, and how to stop it.
+    shaking: HashMap<u64, (IpAddr, Instant, Arc<Notify>)>,
+    /// Requests in flight, by peer.
+    in_flight: HashMap<IpAddr, usize>,
     next: u64,
 }
 
@@ -197,22 +227,18 @@ pub enum Refused {
     Full,
 }
 
-/// A handshake's slot, given back when dropped.
+/// A handshake's slot, given back when dropped; `stop` is told when a new
+/// handshake takes the slot.
 pub struct Handshaking {
     table: Arc<Table>,
-    peer: IpAddr,
+    id: u64,
+    pub stop: Arc<Notify>,
 }
 
 impl Drop for Handshaking {
     fn drop(&mut self) {
         let mut places = self.table.places();
-        places.handshaking = places.handshaking.saturating_sub(1);
-        if let Some(n) = places.handshakes.get_mut(&self.peer) {
-            *n -= 1;
-            if *n == 0 {
-                places.handshakes.remove(&self.peer);
-            }
-        }
+        Table::end_handshake(&mut places, self.id);
     }
 }
 
@@ -220,6 +246,7 @@ impl Drop for Handshaking {
 pub struct Place {
     table: Arc<Table>,
     id: u64,
+    peer: IpAddr,
     activity: Arc<Activity>,
     close: Arc<Notify>,
 }
@@ -248,19 +275,60 @@ impl Table {
         millis_since(self.started)
     }
 
-    /// A slot for `peer`'s TLS handshake, if one is free.
+    fn end_handshake(places: &mut Places, id: u64) -> Option<Arc<Notify>> {
+        let (peer, _, stop) = places.shaking.remove(&id)?;
+        places.handshaking = places.handshaking.saturating_sub(1);
+        if let Some(n) = places.handshakes.get_mut(&peer) {
+            *n -= 1;
+            if *n == 0 {
+                places.handshakes.remove(&peer);
+            }
+        }
+        Some(stop)
+    }
+
+    /// A slot for `peer`'s TLS handshake: a free one, or, when none is
+    /// free, the slot of the oldest handshake of the peer holding the most
+    /// (never `peer`'s own), which is told to stop. Refused past the
+    /// peer's own share.
     pub fn handshake(self: &Arc<Self>, peer: IpAddr) -> Result<Handshaking, Refused> {
         let mut places = self.places();
         let mine = places.handshakes.get(&peer).copied().unwrap_or(0);
-        if places.handshaking >= self.limits.handshakes || mine >= self.limits.handshakes_per_peer {
+        if mine >= self.limits.handshakes_per_peer {
             self.metrics.refused.inc();
             return Err(Refused::Handshakes);
         }
+        if places.handshaking >= self.limits.handshakes {
+            let victim = places
+                .shaking
+                .iter()
+                .filter(|(_, (p, _, _))| *p != peer)
+                .max_by_key(|(_, (p, since, _))| {
+                    (
+                        places.handshakes.get(p).copied().unwrap_or(0),
+                        std::cmp::Reverse(*since),
+                    )
+                })
+                .map(|(id, _)| *id);
+            let Some(victim) = victim else {
+                self.metrics.refused.inc();
+                return Err(Refused::Handshakes);
+            };
+            if let Some(stop) = Table::end_handshake(&mut places, victim) {
+                stop.notify_one();
+                self.metrics.evicted.inc();
+            }
+        }
+        let id = places.next;
+        places.next += 1;
+        let stop = Arc::new(Notify::new());
+        places.shaking.insert(id, (peer, Instant::now(), stop.clone()));
         places.handshaking += 1;
         *places.handshakes.entry(peer).or_default() += 1;
         Ok(Handshaking {
             table: self.clone(),
-            peer,
+            id,
+            stop,
         })
     }
 
@@ -314,6 +382,7 @@ impl Table {
         Ok(Place {
             table: self.clone(),
             id,
+            peer,
             activity,
             close,
         })
@@ -343,14 +412,24 @@ impl Table {
 }
 
 impl Place {
-    /// Marks a request in flight until the returned guard drops.
-    fn busy(&self) -> Busy {
+    /// Marks a request in flight until the returned guard drops; `None`
+    /// when the peer already has its share of requests in flight.
+    fn busy(&self) -> Option<Busy> {
+        {
+            let mut places = self.table.places();
+            let mine = places.in_flight.entry(self.peer).or_default();
+            if *mine >= self.table.limits.requests_per_peer {
+                return None;
+            }
+            *mine += 1;
+        }
         self.activity.in_flight.fetch_add(1, Ordering::SeqCst);
         self.activity.served.fetch_add(1, Ordering::SeqCst);
-        Busy {
+        Some(Busy {
             activity: self.activity.clone(),
-            started: self.table.started,
-        }
+            table: self.table.clone(),
+            peer: self.peer,
+        })
     }
 
     /// Whether this connection has been idle past its limit.
@@ -414,6 +493,67 @@ pub async fn serve(
     Ok(())
 }
 
+/// The TLS handshake of a connection from `peer`, within its timeout and
+/// unless a newer handshake takes its slot; `None` when it did not finish.
+async fn handshake(
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    handshaking: &Handshaking,
+    tls: &Tls,
+    timeout: Duration,
+) -> Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+    let accepted = tokio::select! {
+        accepted = tokio::time::timeout(timeout, tls.acceptor().accept(tcp)) => accepted,
+        _ = handshaking.stop.notified() => {
+            tracing::debug!(%peer, "TLS handshake stopped: its slot was taken");
+            return None;
+        }
+    };
+    match accepted {
+        Ok(Ok(stream)) => Some(stream),
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, "TLS handshake failed: {e}");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "TLS handshake timed out");
+            None
+        }
+    }
+}
+
+/// One request of a connection: refused at once when its peer has its share
+/// in flight (`busy` is `None`), so that no body is read; else routed, the
+/// webhook keeping it counted until its evaluation ends and free to close
+/// the connection.
+async fn answer(
+    mut request: hyper::Request<hyper::body::Incoming>,
+    busy: Option<Busy>,
+    router: Router,
+    refused: prometheus_client::metrics::family::Family<
+        super::metrics::RefusedLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+    close: Arc<Notify>,
+) -> Result<axum::response::Response, std::convert::Infallible> {
+    let Some(busy) = busy else {
+        refused
+            .get_or_create(&super::metrics::RefusedLabels {
+                reason: super::http::Refusal::Peer.label(),
+            })
+            .inc();
+        return Ok(super::http::refusal(request.version(), super::http::Refusal::Peer));
+    };
+    let busy = Arc::new(busy);
+    request.extensions_mut().insert(super::http::Connection {
+        in_flight: busy.clone(),
+        close,
+    });
+    let answer = router.oneshot(request).await;
+    drop(busy);
+    answer
+}
+
 async fn connection(
     tcp: tokio::net::TcpStream,
     peer: SocketAddr,
@@ -424,16 +564,8 @@ async fn connection(
     mut stop: watch::Receiver<bool>,
 ) {
     let limits = table.limits;
-    let stream = match tokio::time::timeout(limits.handshake_timeout, tls.acceptor().accept(tcp)).await {
-        Ok(Ok(stream)) => stream,
-        Ok(Err(e)) => {
-            tracing::debug!(%peer, "TLS handshake failed: {e}");
-            return;
-        }
-        Err(_) => {
-            tracing::debug!(%peer, "TLS handshake timed out");
-            return;
-        }
+    let Some(stream) = handshake(tcp, peer, &handshaking, &tls, limits.handshake_timeout).await else {
+        return;
     };
     drop(handshaking);
     let place = match table.admit(peer.ip()) {
@@ -444,23 +576,31 @@ async fn connection(
         }
     };
     let counted = place.clone();
-    let service = hyper::service::service_fn(move |request| {
-        let busy = counted.busy();
-        let router = router.clone();
-        async move {
-            let answer = router.oneshot(request).await;
-            drop(busy);
-            answer
-        }
+    let refused = table.metrics.requests_refused.clone();
+    let service = hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+        request.extensions_mut().insert(super::http::Peer(peer.ip()));
+        answer(
+            request,
+            counted.busy(),
+            router.clone(),
+            refused.clone(),
+            counted.close.clone(),
+        )
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());
+    // Small windows and buffers: what a peer sends before its request is
+    // let in (the door, the budget) waits in these, so they bound what a
+    // connection holds of a body not yet admitted.
     builder
         .http1()
         .timer(TokioTimer::new())
+        .max_buf_size(WINDOW as usize)
         .header_read_timeout(limits.header_read_timeout);
     builder
         .http2()
         .timer(TokioTimer::new())
+        .initial_stream_window_size(WINDOW)
+        .initial_connection_window_size(WINDOW)
         .max_concurrent_streams(STREAMS)
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .keep_alive_timeout(Duration::from_secs(10));
@@ -527,13 +667,13 @@ mod tests {
         let table = Table::new(limits(3, 3), ConnectionMetrics::default());
         let idle: Vec<Place> = (0..2).map(|_| table.admit(ip(9)).unwrap()).collect();
         let busy_place = table.admit(ip(1)).unwrap();
-        let _busy = busy_place.busy();
+        let _busy = busy_place.busy().unwrap();
         assert_eq!(table.admit(ip(2)).err(), Some(Refused::Full), "all just made");
         std::thread::sleep(Duration::from_millis(SETTLING_MILLIS + 10));
         let apiserver = table.admit(ip(2)).expect("an idle one gives way");
         assert_eq!(table.open(), 3);
         assert_eq!(table.metrics.evicted.get(), 1);
-        let _request = apiserver.busy();
+        let _request = apiserver.busy().unwrap();
         let _second = table.admit(ip(2)).expect("the other idle one gives way");
         assert_eq!(table.admit(ip(3)).err(), Some(Refused::Full), "nothing idle left");
         drop(idle);
@@ -546,9 +686,44 @@ mod tests {
         let one = table.handshake(ip(1)).unwrap();
         assert!(table.handshake(ip(1)).is_err(), "one per peer");
         let _two = table.handshake(ip(2)).unwrap();
-        assert!(table.handshake(ip(3)).is_err(), "two overall");
+        assert_eq!(table.places().handshaking, 2, "two overall");
         drop(one);
         table.handshake(ip(1)).expect("given back");
+    }
+
+    /// Round 3, finding 1: silent handshakes from a few addresses cannot
+    /// hold every slot; a new one takes the slot of the oldest handshake of
+    /// the peer holding the most, which is told to stop.
+    #[test]
+    fn a_new_handshake_takes_the_oldest_slot_of_the_peer_holding_the_most() {
+        let table = Table::new(
+            Limits {
+                handshakes: 3,
+                handshakes_per_peer: 2,
+                ..limits(10, 10)
+            },
+            ConnectionMetrics::default(),
+        );
+        let first = table.handshake(ip(9)).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        let _second = table.handshake(ip(9)).unwrap();
+        let _other = table.handshake(ip(8)).unwrap();
+        let stopped = first.stop.clone();
+        let apiserver = table
+            .handshake(ip(1))
+            .expect("a slot taken from the peer holding the most");
+        assert!(
+            futures::FutureExt::now_or_never(stopped.notified()).is_some(),
+            "the oldest handshake of peer 9 was told to stop"
+        );
+        assert_eq!(table.places().handshaking, 3);
+        assert_eq!(table.places().handshakes.get(&ip(9)), Some(&1), "its oldest went");
+        assert_eq!(table.metrics.evicted.get(), 1);
+        // The one stopped was told; its guard's drop gives back nothing twice.
+        drop(first);
+        assert_eq!(table.places().handshaking, 3);
+        drop(apiserver);
+        assert_eq!(table.places().handshaking, 2);
     }
 
     #[test]
@@ -564,7 +739,7 @@ mod tests {
         let silent = table.admit(ip(1)).unwrap();
         assert!(silent.expired(), "no request by its first-byte timeout");
         let working = table.admit(ip(1)).unwrap();
-        let busy = working.busy();
+        let busy = working.busy().unwrap();
         assert!(!working.expired(), "a request in flight");
         drop(busy);
         assert!(!working.expired(), "served, and idle less than the idle timeout");

@@ -52,6 +52,12 @@ pub struct EffectLabels {
     pub outcome: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    /// One of [`Refusal::LABELS`](crate::serve::http::Refusal).
+    pub reason: &'static str,
+}
+
 type HistogramFamily = Family<RequestLabels, Histogram, fn() -> Histogram>;
 
 /// The webhook listener's connections (serve/listener.rs).
@@ -64,6 +70,10 @@ pub struct ConnectionMetrics {
     pub refused: Counter,
     /// Closed while idle to give their place to a new connection.
     pub evicted: Counter,
+    /// Requests answered with an error before any work: not at the door's
+    /// path, the peer's share of requests in flight taken, the body too
+    /// large, over the budget of bodies, or too slow.
+    pub requests_refused: Family<RefusedLabels, Counter>,
 }
 
 pub struct Metrics {
@@ -245,6 +255,14 @@ impl Default for Metrics {
             "webhook_connections_evicted",
             "Idle connections to the webhook closed to give their place to a new one",
             connections.evicted.clone(),
+        );
+        for reason in crate::serve::http::Refusal::LABELS {
+            let _ = connections.requests_refused.get_or_create(&RefusedLabels { reason });
+        }
+        registry.register(
+            "webhook_requests_refused",
+            "Requests to the webhook answered with an error before any work, by why",
+            connections.requests_refused.clone(),
         );
         registry.register(
             "deferred_effects_queued",

@@ -8,6 +8,7 @@
 pub mod admission;
 pub mod apiserver;
 pub mod cache;
+pub mod door;
 pub mod events;
 mod http;
 pub mod leader;
@@ -15,6 +16,7 @@ pub mod listener;
 pub mod metrics;
 pub mod prefetch;
 pub mod queue;
+pub mod registration;
 mod report;
 pub mod resync;
 pub mod scope;
@@ -96,9 +98,31 @@ pub struct Options {
     /// How long a client may take to send a request's headers (Go duration).
     #[arg(long, default_value = "5s", value_parser = go_duration)]
     pub header_read_timeout: Duration,
-    /// How long a client may take to send a request's body (Go duration).
+    /// How long a request may take from its headers to the last byte of
+    /// its body, however it trickles (Go duration).
     #[arg(long, default_value = "10s", value_parser = go_duration)]
     pub body_read_timeout: Duration,
+    /// Bytes of request bodies read or evaluated at once (`Ki`, `Mi`
+    /// allowed; never less than one body of 8 MiB). A body takes its
+    /// declared size of it before a byte is read; past it, a request waits
+    /// for its deadline, then is answered 503.
+    #[arg(long, default_value = "32Mi", value_parser = crate::capability::parse_bytes)]
+    pub body_bytes_in_flight: std::num::NonZeroU32,
+    /// Requests in flight at once from one address, on all its
+    /// connections; past it, a request is answered 503 at once.
+    #[arg(long, default_value = "64")]
+    pub max_requests_per_peer: usize,
+    /// The MutatingWebhookConfiguration that calls serve: serve keeps its
+    /// webhooks calling the door's path (`/mutate/<token>`, the token
+    /// derived from the signing key), and is not ready while it cannot.
+    /// Empty: serve leaves it alone, and whoever manages it must set the
+    /// path (docs/security.md, "The door").
+    #[arg(
+        long,
+        default_value = "config-snapshot",
+        env = "CONFIG_SNAPSHOT_WEBHOOK_CONFIGURATION"
+    )]
+    pub webhook_configuration: String,
     /// The webhook's HTTPS address.
     #[arg(long, default_value = "0.0.0.0:8443")]
     pub listen: SocketAddr,
@@ -263,8 +287,10 @@ impl Options {
 
     /// The webhook listener's bounds from the flags.
     pub fn listener_limits(&self) -> Result<listener::Limits> {
-        if self.max_connections_per_peer == 0 || self.max_connections == 0 {
-            return Err(anyhow!("--max-connections and --max-connections-per-peer: at least 1"));
+        if self.max_connections_per_peer == 0 || self.max_connections == 0 || self.max_requests_per_peer == 0 {
+            return Err(anyhow!(
+                "--max-connections, --max-connections-per-peer and --max-requests-per-peer: at least 1"
+            ));
         }
         Ok(listener::Limits {
             connections: self.max_connections,
@@ -272,6 +298,7 @@ impl Options {
             first_byte_timeout: at_least_a_second(self.first_byte_timeout),
             idle_timeout: at_least_a_second(self.idle_timeout),
             header_read_timeout: at_least_a_second(self.header_read_timeout),
+            requests_per_peer: self.max_requests_per_peer,
             ..listener::Limits::default()
         })
     }
@@ -335,12 +362,17 @@ pub struct State {
     pub evaluations: tokio::sync::Semaphore,
     /// Snapshot creations per namespace per minute.
     pub budget: Arc<Budget>,
+    /// Whether the webhook configuration calls the door's path (or serve
+    /// was told to leave it alone, or there is none to call it).
+    pub registered: AtomicBool,
     ids: AtomicU64,
 }
 
 impl State {
     pub fn ready(&self) -> bool {
-        self.cluster.cache.synced() && !self.shutting_down.load(Ordering::SeqCst)
+        self.cluster.cache.synced()
+            && self.registered.load(Ordering::SeqCst)
+            && !self.shutting_down.load(Ordering::SeqCst)
     }
 
     pub(crate) fn next_id(&self) -> u64 {
@@ -473,6 +505,7 @@ pub fn build_with_engine(
         shutting_down: AtomicBool::new(false),
         evaluations: tokio::sync::Semaphore::new(engine_instances.saturating_sub(1).max(1)),
         budget,
+        registered: AtomicBool::new(true),
         ids: AtomicU64::new(0),
     });
     Ok((state, worker))
@@ -491,11 +524,26 @@ pub async fn run(options: Options) -> Result<()> {
         .context("connecting to the API server (in-cluster config or KUBECONFIG)")?;
     let ring = keyring(&options, client.clone()).await?;
     tracing::info!(keys = ?ring.ids(), "signing keyring ready");
+    let door = Arc::new(door::Door::new(&ring));
     let (state, worker) = build(&options, client.clone(), &module, Prover::with(&ring))?;
+    if !options.webhook_configuration.is_empty() {
+        state.registered.store(false, Ordering::SeqCst);
+        let registration = registration::Registration {
+            client: client.clone(),
+            name: options.webhook_configuration.clone(),
+            door: door.clone(),
+            state: state.clone(),
+        };
+        tokio::spawn(registration.keep());
+    }
     if options.signing_key_file.is_none() {
         let prover = state.queue.carry().rules.prover.clone();
         let cache = state.cluster.cache.clone();
-        tokio::spawn(key_secret(&options, client.clone()).keep(ring, prover, move || cache.keyring_changed()));
+        let rekeyed = door.clone();
+        tokio::spawn(key_secret(&options, client.clone()).keep(ring, prover, move |ring| {
+            cache.keyring_changed();
+            rekeyed.rekey(ring);
+        }));
     }
     state.cluster.cache.start(client.clone());
     tokio::spawn(worker.run());
@@ -511,7 +559,7 @@ pub async fn run(options: Options) -> Result<()> {
         tokio::spawn(leader::compete(client.clone(), election, state.leadership.clone()));
     }
     tokio::spawn(resync_loop(state.clone(), interval));
-    http::serve(state, &options).await
+    http::serve(state, door, &options).await
 }
 
 async fn resync_loop(state: Arc<State>, interval: Duration) {

@@ -274,7 +274,7 @@ impl KeySecret {
     /// Keeps `prover` on the Secret's ring while serve runs: a rotated or
     /// restored ring is used at once; a deleted Secret is written again
     /// from the ring held, so that no key is lost while serve runs.
-    pub async fn keep(self, ring: Keyring, prover: Arc<Prover>, changed: impl Fn() + Send + 'static) {
+    pub async fn keep(self, ring: Keyring, prover: Arc<Prover>, changed: impl Fn(&Keyring) + Send + 'static) {
         let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
         let config = watcher::Config::default().fields(&format!("metadata.name={}", self.name));
         let mut events = watcher::watcher(api.clone(), config).boxed();
@@ -285,8 +285,8 @@ impl KeySecret {
                     Ok(ring) if ring.ids() != held.ids() => {
                         tracing::info!(keys = ?ring.ids(), "the signing keyring changed; using it");
                         prover.replace(&ring);
+                        changed(&ring);
                         held = ring;
-                        changed();
                     }
                     Ok(_) => {}
                     Err(e) => tracing::error!("keeping the signing keyring held: {e:#}"),

@@ -19,17 +19,6 @@ use super::*;
 
 const OBJECT_BYTES: usize = 8 << 10;
 
-/// serve's resident set, in bytes.
-fn rss(serve: &ServeProcess) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", serve.child.id())).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        .map(|kib| kib * 1024)
-        .unwrap()
-}
-
 /// 8 KiB of a value per object, different in each.
 fn value(i: usize) -> String {
     let seed = format!("{i:08}");
@@ -93,7 +82,7 @@ pub fn memory_table(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Pa
         (0..3)
             .map(|_| {
                 std::thread::sleep(std::time::Duration::from_secs(1));
-                rss(serve)
+                serve.rss_bytes()
             })
             .min()
             .unwrap()

@@ -132,8 +132,21 @@ fn forged_review() -> String {
 /// POSTs `body` to serve's webhook with curl, showing `cert` (a name in the
 /// control plane's directory: `<name>.crt` and `<name>.key`) if given;
 /// `Err`: the call got no HTTP answer.
+/// The caller knows the door's path (a leak, or the API server's stolen
+/// certificate): what is behind the door is tried.
 pub(crate) fn post(cp: &ControlPlane, serve: &ServeProcess, body: &str, cert: Option<&str>) -> Result<String, String> {
-    let url = format!("https://{}/mutate", serve.webhook);
+    post_to(cp, serve, &super::door_path(cp), body, cert)
+}
+
+/// [`post`] to `path`.
+pub(crate) fn post_to(
+    cp: &ControlPlane,
+    serve: &ServeProcess,
+    path: &str,
+    body: &str,
+    cert: Option<&str>,
+) -> Result<String, String> {
+    let url = format!("https://{}{path}", serve.webhook);
     let mut args: Vec<String> = ["-sS", "-k", "--max-time", "10", "-H", "Content-Type: application/json"]
         .map(String::from)
         .to_vec();
@@ -232,8 +245,11 @@ fn forged_review_story(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: 
 pub fn attack_stories(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path) {
     forged_label_story(cp, serve, kubeconfig);
     forged_review_story(cp, serve, kubeconfig);
-    // The second round (docs/security.md), as most installs run: no mTLS.
+    // The second round (docs/security.md), as most installs run: no mTLS,
+    // for a caller that learned the door's path.
     super::forged::stories(cp, serve);
+    // The third: the door, and what it leaves bounded; it rotates the key.
+    super::door::door_story(cp, serve, kubeconfig);
     super::keys::key_lifecycle_story(cp, serve, kubeconfig);
 }
 
@@ -262,15 +278,19 @@ fn can(cp: &ControlPlane, args: &[&str]) -> bool {
 /// cluster-wide binding away.
 pub fn namespaced_story(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path) {
     let objects = rendered(cp, "deploy/overlays/namespaced");
-    // Cluster-wide: the signing key's guard, read by name, and nothing else.
+    // Cluster-wide: the signing key's guard, read by name, and its own
+    // webhook configuration, kept on the door's path, by name; nothing else.
     let cluster_wide: Vec<&Value> = objects.iter().filter(|o| o["kind"] == "ClusterRole").collect();
     assert_eq!(cluster_wide.len(), 1, "{cluster_wide:?}");
     assert_eq!(
         cluster_wide[0]["rules"],
         json!([{"apiGroups": ["admissionregistration.k8s.io"],
                 "resources": ["validatingadmissionpolicies", "validatingadmissionpolicybindings"],
-                "resourceNames": ["config-snapshot-signing-key"], "verbs": ["get"]}]),
-        "the namespaced install grants nothing cluster-wide but the guard's read"
+                "resourceNames": ["config-snapshot-signing-key"], "verbs": ["get"]},
+               {"apiGroups": ["admissionregistration.k8s.io"],
+                "resources": ["mutatingwebhookconfigurations"],
+                "resourceNames": ["config-snapshot"], "verbs": ["get", "patch"]}]),
+        "the namespaced install grants nothing cluster-wide but the guard's read and its webhook's path"
     );
     for ns in ["team-a", "team-b", "team-c"] {
         cp.namespace(ns);
@@ -304,6 +324,9 @@ pub fn namespaced_story(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig:
         &["get", "validatingadmissionpolicies/config-snapshot-signing-key"]
     ));
     assert!(!can(cp, &["get", "validatingadmissionpolicies/another"]));
+    assert!(can(cp, &["patch", "mutatingwebhookconfigurations/config-snapshot"]));
+    assert!(!can(cp, &["patch", "mutatingwebhookconfigurations/another"]));
+    assert!(!can(cp, &["create", "mutatingwebhookconfigurations"]));
 
     // serve as the overlay runs it: watching team-a and team-b only (a
     // cluster-wide watch would be refused and it would never be ready).

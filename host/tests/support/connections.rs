@@ -112,3 +112,33 @@ pub async fn hold_h2(
     }
     held
 }
+
+/// Writes the head of a POST of `path` declaring a body of `length` bytes,
+/// then `sent` bytes of that body, as fast as the peer takes them: a write
+/// that waits half a second ends it (a body serve does not read fills the
+/// socket). Whether the head was written.
+pub async fn post_declaring<S: tokio::io::AsyncWrite + Unpin>(
+    stream: &mut S,
+    path: &str,
+    length: usize,
+    sent: usize,
+) -> bool {
+    use tokio::io::AsyncWriteExt;
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+    );
+    if stream.write_all(head.as_bytes()).await.is_err() {
+        return false;
+    }
+    let chunk = vec![b' '; 64 << 10];
+    let mut left = sent;
+    while left > 0 {
+        let n = left.min(chunk.len());
+        match tokio::time::timeout(Duration::from_millis(500), stream.write_all(&chunk[..n])).await {
+            Ok(Ok(())) => left -= n,
+            _ => break,
+        }
+    }
+    let _ = stream.flush().await;
+    true
+}

@@ -122,10 +122,20 @@ impl ServeProcess {
             std::fs::write(&key, [42u8; 32]).unwrap();
             vec!["--signing-key-file".into(), key.into_os_string()]
         };
+        // The harness registers serve itself (or has no webhook
+        // configuration at all, as with the stand-in API server), unless
+        // the caller asks serve to keep one on the door's path.
+        let registration_args: Vec<std::ffi::OsString> =
+            if extra.iter().any(|a| a.starts_with("--webhook-configuration")) {
+                vec![]
+            } else {
+                vec!["--webhook-configuration=".into()]
+            };
         let mut child = Command::new(binary)
             .arg("serve")
             .args(policy_args)
             .args(key_args)
+            .args(registration_args)
             .arg("--tls-cert")
             .arg(dir.join("tls.crt"))
             .arg("--tls-key")
@@ -150,6 +160,25 @@ impl ServeProcess {
             dir,
             binary: binary.to_path_buf(),
         }
+    }
+
+    /// serve's resident set, in bytes (`/proc`).
+    pub fn rss_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .map(|kib| kib * 1024)
+            .unwrap()
+    }
+
+    /// The door's path (docs/security.md, "The door") of a serve that
+    /// signs with the key file the harness wrote for it.
+    pub fn door_path(&self) -> String {
+        let key = std::fs::read(self.dir.join("signing.key")).expect("serve signs with the harness's key file");
+        let ring = config_snapshot::proof::Keyring::of(&key).unwrap();
+        config_snapshot::serve::door::path_of(&ring, config_snapshot_policy::duration::unix_now()).to_string()
     }
 
     /// A plain HTTP GET on the ops port: (status, body).

@@ -17,6 +17,8 @@ use super::process::ServeProcess;
 
 pub struct Webhook {
     address: std::net::SocketAddr,
+    /// The door's path: what the API server calls.
+    path: String,
     client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
     /// Every AdmissionReview response body, for canary checks.
     pub responses: Vec<String>,
@@ -40,13 +42,14 @@ impl Webhook {
             .build();
         Webhook {
             address: process.webhook,
+            path: process.door_path(),
             client: Client::builder(TokioExecutor::new()).build(https),
             responses: Vec::new(),
         }
     }
 
     pub async fn post(&mut self, body: Vec<u8>) -> (u16, String) {
-        let request = axum::http::Request::post(format!("https://{}/mutate", self.address))
+        let request = axum::http::Request::post(format!("https://{}{}", self.address, self.path))
             .header("content-type", "application/json")
             .body(Full::new(Bytes::from(body)))
             .unwrap();

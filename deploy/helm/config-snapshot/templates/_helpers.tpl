@@ -64,4 +64,9 @@ against what serve calls).
   resources: ["validatingadmissionpolicies", "validatingadmissionpolicybindings"]
   resourceNames: [{{ include "config-snapshot.guard" . | quote }}]
   verbs: ["get"]
+# Its webhook configuration: kept calling the door's path.
+- apiGroups: ["admissionregistration.k8s.io"]
+  resources: ["mutatingwebhookconfigurations"]
+  resourceNames: [{{ include "config-snapshot.fullname" . | quote }}]
+  verbs: ["get", "patch"]
 {{- end -}}
