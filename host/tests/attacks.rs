@@ -217,6 +217,35 @@ async fn a_forged_review_for_an_excluded_namespace_writes_nothing() {
     drop(serve);
 }
 
+/// Round 3, lower finding: a review over the webhook is logged at info,
+/// whatever its uid says. A uid beginning `resync-` (the pass's own
+/// admissions) was logged at debug only, so a forged review could hide in
+/// a log kept at info.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_review_over_the_webhook_is_logged_at_info_whatever_its_uid() {
+    let _serial = SERIAL.lock().await;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let api = ApiServer::start().await;
+    api.put(secret("shop"));
+    let mut serve = ServeProcess::start(&api.kubeconfig(), &[]);
+    serve.wait_ready();
+    let disguised = review("shop", opted_in("shop")).replace("\"forged-1\"", "\"resync-forged-7\"");
+    assert!(disguised.contains("resync-forged-7"));
+    let serve = tokio::task::spawn_blocking(move || {
+        let (status, _) = post(&serve, None, &disguised).unwrap();
+        assert_eq!(status, 200);
+        serve
+    })
+    .await
+    .unwrap();
+    let logs = serve.logs();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("resync-forged-7") && l.contains("\"admission\""))
+        .unwrap_or_else(|| panic!("no admission line for the review:\n{logs}"));
+    assert!(line.contains("\"level\":\"INFO\""), "{line}");
+}
+
 /// The key's guard as the kustomize install ships it.
 fn keyguard() -> String {
     std::fs::read_to_string(support::paths::root().join("deploy/serve/keyguard.yaml")).unwrap()

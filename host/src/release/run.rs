@@ -29,9 +29,9 @@ use crate::proof::{Keyring, Prover};
 use crate::serve::cache::api_resource;
 use crate::serve::signing::ring_of;
 
-/// The name of serve's webhook (deploy/serve/webhook.yaml): while it is
-/// registered, serve pins workloads again as they are pointed back.
-pub const WEBHOOK: &str = "config-snapshot.config-snapshot.io";
+/// serve's webhook (deploy/serve/webhook.yaml): while it is registered,
+/// serve pins workloads again as they are pointed back.
+pub use crate::serve::registration::WEBHOOK;
 
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -299,8 +299,9 @@ async fn serve_gone(client: &Client) -> Result<()> {
         {
             return Err(anyhow!(
                 "serve's webhook is still registered (MutatingWebhookConfiguration {}): it would pin the workloads \
-                 again as they are pointed back. Uninstall first (helm uninstall, or kubectl delete -k deploy/serve), \
-                 or pass --force",
+                 again as they are pointed back. Uninstall first: helm uninstall, or with kustomize delete that \
+                 configuration and serve's Deployment, keeping its namespace (its signing key is there; \
+                 docs/install.md, \"Uninstall\"), or pass --force",
                 configuration.metadata.name.unwrap_or_default()
             ));
         }

@@ -79,7 +79,56 @@ async fn trickle(serve: &ServeProcess, path: &str, peers: u8, count: usize, sent
     statuses
 }
 
+/// Finding 3: the read-ahead of an opted-in admission reads a Secret's
+/// snapshot by the name the host gives it, keyed; the plain hash of the
+/// Secret's value never appears in a request path (kube-apiserver's audit
+/// log keeps every one). On cd11c64 it was read as `db-<10 hex of
+/// SHA-256>`.
+fn read_ahead_story(cp: &ControlPlane, serve: &ServeProcess) {
+    use config_snapshot_policy::content::{snapshot_name, Content};
+    use config_snapshot_policy::source::SourceKind;
+    let ns = "attack-audit";
+    cp.namespace(ns);
+    cp.apply(
+        ns,
+        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db"}, "stringData": {"password": CANARY}}),
+    );
+    let stored = cp.get(ns, "secret", "db").unwrap();
+    let plain = snapshot_name("db", &Content::from_object(SourceKind::Secret, &stored).unwrap().hash());
+    let from = serve.logs().len();
+    let web = workload(
+        "Deployment",
+        "web",
+        json!({"config-snapshot.io/snapshot": "*"}),
+        "x:1",
+        json!([{"secretRef": {"name": "db"}}]),
+        1,
+    );
+    cp.apply(ns, &web);
+    let keyed = cp.get(ns, "deployment", "web").unwrap()["spec"]["template"]["spec"]["containers"][0]["envFrom"][0]
+        ["secretRef"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(keyed.starts_with("db-") && keyed != plain, "{keyed}");
+    let requested: Vec<String> = serve.logs()[from..]
+        .lines()
+        .filter(|l| l.contains("\"requesting\"") && l.contains(&format!("/namespaces/{ns}/secrets/")))
+        .map(str::to_string)
+        .collect();
+    assert!(
+        requested.iter().all(|l| !l.contains(&plain)),
+        "a request path named the Secret's plain hash: {requested:?}"
+    );
+    assert!(
+        requested.iter().any(|l| l.contains(&format!("/secrets/{keyed}"))),
+        "the snapshot was read ahead by its keyed name: {requested:?}"
+    );
+    cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
+}
+
 pub fn door_story(cp: &ControlPlane, serve: &ServeProcess, kubeconfig: &Path) {
+    read_ahead_story(cp, serve);
     let _ = kubeconfig;
     let ns = "attack-door";
     cp.namespace(ns);

@@ -47,9 +47,38 @@ fn replica_sets(cp: &ControlPlane, ns: &str) -> usize {
     count(&cp.objects(ns), "ReplicaSet")
 }
 
+/// Round 3, lower finding: `keys sign-unsigned --yes` signed every
+/// well-formed look-alike in the cluster. One made after the key Secret
+/// (anything unsigned made since is not a signing version's) is named and
+/// left alone; `--made-before` reaches further when an operator says so.
+fn sign_unsigned_story(cp: &ControlPlane) {
+    use config_snapshot_policy::content::{snapshot_name, snapshot_object, Content};
+    use config_snapshot_policy::source::{SourceId, SourceKind};
+    let ns = "keys-lookalike";
+    cp.namespace(ns);
+    let content = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"mode": "planted"}})).unwrap();
+    let name = snapshot_name("app", &content.hash());
+    let mut lookalike = snapshot_object(&SourceId::new(SourceKind::ConfigMap, "app"), ns, &name, "1", &content);
+    lookalike["metadata"].as_object_mut().unwrap().remove("namespace");
+    cp.apply(ns, &lookalike);
+    let signature = |cp: &ControlPlane| {
+        cp.get(ns, "configmap", &name).unwrap()["metadata"]["annotations"]["config-snapshot.io/signature"].clone()
+    };
+    let said = keys(cp, &["sign-unsigned", "--in", ns, "--yes"]);
+    assert!(said.contains(&name) && said.contains("made after the key"), "{said}");
+    assert!(signature(cp).is_null(), "a look-alike made after the key was signed");
+    // An operator who knows it is theirs says so.
+    let later = "2099-01-01T00:00:00Z";
+    let said = keys(cp, &["sign-unsigned", "--in", ns, "--made-before", later, "--yes"]);
+    assert!(said.contains("signed"), "{said}");
+    assert!(signature(cp).is_string());
+    cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
+}
+
 pub fn key_lifecycle_story(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path) {
     serve.restart(kubeconfig, &serve_flags("{}"));
     serve.wait_ready();
+    sign_unsigned_story(cp);
     let ns = "keys";
     cp.namespace(ns);
     cp.apply(
