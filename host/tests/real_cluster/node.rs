@@ -887,6 +887,117 @@ fn trickle_story(cp: &ControlPlane) {
     cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
 }
 
+/// The shell blocks of docs/quickstart.md, each with the expected output
+/// that follows it (a fence with no language), in order.
+fn quickstart_blocks() -> Vec<(String, Option<String>)> {
+    let doc = std::fs::read_to_string(root().join("docs/quickstart.md")).unwrap();
+    let mut blocks: Vec<(String, Option<String>)> = Vec::new();
+    let mut rest = doc.as_str();
+    while let Some(at) = rest.find("```") {
+        let after = &rest[at + 3..];
+        let (lang, body) = after.split_once('\n').unwrap();
+        let end = body.find("```").unwrap();
+        let text = body[..end].to_string();
+        match lang.trim() {
+            "sh" => blocks.push((text, None)),
+            "" => blocks.last_mut().expect("output follows a command block").1 = Some(text),
+            other => panic!("docs/quickstart.md: a block of {other:?}"),
+        }
+        rest = &body[end + 3..];
+    }
+    blocks
+}
+
+/// The block's commands, a command's continued lines joined.
+fn commands(block: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut continued = false;
+    let mut heredoc: Option<String> = None;
+    for line in block.lines() {
+        if let Some(end) = &heredoc {
+            let last = out.last_mut().unwrap();
+            last.push('\n');
+            last.push_str(line);
+            if line.trim() == end {
+                heredoc = None;
+            }
+            continue;
+        }
+        if continued {
+            let last = out.last_mut().unwrap();
+            last.push('\n');
+            last.push_str(line);
+        } else if !line.trim().is_empty() {
+            out.push(line.to_string());
+        }
+        continued = line.ends_with('\\');
+        if let Some((_, tag)) = line.split_once("<<'") {
+            heredoc = tag.split('\'').next().map(str::to_string);
+        }
+    }
+    out
+}
+
+/// docs/quickstart.md run as written, on this node, after serve was
+/// installed as docs/serve.md's node recipe shows (the quick start's own
+/// install names ghcr.io, which is not reachable here; that step alone is
+/// left out): every command block runs in a shell, with `kubectl` and the
+/// node's busybox image in the place of `busybox:1.36`, and each expected
+/// output is what the commands print at the end. A read that a rollout
+/// still moves (`kubectl logs` of a pod going away) is read again, as a
+/// user would, up to a minute; nothing else is run twice.
+fn quickstart_story(cp: &ControlPlane) {
+    let blocks = quickstart_blocks();
+    assert!(blocks[0].0.contains("helm install config-snapshot"), "the first step installs");
+    let prelude = format!(
+        "set -euo pipefail\nsource {}\nexport PATH=\"$BIN:$PATH\"\n",
+        cp.dir.join("env").display()
+    );
+    let run = |script: &str| -> String {
+        let out = Command::new("timeout")
+            .args(["300", "bash", "-c", &format!("{prelude}{script}")])
+            .current_dir(root())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "docs/quickstart.md failed:\n{script}\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let image = cp.image("busybox");
+    for (block, expected) in blocks.iter().skip(1) {
+        let block = block.replace("busybox:1.36", &image);
+        let output = run(&block);
+        let Some(expected) = expected else { continue };
+        let expected: Vec<&str> = expected.lines().collect();
+        let ends_as_expected = |output: &str| {
+            let lines: Vec<&str> = output.lines().collect();
+            lines.len() >= expected.len() && lines[lines.len() - expected.len()..] == expected[..]
+        };
+        if ends_as_expected(&output) {
+            continue;
+        }
+        // The reads at the end of the block, again.
+        let all = commands(&block);
+        let reads: Vec<&String> = all
+            .iter()
+            .rev()
+            .take_while(|c| c.starts_with("kubectl") && (c.contains(" get ") || c.contains(" logs ")))
+            .collect();
+        let again: String = reads.iter().rev().map(|c| format!("{c}\n")).collect();
+        assert!(!again.is_empty(), "docs/quickstart.md printed {output:?}, expected {expected:?}");
+        eventually_or(
+            &format!("docs/quickstart.md's output {expected:?}"),
+            60,
+            || run(&again),
+            || ends_as_expected(&run(&again)).then_some(()),
+        );
+    }
+}
+
 pub fn node_stories(cp: &ControlPlane) {
     let started = Instant::now();
     install_as_documented(cp);
@@ -894,6 +1005,9 @@ pub fn node_stories(cp: &ControlPlane) {
     // NODE_STORIES=storm,watch runs only those (while working on them).
     let only = std::env::var("NODE_STORIES").ok();
     let run = |name: &str| only.as_deref().is_none_or(|o| o.split(',').any(|s| s == name));
+    if run("quickstart") {
+        quickstart_story(cp);
+    }
     if run("deployment") {
         deployment_story(cp);
     }
