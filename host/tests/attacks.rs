@@ -241,7 +241,9 @@ async fn a_review_over_the_webhook_is_logged_at_info_whatever_its_uid() {
     let logs = serve.logs();
     let line = logs
         .lines()
-        .find(|l| l.contains("resync-forged-7") && l.contains("\"admission\""))
+        .find(|l| {
+            l.contains("resync-forged-7") && l.contains("\"admission\"") && l.contains("\"target\":\"config_snapshot")
+        })
         .unwrap_or_else(|| panic!("no admission line for the review:\n{logs}"));
     assert!(line.contains("\"level\":\"INFO\""), "{line}");
 }
