@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# KEP user story 1 on a real cluster: kind + cert-manager + deploy/serve.
+# KEP user story 1 on a real cluster: kind + deploy/serve.
 # Needs docker (with an engine), kind and kubectl. Not part of `make test`:
 # CI machines here have no Docker engine.
 #
@@ -10,7 +10,6 @@ cd "$(dirname "$0")/../.."
 
 CLUSTER=config-snapshot-e2e
 IMAGE=ghcr.io/config-snapshot/config-snapshot:0.1.0
-CERT_MANAGER=https://github.com/cert-manager/cert-manager/releases/download/v1.16.2/cert-manager.yaml
 NS=shop
 
 step() { printf '\n== %s\n' "$*"; }
@@ -31,12 +30,10 @@ kind create cluster --name "$CLUSTER" --wait 120s
 docker build -t "$IMAGE" .
 kind load docker-image "$IMAGE" --name "$CLUSTER"
 
-step "cert-manager and config-snapshot serve"
-kubectl apply -f "$CERT_MANAGER"
-kubectl -n cert-manager wait --for=condition=Available deployment --all --timeout=180s
-retry kubectl apply -k deploy/serve
+step "config-snapshot serve"
+kubectl apply -k deploy/serve
 kubectl -n config-snapshot wait --for=condition=Available deployment/config-snapshot --timeout=180s
-# The CA is injected asynchronously; wait until the webhook answers.
+# serve writes its CA into the webhook configuration; wait until it has.
 retry sh -c '[ -n "$(kubectl get mutatingwebhookconfiguration config-snapshot -o jsonpath="{.webhooks[0].clientConfig.caBundle}")" ]'
 
 step "a Deployment that watches its ConfigMap"

@@ -17,7 +17,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/serve")
@@ -79,13 +79,11 @@ fn every_object_is_valid_for_its_kubernetes_type() {
             "ValidatingAdmissionPolicyBinding" => drop(typed::<
                 k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding,
             >(&object)),
-            // cert-manager's CRDs have no k8s-openapi type; checked below.
-            "Issuer" | "Certificate" => assert_eq!(object["apiVersion"], "cert-manager.io/v1", "{file}"),
             other => panic!("{file}: unexpected kind {other}"),
         }
         kinds.insert(kind);
     }
-    assert_eq!(kinds.len(), 16, "{kinds:?}");
+    assert_eq!(kinds.len(), 14, "{kinds:?}");
 }
 
 #[test]
@@ -179,40 +177,15 @@ fn the_webhook_matches_the_policy_metadata_and_is_safe_to_run() {
     let ports = service.spec.as_ref().unwrap().ports.as_ref().unwrap();
     assert!(ports.iter().any(|p| Some(p.port) == target.port));
 
-    // cert-manager: the injected CA is the Certificate's, whose Secret the
-    // pods mount and whose names cover the Service.
-    let ca_from = config.metadata.annotations.as_ref().unwrap()["cert-manager.io/inject-ca-from"].clone();
-    let certificate = find("Certificate");
-    assert_eq!(
-        ca_from,
-        format!(
-            "{}/{}",
-            certificate["metadata"]["namespace"].as_str().unwrap(),
-            certificate["metadata"]["name"].as_str().unwrap()
-        )
-    );
-    let secret = certificate["spec"]["secretName"].as_str().unwrap();
-    let volumes = deployment
-        .spec
-        .as_ref()
-        .unwrap()
-        .template
-        .spec
-        .as_ref()
-        .unwrap()
-        .volumes
-        .clone()
-        .unwrap();
-    assert!(volumes
-        .iter()
-        .any(|v| v.secret.as_ref().and_then(|s| s.secret_name.as_deref()) == Some(secret)));
-    let dns = format!("{}.{}.svc", target.name, target.namespace);
-    assert!(certificate["spec"]["dnsNames"]
-        .as_array()
-        .unwrap()
-        .contains(&json!(dns)));
-    let issuer = find("Issuer");
-    assert_eq!(certificate["spec"]["issuerRef"]["name"], issuer["metadata"]["name"]);
+    // No certificate to install first: serve makes its own for the
+    // Service's name and keeps the webhook's caBundle on its CA
+    // (deploy/components/cert-manager hands it to cert-manager instead).
+    let options = deployed_serve_options();
+    assert_eq!((options.tls_cert.as_ref(), options.tls_key.as_ref()), (None, None));
+    assert_eq!(options.service, target.name);
+    assert_eq!(hook.client_config.ca_bundle, None, "serve writes it");
+    assert!(config.metadata.annotations.is_none(), "no injector's annotation");
+    assert!(documents().iter().all(|(_, o)| o["apiVersion"] != "cert-manager.io/v1"));
 }
 
 #[derive(Parser)]

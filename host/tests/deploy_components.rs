@@ -148,12 +148,20 @@ fn the_namespaced_component_names_one_list_and_grants_no_more_than_the_cluster_r
     for role in roles.iter().filter(|o| o["kind"] == "Role") {
         let ns = role["metadata"]["namespace"].as_str().unwrap().to_string();
         if ns == own {
-            // Only the signing key: get it by name, create it once.
+            // Only the signing key and serve's webhook CA: read them by
+            // name, create them once, renew and replace the CA alone.
             assert_eq!(role["metadata"]["name"], "config-snapshot-signing-key");
             let rules = role["rules"].as_array().unwrap();
-            assert_eq!(rules[0]["resourceNames"][0], options.signing_key_secret.as_str());
+            let ca = config_snapshot::serve::certificates::SECRET;
+            assert_eq!(
+                rules[0]["resourceNames"],
+                serde_json::json!([options.signing_key_secret.as_str(), ca])
+            );
             assert_eq!(rules[0]["verbs"], serde_json::json!(["get", "list", "watch"]));
             assert_eq!(rules[1]["verbs"], serde_json::json!(["create"]));
+            assert_eq!(rules[2]["resourceNames"], serde_json::json!([ca]));
+            assert_eq!(rules[2]["verbs"], serde_json::json!(["patch", "delete"]));
+            assert_eq!(rules.len(), 3);
             continue;
         }
         assert_eq!(grants(&role["rules"]), grants(&cluster_role["rules"]), "Role in {ns}");
@@ -189,29 +197,88 @@ fn the_namespaced_component_names_one_list_and_grants_no_more_than_the_cluster_r
     );
 }
 
+/// The strategic merge patch a component applies to serve's Deployment:
+/// its one container's volume mounts and its volumes.
+fn merged_volumes(component: &Value) -> (Vec<Value>, Vec<Value>) {
+    let patch = component["patches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p.get("target").is_none())
+        .map(|p| serde_yaml_ng::from_str::<Value>(p["patch"].as_str().unwrap()).unwrap())
+        .find(|p| p["kind"] == "Deployment")
+        .expect("a strategic merge patch of the Deployment");
+    let spec = &patch["spec"]["template"]["spec"];
+    (
+        spec["containers"][0]["volumeMounts"].as_array().unwrap().clone(),
+        spec["volumes"].as_array().unwrap().clone(),
+    )
+}
+
 #[test]
 fn the_mtls_component_points_client_ca_at_the_ca_it_mounts() {
     let component = kustomization("components/mtls");
     assert_eq!(component["kind"], "Component");
-    let ops = ops(&component, "Deployment");
-    let options = options_with(&ops);
+    let options = options_with(&ops(&component, "Deployment"));
     let ca = options.client_ca.expect("--client-ca");
-    let mount = ops
-        .iter()
-        .find(|op| op["path"].as_str().unwrap().ends_with("/volumeMounts/-"))
-        .unwrap();
-    let volume = ops
-        .iter()
-        .find(|op| op["path"].as_str().unwrap().ends_with("/volumes/-"))
-        .unwrap();
-    assert_eq!(mount["value"]["name"], volume["value"]["name"]);
-    assert_eq!(
-        Path::new(mount["value"]["mountPath"].as_str().unwrap()).join("ca.crt"),
-        ca
-    );
+    let (mounts, volumes) = merged_volumes(&component);
+    let (mount, volume) = (&mounts[0], &volumes[0]);
+    assert_eq!(mount["name"], volume["name"]);
+    assert_eq!(Path::new(mount["mountPath"].as_str().unwrap()).join("ca.crt"), ca);
     // The overlay makes the ConfigMap the volume names, with that key.
     let overlay = kustomization("overlays/mtls");
     let generated = &overlay["configMapGenerator"][0];
-    assert_eq!(generated["name"], volume["value"]["configMap"]["name"]);
+    assert_eq!(generated["name"], volume["configMap"]["name"]);
     assert_eq!(generated["files"][0], "ca.crt");
+}
+
+/// The cert-manager component: serve serves the Secret cert-manager
+/// writes, for the Service's names, issued by a CA of cert-manager's whose
+/// certificate the injector puts in the webhook configuration: a renewal
+/// of the serving certificate changes nothing the API server trusts.
+#[test]
+fn the_cert_manager_component_serves_a_certificate_of_a_ca_the_webhook_trusts() {
+    let component = kustomization("components/cert-manager");
+    assert_eq!(component["kind"], "Component");
+    let options = options_with(&ops(&component, "Deployment"));
+    let (cert, key) = (
+        options.tls_cert.expect("--tls-cert"),
+        options.tls_key.expect("--tls-key"),
+    );
+    let (mounts, volumes) = merged_volumes(&component);
+    assert_eq!(mounts[0]["name"], volumes[0]["name"]);
+    let dir = Path::new(mounts[0]["mountPath"].as_str().unwrap());
+    assert_eq!((dir.join("tls.crt"), dir.join("tls.key")), (cert, key));
+    let made = objects(&deploy().join("components/cert-manager/certificate.yaml"));
+    let named = |kind: &str, name: &str| {
+        made.iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name}"))
+            .clone()
+    };
+    let certificates: Vec<&Value> = made.iter().filter(|o| o["kind"] == "Certificate").collect();
+    let serving = certificates.iter().find(|c| c["spec"]["isCA"] != true).unwrap();
+    assert_eq!(serving["spec"]["secretName"], volumes[0]["secret"]["secretName"]);
+    assert!(serving["spec"]["dnsNames"]
+        .as_array()
+        .unwrap()
+        .contains(&serde_json::json!(format!("{}.config-snapshot.svc", options.service))));
+    // Issued by a CA Issuer whose CA is a Certificate of its own, which the
+    // injector reads.
+    let issuer = named("Issuer", serving["spec"]["issuerRef"]["name"].as_str().unwrap());
+    let ca_secret = issuer["spec"]["ca"]["secretName"].as_str().expect("a CA Issuer");
+    let ca = certificates
+        .iter()
+        .find(|c| c["spec"]["secretName"] == ca_secret)
+        .unwrap();
+    assert_eq!(ca["spec"]["isCA"], true);
+    let injected =
+        ops(&component, "MutatingWebhookConfiguration")[0]["value"]["cert-manager.io/inject-ca-from"].clone();
+    assert_eq!(
+        injected,
+        format!("config-snapshot/{}", ca["metadata"]["name"].as_str().unwrap())
+    );
+    // The CA lives ten years, the serving certificate 90 days.
+    assert_eq!(ca["spec"]["duration"], "87600h");
+    assert_eq!(serving["spec"]["duration"], "2160h");
 }

@@ -460,7 +460,10 @@ fn every_user_shell_block_is_run_or_said_here() {
         }
     }
     let stale: Vec<_> = register.keys().filter(|k| !listed.contains(*k)).collect();
-    assert!(stale.is_empty(), "docs/testing.md lists blocks no user doc holds: {stale:?}");
+    assert!(
+        stale.is_empty(),
+        "docs/testing.md lists blocks no user doc holds: {stale:?}"
+    );
     eprintln!("user docs: {run} shell blocks run, {said} said where they are checked");
     assert!(run >= 1, "{run}");
 }
@@ -512,7 +515,11 @@ fn user_docs_are_instructions_not_evidence() {
             }
         }
     }
-    assert!(found.is_empty(), "evidence in the user docs (docs/testing.md is its place):\n{}", found.join("\n"));
+    assert!(
+        found.is_empty(),
+        "evidence in the user docs (docs/testing.md is its place):\n{}",
+        found.join("\n")
+    );
 }
 
 /// The words of the user docs the issue "Docs a newcomer finishes" counted

@@ -772,6 +772,26 @@ fn outage_story(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path) 
         ),
     );
     let blue = env_ref(&cp.get(ns, "deployment", "web").unwrap());
+    // A workload a GitOps tool keeps in sync: applied as in git, pinned.
+    let synced = |image: &str| {
+        workload(
+            "Deployment",
+            "synced",
+            json!({"config-snapshot.io/watch": "app"}),
+            image,
+            json!([{"configMapRef": {"name": "app"}}]),
+            10,
+        )
+    };
+    cp.apply(ns, &synced("nginx:1"));
+    let replica_sets = |name: &str| {
+        cp.objects(ns)
+            .0
+            .iter()
+            .filter(|o| o["kind"] == "ReplicaSet" && o["metadata"]["ownerReferences"][0]["name"] == name)
+            .count()
+    };
+    assert_eq!(replica_sets("synced"), 1);
     serve.stop();
     cp.kubectl(&[
         "-n",
@@ -801,6 +821,10 @@ fn outage_story(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path) 
         "app",
         "admitted unmutated while serve is down (failurePolicy Ignore)"
     );
+    // git moves on to a new image meanwhile: the sync rolls it, unpinned.
+    cp.apply(ns, &synced("nginx:2"));
+    assert_eq!(env_ref(&cp.get(ns, "deployment", "synced").unwrap()), "app");
+    eventually("the synced rollout", 30, || (replica_sets("synced") == 2).then_some(()));
     std::thread::sleep(Duration::from_secs(3));
     let view = cp.objects(ns);
     assert_eq!(
@@ -819,6 +843,21 @@ fn outage_story(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path) 
             && env_ref(&cp.get(ns, "deployment", "late")?).starts_with("app-"))
         .then_some(())
     });
+    // serve pins what was written meanwhile: the synced workload rolls
+    // once more, to the same image and config. A self-heal that applies
+    // git's manifest again (its template names `app`, the live one the
+    // snapshot) is pinned to that same snapshot: nothing rolls again.
+    eventually("the synced workload pinned", 60, || {
+        env_ref(&cp.get(ns, "deployment", "synced")?)
+            .starts_with("app-")
+            .then_some(())
+    });
+    let pinned = cp.get(ns, "deployment", "synced").unwrap()["spec"]["template"].clone();
+    eventually("the pinned rollout", 30, || (replica_sets("synced") == 3).then_some(()));
+    cp.apply(ns, &synced("nginx:2"));
+    std::thread::sleep(Duration::from_secs(2 * INTERVAL_SECS + 2));
+    assert_eq!(cp.get(ns, "deployment", "synced").unwrap()["spec"]["template"], pinned);
+    assert_eq!(replica_sets("synced"), 3, "a self-heal after the outage rolls nothing");
     no_dangling(&cp.objects(ns), "after the outage");
 }
 
@@ -1291,6 +1330,8 @@ mod held;
 mod helm;
 #[path = "real_cluster/histories.rs"]
 mod histories;
+#[path = "real_cluster/install.rs"]
+mod install;
 #[path = "real_cluster/jobs.rs"]
 mod jobs;
 #[path = "real_cluster/keys.rs"]

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -296,12 +297,10 @@ async fn metrics(Extract(state): Extract<Arc<State>>) -> Response {
         .into_response()
 }
 
-pub async fn serve(state: Arc<State>, door: Arc<Door>, options: &Options) -> Result<()> {
-    let tls = Tls::new(tls_config(options)?);
+pub async fn serve(state: Arc<State>, door: Arc<Door>, tls: Tls, options: &Options) -> Result<()> {
     if options.client_ca.is_some() {
         tracing::info!("the webhook answers only callers with a client certificate from --client-ca");
     }
-    tokio::spawn(reload_certificates(tls.clone(), options.clone()));
     let limits = options.listener_limits()?;
     let body_deadline = options.body_read_timeout.max(Duration::from_secs(1));
     let budget = usize::try_from(options.body_bytes_in_flight.get()).unwrap_or(usize::MAX);
@@ -349,20 +348,16 @@ pub async fn serve(state: Arc<State>, door: Arc<Door>, options: &Options) -> Res
     Ok(())
 }
 
-fn tls_config(options: &Options) -> Result<Arc<rustls::ServerConfig>> {
-    server_config(&options.tls_cert, &options.tls_key, options.client_ca.as_deref())
-}
-
-/// cert-manager rotates the certificate in place: pick it up without a
-/// restart.
-async fn reload_certificates(tls: Tls, options: Options) {
+/// cert-manager (or you) rotates the certificate in place: pick it up
+/// without a restart.
+pub(crate) async fn reload_certificates(tls: Tls, cert: PathBuf, key: PathBuf, client_ca: Option<PathBuf>) {
     let modified = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    let mut seen: Option<SystemTime> = modified(&options.tls_cert);
+    let mut seen: Option<SystemTime> = modified(&cert);
     loop {
         tokio::time::sleep(Duration::from_secs(30)).await;
-        let now = modified(&options.tls_cert);
+        let now = modified(&cert);
         if now != seen {
-            match tls_config(&options) {
+            match server_config(&cert, &key, client_ca.as_deref()) {
                 Ok(config) => {
                     tls.reload(config);
                     tracing::info!("reloaded the TLS certificate")

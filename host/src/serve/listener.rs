@@ -55,6 +55,24 @@ pub(crate) fn server_config(cert: &Path, key: &Path, client_ca: Option<&Path>) -
         .and_then(|certs| certs.collect())
         .with_context(|| format!("reading {}", cert.display()))?;
     let key = PrivateKeyDer::from_pem_file(key).with_context(|| format!("reading {}", key.display()))?;
+    server_config_of(chain, key, client_ca)
+}
+
+/// [`server_config`] for a chain and key in PEM text (serve's own
+/// certificate, kept in a Secret).
+pub(crate) fn server_config_pem(cert: &str, key: &str, client_ca: Option<&Path>) -> Result<Arc<ServerConfig>> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert.as_bytes())
+        .collect::<Result<_, _>>()
+        .context("reading serve's certificate")?;
+    let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).context("reading serve's certificate's key")?;
+    server_config_of(chain, key, client_ca)
+}
+
+fn server_config_of(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    client_ca: Option<&Path>,
+) -> Result<Arc<ServerConfig>> {
     let builder = ServerConfig::builder();
     let builder = match client_ca {
         None => builder.with_no_client_auth(),

@@ -8,12 +8,14 @@
 pub mod admission;
 pub mod apiserver;
 pub mod cache;
+pub mod certificates;
 pub mod door;
 pub mod events;
 mod http;
 pub mod leader;
 pub mod listener;
 pub mod metrics;
+pub mod own_certificate;
 pub mod prefetch;
 pub mod queue;
 pub mod registration;
@@ -66,12 +68,28 @@ pub struct Options {
     /// Policy settings as JSON (see policy-metadata.yml).
     #[arg(long, default_value = "{}", env = "CONFIG_SNAPSHOT_SETTINGS")]
     pub settings_json: String,
-    /// PEM certificate chain for the webhook (reloaded when it changes).
-    #[arg(long)]
-    pub tls_cert: PathBuf,
+    /// PEM certificate chain for the webhook (reloaded when it changes), as
+    /// cert-manager or you make it. Without it (and `--tls-key`), serve
+    /// makes its own CA and certificate, keeps them in the Secret
+    /// `config-snapshot-webhook-ca` of its namespace, renews them, and keeps
+    /// the webhook configuration's `caBundle` on its CA.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
     /// PEM private key for the webhook.
-    #[arg(long)]
-    pub tls_key: PathBuf,
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// The Service the API server calls serve through, in serve's
+    /// namespace: serve's own certificate names `SERVICE.NAMESPACE.svc`.
+    #[arg(long, default_value = "config-snapshot")]
+    pub service: String,
+    /// How long serve's own CA is valid; it is replaced, with both trusted
+    /// meanwhile, when a third is left (Go duration).
+    #[arg(long, default_value = "87600h", value_parser = go_duration)]
+    pub ca_lifetime: Duration,
+    /// How long serve's own serving certificate is valid; it is renewed
+    /// under the same CA when a third is left (Go duration).
+    #[arg(long, default_value = "2160h", value_parser = go_duration)]
+    pub certificate_lifetime: Duration,
     /// PEM CA certificate(s): when set, the webhook answers only callers
     /// that present a client certificate signed by one (mTLS). Give it the
     /// CA of the client certificate the API server's AdmissionConfiguration
@@ -526,6 +544,7 @@ pub async fn run(options: Options) -> Result<()> {
     tracing::info!(keys = ?ring.ids(), "signing keyring ready");
     let door = Arc::new(door::Door::new(&ring));
     let (state, worker) = build(&options, client.clone(), &module, Prover::with(&ring))?;
+    let (tls, bundle) = webhook_tls(&options, client.clone(), &state).await?;
     if !options.webhook_configuration.is_empty() {
         state.registered.store(false, Ordering::SeqCst);
         let registration = registration::Registration {
@@ -533,6 +552,7 @@ pub async fn run(options: Options) -> Result<()> {
             name: options.webhook_configuration.clone(),
             door: door.clone(),
             state: state.clone(),
+            bundle,
         };
         tokio::spawn(registration.keep());
     }
@@ -559,7 +579,55 @@ pub async fn run(options: Options) -> Result<()> {
         tokio::spawn(leader::compete(client.clone(), election, state.leadership.clone()));
     }
     tokio::spawn(resync_loop(state.clone(), interval));
-    http::serve(state, door, &options).await
+    http::serve(state, door, tls, &options).await
+}
+
+/// The TLS serve answers with: `--tls-cert` and `--tls-key` (cert-manager's,
+/// or yours), reloaded when they change; or serve's own, kept in its Secret
+/// and renewed, with the CA bundle the webhook configuration must name.
+async fn webhook_tls(
+    options: &Options,
+    client: Client,
+    state: &Arc<State>,
+) -> Result<(
+    listener::Tls,
+    Option<tokio::sync::watch::Receiver<Option<certificates::Trust>>>,
+)> {
+    if let (Some(cert), Some(key)) = (&options.tls_cert, &options.tls_key) {
+        let tls = listener::Tls::new(listener::server_config(cert, key, options.client_ca.as_deref())?);
+        tokio::spawn(http::reload_certificates(
+            tls.clone(),
+            cert.clone(),
+            key.clone(),
+            options.client_ca.clone(),
+        ));
+        return Ok((tls, None));
+    }
+    let ns = &options.own_namespace;
+    let (trust, published) = tokio::sync::watch::channel(None);
+    let own = own_certificate::OwnCertificate {
+        client: client.clone(),
+        namespace: ns.clone(),
+        names: vec![
+            format!("{}.{ns}.svc", options.service),
+            format!("{}.{ns}.svc.cluster.local", options.service),
+        ],
+        lifetimes: certificates::Lifetimes::bounded(
+            options.ca_lifetime.as_secs(),
+            options.certificate_lifetime.as_secs(),
+        ),
+        guard: signing::KeySecret {
+            name: certificates::SECRET.to_string(),
+            ..key_secret(options, client)
+        },
+        client_ca: options.client_ca.clone(),
+        trust,
+    };
+    let material = own.load().await?;
+    let tls = listener::Tls::new(own.tls_config(&material)?);
+    tracing::info!(secret = certificates::SECRET, "serving serve's own certificate");
+    tokio::spawn(own.keep(tls.clone(), material, state.leadership.clone()));
+    Ok((tls, Some(published)))
 }
 
 async fn resync_loop(state: Arc<State>, interval: Duration) {

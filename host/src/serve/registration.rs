@@ -23,11 +23,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use base64::Engine as _;
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, MutatingWebhookConfiguration};
 use kube::api::{Api, Patch, PatchParams};
 use kube::Client;
 use serde_json::{json, Value};
 
+use super::certificates::Trust;
 use super::door::{self, Door};
 use super::State;
 
@@ -51,6 +53,10 @@ pub struct Registration {
     pub name: String,
     pub door: Arc<Door>,
     pub state: Arc<State>,
+    /// With serve's own certificate: the CA bundle the webhook must name
+    /// (serve/own_certificate.rs). `None`: the install keeps `caBundle`
+    /// (cert-manager's injector, or you).
+    pub bundle: Option<tokio::sync::watch::Receiver<Option<Trust>>>,
 }
 
 /// What serve found of the configuration.
@@ -90,25 +96,52 @@ fn without_message(error: &kube::Error) -> String {
     }
 }
 
-/// The patch that makes `webhook` call `path`, if it calls another:
-/// `service.path`, or the path of its `url` (scheme, host and port kept).
-pub(crate) fn moved(webhook: &MutatingWebhook, path: &str) -> Result<Option<Value>, ()> {
+/// The patch that makes `webhook` call `path` (`service.path`, or the path
+/// of its `url`, scheme, host and port kept) and, with `bundle`, trust
+/// those CAs, if it does not already.
+pub(crate) fn moved(webhook: &MutatingWebhook, path: &str, bundle: Option<&str>) -> Result<Option<Value>, ()> {
     let client = &webhook.client_config;
-    let config = if let Some(service) = &client.service {
-        if service.path.as_deref() == Some(path) {
-            return Ok(None);
+    let mut config = serde_json::Map::new();
+    if let Some(service) = &client.service {
+        if service.path.as_deref() != Some(path) {
+            config.insert("service".into(), json!({"path": path}));
         }
-        json!({"service": {"path": path}})
     } else if let Some(url) = &client.url {
         let wanted = with_path(url, path).ok_or(())?;
-        if *url == wanted {
-            return Ok(None);
+        if *url != wanted {
+            config.insert("url".into(), json!(wanted));
         }
-        json!({"url": wanted})
     } else {
         return Err(());
-    };
-    Ok(Some(json!({"name": webhook.name, "clientConfig": config})))
+    }
+    if let Some(bundle) = bundle {
+        if !trusts(webhook, bundle) {
+            config.insert(
+                "caBundle".into(),
+                json!(base64::engine::general_purpose::STANDARD.encode(bundle)),
+            );
+        }
+    }
+    Ok((!config.is_empty()).then(|| json!({"name": webhook.name, "clientConfig": config})))
+}
+
+/// Whether `webhook`'s `caBundle` is exactly `bundle`.
+fn trusts(webhook: &MutatingWebhook, bundle: &str) -> bool {
+    webhook
+        .client_config
+        .ca_bundle
+        .as_ref()
+        .is_some_and(|b| b.0 == bundle.as_bytes())
+}
+
+/// Whether `webhook`'s `caBundle` holds the CA certificate `ca` (PEM).
+fn includes(webhook: &MutatingWebhook, ca: &str) -> bool {
+    let held = webhook
+        .client_config
+        .ca_bundle
+        .as_ref()
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned());
+    held.is_some_and(|held| !ca.is_empty() && held.contains(ca.trim()))
 }
 
 /// The path `webhook` calls: its service's, or its URL's.
@@ -166,7 +199,13 @@ impl Registration {
         };
         let now = config_snapshot_policy::duration::unix_now();
         let calling = called(&webhook).ok_or_else(|| RegistrationError::NoClient { name: name.clone() })?;
-        let moves = (leading && self.door.settled(AFTER_REKEY)) || !door::shaped(&calling);
+        let own = self.bundle.as_ref().and_then(|b| b.borrow().clone());
+        let bundle = own.as_ref().map(|o| o.bundle.as_str());
+        // The API server must trust what this replica serves; the leader
+        // keeps the bundle exactly serve's (a CA added or dropped), any
+        // replica adds its own CA when it is missing.
+        let distrusted = own.as_ref().is_some_and(|o| !includes(&webhook, &o.serving_ca));
+        let moves = (leading && self.door.settled(AFTER_REKEY)) || !door::shaped(&calling) || distrusted;
         if !moves {
             return Ok(if self.door.opens(&calling, now) {
                 Found::Open
@@ -175,7 +214,8 @@ impl Registration {
             });
         }
         let path = self.door.path(now);
-        let Some(patch) = moved(&webhook, &path).map_err(|()| RegistrationError::NoClient { name: name.clone() })?
+        let Some(patch) =
+            moved(&webhook, &path, bundle).map_err(|()| RegistrationError::NoClient { name: name.clone() })?
         else {
             return Ok(Found::Open);
         };
@@ -238,8 +278,18 @@ impl Registration {
                 }
             }
             last = now;
+            // A new CA bundle is written at once (serve/certificates.rs
+            // counts on it within its settle).
+            let mut bundle = self.bundle.clone();
+            let trust_changed = async {
+                match bundle.as_mut() {
+                    Some(b) => drop(b.changed().await),
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = rekeyed => tokio::time::sleep(AFTER_REKEY).await,
+                _ = trust_changed => {}
                 _ = tokio::time::sleep(RECHECK) => {}
             }
         }
@@ -270,18 +320,54 @@ mod tests {
             }),
             ..WebhookClientConfig::default()
         };
-        let patch = moved(&webhook(service(None)), "/mutate/abc").unwrap().unwrap();
+        let patch = moved(&webhook(service(None)), "/mutate/abc", None).unwrap().unwrap();
         assert_eq!(
             patch,
             json!({"name": "config-snapshot.config-snapshot.io", "clientConfig": {"service": {"path": "/mutate/abc"}}})
         );
         assert_eq!(
-            moved(&webhook(service(Some("/mutate"))), "/mutate/abc").unwrap(),
+            moved(&webhook(service(Some("/mutate"))), "/mutate/abc", None).unwrap(),
             Some(patch)
         );
         assert_eq!(
-            moved(&webhook(service(Some("/mutate/abc"))), "/mutate/abc").unwrap(),
+            moved(&webhook(service(Some("/mutate/abc"))), "/mutate/abc", None).unwrap(),
             None
+        );
+    }
+
+    /// With serve's own certificate, the webhook is made to trust its CA
+    /// bundle, in the same patch as the path, and only when it does not.
+    #[test]
+    fn serves_own_ca_bundle_goes_with_the_path() {
+        let config = |bundle: Option<&[u8]>| WebhookClientConfig {
+            service: Some(ServiceReference {
+                name: "config-snapshot".to_string(),
+                namespace: "config-snapshot".to_string(),
+                path: Some("/mutate/abc".to_string()),
+                port: Some(443),
+            }),
+            ca_bundle: bundle.map(|b| k8s_openapi::ByteString(b.to_vec())),
+            ..WebhookClientConfig::default()
+        };
+        let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+        let patch = moved(&webhook(config(None)), "/mutate/abc", Some(pem))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            patch["clientConfig"],
+            json!({"caBundle": base64::engine::general_purpose::STANDARD.encode(pem)})
+        );
+        assert_eq!(
+            moved(&webhook(config(Some(pem.as_bytes()))), "/mutate/abc", Some(pem)).unwrap(),
+            None
+        );
+        assert!(moved(&webhook(config(Some(b"another"))), "/mutate/abc", Some(pem))
+            .unwrap()
+            .is_some());
+        assert_eq!(
+            moved(&webhook(config(Some(b"another"))), "/mutate/abc", None).unwrap(),
+            None,
+            "cert-manager keeps it"
         );
     }
 
@@ -296,17 +382,17 @@ mod tests {
             "https://127.0.0.1:8443",
             "https://127.0.0.1:8443/mutate/old",
         ] {
-            let patch = moved(&webhook(url(given)), "/mutate/abc").unwrap().unwrap();
+            let patch = moved(&webhook(url(given)), "/mutate/abc", None).unwrap().unwrap();
             assert_eq!(
                 patch["clientConfig"]["url"], "https://127.0.0.1:8443/mutate/abc",
                 "{given}"
             );
         }
         assert_eq!(
-            moved(&webhook(url("https://h:1/mutate/abc")), "/mutate/abc").unwrap(),
+            moved(&webhook(url("https://h:1/mutate/abc")), "/mutate/abc", None).unwrap(),
             None
         );
-        assert!(moved(&webhook(url("http://h/mutate")), "/mutate/abc").is_err());
-        assert!(moved(&webhook(WebhookClientConfig::default()), "/mutate/abc").is_err());
+        assert!(moved(&webhook(url("http://h/mutate")), "/mutate/abc", None).is_err());
+        assert!(moved(&webhook(WebhookClientConfig::default()), "/mutate/abc", None).is_err());
     }
 }

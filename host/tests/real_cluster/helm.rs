@@ -43,12 +43,26 @@ impl ControlPlane {
     }
 }
 
-/// Objects by `kind namespace/name`.
+/// Objects by `kind namespace/name`. A cluster-scoped object has no
+/// namespace: the API server drops one given (kustomize's namespace
+/// transformer sets it on kinds it does not know to be cluster-scoped,
+/// such as ValidatingAdmissionPolicy).
 fn by_identity(text: &str) -> BTreeMap<String, Value> {
+    const CLUSTER_SCOPED: [&str; 6] = [
+        "Namespace",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "MutatingWebhookConfiguration",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ];
     serde_yaml_ng::Deserializer::from_str(text)
         .map(|d| serde::Deserialize::deserialize(d).unwrap())
         .filter(|v: &Value| !v.is_null())
-        .map(|o: Value| {
+        .map(|mut o: Value| {
+            if CLUSTER_SCOPED.contains(&o["kind"].as_str().unwrap_or_default()) {
+                o["metadata"].as_object_mut().unwrap().remove("namespace");
+            }
             let key = format!(
                 "{} {}/{}",
                 o["kind"].as_str().unwrap_or_default(),
@@ -61,20 +75,25 @@ fn by_identity(text: &str) -> BTreeMap<String, Value> {
 }
 
 /// `helm template` of the chart agrees with `kubectl kustomize` of the
-/// install it stands for, object for object and field for field; the one
-/// addition is the settings checksum on serve's pod template (so that
-/// `helm upgrade` of settings restarts serve, which reads them at start).
+/// install it stands for, object for object and field for field; the
+/// additions are the settings checksum on serve's pod template (so that
+/// `helm upgrade` of settings restarts serve, which reads them at start)
+/// and helm's `keep` on the signing key's guard (so that `helm uninstall`
+/// leaves it with the key it guards). A release in another namespace
+/// renders what the namespace overlay does.
 pub fn chart_renders_what_kustomize_does(cp: &ControlPlane) {
     let ca = format!("clientCA={}", root().join("deploy/overlays/mtls/ca.crt").display());
-    let cases: [(&str, Vec<&str>); 4] = [
-        ("deploy/serve", vec![]),
+    let cases: [(&str, &str, Vec<&str>); 6] = [
+        ("deploy/serve", "config-snapshot", vec![]),
         (
             "deploy/overlays/namespaced",
+            "config-snapshot",
             vec!["--set", "namespaces={team-a,team-b}"],
         ),
-        ("deploy/overlays/mtls", vec!["--set-file", &ca]),
+        ("deploy/overlays/mtls", "config-snapshot", vec!["--set-file", &ca]),
         (
             "deploy/overlays/monitoring",
+            "config-snapshot",
             vec![
                 "--set",
                 "monitoring.serviceMonitor.enabled=true",
@@ -84,8 +103,14 @@ pub fn chart_renders_what_kustomize_does(cp: &ControlPlane) {
                 "monitoring.dashboard.enabled=true",
             ],
         ),
+        (
+            "deploy/overlays/cert-manager",
+            "config-snapshot",
+            vec!["--set", "certificate.certManager=true"],
+        ),
+        ("deploy/overlays/namespace", "platform-system", vec![]),
     ];
-    for (dir, extra) in cases {
+    for (dir, namespace, extra) in cases {
         let kustomized = by_identity(&cp.kubectl(&["kustomize", root().join(dir).to_str().unwrap()]));
         // helm template assumes Kubernetes 1.20 unless told; the chart
         // needs 1.30.
@@ -94,7 +119,7 @@ pub fn chart_renders_what_kustomize_does(cp: &ControlPlane) {
             "config-snapshot",
             "deploy/helm/config-snapshot",
             "--namespace",
-            "config-snapshot",
+            namespace,
             "--kube-version",
             "1.34.0",
             "--set",
@@ -103,7 +128,7 @@ pub fn chart_renders_what_kustomize_does(cp: &ControlPlane) {
         args.extend(extra.iter().copied());
         let mut rendered = by_identity(&cp.helm(&args));
         let deployment = rendered
-            .get_mut("Deployment config-snapshot/config-snapshot")
+            .get_mut(&format!("Deployment {namespace}/config-snapshot"))
             .expect("the chart renders serve's Deployment");
         let annotations = deployment["spec"]["template"]["metadata"]
             .as_object_mut()
@@ -113,6 +138,26 @@ pub fn chart_renders_what_kustomize_does(cp: &ControlPlane) {
         assert!(
             annotations["checksum/settings"].is_string() && annotations.as_object().unwrap().len() == 1,
             "{dir}: the chart's only addition is the settings checksum: {annotations}"
+        );
+        let mut kept = Vec::new();
+        for (key, object) in rendered.iter_mut() {
+            let Some(annotations) = object["metadata"]["annotations"].as_object_mut() else {
+                continue;
+            };
+            if annotations.remove("helm.sh/resource-policy").is_some() {
+                kept.push(key.clone());
+            }
+            if annotations.is_empty() {
+                object["metadata"].as_object_mut().unwrap().remove("annotations");
+            }
+        }
+        assert_eq!(
+            kept,
+            [
+                "ValidatingAdmissionPolicy /config-snapshot-signing-key",
+                "ValidatingAdmissionPolicyBinding /config-snapshot-signing-key"
+            ],
+            "{dir}: helm uninstall keeps the key's guard, and nothing else"
         );
         let (only_kustomize, only_helm): (Vec<_>, Vec<_>) = (
             kustomized.keys().filter(|k| !rendered.contains_key(*k)).collect(),

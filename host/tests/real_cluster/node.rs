@@ -279,12 +279,17 @@ fn revision_stories(cp: &ControlPlane) {
 
 /// `helm upgrade` then `helm rollback` of a user's chart: the pods read
 /// revision 1's value again.
+/// A user's chart on the node, with serve installed as shipped (`settle:
+/// 5s`): every `helm upgrade` that changes the config rolls the workload
+/// once, whether the chart also changes the pod template (the usual
+/// `checksum/config` annotation, or another change) or not; `helm
+/// rollback` brings the old config back.
 fn helm_story(cp: &ControlPlane) {
     let ns = "node-helm";
     cp.namespace(ns);
     let chart = root().join("e2e-tests/helm/app");
     let image = cp.image("busybox");
-    let install = |verb: &str, greeting: &str| {
+    let install = |verb: &str, greeting: &str, checksum: bool| {
         cp.helm(&[
             verb,
             "app",
@@ -293,6 +298,8 @@ fn helm_story(cp: &ControlPlane) {
             ns,
             "--set",
             &format!("greeting={greeting}"),
+            "--set",
+            &format!("checksum={checksum}"),
             "--set",
             &format!("image={image}"),
             "--set-json",
@@ -315,10 +322,34 @@ fn helm_story(cp: &ControlPlane) {
             },
         )
     };
-    install("install", "hello");
+    // The ReplicaSets of `web`, once nothing more rolls: longer than the
+    // settle time and the storm guard.
+    let rollouts = || {
+        std::thread::sleep(Duration::from_secs(15));
+        let list: Value =
+            serde_json::from_str(&cp.kubectl(&["-n", ns, "get", "replicasets", "-l", "app=web", "-o", "json"]))
+                .unwrap();
+        list["items"].as_array().unwrap().len()
+    };
+    install("install", "hello", true);
     reads("hello");
-    install("upgrade", "bonjour");
+    assert_eq!(rollouts(), 1);
+    // The config and the template's checksum change together.
+    install("upgrade", "bonjour", true);
     reads("bonjour");
+    assert_eq!(rollouts(), 2, "a helm upgrade with the checksum pattern rolls once");
+    // The config changes, and the template loses its checksum.
+    install("upgrade", "hallo", false);
+    reads("hallo");
+    assert_eq!(rollouts(), 3, "a helm upgrade that drops the checksum rolls once");
+    // The config changes, the template does not.
+    install("upgrade", "ciao", false);
+    reads("ciao");
+    assert_eq!(
+        rollouts(),
+        4,
+        "a helm upgrade of the config alone rolls once (the watch)"
+    );
     cp.helm(&["rollback", "app", "1", "-n", ns, "--wait", "--timeout", "3m"]);
     reads("hello");
     cp.helm(&["uninstall", "app", "-n", ns]);
@@ -490,17 +521,6 @@ fn watch_cost_story(cp: &ControlPlane) -> String {
 /// as docs/security.md ("Reinstall") says: backed up, then restored under
 /// the new guard, which is younger than the Secret serve refuses until then.
 fn kustomize_story(cp: &ControlPlane) {
-    let backup = cp.dir.join("signing-key.yaml");
-    let key = cp.kubectl(&[
-        "-n",
-        "config-snapshot",
-        "get",
-        "secret",
-        "config-snapshot-signing-key",
-        "-o",
-        "yaml",
-    ]);
-    std::fs::write(&backup, key).unwrap();
     let before = super::keys::keys(cp, &["list"]);
     cp.helm(&["uninstall", "config-snapshot", "-n", "config-snapshot", "--wait"]);
     let registry = cp.registry.clone().unwrap();
@@ -510,27 +530,11 @@ fn kustomize_story(cp: &ControlPlane) {
         &format!("ghcr.io/config-snapshot/config-snapshot:{}", env!("CARGO_PKG_VERSION")),
         &image,
     );
-    // Without cert-manager: no Issuer, Certificate or injected CA; the
-    // Secret the recipe made and its CA instead.
-    let ca = base64::engine::general_purpose::STANDARD.encode(std::fs::read(cp.dir.join("webhook-ca.crt")).unwrap());
-    let mut objects: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&rendered)
-        .map(|d| serde::Deserialize::deserialize(d).unwrap())
-        .filter(|o: &Value| !o.is_null() && o["apiVersion"] != "cert-manager.io/v1")
-        .collect();
-    for o in &mut objects {
-        if o["kind"] == "MutatingWebhookConfiguration" {
-            o["metadata"].as_object_mut().unwrap().remove("annotations");
-            for hook in o["webhooks"].as_array_mut().unwrap() {
-                hook["clientConfig"]["caBundle"] = json!(ca);
-            }
-        }
-    }
-    cp.try_kubectl(
-        &["apply", "-f", "-"],
-        Some(&json!({"apiVersion": "v1", "kind": "List", "items": objects}).to_string()),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    super::keys::keys(cp, &["restore", "-f", backup.to_str().unwrap()]);
+    // `kubectl apply -k deploy/serve`, with this node's image: nothing
+    // else to install first (serve makes its certificate), and the key
+    // helm's uninstall kept is trusted (it kept its guard too).
+    cp.try_kubectl(&["apply", "-f", "-"], Some(&rendered))
+        .unwrap_or_else(|e| panic!("{e}"));
     cp.kubectl(&[
         "-n",
         "config-snapshot",
@@ -948,7 +952,10 @@ fn commands(block: &str) -> Vec<String> {
 /// user would, up to a minute; nothing else is run twice.
 fn quickstart_story(cp: &ControlPlane) {
     let blocks = quickstart_blocks();
-    assert!(blocks[0].0.contains("helm install config-snapshot"), "the first step installs");
+    assert!(
+        blocks[0].0.contains("helm install config-snapshot"),
+        "the first step installs"
+    );
     let prelude = format!(
         "set -euo pipefail\nsource {}\nexport PATH=\"$BIN:$PATH\"\n",
         cp.dir.join("env").display()
@@ -988,7 +995,10 @@ fn quickstart_story(cp: &ControlPlane) {
             .take_while(|c| c.starts_with("kubectl") && (c.contains(" get ") || c.contains(" logs ")))
             .collect();
         let again: String = reads.iter().rev().map(|c| format!("{c}\n")).collect();
-        assert!(!again.is_empty(), "docs/quickstart.md printed {output:?}, expected {expected:?}");
+        assert!(
+            !again.is_empty(),
+            "docs/quickstart.md printed {output:?}, expected {expected:?}"
+        );
         eventually_or(
             &format!("docs/quickstart.md's output {expected:?}"),
             60,
@@ -1034,6 +1044,15 @@ pub fn node_stories(cp: &ControlPlane) {
         let table = watch_cost_story(cp);
         super::bench::publish("bench-node-watches", &table);
     }
+    // The chart's life: certificates renewed under load, an uninstall
+    // and an install again.
+    if run("rotation") {
+        super::install::rotation_story(cp);
+    }
+    if run("reinstall") {
+        super::install::reinstall_story(cp);
+    }
+    // From here on, serve is installed with kustomize.
     if run("kustomize") {
         kustomize_story(cp);
     }

@@ -11,8 +11,39 @@ deploy/serve does), else <release>-config-snapshot.
 {{- end -}}
 {{- end -}}
 
+{{/*
+Every object's labels, and every selector: the release's name as
+`instance`, so that two releases never select each other's pods (fixed
+at install: a Deployment's selector cannot change).
+*/}}
 {{- define "config-snapshot.labels" -}}
 app.kubernetes.io/name: config-snapshot
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* The namespaces serve never acts in beyond its own (--exclude-namespaces). */}}
+{{- define "config-snapshot.excluded" -}}
+{{- toJson (concat (list "kube-system" "kube-public" "kube-node-lease") .Values.excludeNamespaces) -}}
+{{- end -}}
+
+{{/* How the webhook's certificate is made: own, cert-manager or secret. */}}
+{{- define "config-snapshot.certificates" -}}
+{{- if .Values.certificate.certManager -}}
+cert-manager
+{{- else if .Values.certificate.secretName -}}
+secret
+{{- else -}}
+own
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret serve reads its certificate from, unless it makes its own. */}}
+{{- define "config-snapshot.tlsSecret" -}}
+{{- if .Values.certificate.secretName -}}
+{{ .Values.certificate.secretName }}
+{{- else -}}
+{{ include "config-snapshot.fullname" . }}-webhook-tls
+{{- end -}}
 {{- end -}}
 
 {{/* serve's service account, as the API server names it in a request. */}}
