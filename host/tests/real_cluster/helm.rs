@@ -154,10 +154,11 @@ pub fn chart_renders_what_kustomize_does(cp: &ControlPlane) {
         assert_eq!(
             kept,
             [
-                "ValidatingAdmissionPolicy /config-snapshot-signing-key",
-                "ValidatingAdmissionPolicyBinding /config-snapshot-signing-key"
+                format!("Namespace /{namespace}"),
+                "ValidatingAdmissionPolicy /config-snapshot-signing-key".to_string(),
+                "ValidatingAdmissionPolicyBinding /config-snapshot-signing-key".to_string()
             ],
-            "{dir}: helm uninstall keeps the key's guard, and nothing else"
+            "{dir}: helm uninstall keeps the key's namespace and guard, and nothing else"
         );
         let (only_kustomize, only_helm): (Vec<_>, Vec<_>) = (
             kustomized.keys().filter(|k| !rendered.contains_key(*k)).collect(),

@@ -560,6 +560,63 @@ fn kustomize_story(cp: &ControlPlane) {
         (volume != "app").then_some(())
     });
     pods_read(cp, ns, "web", 1, "blue", "one");
+    // Stopped as docs/install.md says, keeping the key, and applied again:
+    // serve trusts its key, and the workload keeps its snapshot.
+    let pinned = cp.get(ns, "deployment", "web").unwrap()["spec"]["template"].clone();
+    cp.kubectl(&["delete", "mutatingwebhookconfiguration", "config-snapshot"]);
+    cp.kubectl(&["-n", "config-snapshot", "delete", "deployment", "config-snapshot", "--wait=true"]);
+    cp.try_kubectl(&["apply", "-f", "-"], Some(&rendered))
+        .unwrap_or_else(|e| panic!("{e}"));
+    cp.kubectl(&["-n", "config-snapshot", "rollout", "status", "deployment/config-snapshot", "--timeout=300s"]);
+    assert_eq!(super::keys::keys(cp, &["list"]), before, "the key kept across the reinstall");
+    cp.apply(ns, &app(cp, "Deployment", "web", 1));
+    assert_eq!(cp.get(ns, "deployment", "web").unwrap()["spec"]["template"], pinned);
+}
+
+/// After `release`, everything removed as docs/install.md says (`kubectl
+/// delete -k deploy/serve`), then serve installed in another namespace
+/// from a copy of deploy/overlays/namespace: the guards' CEL names that
+/// namespace's ServiceAccount, so serve trusts the key it makes there,
+/// and pins what it reviews.
+fn elsewhere_story(cp: &ControlPlane) {
+    let image = format!("{}/config-snapshot:{}", cp.registry.clone().unwrap(), env!("CARGO_PKG_VERSION"));
+    let rendered = |dir: &str| {
+        cp.kubectl(&["kustomize", root().join(dir).to_str().unwrap()]).replace(
+            &format!("ghcr.io/config-snapshot/config-snapshot:{}", env!("CARGO_PKG_VERSION")),
+            &image,
+        )
+    };
+    cp.try_kubectl(&["delete", "--ignore-not-found", "--wait=true", "-f", "-"], Some(&rendered("deploy/serve")))
+        .unwrap_or_else(|e| panic!("{e}"));
+    eventually("serve's namespace to go", 300, || {
+        cp.try_kubectl(&["get", "namespace", "config-snapshot"], None).is_err().then_some(())
+    });
+    let copy = cp.dir.join("overlay-elsewhere");
+    std::fs::create_dir_all(&copy).unwrap();
+    let overlay = std::fs::read_to_string(root().join("deploy/overlays/namespace/kustomization.yaml"))
+        .unwrap()
+        .replace("namespace: platform-system", "namespace: cs-elsewhere")
+        .replace("../../serve", root().join("deploy/serve").to_str().unwrap());
+    std::fs::write(copy.join("kustomization.yaml"), overlay).unwrap();
+    let rendered = cp
+        .kubectl(&["kustomize", "--load-restrictor", "LoadRestrictionsNone", copy.to_str().unwrap()])
+        .replace(
+            &format!("ghcr.io/config-snapshot/config-snapshot:{}", env!("CARGO_PKG_VERSION")),
+            &image,
+        );
+    cp.try_kubectl(&["apply", "-f", "-"], Some(&rendered))
+        .unwrap_or_else(|e| panic!("{e}"));
+    cp.kubectl(&["-n", "cs-elsewhere", "rollout", "status", "deployment/config-snapshot", "--timeout=300s"]);
+    assert!(cp.get("cs-elsewhere", "secret", "config-snapshot-signing-key").is_some(), "serve made its key there");
+    let ns = "node-elsewhere";
+    cp.namespace(ns);
+    sources(cp, ns, "blue", "one");
+    eventually("the webhook of serve in cs-elsewhere", 120, || {
+        cp.apply(ns, &app(cp, "Deployment", "web", 1));
+        let w = cp.get(ns, "deployment", "web")?;
+        (w["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"] != "app").then_some(())
+    });
+    pods_read(cp, ns, "web", 1, "blue", "one");
 }
 
 /// Leaving, as docs/install.md ("Uninstall") says, on the install the
@@ -1059,6 +1116,10 @@ pub fn node_stories(cp: &ControlPlane) {
     // Last: it uninstalls serve.
     if run("release") {
         release_story(cp);
+    }
+    // After release: everything removed, and serve in another namespace.
+    if run("elsewhere") {
+        elsewhere_story(cp);
     }
     eprintln!("node: every story held in {:?}", started.elapsed());
 }
