@@ -867,7 +867,24 @@ fn outage_story(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path) 
 /// real nodes (and as replay's controller does at once). It runs nothing:
 /// what containers read, and Jobs running to completion, are proven on the
 /// real node (`pods_on_a_real_node`). A Job's pods stay Pending here.
-fn start_kubelet_stand_in(cp: &ControlPlane) -> Arc<AtomicBool> {
+/// Stops the kubelet stand-in when dropped: at the story's end, and on a
+/// panic's unwinding, so that it never outlives its control plane (the next
+/// one, the node's, reuses its directory and kubeconfig).
+struct KubeletStandIn(Arc<AtomicBool>);
+
+impl KubeletStandIn {
+    fn store(&self, stop: bool, order: Ordering) {
+        self.0.store(stop, order);
+    }
+}
+
+impl Drop for KubeletStandIn {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+fn start_kubelet_stand_in(cp: &ControlPlane) -> KubeletStandIn {
     let stop = Arc::new(AtomicBool::new(false));
     let (kubectl, kubeconfig, flag) = (cp.bin.join("kubectl"), cp.kubeconfig.clone(), stop.clone());
     std::thread::spawn(move || {
@@ -920,7 +937,7 @@ fn start_kubelet_stand_in(cp: &ControlPlane) -> Arc<AtomicBool> {
             std::thread::sleep(Duration::from_millis(300));
         }
     });
-    stop
+    KubeletStandIn(stop)
 }
 
 /// Waits until nothing in `ns` changes for a while: serve's deferred

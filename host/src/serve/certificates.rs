@@ -112,6 +112,13 @@ pub struct Material {
     pub leaf_ca: String,
     pub leaf_at: i64,
     pub leaf_not_after: i64,
+    /// The names the serving certificate was made for.
+    pub names: Vec<String>,
+    /// The CAs (PEM) a rotation took out of the bundle: the webhook
+    /// configuration is made to drop these, and only these, so that a CA
+    /// someone else put there (yours, cert-manager's, during a change of
+    /// mode) stays trusted. The last two.
+    pub retired: Vec<String>,
 }
 
 /// What the material needs next.
@@ -136,6 +143,8 @@ pub struct Trust {
     /// The CA of the certificate served (PEM): the webhook must trust it
     /// for a replica to be ready.
     pub serving_ca: String,
+    /// The CAs serve retired (PEM): the webhook drops them.
+    pub retired: Vec<String>,
 }
 
 impl Material {
@@ -146,13 +155,7 @@ impl Material {
 
     /// The bundle's CA certificates (PEM), the oldest first.
     fn ca_pems(&self) -> Vec<&str> {
-        let starts: Vec<usize> = self.bundle.match_indices(BEGIN).map(|(at, _)| at).collect();
-        let ends = starts.iter().skip(1).copied().chain([self.bundle.len()]);
-        starts
-            .iter()
-            .zip(ends)
-            .map(|(&from, to)| &self.bundle[from..to])
-            .collect()
+        pem_blocks(&self.bundle)
     }
 
     /// What the webhook configuration must hold for this material.
@@ -168,38 +171,70 @@ impl Material {
         Trust {
             bundle: self.bundle.clone(),
             serving_ca: serving.map(|p| p.trim().to_string()).unwrap_or_default(),
+            retired: self.retired.clone(),
         }
     }
 }
 
 const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
 
-/// The step `material` needs at `now`, if any.
-pub fn next_step(material: Option<&Material>, now: i64, lifetimes: &Lifetimes) -> Option<Step> {
+/// The certificates (PEM) of a bundle, in order, each trimmed.
+pub fn pem_blocks(bundle: &str) -> Vec<&str> {
+    let starts: Vec<usize> = bundle.match_indices(BEGIN).map(|(at, _)| at).collect();
+    let ends = starts.iter().skip(1).copied().chain([bundle.len()]);
+    starts
+        .iter()
+        .zip(ends)
+        .map(|(&from, to)| bundle[from..to].trim())
+        .collect()
+}
+
+/// The `caBundle` the webhook configuration should hold, given what it
+/// holds: serve's CAs added, the CAs serve retired taken out, anything
+/// else kept (yours, cert-manager's, while a change of mode rolls out).
+/// `None` when it holds that already.
+pub fn wanted_bundle(held: &str, trust: &Trust) -> Option<String> {
+    let mut wanted: Vec<&str> = pem_blocks(held)
+        .into_iter()
+        .filter(|pem| !trust.retired.iter().any(|r| r.trim() == *pem))
+        .collect();
+    for pem in pem_blocks(&trust.bundle) {
+        if !wanted.contains(&pem) {
+            wanted.push(pem);
+        }
+    }
+    let text: String = wanted.iter().map(|p| format!("{p}\n")).collect();
+    (pem_blocks(held) != wanted).then_some(text)
+}
+
+/// The step `material` needs at `now`, for a serving certificate naming
+/// `names`, if any. A clock behind the material's last step (a leader whose
+/// clock lags another's) steps nothing: it would judge lifetimes wrong.
+pub fn next_step(material: Option<&Material>, now: i64, lifetimes: &Lifetimes, names: &[String]) -> Option<Step> {
     let Some(m) = material else {
         return Some(Step::Create);
     };
+    if now < m.bundle_at.max(m.leaf_at) {
+        return None;
+    }
+    let settled = |since: i64| now >= since.saturating_add(lifetimes.settle_secs());
     if m.cas() > 1 {
         // A rotation under way: the new CA is trusted, then serves, then alone.
         return if m.leaf_ca != m.ca_id {
-            (now >= m.bundle_at + lifetimes.settle_secs()).then_some(Step::NewLeaf)
+            settled(m.bundle_at).then_some(Step::NewLeaf)
         } else {
-            (now >= m.leaf_at + lifetimes.settle_secs()).then_some(Step::DropOld)
+            settled(m.leaf_at).then_some(Step::DropOld)
         };
     }
     // Renewed with a third of its life left, or at once when it would
     // outlive a lifetime since shortened (`--ca-lifetime`,
     // `--certificate-lifetime`).
-    let due = |left: i64, life: i64| left < life / 3 || left > life + LIFETIME_SLACK_SECS;
-    if due(m.ca_not_after - now, lifetimes.ca_secs) {
+    let due = |left: i64, life: i64| left < life / 3 || left > life.saturating_add(LIFETIME_SLACK_SECS);
+    if due(m.ca_not_after.saturating_sub(now), lifetimes.ca_secs) {
         return Some(Step::NewCa);
     }
-    if m.leaf_ca != m.ca_id
-        || due(
-            m.leaf_not_after - now,
-            lifetimes.leaf_secs.min(m.ca_not_after - m.leaf_at),
-        )
-    {
+    let leaf_life = lifetimes.leaf_secs.min(m.ca_not_after.saturating_sub(m.leaf_at));
+    if m.leaf_ca != m.ca_id || m.names != names || due(m.leaf_not_after.saturating_sub(now), leaf_life) {
         return Some(Step::NewLeaf);
     }
     None
@@ -264,6 +299,7 @@ fn new_leaf(m: &Material, names: &[String], now: i64, lifetimes: &Lifetimes) -> 
         leaf_ca: m.ca_id.clone(),
         leaf_at: now,
         leaf_not_after: not_after,
+        names: names.to_vec(),
         ..m.clone()
     })
 }
@@ -291,6 +327,8 @@ pub fn apply(
                 leaf_ca: String::new(),
                 leaf_at: now,
                 leaf_not_after: now,
+                names: Vec::new(),
+                retired: Vec::new(),
             };
             new_leaf(&fresh, names, now, lifetimes)
         }
@@ -298,7 +336,7 @@ pub fn apply(
         (Step::NewCa, Some(m)) => {
             let (ca, ca_key, ca_id) = new_ca(now, lifetimes)?;
             Ok(Material {
-                bundle: format!("{}{ca}", m.bundle),
+                bundle: format!("{}\n{}\n", m.bundle.trim_end(), ca.trim()),
                 ca_key,
                 ca_id,
                 ca_not_after: now + lifetimes.ca_secs,
@@ -307,13 +345,19 @@ pub fn apply(
             })
         }
         (Step::DropOld, Some(m)) => {
-            let newest = m
-                .bundle
-                .rfind(BEGIN)
-                .map_or(m.bundle.clone(), |at| m.bundle[at..].to_string());
+            let pems = m.ca_pems();
+            let (older, newest) = pems.split_at(pems.len().saturating_sub(1));
+            let mut retired: Vec<String> = m
+                .retired
+                .iter()
+                .cloned()
+                .chain(older.iter().map(|p| p.trim().to_string()))
+                .collect();
+            retired.drain(..retired.len().saturating_sub(2));
             Ok(Material {
-                bundle: newest,
+                bundle: newest.iter().map(|p| format!("{p}\n")).collect(),
                 bundle_at: now,
+                retired,
                 ..m.clone()
             })
         }
@@ -326,6 +370,7 @@ const CA_KEY: &str = "ca.key";
 const LEAF: &str = "tls.crt";
 const LEAF_KEY: &str = "tls.key";
 const STATE: &str = "config-snapshot.io/webhook-certificate";
+const RETIRED: &str = "retired.crt";
 
 impl Material {
     /// The material a Secret holds.
@@ -349,6 +394,13 @@ impl Material {
                 .and_then(serde_json::Value::as_i64)
                 .ok_or(CertificateError::Malformed(STATE, "complete"))
         };
+        let words = |key: &'static str| -> Result<Vec<String>, CertificateError> {
+            state
+                .get(key)
+                .and_then(serde_json::Value::as_array)
+                .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+                .ok_or(CertificateError::Malformed(STATE, "complete"))
+        };
         let word = |key: &'static str| -> Result<String, CertificateError> {
             state
                 .get(key)
@@ -367,16 +419,24 @@ impl Material {
             leaf_ca: word("leafCa")?,
             leaf_at: number("leafAt")?,
             leaf_not_after: number("leafNotAfter")?,
+            names: words("names")?,
+            retired: data
+                .get(RETIRED)
+                .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+                .map(|text| pem_blocks(&text).into_iter().map(str::to_string).collect())
+                .unwrap_or_default(),
         })
     }
 
     /// The Secret `namespace/SECRET` holding it.
     pub fn to_secret(&self, namespace: &str) -> Secret {
+        let retired: String = self.retired.iter().map(|p| format!("{p}\n")).collect();
         let data: BTreeMap<String, ByteString> = [
             (BUNDLE, self.bundle.as_bytes()),
             (CA_KEY, self.ca_key.as_bytes()),
             (LEAF, self.leaf.as_bytes()),
             (LEAF_KEY, self.leaf_key.as_bytes()),
+            (RETIRED, retired.as_bytes()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), ByteString(v.to_vec())))
@@ -384,6 +444,7 @@ impl Material {
         let state = serde_json::json!({
             "caId": self.ca_id, "caNotAfter": self.ca_not_after, "bundleAt": self.bundle_at,
             "leafCa": self.leaf_ca, "leafAt": self.leaf_at, "leafNotAfter": self.leaf_not_after,
+            "names": self.names,
         });
         Secret {
             metadata: kube::api::ObjectMeta {
@@ -443,11 +504,11 @@ mod tests {
     #[test]
     fn a_fresh_install_gets_a_ca_and_a_certificate_it_signed() {
         let life = Lifetimes::default();
-        assert_eq!(next_step(None, NOW, &life), Some(Step::Create));
+        assert_eq!(next_step(None, NOW, &life, &names()), Some(Step::Create));
         let m = apply(Step::Create, None, &names(), NOW, &life).unwrap();
         assert_eq!(m.cas(), 1);
         assert!(trusted(&m.bundle, &m.leaf, NOW));
-        assert_eq!(next_step(Some(&m), NOW + 86_400, &life), None);
+        assert_eq!(next_step(Some(&m), NOW + 86_400, &life, &names()), None);
         // It reads back the same from its Secret.
         let back = Material::from_secret(&m.to_secret("config-snapshot")).unwrap();
         assert_eq!(back.leaf, m.leaf);
@@ -461,7 +522,7 @@ mod tests {
         let life = Lifetimes::default();
         let m = apply(Step::Create, None, &names(), NOW, &life).unwrap();
         let later = m.leaf_not_after - life.leaf_secs / 3 + 1;
-        assert_eq!(next_step(Some(&m), later, &life), Some(Step::NewLeaf));
+        assert_eq!(next_step(Some(&m), later, &life, &names()), Some(Step::NewLeaf));
         let renewed = apply(Step::NewLeaf, Some(&m), &names(), later, &life).unwrap();
         assert_eq!(renewed.bundle, m.bundle, "the bundle is unchanged");
         assert_ne!(renewed.leaf, m.leaf);
@@ -487,7 +548,7 @@ mod tests {
         let mut steps = Vec::new();
         while steps.len() < 12 && now < NOW + 3 * life.ca_secs {
             now += 1;
-            let Some(step) = next_step(Some(&m), now, &life) else {
+            let Some(step) = next_step(Some(&m), now, &life, &names()) else {
                 continue;
             };
             let next = apply(step, Some(&m), &names(), now, &life).unwrap();
@@ -531,13 +592,13 @@ mod tests {
         let long = Lifetimes::default();
         let m = apply(Step::Create, None, &names(), NOW, &long).unwrap();
         let short = Lifetimes::bounded(600, 120);
-        assert_eq!(next_step(Some(&m), NOW + 5, &short), Some(Step::NewCa));
+        assert_eq!(next_step(Some(&m), NOW + 5, &short, &names()), Some(Step::NewCa));
         let mut m = apply(Step::NewCa, Some(&m), &names(), NOW + 5, &short).unwrap();
         let mut now = NOW + 5;
         let mut steps = vec![Step::NewCa];
         while steps.len() < 3 && now < NOW + 5 + 3 * short.settle_secs() {
             now += 1;
-            if let Some(step) = next_step(Some(&m), now, &short) {
+            if let Some(step) = next_step(Some(&m), now, &short, &names()) {
                 m = apply(step, Some(&m), &names(), now, &short).unwrap();
                 steps.push(step);
             }
@@ -547,7 +608,44 @@ mod tests {
         assert!(m.ca_not_after - now <= 600 && m.leaf_not_after - now <= 120);
         // Lengthened again, the short CA has less than a third of the new
         // life left: it is replaced the same way.
-        assert_eq!(next_step(Some(&m), now, &Lifetimes::default()), Some(Step::NewCa));
+        assert_eq!(
+            next_step(Some(&m), now, &Lifetimes::default(), &names()),
+            Some(Step::NewCa)
+        );
+    }
+
+    /// Attacker review, round 4 (M3, lows): the certificate follows the
+    /// names the webhook calls; a clock behind the last step steps
+    /// nothing; times at the ends of the range neither overflow nor panic;
+    /// a rotation records the CA it retired, and the Secret keeps it all.
+    #[test]
+    fn names_clocks_and_extremes() {
+        let life = Lifetimes::bounded(600, 120);
+        let m = apply(Step::Create, None, &names(), NOW, &life).unwrap();
+        let other = vec!["127.0.0.1".to_string()];
+        assert_eq!(next_step(Some(&m), NOW + 1, &life, &other), Some(Step::NewLeaf));
+        let renamed = apply(Step::NewLeaf, Some(&m), &other, NOW + 1, &life).unwrap();
+        assert_eq!(next_step(Some(&renamed), NOW + 2, &life, &other), None);
+        assert_eq!(next_step(Some(&m), NOW - 100, &life, &names()), None, "a clock behind");
+        let mut extreme = m.clone();
+        (
+            extreme.bundle_at,
+            extreme.leaf_at,
+            extreme.ca_not_after,
+            extreme.leaf_not_after,
+        ) = (i64::MIN, i64::MIN, i64::MAX, i64::MIN);
+        let _ = next_step(Some(&extreme), NOW, &life, &names());
+        // A whole rotation: the old CA is retired, and read back.
+        let mut m = apply(Step::NewCa, Some(&m), &names(), NOW + 1, &life).unwrap();
+        for at in [NOW + 100, NOW + 200] {
+            let step = next_step(Some(&m), at, &life, &names()).unwrap();
+            m = apply(step, Some(&m), &names(), at, &life).unwrap();
+        }
+        assert_eq!((m.cas(), m.retired.len()), (1, 1));
+        let back = Material::from_secret(&m.to_secret("config-snapshot")).unwrap();
+        assert_eq!((back.retired, back.names), (m.retired.clone(), names()));
+        let held = format!("{}\n{}", m.retired[0], m.bundle);
+        assert_eq!(wanted_bundle(&held, &m.trust()).as_deref(), Some(m.bundle.as_str()));
     }
 
     /// Absurd lifetimes are bounded, not overflowed or refused by the

@@ -221,9 +221,10 @@ pub struct Options {
     /// its binding (deploy/serve/keyguard.yaml, the chart).
     #[arg(long, default_value = signing::GUARD)]
     pub signing_key_guard: String,
-    /// Trust the key Secret without its guard (the ValidatingAdmissionPolicy
-    /// of deploy/serve/keyguard.yaml). Whoever can then write Secrets in
-    /// serve's namespace can plant a key and forge snapshots: for clusters
+    /// Trust the key Secret, and serve's own CA Secret, without their guard
+    /// (the ValidatingAdmissionPolicy of deploy/serve/keyguard.yaml).
+    /// Whoever can then write Secrets in serve's namespace can plant a key
+    /// and forge snapshots, or a CA and answer for serve: for clusters
     /// where that is only serve and its administrators.
     #[arg(long)]
     pub trust_unguarded_signing_key: bool,
@@ -605,13 +606,18 @@ async fn webhook_tls(
     }
     let ns = &options.own_namespace;
     let (trust, published) = tokio::sync::watch::channel(None);
+    let mut names = vec![
+        format!("{}.{ns}.svc", options.service),
+        format!("{}.{ns}.svc.cluster.local", options.service),
+    ];
+    if !options.webhook_configuration.is_empty() {
+        names.extend(registration::called_host(&client, &options.webhook_configuration).await);
+    }
     let own = own_certificate::OwnCertificate {
         client: client.clone(),
         namespace: ns.clone(),
-        names: vec![
-            format!("{}.{ns}.svc", options.service),
-            format!("{}.{ns}.svc.cluster.local", options.service),
-        ],
+        names,
+        webhook_configuration: options.webhook_configuration.clone(),
         lifetimes: certificates::Lifetimes::bounded(
             options.ca_lifetime.as_secs(),
             options.certificate_lifetime.as_secs(),
@@ -623,10 +629,10 @@ async fn webhook_tls(
         client_ca: options.client_ca.clone(),
         trust,
     };
-    let material = own.load().await?;
+    let (material, guard) = own.load().await?;
     let tls = listener::Tls::new(own.tls_config(&material)?);
     tracing::info!(secret = certificates::SECRET, "serving serve's own certificate");
-    tokio::spawn(own.keep(tls.clone(), material, state.leadership.clone()));
+    tokio::spawn(own.keep(tls.clone(), material, guard, state.leadership.clone()));
     Ok((tls, Some(published)))
 }
 

@@ -2,29 +2,35 @@
 //! from its Secret at start (made there when there is none, made anew when
 //! the Secret is older than its guard, as after a reinstall), served by
 //! every replica and reloaded the moment the Secret changes, and renewed by
-//! the leader, one step at a time. The CA bundle it publishes is what the
-//! registration (serve/registration.rs) keeps in the webhook configuration.
+//! the leader, one step at a time. What the webhook configuration must
+//! trust is published for the registration (serve/registration.rs), which
+//! keeps it there.
 //!
 //! The Secret is guarded as the signing key is (deploy/serve/keyguard.yaml
 //! names both): only serve's ServiceAccount and the key administrators write
-//! it, so a CA someone else planted is never served or trusted.
+//! it, so a CA someone else planted is never served or trusted. Every
+//! version of it is judged against the guard, not only the first: while the
+//! guard is not in force, or for a Secret made again before it, serve keeps
+//! what it serves and says why.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{anyhow, Context as _, Result};
+use anyhow::{anyhow, Result};
 use futures::StreamExt;
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 use kube::Client;
 use tokio::sync::watch;
 
-use super::certificates::{apply, next_step, Lifetimes, Material, Step, Trust, SECRET};
+use super::certificates::{apply, next_step, pem_blocks, Lifetimes, Material, Step, Trust, SECRET};
 use super::leader::Leadership;
 use super::listener::{server_config_pem, Tls};
-use super::signing::KeySecret;
+use super::registration::{without_message, WEBHOOK};
+use super::signing::{settle, Guard, KeySecret};
 
 /// How often the leader looks whether the certificate needs a step: a
 /// third of a settle, at most 20 s.
@@ -32,17 +38,35 @@ fn look_every(lifetimes: &Lifetimes) -> Duration {
     Duration::from_secs(u64::try_from(lifetimes.settle_secs() / 3).unwrap_or(1).clamp(1, 20))
 }
 
+/// An API error as serve logs it: its code and reason, never its message
+/// (which may quote what was sent, and this Secret holds keys).
+fn api_error(context: &str, error: &kube::Error) -> anyhow::Error {
+    anyhow!("{context}: {}", without_message(error))
+}
+
 pub struct OwnCertificate {
     pub client: Client,
     pub namespace: String,
-    /// The Service's DNS names the serving certificate names.
+    /// The names the serving certificate names: the Service's, and the
+    /// host of the webhook's URL when it calls one.
     pub names: Vec<String>,
     pub lifetimes: Lifetimes,
     /// The guard's checks, for this Secret (`KeySecret` named [`SECRET`]).
     pub guard: KeySecret,
     pub client_ca: Option<PathBuf>,
+    /// serve's webhook configuration, whose `caBundle` a rotation waits
+    /// for (empty: none).
+    pub webhook_configuration: String,
     /// What the webhook configuration must trust.
     pub trust: watch::Sender<Option<Trust>>,
+}
+
+/// What the leader knows between its looks.
+#[derive(Default)]
+struct Looks {
+    /// Since when the webhook configuration has been seen trusting the
+    /// newest CA of a rotation under way.
+    new_ca_trusted_since: Option<i64>,
 }
 
 impl OwnCertificate {
@@ -50,24 +74,32 @@ impl OwnCertificate {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
-    /// The material, as serve may serve it: the Secret's if it is trusted,
-    /// else made now (and the untrusted one replaced).
-    pub async fn load(&self) -> Result<Material> {
-        let guard = if self.guard.trust_unguarded {
-            self.guard.guard().await.ok()
+    /// The guard in force, unless serve was told to trust the Secret
+    /// without one (`--trust-unguarded-signing-key`, which covers this
+    /// Secret too).
+    async fn guard(&self) -> Result<Option<Guard>> {
+        if self.guard.trust_unguarded {
+            Ok(self.guard.guard().await.ok())
         } else {
-            Some(self.guard.guard().await?)
-        };
+            Ok(Some(self.guard.guard().await?))
+        }
+    }
+
+    /// The material, as serve may serve it: the Secret's if it is trusted,
+    /// else made now (and the untrusted one replaced); with the guard it
+    /// was judged under.
+    pub async fn load(&self) -> Result<(Material, Option<Guard>)> {
+        let guard = self.guard().await?;
         for _ in 0..3 {
-            match self
+            let found = self
                 .api()
                 .get_opt(SECRET)
                 .await
-                .context("reading serve's certificate Secret")?
-            {
+                .map_err(|e| api_error("reading serve's certificate Secret", &e))?;
+            match found {
                 Some(secret) if self.guard.trusted(&secret, guard.as_ref()).is_ok() => {
                     if let Ok(m) = Material::from_secret(&secret) {
-                        return Ok(m);
+                        return Ok((m, guard));
                     }
                     tracing::warn!(
                         secret = SECRET,
@@ -84,6 +116,9 @@ impl OwnCertificate {
                 }
                 None => {}
             }
+            // Made once the guard has settled, so that it is trusted at
+            // the next start too.
+            settle(guard.as_ref()).await;
             let now = config_snapshot_policy::duration::unix_now();
             let made = apply(Step::Create, None, &self.names, now, &self.lifetimes)?;
             match self
@@ -93,11 +128,11 @@ impl OwnCertificate {
             {
                 Ok(_) => {
                     tracing::info!(secret = SECRET, "made serve's webhook CA and certificate");
-                    return Ok(made);
+                    return Ok((made, guard));
                 }
                 // Another replica made it first: read theirs.
                 Err(kube::Error::Api(status)) if status.code == 409 => continue,
-                Err(e) => return Err(anyhow!(e).context("creating serve's certificate Secret")),
+                Err(e) => return Err(api_error("creating serve's certificate Secret", &e)),
             }
         }
         Err(anyhow!("serve's certificate Secret kept appearing and going"))
@@ -114,7 +149,7 @@ impl OwnCertificate {
         match self.api().delete(SECRET, &params).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if matches!(status.code, 404 | 409) => Ok(()),
-            Err(e) => Err(anyhow!(e).context("replacing serve's certificate Secret")),
+            Err(e) => Err(api_error("replacing serve's certificate Secret", &e)),
         }
     }
 
@@ -123,10 +158,28 @@ impl OwnCertificate {
         server_config_pem(&material.leaf, &material.leaf_key, self.client_ca.as_deref())
     }
 
-    /// Serves the Secret's certificate while serve runs: every change is
-    /// served at once (and what the webhook must trust published); the leader renews it.
-    pub async fn keep(self, tls: Tls, held: Material, leadership: Arc<Leadership>) {
+    /// Whether `secret`, a later version of the Secret, may be served: the
+    /// guard still in force (the one judged at load, or a newer one the
+    /// Secret is younger than).
+    async fn may_serve(&self, secret: &Secret, loaded: Option<&Guard>) -> bool {
+        if self.guard.trust_unguarded {
+            return true;
+        }
+        let Ok(now) = self.guard.guard().await else {
+            return false;
+        };
+        // The guard judged at load has been in force since: every write
+        // was serve's or an administrator's. A guard made anew since
+        // covers only a Secret made after it.
+        loaded.is_some_and(|l| l.since == now.since) || self.guard.trusted(secret, Some(&now)).is_ok()
+    }
+
+    /// Serves the Secret's certificate while serve runs: every trusted
+    /// change is served at once (and what the webhook must trust
+    /// published); the leader renews it.
+    pub async fn keep(self, tls: Tls, held: Material, guard: Option<Guard>, leadership: Arc<Leadership>) {
         let mut held = held;
+        let mut looks = Looks::default();
         self.trust.send_replace(Some(held.trust()));
         let config = watcher::Config::default().fields(&format!("metadata.name={SECRET}"));
         let mut events = watcher::watcher(self.api(), config).boxed();
@@ -135,8 +188,14 @@ impl OwnCertificate {
             tokio::select! {
                 event = events.next() => match event {
                     Some(Ok(Event::Apply(secret) | Event::InitApply(secret))) => {
-                        if let Ok(m) = Material::from_secret(&secret) {
-                            self.serve(&tls, &mut held, m);
+                        if secret.metadata.name.as_deref() != Some(SECRET) {
+                            continue;
+                        }
+                        match Material::from_secret(&secret) {
+                            Ok(m) if m.leaf == held.leaf && m.bundle == held.bundle => held = m,
+                            Ok(m) if self.may_serve(&secret, guard.as_ref()).await => self.serve(&tls, &mut held, m),
+                            Ok(_) => tracing::error!(secret = SECRET, "serve's certificate Secret changed while its guard is not in force: keeping the certificate served"),
+                            Err(e) => tracing::error!(secret = SECRET, "serve's certificate Secret cannot be read ({e}): keeping the certificate served"),
                         }
                     }
                     Some(Err(e)) => {
@@ -148,7 +207,7 @@ impl OwnCertificate {
                 },
                 _ = look.tick() => {
                     if leadership.leading() {
-                        if let Err(e) = self.step(&tls, &mut held).await {
+                        if let Err(e) = self.step(&tls, &mut held, guard.as_ref(), &mut looks).await {
                             tracing::warn!("renewing serve's certificate: {e:#}");
                         }
                     }
@@ -180,42 +239,103 @@ impl OwnCertificate {
         *held = material;
     }
 
+    /// Whether the webhook configuration trusts `material`'s newest CA.
+    async fn webhook_trusts_newest(&self, material: &Material) -> Result<bool> {
+        if self.webhook_configuration.is_empty() {
+            return Ok(true);
+        }
+        let api: Api<MutatingWebhookConfiguration> = Api::all(self.client.clone());
+        let Some(configuration) = api
+            .get_opt(&self.webhook_configuration)
+            .await
+            .map_err(|e| api_error("reading the webhook configuration", &e))?
+        else {
+            return Ok(true);
+        };
+        let newest = pem_blocks(&material.bundle)
+            .last()
+            .map(|p| p.to_string())
+            .unwrap_or_default();
+        let held = configuration
+            .webhooks
+            .unwrap_or_default()
+            .into_iter()
+            .find(|w| w.name == WEBHOOK)
+            .and_then(|w| w.client_config.ca_bundle)
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+            .unwrap_or_default();
+        Ok(pem_blocks(&held).contains(&newest.as_str()))
+    }
+
     /// The step the certificate needs now, written (pinned to the Secret's
     /// version: of two leaders for a moment, one writes), then served; and
-    /// the Secret restored if someone deleted it.
-    async fn step(&self, tls: &Tls, held: &mut Material) -> Result<()> {
-        let Some(live) = self
+    /// the Secret restored from what is served if someone deleted it or
+    /// made it unreadable.
+    async fn step(&self, tls: &Tls, held: &mut Material, guard: Option<&Guard>, looks: &mut Looks) -> Result<()> {
+        let live = self
             .api()
             .get_opt(SECRET)
             .await
-            .context("reading serve's certificate Secret")?
-        else {
+            .map_err(|e| api_error("reading serve's certificate Secret", &e))?;
+        let Some(live) = live else {
             // Someone deleted it: keep what is served (the API server trusts
             // it) rather than make a CA it does not.
             self.api()
                 .create(&PostParams::default(), &held.to_secret(&self.namespace))
                 .await
-                .context("restoring serve's certificate Secret")?;
+                .map_err(|e| api_error("restoring serve's certificate Secret", &e))?;
             tracing::warn!(secret = SECRET, "serve's certificate Secret was deleted: restored it");
             return Ok(());
         };
-        let current = Material::from_secret(&live)?;
-        if current.leaf != held.leaf || current.bundle != held.bundle {
-            // Someone moved it on meanwhile: serve theirs, judge again later.
-            self.serve(tls, held, current);
+        let mut restore = held.to_secret(&self.namespace);
+        restore.metadata.resource_version = live.metadata.resource_version.clone();
+        let current = Material::from_secret(&live).ok();
+        let moved_on = current
+            .as_ref()
+            .is_some_and(|c| c.leaf != held.leaf || c.bundle != held.bundle);
+        if current.is_none() || (moved_on && !self.may_serve(&live, guard).await) {
+            // Unreadable, or written while its guard was not in force: what
+            // is served goes back in.
+            self.api()
+                .patch(SECRET, &PatchParams::default(), &Patch::Merge(&restore))
+                .await
+                .map_err(|e| api_error("restoring serve's certificate Secret", &e))?;
+            tracing::warn!(
+                secret = SECRET,
+                "serve's certificate Secret could not be trusted or read: restored it"
+            );
+            return Ok(());
+        }
+        if moved_on {
+            // Another leader moved it on meanwhile (the watch serves it):
+            // judge again at the next look.
             return Ok(());
         }
         let now = config_snapshot_policy::duration::unix_now();
-        let Some(step) = next_step(Some(held), now, &self.lifetimes) else {
+        let Some(step) = next_step(Some(held), now, &self.lifetimes, &self.names) else {
             return Ok(());
         };
+        if step == Step::NewLeaf && held.cas() > 1 {
+            // The new CA signs what is served only once the API server has
+            // trusted it for a settle: seen in the configuration, not only
+            // written to the Secret.
+            if !self.webhook_trusts_newest(held).await? {
+                looks.new_ca_trusted_since = None;
+                return Ok(());
+            }
+            let since = *looks.new_ca_trusted_since.get_or_insert(now);
+            if now < since.saturating_add(self.lifetimes.settle_secs()) {
+                return Ok(());
+            }
+        }
+        looks.new_ca_trusted_since = None;
         let next = apply(step, Some(held), &self.names, now, &self.lifetimes)?;
         let mut wanted = next.to_secret(&self.namespace);
         wanted.metadata.resource_version = live.metadata.resource_version.clone();
         self.api()
             .patch(SECRET, &PatchParams::default(), &Patch::Merge(&wanted))
             .await
-            .context("writing serve's certificate Secret")?;
+            .map_err(|e| api_error("writing serve's certificate Secret", &e))?;
         tracing::info!(step = ?step, "serve's webhook certificate moved on");
         self.serve(tls, held, next);
         Ok(())

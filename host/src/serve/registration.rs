@@ -29,7 +29,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::Client;
 use serde_json::{json, Value};
 
-use super::certificates::Trust;
+use super::certificates::{pem_blocks, wanted_bundle, Trust};
 use super::door::{self, Door};
 use super::State;
 
@@ -41,6 +41,10 @@ const RECHECK: Duration = Duration::from_secs(5);
 /// path: every replica watches the key Secret and opens the new path within
 /// milliseconds; this is the margin for a slow one.
 const AFTER_REKEY: Duration = Duration::from_secs(5);
+
+/// How long a pass waits after the trust changed, so that what changes
+/// together (a bundle and the certificate served) is written once.
+const TRUST_BATCH: Duration = Duration::from_millis(200);
 
 /// The name of serve's webhook in its configuration, as every shipped
 /// manifest names it: serve writes the path of this one alone, so that a
@@ -89,7 +93,7 @@ pub enum RegistrationError {
 }
 
 /// A kube-rs error without the API server's message: its code and reason.
-fn without_message(error: &kube::Error) -> String {
+pub(crate) fn without_message(error: &kube::Error) -> String {
     match error {
         kube::Error::Api(status) => format!("{} {}", status.code, status.reason),
         _ => "the API server could not be reached".to_string(),
@@ -97,51 +101,61 @@ fn without_message(error: &kube::Error) -> String {
 }
 
 /// The patch that makes `webhook` call `path` (`service.path`, or the path
-/// of its `url`, scheme, host and port kept) and, with `bundle`, trust
-/// those CAs, if it does not already.
-pub(crate) fn moved(webhook: &MutatingWebhook, path: &str, bundle: Option<&str>) -> Result<Option<Value>, ()> {
+/// of its `url`, scheme, host and port kept) and trust `bundle` (its
+/// `caBundle`), each if given and not so already.
+pub(crate) fn moved(webhook: &MutatingWebhook, path: Option<&str>, bundle: Option<&str>) -> Result<Option<Value>, ()> {
     let client = &webhook.client_config;
     let mut config = serde_json::Map::new();
     if let Some(service) = &client.service {
-        if service.path.as_deref() != Some(path) {
+        if path.is_some_and(|p| service.path.as_deref() != Some(p)) {
             config.insert("service".into(), json!({"path": path}));
         }
     } else if let Some(url) = &client.url {
-        let wanted = with_path(url, path).ok_or(())?;
-        if *url != wanted {
-            config.insert("url".into(), json!(wanted));
+        if let Some(path) = path {
+            let wanted = with_path(url, path).ok_or(())?;
+            if *url != wanted {
+                config.insert("url".into(), json!(wanted));
+            }
         }
     } else {
         return Err(());
     }
-    if let Some(bundle) = bundle {
-        if !trusts(webhook, bundle) {
-            config.insert(
-                "caBundle".into(),
-                json!(base64::engine::general_purpose::STANDARD.encode(bundle)),
-            );
-        }
+    if let Some(bundle) = bundle.filter(|b| held_bundle(webhook) != *b) {
+        config.insert(
+            "caBundle".into(),
+            json!(base64::engine::general_purpose::STANDARD.encode(bundle)),
+        );
     }
     Ok((!config.is_empty()).then(|| json!({"name": webhook.name, "clientConfig": config})))
 }
 
-/// Whether `webhook`'s `caBundle` is exactly `bundle`.
-fn trusts(webhook: &MutatingWebhook, bundle: &str) -> bool {
+/// `webhook`'s `caBundle`, as text.
+fn held_bundle(webhook: &MutatingWebhook) -> String {
     webhook
         .client_config
         .ca_bundle
         .as_ref()
-        .is_some_and(|b| b.0 == bundle.as_bytes())
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+        .unwrap_or_default()
 }
 
-/// Whether `webhook`'s `caBundle` holds the CA certificate `ca` (PEM).
-fn includes(webhook: &MutatingWebhook, ca: &str) -> bool {
-    let held = webhook
-        .client_config
-        .ca_bundle
-        .as_ref()
-        .map(|b| String::from_utf8_lossy(&b.0).into_owned());
-    held.is_some_and(|held| !ca.is_empty() && held.contains(ca.trim()))
+/// The `caBundle` this replica writes, if any: the leader makes it hold
+/// serve's CAs (the retired ones out, any other kept: yours or
+/// cert-manager's, while a change of mode rolls out); another replica
+/// only adds the CA of the certificate it serves, when it is missing, and
+/// never takes one out, so that replicas a moment apart never undo each
+/// other's trust.
+fn trust_write(held: &str, trust: &Trust, leading: bool) -> Option<String> {
+    if leading {
+        return wanted_bundle(held, trust);
+    }
+    if pem_blocks(held).contains(&trust.serving_ca.trim()) {
+        return None;
+    }
+    let mut out: String = pem_blocks(held).iter().map(|p| format!("{p}\n")).collect();
+    out.push_str(trust.serving_ca.trim());
+    out.push('\n');
+    Some(out)
 }
 
 /// The path `webhook` calls: its service's, or its URL's.
@@ -152,6 +166,26 @@ fn called(webhook: &MutatingWebhook) -> Option<String> {
     }
     let rest = client.url.as_deref()?.strip_prefix("https://")?;
     Some(rest.find('/').map_or(String::new(), |at| rest[at..].to_string()))
+}
+
+/// The host `url` calls (`https://HOST:PORT/…`, an IPv6 host without its
+/// brackets).
+fn url_host(url: &str) -> Option<String> {
+    let authority = url.strip_prefix("https://")?.split(['/', '?', '#']).next()?;
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next()?,
+        None => authority.rsplit_once(':').map_or(authority, |(host, _)| host),
+    };
+    (!host.is_empty()).then(|| host.to_string())
+}
+
+/// The host serve's webhook calls, when it calls a URL rather than a
+/// Service: serve's own certificate must name it too.
+pub async fn called_host(client: &Client, name: &str) -> Option<String> {
+    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let configuration = api.get_opt(name).await.ok()??;
+    let webhook = configuration.webhooks?.into_iter().find(|w| w.name == WEBHOOK)?;
+    url_host(webhook.client_config.url.as_deref()?)
 }
 
 /// `url` with its path replaced by `path`: `https://host:port` kept.
@@ -200,38 +234,36 @@ impl Registration {
         let now = config_snapshot_policy::duration::unix_now();
         let calling = called(&webhook).ok_or_else(|| RegistrationError::NoClient { name: name.clone() })?;
         let own = self.bundle.as_ref().and_then(|b| b.borrow().clone());
-        let bundle = own.as_ref().map(|o| o.bundle.as_str());
-        // The API server must trust what this replica serves; the leader
-        // keeps the bundle exactly serve's (a CA added or dropped), any
-        // replica adds its own CA when it is missing.
-        let distrusted = own.as_ref().is_some_and(|o| !includes(&webhook, &o.serving_ca));
-        let moves = (leading && self.door.settled(AFTER_REKEY)) || !door::shaped(&calling) || distrusted;
-        if !moves {
-            return Ok(if self.door.opens(&calling, now) {
-                Found::Open
-            } else {
-                Found::Shut
-            });
+        let held = held_bundle(&webhook);
+        let path =
+            ((leading && self.door.settled(AFTER_REKEY)) || !door::shaped(&calling)).then(|| self.door.path(now));
+        let bundle = own.as_ref().and_then(|trust| trust_write(&held, trust, leading));
+        if let Some(patch) = moved(&webhook, path.as_ref().map(|p| p.as_str()), bundle.as_deref())
+            .map_err(|()| RegistrationError::NoClient { name: name.clone() })?
+        {
+            self.api()
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Strategic(json!({"webhooks": [patch]})),
+                )
+                .await
+                .map_err(|e| RegistrationError::Patch {
+                    name: name.clone(),
+                    why: without_message(&e),
+                })?;
+            tracing::info!(configuration = %name, "the webhook configuration now calls the door's path and trusts serve's CA");
         }
-        let path = self.door.path(now);
-        let Some(patch) =
-            moved(&webhook, &path, bundle).map_err(|()| RegistrationError::NoClient { name: name.clone() })?
-        else {
-            return Ok(Found::Open);
-        };
-        self.api()
-            .patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Strategic(json!({"webhooks": [patch]})),
-            )
-            .await
-            .map_err(|e| RegistrationError::Patch {
-                name: name.clone(),
-                why: without_message(&e),
-            })?;
-        tracing::info!(configuration = %name, "the webhook configuration now calls the door's path");
-        Ok(Found::Open)
+        // Ready while the API server calls a path the door opens, and
+        // trusts the CA of what this replica serves.
+        let calls = path.as_ref().map_or(calling.as_str(), |p| p.as_str());
+        let trusted =
+            own.is_none_or(|trust| pem_blocks(bundle.as_deref().unwrap_or(&held)).contains(&trust.serving_ca.trim()));
+        Ok(if self.door.opens(calls, now) && trusted {
+            Found::Open
+        } else {
+            Found::Shut
+        })
     }
 
     /// Keeps the configuration on the door's path while serve runs: at
@@ -244,6 +276,7 @@ impl Registration {
         // What was last found, so that a state is logged when it begins,
         // not at every look.
         let mut last = String::new();
+        let mut trust = self.bundle.clone();
         loop {
             let rekeyed = self.door.changed.notified();
             tokio::pin!(rekeyed);
@@ -279,11 +312,14 @@ impl Registration {
             }
             last = now;
             // A new CA bundle is written at once (serve/certificates.rs
-            // counts on it within its settle).
-            let mut bundle = self.bundle.clone();
+            // counts on it within its settle); one receiver held across
+            // passes, so that a change wakes one pass, not every one.
             let trust_changed = async {
-                match bundle.as_mut() {
-                    Some(b) => drop(b.changed().await),
+                match trust.as_mut() {
+                    Some(t) => match t.changed().await {
+                        Ok(()) => tokio::time::sleep(TRUST_BATCH).await,
+                        Err(_) => std::future::pending().await,
+                    },
                     None => std::future::pending().await,
                 }
             };
@@ -310,6 +346,18 @@ mod tests {
     }
 
     #[test]
+    fn a_urls_host_is_what_the_certificate_must_name() {
+        assert_eq!(url_host("https://127.0.0.1:9443/mutate").as_deref(), Some("127.0.0.1"));
+        assert_eq!(url_host("https://[::1]:9443/x").as_deref(), Some("::1"));
+        assert_eq!(
+            url_host("https://serve.example.com/x").as_deref(),
+            Some("serve.example.com")
+        );
+        assert_eq!(url_host("http://plain:80/x"), None);
+        assert_eq!(url_host("https://:1/x"), None);
+    }
+
+    #[test]
     fn a_service_webhook_gets_the_path_and_nothing_else() {
         let service = |path: Option<&str>| WebhookClientConfig {
             service: Some(ServiceReference {
@@ -320,17 +368,19 @@ mod tests {
             }),
             ..WebhookClientConfig::default()
         };
-        let patch = moved(&webhook(service(None)), "/mutate/abc", None).unwrap().unwrap();
+        let patch = moved(&webhook(service(None)), Some("/mutate/abc"), None)
+            .unwrap()
+            .unwrap();
         assert_eq!(
             patch,
             json!({"name": "config-snapshot.config-snapshot.io", "clientConfig": {"service": {"path": "/mutate/abc"}}})
         );
         assert_eq!(
-            moved(&webhook(service(Some("/mutate"))), "/mutate/abc", None).unwrap(),
+            moved(&webhook(service(Some("/mutate"))), Some("/mutate/abc"), None).unwrap(),
             Some(patch)
         );
         assert_eq!(
-            moved(&webhook(service(Some("/mutate/abc"))), "/mutate/abc", None).unwrap(),
+            moved(&webhook(service(Some("/mutate/abc"))), Some("/mutate/abc"), None).unwrap(),
             None
         );
     }
@@ -350,7 +400,7 @@ mod tests {
             ..WebhookClientConfig::default()
         };
         let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
-        let patch = moved(&webhook(config(None)), "/mutate/abc", Some(pem))
+        let patch = moved(&webhook(config(None)), Some("/mutate/abc"), Some(pem))
             .unwrap()
             .unwrap();
         assert_eq!(
@@ -358,17 +408,50 @@ mod tests {
             json!({"caBundle": base64::engine::general_purpose::STANDARD.encode(pem)})
         );
         assert_eq!(
-            moved(&webhook(config(Some(pem.as_bytes()))), "/mutate/abc", Some(pem)).unwrap(),
+            moved(&webhook(config(Some(pem.as_bytes()))), Some("/mutate/abc"), Some(pem)).unwrap(),
             None
         );
-        assert!(moved(&webhook(config(Some(b"another"))), "/mutate/abc", Some(pem))
-            .unwrap()
-            .is_some());
         assert_eq!(
-            moved(&webhook(config(Some(b"another"))), "/mutate/abc", None).unwrap(),
+            moved(&webhook(config(Some(b"another"))), None, None).unwrap(),
             None,
-            "cert-manager keeps it"
+            "nothing to write: the path and the bundle kept"
         );
+    }
+
+    fn pem(body: &str) -> String {
+        format!("-----BEGIN CERTIFICATE-----\n{body}\n-----END CERTIFICATE-----")
+    }
+
+    /// Attacker review, round 4 (H2): a replica never takes a CA out of
+    /// the webhook's bundle unless it leads and serve retired that CA, so
+    /// a CA someone else put there (a change of mode rolling out, yours)
+    /// and a replica a moment behind never lose the API server's trust.
+    #[test]
+    fn only_the_leader_drops_a_ca_and_only_one_serve_retired() {
+        let (old, new, theirs) = (pem("OLD"), pem("NEW"), pem("THEIRS"));
+        let trust = Trust {
+            bundle: format!("{new}\n"),
+            serving_ca: new.clone(),
+            retired: vec![old.clone()],
+        };
+        let held = format!("{theirs}\n{old}\n");
+        // The leader: its CA in, the retired one out, theirs kept.
+        let led = trust_write(&held, &trust, true).unwrap();
+        assert_eq!(pem_blocks(&led), [theirs.as_str(), new.as_str()]);
+        assert_eq!(trust_write(&led, &trust, true), None, "written once");
+        // Another replica: adds the CA it serves, drops nothing.
+        let added = trust_write(&held, &trust, false).unwrap();
+        assert_eq!(pem_blocks(&added), [theirs.as_str(), old.as_str(), new.as_str()]);
+        assert_eq!(trust_write(&added, &trust, false), None);
+        // A replica still serving the old CA's certificate adds it back; the
+        // leader then takes it out again only because serve retired it.
+        let behind = Trust {
+            bundle: format!("{old}\n{new}\n"),
+            serving_ca: old.clone(),
+            retired: vec![],
+        };
+        let readded = trust_write(&led, &behind, false).unwrap();
+        assert!(pem_blocks(&readded).contains(&old.as_str()));
     }
 
     #[test]
@@ -382,17 +465,17 @@ mod tests {
             "https://127.0.0.1:8443",
             "https://127.0.0.1:8443/mutate/old",
         ] {
-            let patch = moved(&webhook(url(given)), "/mutate/abc", None).unwrap().unwrap();
+            let patch = moved(&webhook(url(given)), Some("/mutate/abc"), None).unwrap().unwrap();
             assert_eq!(
                 patch["clientConfig"]["url"], "https://127.0.0.1:8443/mutate/abc",
                 "{given}"
             );
         }
         assert_eq!(
-            moved(&webhook(url("https://h:1/mutate/abc")), "/mutate/abc", None).unwrap(),
+            moved(&webhook(url("https://h:1/mutate/abc")), Some("/mutate/abc"), None).unwrap(),
             None
         );
-        assert!(moved(&webhook(url("http://h/mutate")), "/mutate/abc", None).is_err());
-        assert!(moved(&webhook(WebhookClientConfig::default()), "/mutate/abc", None).is_err());
+        assert!(moved(&webhook(url("http://h/mutate")), Some("/mutate/abc"), None).is_err());
+        assert!(moved(&webhook(WebhookClientConfig::default()), Some("/mutate/abc"), None).is_err());
     }
 }

@@ -124,7 +124,7 @@ pub struct Guard {
 }
 
 /// Returns once a Secret created now is trusted under `guard`.
-async fn settle(guard: Option<&Guard>) {
+pub(crate) async fn settle(guard: Option<&Guard>) {
     if let Some(guard) = guard {
         let wait = guard.since + GUARD_SETTLES + 1 - config_snapshot_policy::duration::unix_now();
         if wait > 0 {

@@ -193,6 +193,30 @@ pub fn door_story(cp: &ControlPlane, serve: &ServeProcess, kubeconfig: &Path) {
         );
     }
 
+    // Round 4 (M4): nor does serve's account make a ServiceAccount token,
+    // which would hand it another account's rights.
+    let token = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "stolen",
+        "annotations": {"kubernetes.io/service-account.name": "default"}},
+        "type": "kubernetes.io/service-account-token"});
+    let out = Command::new(cp.bin.join("kubectl"))
+        .arg("--kubeconfig")
+        .arg(&as_serve)
+        .args(["-n", ns, "create", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            child.stdin.take().unwrap().write_all(token.to_string().as_bytes())?;
+            child.wait_with_output()
+        })
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("config-snapshot-no-tokens"),
+        "serve's account made a token: {err}"
+    );
+
     // Finding 4's dry run, forged, without the path: a bare 404, nothing
     // read, no name derived from the ConfigMap.
     let forged = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {

@@ -564,11 +564,29 @@ fn kustomize_story(cp: &ControlPlane) {
     // serve trusts its key, and the workload keeps its snapshot.
     let pinned = cp.get(ns, "deployment", "web").unwrap()["spec"]["template"].clone();
     cp.kubectl(&["delete", "mutatingwebhookconfiguration", "config-snapshot"]);
-    cp.kubectl(&["-n", "config-snapshot", "delete", "deployment", "config-snapshot", "--wait=true"]);
+    cp.kubectl(&[
+        "-n",
+        "config-snapshot",
+        "delete",
+        "deployment",
+        "config-snapshot",
+        "--wait=true",
+    ]);
     cp.try_kubectl(&["apply", "-f", "-"], Some(&rendered))
         .unwrap_or_else(|e| panic!("{e}"));
-    cp.kubectl(&["-n", "config-snapshot", "rollout", "status", "deployment/config-snapshot", "--timeout=300s"]);
-    assert_eq!(super::keys::keys(cp, &["list"]), before, "the key kept across the reinstall");
+    cp.kubectl(&[
+        "-n",
+        "config-snapshot",
+        "rollout",
+        "status",
+        "deployment/config-snapshot",
+        "--timeout=300s",
+    ]);
+    assert_eq!(
+        super::keys::keys(cp, &["list"]),
+        before,
+        "the key kept across the reinstall"
+    );
     cp.apply(ns, &app(cp, "Deployment", "web", 1));
     assert_eq!(cp.get(ns, "deployment", "web").unwrap()["spec"]["template"], pinned);
 }
@@ -579,17 +597,26 @@ fn kustomize_story(cp: &ControlPlane) {
 /// namespace's ServiceAccount, so serve trusts the key it makes there,
 /// and pins what it reviews.
 fn elsewhere_story(cp: &ControlPlane) {
-    let image = format!("{}/config-snapshot:{}", cp.registry.clone().unwrap(), env!("CARGO_PKG_VERSION"));
+    let image = format!(
+        "{}/config-snapshot:{}",
+        cp.registry.clone().unwrap(),
+        env!("CARGO_PKG_VERSION")
+    );
     let rendered = |dir: &str| {
         cp.kubectl(&["kustomize", root().join(dir).to_str().unwrap()]).replace(
             &format!("ghcr.io/config-snapshot/config-snapshot:{}", env!("CARGO_PKG_VERSION")),
             &image,
         )
     };
-    cp.try_kubectl(&["delete", "--ignore-not-found", "--wait=true", "-f", "-"], Some(&rendered("deploy/serve")))
-        .unwrap_or_else(|e| panic!("{e}"));
+    cp.try_kubectl(
+        &["delete", "--ignore-not-found", "--wait=true", "-f", "-"],
+        Some(&rendered("deploy/serve")),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     eventually("serve's namespace to go", 300, || {
-        cp.try_kubectl(&["get", "namespace", "config-snapshot"], None).is_err().then_some(())
+        cp.try_kubectl(&["get", "namespace", "config-snapshot"], None)
+            .is_err()
+            .then_some(())
     });
     let copy = cp.dir.join("overlay-elsewhere");
     std::fs::create_dir_all(&copy).unwrap();
@@ -599,15 +626,31 @@ fn elsewhere_story(cp: &ControlPlane) {
         .replace("../../serve", root().join("deploy/serve").to_str().unwrap());
     std::fs::write(copy.join("kustomization.yaml"), overlay).unwrap();
     let rendered = cp
-        .kubectl(&["kustomize", "--load-restrictor", "LoadRestrictionsNone", copy.to_str().unwrap()])
+        .kubectl(&[
+            "kustomize",
+            "--load-restrictor",
+            "LoadRestrictionsNone",
+            copy.to_str().unwrap(),
+        ])
         .replace(
             &format!("ghcr.io/config-snapshot/config-snapshot:{}", env!("CARGO_PKG_VERSION")),
             &image,
         );
     cp.try_kubectl(&["apply", "-f", "-"], Some(&rendered))
         .unwrap_or_else(|e| panic!("{e}"));
-    cp.kubectl(&["-n", "cs-elsewhere", "rollout", "status", "deployment/config-snapshot", "--timeout=300s"]);
-    assert!(cp.get("cs-elsewhere", "secret", "config-snapshot-signing-key").is_some(), "serve made its key there");
+    cp.kubectl(&[
+        "-n",
+        "cs-elsewhere",
+        "rollout",
+        "status",
+        "deployment/config-snapshot",
+        "--timeout=300s",
+    ]);
+    assert!(
+        cp.get("cs-elsewhere", "secret", "config-snapshot-signing-key")
+            .is_some(),
+        "serve made its key there"
+    );
     let ns = "node-elsewhere";
     cp.namespace(ns);
     sources(cp, ns, "blue", "one");
