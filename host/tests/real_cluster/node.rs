@@ -591,6 +591,14 @@ fn kustomize_story(cp: &ControlPlane) {
     assert_eq!(cp.get(ns, "deployment", "web").unwrap()["spec"]["template"], pinned);
 }
 
+/// `to` as a path relative to the directory `from` (kustomize takes a base
+/// only by a relative path).
+fn relative_to(from: &Path, to: &Path) -> String {
+    let (from, to) = (from.canonicalize().unwrap(), to.canonicalize().unwrap());
+    let up = "../".repeat(from.components().count() - 1);
+    format!("{up}{}", to.strip_prefix("/").unwrap().display())
+}
+
 /// After `release`, everything removed as docs/install.md says (`kubectl
 /// delete -k deploy/serve`), then serve installed in another namespace
 /// from a copy of deploy/overlays/namespace: the guards' CEL names that
@@ -623,7 +631,7 @@ fn elsewhere_story(cp: &ControlPlane) {
     let overlay = std::fs::read_to_string(root().join("deploy/overlays/namespace/kustomization.yaml"))
         .unwrap()
         .replace("namespace: platform-system", "namespace: cs-elsewhere")
-        .replace("../../serve", root().join("deploy/serve").to_str().unwrap());
+        .replace("../../serve", &relative_to(&copy, &root().join("deploy/serve")));
     std::fs::write(copy.join("kustomization.yaml"), overlay).unwrap();
     let rendered = cp
         .kubectl(&[
