@@ -431,10 +431,13 @@ impl Driver<'_> {
             Verdict::Wait(why) => Attempt::Wait(why),
             Verdict::Later(at, hold) => {
                 if let (true, Some(w)) = (hold.pends(), &workload) {
-                    // Not recorded this time (the workload moved): the
-                    // next look records it; the hold stands either way.
+                    // Not recorded (the workload moved, or a policy refuses
+                    // serve's write): looked at again soon, and given up
+                    // past the effect's wait as any write that keeps
+                    // failing, so that a hold no write can record is an
+                    // EffectFailed, not a change held for ever.
                     if let Err(why) = self.record_pending(ns, &intent, w, &hold) {
-                        self.observer.note(why);
+                        return Attempt::Retry(why);
                     }
                 }
                 Attempt::Later(at, hold)
