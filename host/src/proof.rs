@@ -565,7 +565,7 @@ impl Prover {
         {
             let mut cleared = request.clone();
             for field in ["object", "oldObject"] {
-                if let Some(object) = cleared[field].as_object_mut() {
+                if let Some(object) = cleared.get_mut(field).and_then(Value::as_object_mut) {
                     object.remove(DIGESTED);
                 }
             }

@@ -1489,6 +1489,10 @@ fn serve_on_a_real_control_plane() {
         kubelet.store(true, Ordering::SeqCst);
         return;
     }
+    if part == "outage" {
+        outage_story(&cp, &mut serve, &kubeconfig);
+        return;
+    }
     if part == "attacks" {
         security::attack_stories(&cp, &mut serve, &kubeconfig);
         security::namespaced_story(&cp, &mut serve, &kubeconfig);

@@ -141,7 +141,12 @@ pub fn chart_renders_what_kustomize_does(cp: &ControlPlane) {
         );
         let mut kept = Vec::new();
         for (key, object) in rendered.iter_mut() {
-            let Some(annotations) = object["metadata"]["annotations"].as_object_mut() else {
+            // get_mut, not indexing: `value["annotations"]` on a mutable
+            // object inserts a null where there was none.
+            let Some(annotations) = object["metadata"]
+                .get_mut("annotations")
+                .and_then(|a| a.as_object_mut())
+            else {
                 continue;
             };
             if annotations.remove("helm.sh/resource-policy").is_some() {
@@ -226,22 +231,10 @@ pub fn chart_installs_upgrades_and_uninstalls(cp: &ControlPlane) {
     let (release, ns, apps) = ("cs-helm", "cs-helm", "cs-helm-apps");
     let fullname = "cs-helm-config-snapshot";
     cp.namespace(apps);
-    // No cert-manager on this control plane: the serving certificate's CA
-    // comes from values, as for a cluster that brings its own (here the
-    // cluster's CA, which signed nothing serve shows: no serve runs).
-    let pem = std::fs::read(cp.dir.join("ca.crt")).unwrap();
-    let ca = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, pem);
-    let ca_value = format!("certificate.caBundle={ca}");
-    let install = [
-        "--namespace",
-        ns,
-        "--set",
-        "certificate.certManager=false",
-        "--set",
-        &ca_value,
-        "--set",
-        &format!("namespaces={{{apps}}}"),
-    ];
+    // The chart's default: serve makes its own certificate (no serve runs
+    // on this control plane, so the webhook's caBundle stays empty).
+    let apps_value = format!("namespaces={{{apps}}}");
+    let install = ["--namespace", ns, "--set", &apps_value];
     let mut args = vec!["install", release, "deploy/helm/config-snapshot", "--create-namespace"];
     args.extend(install);
     cp.helm(&args);
@@ -283,7 +276,8 @@ pub fn chart_installs_upgrades_and_uninstalls(cp: &ControlPlane) {
     cp.helm(&args);
     let settings = cp.get(ns, "configmap", &format!("{fullname}-settings")).unwrap();
     let parsed: Value = serde_json::from_str(settings["data"]["settings.json"].as_str().unwrap()).unwrap();
-    assert_eq!(parsed, json!({"onSnapshotFailure": "warn"}));
+    // The value set, beside the chart's default settle.
+    assert_eq!(parsed, json!({"onSnapshotFailure": "warn", "settle": "5s"}));
     eventually("serve restarted on its new settings", 30, || {
         (replica_sets() == 2).then_some(())
     });
