@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use super::metrics::{self, OperationLabels, RequestLabels};
 use super::prefetch::{self, ObjectOnly};
 use super::scope::RequestScope;
-use super::State;
+use super::state::State;
 use crate::capability::{Caller, Capability, Subject};
 use crate::cluster::shown;
 use crate::engine::{CallFailure, CallHandler};
@@ -345,7 +345,7 @@ fn gate(state: &State, head: &RequestHeader, request: &RawValue) -> Result<Optio
         let warning = format!("config-snapshot: not reviewed: {why}");
         return Err(untouched(state, &head.uid, "unnamed", Some(warning)).into());
     }
-    let rules = &state.queue.carry().rules;
+    let rules = &state.context.rules;
     let namespace = head.namespace.as_deref().unwrap_or_default();
     // A namespace the webhook excludes (or, namespaced, does not select)
     // never gets here from the API server: whoever sent it, nothing is
@@ -367,7 +367,7 @@ fn gate(state: &State, head: &RequestHeader, request: &RawValue) -> Result<Optio
 /// The host capability this request's policy run calls, its reads begun
 /// ahead of the policy.
 fn capability(state: &State, head: &RequestHeader, request: &RawValue) -> Arc<MeteredCapability> {
-    let carry = state.queue.carry();
+    let carry = &state.context;
     let scope = Arc::new(RequestScope::new(
         state.cluster.clone(),
         head.namespace.as_deref().unwrap_or_default(),

@@ -24,12 +24,19 @@ use tokio::runtime::Handle;
 
 use super::cache::{api_resource, trim, Cache};
 use super::metrics::Metrics;
-use super::prefetch::{Listed, SourceReads};
+use super::source_reads::{self, SourceReads};
 use crate::cluster::{self, pin, shown, ApiError, Cluster, Preconditions, Selector};
 
 /// One API call's deadline. The webhook answers within `timeoutSeconds`
 /// (10 s in deploy/serve), and an admission makes a few calls at most.
 pub(crate) const API_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// A fresh listing of one kind in one namespace.
+pub struct Listed {
+    pub objects: Vec<Value>,
+    /// Whether it holds every object (not cut at its limit).
+    pub complete: bool,
+}
 
 pub struct KubeCluster {
     client: Client,
@@ -37,7 +44,7 @@ pub struct KubeCluster {
     pub(super) runtime: Handle,
     pub metrics: Arc<Metrics>,
     /// The reads ahead of every admission together
-    /// ([`super::prefetch::IN_FLIGHT`]).
+    /// ([`source_reads::IN_FLIGHT`]).
     pub reads_ahead: tokio::sync::Semaphore,
     /// Unix seconds to answer `now` with instead of the system clock (0:
     /// the system clock). Replaying a recorded admission needs the clock
@@ -54,7 +61,7 @@ impl KubeCluster {
             cache,
             runtime,
             metrics,
-            reads_ahead: tokio::sync::Semaphore::new(super::prefetch::IN_FLIGHT),
+            reads_ahead: tokio::sync::Semaphore::new(source_reads::IN_FLIGHT),
             fixed_now: AtomicI64::new(0),
             source_reads: SourceReads::default(),
         }

@@ -557,13 +557,16 @@ async fn answer(
     let Some(busy) = busy else {
         refused
             .get_or_create(&super::metrics::RefusedLabels {
-                reason: super::http::Refusal::Peer.label(),
+                reason: super::refusal::Refusal::Peer.label(),
             })
             .inc();
-        return Ok(super::http::refusal(request.version(), super::http::Refusal::Peer));
+        return Ok(super::refusal::refusal(
+            request.version(),
+            super::refusal::Refusal::Peer,
+        ));
     };
     let busy = Arc::new(busy);
-    request.extensions_mut().insert(super::http::Connection {
+    request.extensions_mut().insert(super::refusal::Connection {
         in_flight: busy.clone(),
         close,
     });
@@ -596,7 +599,7 @@ async fn connection(
     let counted = place.clone();
     let refused = table.metrics.requests_refused.clone();
     let service = hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
-        request.extensions_mut().insert(super::http::Peer(peer.ip()));
+        request.extensions_mut().insert(super::refusal::Peer(peer.ip()));
         answer(
             request,
             counted.busy(),

@@ -54,7 +54,7 @@ pub struct EffectLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RefusedLabels {
-    /// One of [`Refusal::LABELS`](crate::serve::http::Refusal).
+    /// One of [`Refusal::LABELS`](crate::serve::refusal::Refusal).
     pub reason: &'static str,
 }
 
@@ -256,7 +256,7 @@ impl Default for Metrics {
             "Idle connections to the webhook closed to give their place to a new one",
             connections.evicted.clone(),
         );
-        for reason in crate::serve::http::Refusal::LABELS {
+        for reason in crate::serve::refusal::Refusal::LABELS {
             let _ = connections.requests_refused.get_or_create(&RefusedLabels { reason });
         }
         registry.register(

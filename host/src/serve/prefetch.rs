@@ -51,34 +51,10 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use tokio::sync::{oneshot, Semaphore};
 
-use super::apiserver::KubeCluster;
+use super::apiserver::{KubeCluster, Listed};
+use super::source_reads::LIST_AT_MOST;
 use crate::cluster;
 use crate::proof::Prover;
-
-/// How an admission's fresh source reads are made ahead of the policy
-/// (`serve --source-reads`; docs/BENCHMARKS.md, "Fresh reads", measures
-/// each on the real control plane). Every way is as fresh as the request:
-/// each read starts after it arrived.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum SourceReads {
-    /// A GET per source and per snapshot, all at once.
-    #[default]
-    Parallel,
-    /// The same GETs, one after another: one kept-alive connection.
-    Sequential,
-    /// One consistent LIST per kind of the namespace, when serve's cache
-    /// shows it small; GETs otherwise.
-    List,
-    /// None ahead: the policy's reads go to the API server as it makes them.
-    None,
-}
-
-/// A fresh listing of one kind in one namespace.
-pub struct Listed {
-    pub objects: Vec<Value>,
-    /// Whether it holds every object (not cut at its limit).
-    pub complete: bool,
-}
 
 /// A source to read, in the request's namespace.
 #[derive(Debug, Clone, PartialEq)]
@@ -164,8 +140,8 @@ pub fn snapshot_of(wanted: &Wanted, namespace: &str, source: &Value, prover: Opt
 /// registered in `pending` before that answer: the policy makes a snapshot
 /// only after reading its source, so its `create_snapshot` finds the read.
 ///
-/// At most [`PER_ADMISSION`] reads of one admission run at once, and at
-/// most [`IN_FLIGHT`] of all admissions: a burst of reviews cannot turn
+/// At most [`PER_ADMISSION`](super::source_reads::PER_ADMISSION) reads of one admission run at once, and at
+/// most [`IN_FLIGHT`](super::source_reads::IN_FLIGHT) of all admissions: a burst of reviews cannot turn
 /// into an unbounded burst of GETs at the API server.
 pub(crate) async fn read_ahead(
     cluster: Arc<KubeCluster>,
@@ -270,11 +246,6 @@ pub(crate) async fn read_listed(
     }
 }
 
-/// The most objects a LIST ahead may bring, and the most serve's cache may
-/// show of the kind in the namespace for one to be made: past it, the
-/// listing would cost more than the GETs it saves.
-pub(crate) const LIST_AT_MOST: u32 = 32;
-
 /// Whether a LIST of `kind` in `namespace` is worth making for `wanted`
 /// sources: two or more, in a namespace serve's cache shows small.
 pub(crate) fn worth_listing(cluster: &KubeCluster, kind: SourceKind, namespace: &str, wanted: usize) -> bool {
@@ -284,12 +255,6 @@ pub(crate) fn worth_listing(cluster: &KubeCluster, kind: SourceKind, namespace: 
             .held_in(kind.kind(), namespace)
             .is_some_and(|n| n <= LIST_AT_MOST as usize)
 }
-
-/// Reads ahead one admission runs at once.
-pub(crate) const PER_ADMISSION: usize = 8;
-
-/// Reads ahead all admissions run at once.
-pub(crate) const IN_FLIGHT: usize = 64;
 
 /// Whether serve's cache has `name` with an owner: then
 /// `create_snapshot` reuses it from the cache and waits for no fresh read.

@@ -131,10 +131,6 @@ impl Queue {
         (queue, worker)
     }
 
-    pub fn carry(&self) -> &Arc<WorkerContext> {
-        &self.carry
-    }
-
     /// Queues `effect`, unless one doing the same work is already on its
     /// way ([`Effect::same_work`]): a resync pass re-derives the rollouts
     /// and adoptions it finds undone, and one still retrying is undone too.

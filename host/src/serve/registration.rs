@@ -31,7 +31,7 @@ use serde_json::{json, Value};
 
 use super::certificates::{pem_blocks, wanted_bundle, Trust};
 use super::door::{self, Door};
-use super::State;
+use super::state::State;
 
 /// How often serve reads the configuration again when nothing told it to:
 /// a write that took the path away is repaired within this.

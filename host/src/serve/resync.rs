@@ -10,7 +10,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::admission::{self, UID_PREFIX};
-use super::State;
+use super::state::State;
 use crate::lifecycle::effect::Effect;
 use crate::lifecycle::resync::{Pass, PassHost, ReadmitError};
 
@@ -21,7 +21,7 @@ const RESYNC_USER: &str = "system:serviceaccount:config-snapshot:resync";
 pub async fn once(state: &Arc<State>) -> Pass {
     let passing = state.clone();
     let pass = tokio::task::spawn_blocking(move || {
-        let carry = passing.queue.carry().clone();
+        let carry = passing.context.clone();
         carry.driver().resync(passing.as_ref())
     })
     .await

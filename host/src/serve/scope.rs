@@ -10,7 +10,8 @@ use config_snapshot_policy::source::{SourceId, SourceKind};
 use serde_json::Value;
 
 use super::apiserver::KubeCluster;
-use super::prefetch::{self, Fetched, SourceReads, Wanted};
+use super::prefetch::{self, Fetched, Wanted};
+use super::source_reads::{SourceReads, PER_ADMISSION};
 use crate::cluster::{self, ApiError, Cluster, Preconditions, Selector};
 
 pub(crate) struct RequestScope {
@@ -27,7 +28,7 @@ impl RequestScope {
     pub fn new(cluster: Arc<KubeCluster>, namespace: &str) -> RequestScope {
         let at_once = match cluster.source_reads {
             SourceReads::Sequential => 1,
-            _ => prefetch::PER_ADMISSION,
+            _ => PER_ADMISSION,
         };
         RequestScope {
             cluster,

@@ -1,0 +1,161 @@
+//! What serve's handlers, effect worker and resync share, and how it is
+//! built from the command line: the engine, the cluster, the queue.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use anyhow::{anyhow, Context as _, Result};
+use config_snapshot_policy::settings::Settings;
+use kube::Client;
+use serde_json::Value;
+
+use super::apiserver::KubeCluster;
+use super::cache::Cache;
+use super::metrics::Metrics;
+use super::options::Options;
+use super::queue::{self, Queue, QueueSettings, WorkerContext};
+use super::report::Report;
+use super::{events, leader};
+use crate::capability::Budget;
+use crate::engine::Engine;
+use crate::lifecycle::Rules;
+use crate::proof::Prover;
+
+/// Shared by the HTTP handlers, the effect worker and the resync.
+pub struct State {
+    pub engine: Arc<Engine>,
+    /// The settings as JSON text, spliced into every validate payload
+    /// (parsed, they are the rules' own: `context.rules.settings`).
+    pub settings_json: String,
+    pub cluster: Arc<KubeCluster>,
+    /// What carrying out an effect needs: the queue's workers and the
+    /// admissions that stage effects share this one.
+    pub context: Arc<WorkerContext>,
+    pub queue: Queue,
+    pub metrics: Arc<Metrics>,
+    pub shutting_down: AtomicBool,
+    /// Whether this replica runs the periodic pass (see `leader`).
+    pub leadership: Arc<leader::Leadership>,
+    /// Admissions evaluating at once. The wasm pool has a fixed number of
+    /// instance slots; past it a request would fail, so it waits here
+    /// instead. One slot stays free for the resync.
+    pub evaluations: tokio::sync::Semaphore,
+    /// Snapshot creations per namespace per minute.
+    pub budget: Arc<Budget>,
+    /// Whether the webhook configuration calls the door's path (or serve
+    /// was told to leave it alone, or there is none to call it).
+    pub registered: AtomicBool,
+    ids: AtomicU64,
+}
+
+impl State {
+    pub fn ready(&self) -> bool {
+        self.cluster.cache.synced()
+            && self.registered.load(Ordering::SeqCst)
+            && !self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn next_id(&self) -> u64 {
+        self.ids.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// Everything `serve` needs that does not involve sockets, for the module
+/// `--policy` named (already read or pulled).
+pub fn build(options: &Options, client: Client, module: &[u8], prover: Prover) -> Result<(Arc<State>, queue::Worker)> {
+    let precompiled = match &options.precompiled {
+        Some(path) => Some(std::fs::read(path).with_context(|| format!("reading {}", path.display()))?),
+        None => None,
+    };
+    let started = std::time::Instant::now();
+    let (engine, how) = Engine::load_prepared(
+        module,
+        precompiled.as_deref(),
+        options.policy_timeout,
+        options.engine_limits()?,
+    )?;
+    tracing::info!(how = %how, millis = started.elapsed().as_millis() as u64, "policy ready");
+    build_with_engine(options, client, Arc::new(engine), prover)
+}
+
+/// [`build`] with an engine already compiled (`--policy` is not read).
+pub fn build_with_engine(
+    options: &Options,
+    client: Client,
+    engine: Arc<Engine>,
+    prover: Prover,
+) -> Result<(Arc<State>, queue::Worker)> {
+    let engine_instances = engine.limits().instances as usize;
+    let settings: Value = serde_json::from_str(&options.settings_json).context("--settings-json is not JSON")?;
+    if let Err(message) = engine.validate_settings(&settings)? {
+        return Err(anyhow!("invalid settings: {message}"));
+    }
+    let settings_json = settings.to_string();
+    let parsed = Settings::from_json(settings_json.as_bytes()).map_err(|e| anyhow!("invalid settings: {e}"))?;
+    let metrics = Arc::new(Metrics::default());
+    let only_namespaces = options.only_namespaces()?;
+    let prover = Arc::new(prover);
+    let cache = Arc::new(
+        match &only_namespaces {
+            Some(namespaces) => Cache::within(namespaces.clone()),
+            None => Cache::excluding(options.excluded_namespaces()),
+        }
+        .digesting(prover.clone())
+        .counting(metrics.cache_objects.clone()),
+    );
+    let runtime = tokio::runtime::Handle::try_current().context("serve needs a tokio runtime")?;
+    let report = Arc::new(Report {
+        events: events::Events::new(client.clone(), runtime.clone()),
+        metrics: metrics.clone(),
+    });
+    let cluster =
+        Arc::new(KubeCluster::new(client, cache.clone(), runtime, metrics.clone()).reading(options.source_reads));
+    let budget = Arc::new(Budget::new(crate::capability::Limits {
+        count: options.snapshot_rate,
+        namespace_bytes: options.snapshot_bytes_rate,
+        total_bytes: options.snapshot_bytes_rate_total,
+    }));
+    let carry = Arc::new(WorkerContext {
+        cluster: cluster.clone(),
+        rules: Arc::new(Rules {
+            settings: parsed,
+            watch_min_interval: options.watch_min_interval.as_secs() as i64,
+            prover,
+            excluded_namespaces: options.excluded_namespaces(),
+            only_namespaces,
+        }),
+        in_flight: Arc::default(),
+        report,
+        budget: budget.clone(),
+    });
+    let (queue, worker) = Queue::new(
+        carry.clone(),
+        QueueSettings {
+            capacity: options.queue_capacity.max(1),
+            wait_for: options.effect_wait,
+            ..QueueSettings::default()
+        },
+    );
+    let waker = queue.clone();
+    cache.on_workload_change(move |workload| waker.wake(workload));
+    let leadership = Arc::new(if options.leader_elect {
+        leader::Leadership::contender(metrics.clone())
+    } else {
+        leader::Leadership::alone(metrics.clone())
+    });
+    let state = Arc::new(State {
+        leadership,
+        engine,
+        settings_json,
+        cluster,
+        context: carry,
+        queue,
+        metrics,
+        shutting_down: AtomicBool::new(false),
+        evaluations: tokio::sync::Semaphore::new(engine_instances.saturating_sub(1).max(1)),
+        budget,
+        registered: AtomicBool::new(true),
+        ids: AtomicU64::new(0),
+    });
+    Ok((state, worker))
+}
