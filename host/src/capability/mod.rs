@@ -17,7 +17,6 @@
 //! only once it knows the request was allowed and persisted
 //! ([`Capability::take_staged`]): a refused request leaves none behind.
 
-mod budget;
 mod reads;
 mod snapshot;
 mod writes;
@@ -35,11 +34,8 @@ use serde_json::{json, Value};
 use crate::cluster::Cluster;
 use crate::engine::{CallFailure, CallHandler};
 use crate::lifecycle::effect::StoredAs;
-use crate::lifecycle::{Effect, InFlight, Observer, Rules};
+use crate::lifecycle::{Budget, Effect, InFlight, Observer, Rules};
 use crate::proof::{Proven, Prover};
-
-pub use budget::{parse_bytes, Budget, Limits};
-pub use snapshot::written_size;
 
 /// The admission request a set of host calls belongs to: whose namespace
 /// they may write in, whether writes are refused (dry run), and what it

@@ -23,7 +23,7 @@ use super::{failed, refused, Capability};
 use crate::cluster::{patch_judged, ApiError, Cluster, Judged};
 use crate::lifecycle::driver::SWEEP_EVERY_SECS;
 use crate::lifecycle::verdict::adopt_ops;
-use crate::lifecycle::Effect;
+use crate::lifecycle::{written_size, Effect};
 
 /// Secret types that mint credentials when created: never a snapshot's.
 const TOKEN_TYPES: [&str; 2] = [SA_TOKEN, "bootstrap.kubernetes.io/token"];
@@ -411,9 +411,4 @@ impl Capability {
             kind.kind()
         )))
     }
-}
-
-/// The bytes a snapshot takes as written: what the budget counts.
-pub fn written_size(object: &Value) -> usize {
-    serde_json::to_vec(object).map_or(usize::MAX, |b| b.len())
 }

@@ -22,13 +22,13 @@ use std::collections::HashSet;
 
 use serde_json::{json, Value};
 
+use super::budget::{written_size, Budget};
 use super::effect::{Effect, PatchIntent, StoredAs};
 use super::guard;
 use super::in_flight::InFlight;
 use super::observe::{Observer, Reason};
 use super::pass::{add_references, bridges, controller_of, doomed, orphans, Doomed};
 use super::verdict::{adopt_ops, apply_ops, decide_patch, Hold, Observed, Rules, Verdict};
-use crate::capability::{written_size, Budget};
 use crate::cluster::{self, ApiError, Cluster, Judged, Key, Preconditions, Selector};
 use crate::proof::Proven;
 
@@ -55,6 +55,24 @@ pub enum Attempt {
     Retry(String),
     /// Held back until this time (the cluster's clock), by `Hold`.
     Later(i64, Hold),
+}
+
+/// Why one of a watch rollout's preparatory writes did not land: it is
+/// retried ([`Attempt::Retry`], with this as its reason).
+#[derive(Debug, thiserror::Error)]
+pub enum WriteFailed {
+    /// The held change could not be recorded on its workload.
+    #[error("recording the pending change on {who}: {source}")]
+    Pending { who: String, source: ApiError },
+    /// The workload could not be made an owner of the snapshot.
+    #[error("bridging {snapshot}: {source}")]
+    Bridge { snapshot: String, source: ApiError },
+    /// The snapshot went before the workload could own it.
+    #[error("{0} is gone")]
+    Gone(String),
+    /// Every write was refused for a version that had moved on.
+    #[error("{0} kept changing while it was bridged")]
+    KeptChanging(String),
 }
 
 /// What the host's scheduler does with the effect next.
@@ -437,7 +455,7 @@ impl Driver<'_> {
                     // failing, so that a hold no write can record is an
                     // EffectFailed, not a change held for ever.
                     if let Err(why) = self.record_pending(ns, &intent, w, &hold) {
-                        return Attempt::Retry(why);
+                        return Attempt::Retry(why.to_string());
                     }
                 }
                 Attempt::Later(at, hold)
@@ -466,7 +484,7 @@ impl Driver<'_> {
             Err(attempt) => return attempt,
         };
         if let Err(why) = self.bridge(workload, &snapshot) {
-            return Attempt::Retry(why);
+            return Attempt::Retry(why.to_string());
         }
         if let Err(attempt) = self.settled_together(ns, intent, workload, &mut ops) {
             return attempt;
@@ -593,7 +611,8 @@ impl Driver<'_> {
             let Ok(made) = self.snapshot_of_stored(ns, &companion, &stored) else {
                 continue;
             };
-            self.bridge(workload, &made).map_err(Attempt::Retry)?;
+            self.bridge(workload, &made)
+                .map_err(|why| Attempt::Retry(why.to_string()))?;
             if let Some(more) = rollout::retarget_ops(intent.kind, &patched, id, snapshot) {
                 apply_ops(&mut patched, &more).map_err(|e| Attempt::Retry(e.to_string()))?;
                 ops.extend(more);
@@ -618,13 +637,16 @@ impl Driver<'_> {
     /// `config-snapshot status` and `approve` read. An
     /// approval of content the source has since moved on from is taken off
     /// in the same write, and the user is told it was refused.
-    fn record_pending(&self, ns: &str, intent: &PatchIntent, workload: &Value, hold: &Hold) -> Result<(), String> {
+    fn record_pending(&self, ns: &str, intent: &PatchIntent, workload: &Value, hold: &Hold) -> Result<(), WriteFailed> {
         let Some(ops) = super::verdict::pending_ops(workload, &intent.source, &intent.snapshot, hold) else {
             return Ok(());
         };
         self.cluster
             .patch(intent.kind.kind(), ns, &intent.name, workload.resource_version(), ops)
-            .map_err(|e| format!("recording the pending change on {}: {e}", intent.who()))?;
+            .map_err(|source| WriteFailed::Pending {
+                who: intent.who(),
+                source,
+            })?;
         let (id, snapshot) = (&intent.source, &intent.snapshot);
         let target = format!("{}/{}", intent.kind.kind().to_lowercase(), intent.name);
         let message = match hold {
@@ -727,7 +749,7 @@ impl Driver<'_> {
     /// the garbage collector take the snapshot before that revision adopts
     /// it. An unowned snapshot needs nothing: the garbage collector leaves
     /// it alone, and the sweep spares what the effect awaits.
-    fn bridge(&self, workload: &Value, snapshot: &Value) -> Result<(), String> {
+    fn bridge(&self, workload: &Value, snapshot: &Value) -> Result<(), WriteFailed> {
         let (kind, ns, name) = cluster::key(snapshot);
         let bridged = cluster::patch_judged(
             &self.cluster,
@@ -735,7 +757,7 @@ impl Driver<'_> {
             Some(snapshot.clone()),
             |found| {
                 let Some(found) = found else {
-                    return Err(format!("{kind}/{name} is gone"));
+                    return Err(WriteFailed::Gone(format!("{kind}/{name}")));
                 };
                 Ok(match adopt_ops(workload, &found).filter(|_| owned(&found)) {
                     None => Judged::Done(false),
@@ -746,7 +768,10 @@ impl Driver<'_> {
                     },
                 })
             },
-            |e| format!("bridging {kind}/{name}: {e}"),
+            |source| WriteFailed::Bridge {
+                snapshot: format!("{kind}/{name}"),
+                source,
+            },
         )?;
         match bridged {
             Some(true) => {
@@ -755,7 +780,7 @@ impl Driver<'_> {
                 Ok(())
             }
             Some(false) => Ok(()),
-            None => Err(format!("{kind}/{name} kept changing while it was bridged")),
+            None => Err(WriteFailed::KeptChanging(format!("{kind}/{name}"))),
         }
     }
 

@@ -12,6 +12,7 @@
 //! The hosts only schedule: replay's `simulator::scheduler`, serve's
 //! `serve::queue`.
 
+pub mod budget;
 pub mod driver;
 pub mod effect;
 pub mod guard;
@@ -22,6 +23,7 @@ pub mod resync;
 pub mod verdict;
 pub mod window;
 
+pub use budget::{parse_bytes, written_size, Budget, Limits};
 pub use driver::{Attempt, Driver, Ending, Next};
 pub use effect::{Effect, PatchIntent};
 pub use in_flight::InFlight;

@@ -86,7 +86,7 @@ pub struct Options {
     /// allowed; never less than one body of 8 MiB). A body takes its
     /// declared size of it before a byte is read; past it, a request waits
     /// for its deadline, then is answered 503.
-    #[arg(long, default_value = "32Mi", value_parser = crate::capability::parse_bytes)]
+    #[arg(long, default_value = "32Mi", value_parser = crate::lifecycle::parse_bytes)]
     pub body_bytes_in_flight: std::num::NonZeroU32,
     /// Requests in flight at once from one address, on all its
     /// connections; past it, a request is answered 503 at once.
@@ -213,12 +213,12 @@ pub struct Options {
     pub snapshot_rate: std::num::NonZeroU32,
     /// Bytes of snapshots one namespace may have made per minute (`Ki`,
     /// `Mi`, `Gi` allowed): past it, as past `--snapshot-rate`.
-    #[arg(long, default_value = "8Mi", value_parser = crate::capability::parse_bytes)]
+    #[arg(long, default_value = "8Mi", value_parser = crate::lifecycle::parse_bytes)]
     pub snapshot_bytes_rate: std::num::NonZeroU32,
     /// Bytes of snapshots the whole cluster may have made per minute, which
     /// bounds what serve adds to etcd's history between two compactions
     /// (docs/security.md, "Sizing the budget").
-    #[arg(long, default_value = "32Mi", value_parser = crate::capability::parse_bytes)]
+    #[arg(long, default_value = "32Mi", value_parser = crate::lifecycle::parse_bytes)]
     pub snapshot_bytes_rate_total: std::num::NonZeroU32,
     /// How long a Lease unrenewed stays held: the longest failover (Go duration).
     #[arg(long, default_value = "15s", value_parser = go_duration)]

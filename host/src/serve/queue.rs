@@ -70,7 +70,7 @@ pub struct WorkerContext {
     pub in_flight: Arc<InFlight>,
     pub report: Arc<Report>,
     /// What a watch rollout's snapshot is taken from, as an admission's is.
-    pub budget: Arc<crate::capability::Budget>,
+    pub budget: Arc<crate::lifecycle::Budget>,
 }
 
 impl WorkerContext {

@@ -16,9 +16,8 @@ use super::options::Options;
 use super::queue::{self, Queue, QueueSettings, WorkerContext};
 use super::report::Report;
 use super::{events, leader};
-use crate::capability::Budget;
 use crate::engine::Engine;
-use crate::lifecycle::Rules;
+use crate::lifecycle::{Budget, Rules};
 use crate::proof::Prover;
 
 /// Shared by the HTTP handlers, the effect worker and the resync.
@@ -110,7 +109,7 @@ pub fn build_with_engine(
     });
     let cluster =
         Arc::new(KubeCluster::new(client, cache.clone(), runtime, metrics.clone()).reading(options.source_reads));
-    let budget = Arc::new(Budget::new(crate::capability::Limits {
+    let budget = Arc::new(Budget::new(crate::lifecycle::Limits {
         count: options.snapshot_rate,
         namespace_bytes: options.snapshot_bytes_rate,
         total_bytes: options.snapshot_bytes_rate_total,

@@ -19,6 +19,7 @@ use std::num::NonZeroU32;
 
 use config_snapshot_policy::host_error::{Code, HostError};
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota};
+use serde_json::Value;
 
 /// The budget's limits, each per minute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,6 +139,11 @@ pub fn parse_bytes(text: &str) -> Result<NonZeroU32, String> {
         .and_then(|b| u32::try_from(b).ok())
         .and_then(NonZeroU32::new)
         .ok_or_else(|| format!("{text:?}: between 1 byte and 4Gi"))
+}
+
+/// The bytes a snapshot takes as written: what the budget counts.
+pub fn written_size(object: &Value) -> usize {
+    serde_json::to_vec(object).map_or(usize::MAX, |b| b.len())
 }
 
 #[cfg(test)]
