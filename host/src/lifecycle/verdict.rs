@@ -391,10 +391,21 @@ pub(crate) fn pending_ops(workload: &Value, id: &SourceId, snapshot: &str, hold:
         approved.remove(id);
         push(&|w| set_entries(w, keys::APPROVE, &approved))?;
     }
-    if let Hold::Settle { until } = hold {
-        if *until > settle_until(workload) {
-            push(&|w| annotate(w, keys::SETTLE_UNTIL, &until.to_string()))?;
+    match hold {
+        Hold::Settle { until } => {
+            if *until > settle_until(workload) {
+                push(&|w| annotate(w, keys::SETTLE_UNTIL, &until.to_string()))?;
+            }
         }
+        // Settled, and now held for another reason (a closed window, a
+        // mode changed to approve): the settle's mark goes, and with the
+        // write the user is told why the change waits now. Without it the
+        // record is already there, nothing is written, and the last word
+        // users had was "settling".
+        _ if workload.pointer(&annotation_path(keys::SETTLE_UNTIL)).is_some() => {
+            push(&|_| json!({"op": "remove", "path": annotation_path(keys::SETTLE_UNTIL)}))?;
+        }
+        _ => {}
     }
     (!ops.is_empty()).then_some(ops)
 }

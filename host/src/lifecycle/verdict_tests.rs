@@ -398,3 +398,33 @@ fn a_settling_change_waits_until_its_sources_are_quiet() {
         Verdict::Apply { .. }
     ));
 }
+
+/// A settled change that a closed window then holds is written again: the
+/// settle's mark goes, so the driver tells users it now waits for the
+/// window (the real control plane's window story, under the shipped
+/// settle, found only "settling" told). Once so, nothing more is written.
+#[test]
+fn a_settled_change_held_by_a_window_is_recorded_as_held() {
+    let new = snapshot_name(json!({"v": "2"}));
+    let id = SourceId::new(SourceKind::ConfigMap, "app");
+    let old = snapshot_name(json!({"v": "1"}));
+    let unrecorded = workload(&old, 3, json!({"config-snapshot.io/settle": "10s"}));
+    let settling = Hold::Settle { until: NOW - 1 };
+    let mut recorded = unrecorded.clone();
+    apply_ops(&mut recorded, &pending_ops(&unrecorded, &id, &new, &settling).unwrap()).unwrap();
+    assert_eq!(
+        pending_ops(&recorded, &id, &new, &settling),
+        None,
+        "settling again writes nothing"
+    );
+    let window = Hold::Window("closed".into());
+    let ops = pending_ops(&recorded, &id, &new, &window).expect("the window's hold is written");
+    apply_ops(&mut recorded, &ops).unwrap();
+    assert_eq!(settle_until(&recorded), 0, "the settle's mark is gone");
+    assert_eq!(
+        Entries::on(recorded.annotations(), keys::PENDING).get(&id),
+        Some(new.as_str()),
+        "the change is still recorded"
+    );
+    assert_eq!(pending_ops(&recorded, &id, &new, &window), None, "and told once");
+}
