@@ -132,12 +132,14 @@ fn code_messages() -> BTreeSet<String> {
             }
         }
     }
-    // The host's refusals: the capability's, and the guard on deletes.
+    // The host's refusals: the capability's, the guard on deletes and the
+    // snapshot budget.
     let mut host: Vec<PathBuf> = rust_files(&root().join("host/src/capability"))
         .into_iter()
         .filter(|p| !p.ends_with("tests.rs") && !p.parent().is_some_and(|d| d.ends_with("tests")))
         .collect();
     host.push(root().join("host/src/lifecycle/guard.rs"));
+    host.push(root().join("host/src/lifecycle/budget.rs"));
     for file in host {
         for lit in literals(&file) {
             if lit.starts_with("refused") && lit.len() > "refused".len() {
