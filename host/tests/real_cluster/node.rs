@@ -530,19 +530,23 @@ fn kustomize_story(cp: &ControlPlane) {
         &format!("ghcr.io/config-snapshot/config-snapshot:{}", env!("CARGO_PKG_VERSION")),
         &image,
     );
-    // `kubectl apply -k deploy/serve`, with this node's image: nothing
-    // else to install first (serve makes its certificate), and the key
-    // helm's uninstall kept is trusted (it kept its guard too).
-    cp.try_kubectl(&["apply", "-f", "-"], Some(&rendered))
-        .unwrap_or_else(|e| panic!("{e}"));
-    cp.kubectl(&[
-        "-n",
-        "config-snapshot",
-        "rollout",
-        "status",
-        "deployment/config-snapshot",
-        "--timeout=300s",
-    ]);
+    // `kubectl apply -k deploy/serve`, with this node's image, and serve
+    // rolled out.
+    let apply_kustomized = || {
+        cp.try_kubectl(&["apply", "-f", "-"], Some(&rendered))
+            .unwrap_or_else(|e| panic!("{e}"));
+        cp.kubectl(&[
+            "-n",
+            "config-snapshot",
+            "rollout",
+            "status",
+            "deployment/config-snapshot",
+            "--timeout=300s",
+        ]);
+    };
+    // Nothing else to install first (serve makes its certificate), and the
+    // key helm's uninstall kept is trusted (it kept its guard too).
+    apply_kustomized();
     assert_eq!(
         super::keys::keys(cp, &["list"]),
         before,
@@ -572,16 +576,7 @@ fn kustomize_story(cp: &ControlPlane) {
         "config-snapshot",
         "--wait=true",
     ]);
-    cp.try_kubectl(&["apply", "-f", "-"], Some(&rendered))
-        .unwrap_or_else(|e| panic!("{e}"));
-    cp.kubectl(&[
-        "-n",
-        "config-snapshot",
-        "rollout",
-        "status",
-        "deployment/config-snapshot",
-        "--timeout=300s",
-    ]);
+    apply_kustomized();
     assert_eq!(
         super::keys::keys(cp, &["list"]),
         before,
