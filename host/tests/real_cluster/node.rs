@@ -681,8 +681,10 @@ fn release_story(cp: &ControlPlane) {
         .filter(|n| n.starts_with("node-"))
         .map(str::to_string)
         .collect();
+    // A story's own `--wait=false` delete may still be under way: one
+    // that has finished in between is not an error.
     for ns in &others {
-        cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
+        cp.kubectl(&["delete", "namespace", ns, "--wait=false", "--ignore-not-found"]);
     }
     for ns in &others {
         eventually("the other stories' namespaces to go", 300, || {
