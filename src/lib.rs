@@ -20,7 +20,7 @@ pub(crate) use admit::{checksum, context, revision, screen, skim, sweep, watch, 
 #[cfg(any(test, feature = "fake"))]
 pub use host::fake;
 pub(crate) use host::reads;
-pub use host::{host_error, operation};
+pub use host::{contract, host_error, operation};
 pub use model::{
     approval, content, duration, keys, kinds, object, optin, records, references, request, selection, settings, source,
     template, window,

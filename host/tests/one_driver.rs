@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use config_snapshot::cluster::Cluster;
 use config_snapshot::lifecycle::resync::{PassHost, ReadmitError};
-use config_snapshot::lifecycle::{Driver, Effect, Ending, InFlight, Next, Rules, Silent};
+use config_snapshot::lifecycle::{Driver, Effect, Ending, InFlight, Next, PatchIntent, Rules, Silent};
 use config_snapshot::proof::Prover;
 use config_snapshot::serve::apiserver::KubeCluster;
 use config_snapshot::serve::cache::Cache;
@@ -66,11 +66,11 @@ fn cluster() -> (Vec<Value>, Vec<Effect>) {
     let source = json!({"apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": "app", "namespace": "shop", "uid": "u-app", "resourceVersion": "7"},
         "data": {"mode": "green"}});
-    let patch = |snapshot: &str, data: &str, source_version: &str| Effect::Patch {
-        namespace: "shop".into(),
-        request: json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "resourceVersion": "4",
+    let patch = |snapshot: &str, data: &str, source_version: &str| {
+        let request = json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "resourceVersion": "4",
             "rollbacks": 0, "patch": [], "snapshot": snapshot,
-            "source": {"kind": "ConfigMap", "name": "app", "contentHash": hash(data), "resourceVersion": source_version}}),
+            "source": {"kind": "ConfigMap", "name": "app", "contentHash": hash(data), "resourceVersion": source_version}});
+        Effect::Patch(PatchIntent::new("shop", serde_json::from_value(request).unwrap()))
     };
     let effects = vec![
         // The ReplicaSet adopts blue.

@@ -701,10 +701,16 @@ fn a_hostile_wasm_guest_cannot_break_the_host_invariants() {
             "{what}"
         );
     }
-    // Patching outside the pod template: refused before anything is queued.
+    // Patching outside the pod template, in a request well formed but for
+    // that: refused before anything is queued.
+    let patch = |op: Value| {
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "resourceVersion": "2",
+               "patch": [op], "snapshot": "app-0123456789", "keys": null,
+               "source": {"kind": "ConfigMap", "name": "app", "contentHash": "0".repeat(64)}})
+    };
     let (objects, queued) = run(
         "patch_workload",
-        json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "resourceVersion": "2", "patch": [{"op": "replace", "path": "/spec/replicas", "value": 99}]}),
+        patch(json!({"op": "replace", "path": "/spec/replicas", "value": 99})),
         false,
     );
     assert_eq!(queued, 0, "a patch outside /spec/template was queued");
@@ -713,10 +719,7 @@ fn a_hostile_wasm_guest_cannot_break_the_host_invariants() {
     // Control: a patch inside the template is queued.
     let (_, queued) = run(
         "patch_workload",
-        json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "resourceVersion": "2",
-               "patch": [{"op": "add", "path": "/spec/template/x", "value": 1}],
-               "snapshot": "app-0123456789", "keys": null,
-               "source": {"kind": "ConfigMap", "name": "app", "contentHash": "0".repeat(64)}}),
+        patch(json!({"op": "add", "path": "/spec/template/x", "value": 1})),
         false,
     );
     assert_eq!(queued, 1);

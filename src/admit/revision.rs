@@ -13,9 +13,10 @@
 
 use crate::object::ObjectExt;
 use serde_json::value::RawValue;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::context::Context;
+use crate::host::contract::{Owner, SnapshotRef};
 use crate::kinds::Kind;
 use crate::references;
 use crate::request::{Outcome, SAY};
@@ -41,9 +42,14 @@ pub fn admit(ctx: &Context, revision: &Kind, raw: &RawValue) -> Outcome {
 
 /// Asks the host to make `revision` (named `name`, being created) an owner
 /// of `snapshots` once it exists.
-pub fn adopt(ctx: &Context, revision: &Kind, name: &str, snapshots: Vec<Value>) -> Outcome {
+pub fn adopt(ctx: &Context, revision: &Kind, name: &str, snapshots: Vec<SnapshotRef>) -> Outcome {
     let kind = revision.kind;
-    let owner = json!({"apiVersion": revision.api_version, "kind": kind, "name": name});
+    let owner = Owner {
+        api_version: revision.api_version.to_string(),
+        kind: kind.to_string(),
+        name: name.to_string(),
+        uid: None,
+    };
     match ctx.host.adopt(owner, snapshots) {
         Ok(()) => Outcome::accept(),
         // Stock Kubewarden: nothing adopts, and the snapshots (made by an
@@ -78,12 +84,15 @@ pub fn standalone(object: &RawValue, settings: &crate::settings::Settings) -> bo
 }
 
 /// The snapshots a template references, per its mapping.
-pub fn used_snapshots(template: &Value) -> Vec<Value> {
+pub fn used_snapshots(template: &Value) -> Vec<SnapshotRef> {
     let mapping = Mapping::of(template);
-    let mut out: Vec<Value> = Vec::new();
+    let mut out: Vec<SnapshotRef> = Vec::new();
     for r in references::collect(template) {
         let is_snapshot = mapping.0.iter().any(|(id, snap)| id.kind == r.kind && *snap == r.name);
-        let entry = json!({"kind": r.kind.kind(), "name": r.name});
+        let entry = SnapshotRef {
+            kind: r.kind,
+            name: r.name,
+        };
         if is_snapshot && !out.contains(&entry) {
             out.push(entry);
         }

@@ -149,7 +149,7 @@ pub fn sweep(ctx: &Context, source: &SourceId, keep: &str) {
         };
         if !referenced.contains(name) {
             let rv = snap.meta_str("resourceVersion");
-            let _ = ctx.host.delete_snapshot(source.kind.kind(), name, uid, rv);
+            let _ = ctx.host.delete_snapshot(source.kind, name, uid, rv);
         }
     }
 }

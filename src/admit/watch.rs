@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 
 use crate::content::Content;
 use crate::context::Context;
+use crate::host::contract::{PatchWorkload, SourceContent};
 use crate::host::{CallError, Names};
 use crate::keys;
 use crate::kinds::WorkloadKind;
@@ -155,7 +156,7 @@ fn candidates(
     indexed: &mut bool,
 ) -> Result<Vec<Value>, CallError> {
     if *indexed {
-        match ctx.host.list_referencing(kind.kind(), ctx.namespace, id, masks) {
+        match ctx.host.list_referencing(kind, ctx.namespace, id, masks) {
             Ok(items) => return Ok(items),
             // A host that does not know our capability at all (stock
             // Kubewarden) can make no watch rollout: listing every workload
@@ -286,27 +287,26 @@ fn roll_out_one(
     // never stores). The host makes the snapshot from the source as stored,
     // once it holds this content, and only then patches (docs/design.md,
     // "Deferred effects").
-    let request = json!({
-        "apiVersion": kind.api_version(),
-        "kind": kind.kind(),
-        "name": workload_name,
-        "resourceVersion": workload.resource_version(),
+    let request = PatchWorkload {
+        api_version: kind.api_version().to_string(),
+        kind,
+        name: workload_name.to_string(),
+        resource_version: workload.resource_version().to_string(),
         // The rollbacks this was decided after: one more voids it.
-        "rollbacks": Rollback::count_of(workload),
-        "patch": patch,
+        rollbacks: Rollback::count_of(workload),
+        patch,
         // Lets the host hold the patch until this very content is persisted,
         // and drop it once the source has moved on (a newer patch supersedes it).
-        "source": {
-            "kind": id.kind.kind(),
-            "name": id.name,
-            "contentHash": content.hash(),
-            "resourceVersion": change.resource_version,
+        source: SourceContent {
+            kind: id.kind,
+            name: id.name.clone(),
+            content_hash: content.hash(),
+            resource_version: change.resource_version.clone(),
         },
-        "snapshot": name,
-        // The keys the snapshot holds (null: all of them).
-        "keys": keys,
-    });
-    ctx.host.patch_workload(request).map_err(|error| RollOutFailed {
+        snapshot: name.clone(),
+        keys,
+    };
+    ctx.host.patch_workload(&request).map_err(|error| RollOutFailed {
         kind,
         workload: workload_name.to_string(),
         snapshot: name.clone(),

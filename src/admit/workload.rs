@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use crate::checksum;
 use crate::context::Context;
+use crate::host::contract::Owner;
 use crate::host::CallError;
 use crate::keys;
 use crate::kinds::WorkloadKind;
@@ -129,15 +130,11 @@ fn make_snapshots(ctx: &Context, reads: &Reads, admission: &mut Admission, plan:
     let kind = admission.kind;
     // A standalone revision (a bare Job) is not a workload the host can
     // make an owner at once: it adopts its snapshots later, as revisions do.
-    let owner = if kind.is_standalone() {
-        Value::Null
-    } else {
-        crate::records::owner_of(kind, &admission.object)
-    };
+    let owner = (!kind.is_standalone()).then(|| Owner::workload(kind, &admission.object));
     let mut answers: Vec<Result<bool, CallError>> = Vec::new();
     if plan.writes.len() > 1 {
         let objects: Vec<&Value> = plan.writes.iter().map(|w| &w.object).collect();
-        match ctx.host.create_snapshots(&objects, &owner) {
+        match ctx.host.create_snapshots(&objects, owner.as_ref()) {
             Ok(all) => answers = all,
             Err(e) if e.unsupported() => {}
             Err(e) => answers = plan.writes.iter().map(|_| Err(e.clone())).collect(),
@@ -149,7 +146,7 @@ fn make_snapshots(ctx: &Context, reads: &Reads, admission: &mut Admission, plan:
         let id = &plan.groups[w.group].id;
         let answer = answers
             .next()
-            .unwrap_or_else(|| ctx.host.create_snapshot(&w.object, &owner));
+            .unwrap_or_else(|| ctx.host.create_snapshot(&w.object, owner.as_ref()));
         match answer {
             Ok(true) => to_sweep.push((id.clone(), w.name.clone())),
             Ok(false) => {}

@@ -7,6 +7,7 @@
 //! structure, never by their text: our hosts answer a [`HostError`] with a
 //! code; anything else is a foreign host's text, shown to users as it is.
 
+pub mod contract;
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
 pub mod host_error;
@@ -15,12 +16,16 @@ pub(crate) mod reads;
 
 use std::collections::BTreeSet;
 
-use kubewarden_policy_sdk::host_capabilities::kubernetes::{GetResourceRequest, ListResourcesByNamespaceRequest};
-use serde_json::{json, Value};
+use serde::de::{DeserializeOwned, IgnoredAny};
+use serde::Serialize;
+use serde_json::Value;
 
 use crate::host_error::{Code, HostError};
+use crate::kinds::WorkloadKind;
 use crate::operation::{Operation, SNAPSHOTS_PER_CALL};
-use crate::source::SourceId;
+use crate::source::{SourceId, SourceKind};
+pub(crate) use contract::Names;
+use contract::{Created, CreatedEach, GetResourceRequest, ListResourcesByNamespaceRequest, Owner, SnapshotRef};
 
 /// One waPC host call.
 pub trait Host {
@@ -80,26 +85,12 @@ fn items(mut list: Value, operation: Operation) -> Result<Vec<Value>, CallError>
     }
 }
 
-fn decode(operation: Operation, bytes: &[u8]) -> Result<Value, CallError> {
+/// An answer, as the operation's type (`Value` for Kubewarden's reads).
+fn decode<T: DeserializeOwned>(operation: Operation, bytes: &[u8]) -> Result<T, CallError> {
     serde_json::from_slice(bytes).map_err(|e| CallError::Answer {
         operation: operation.name(),
-        what: format!("invalid JSON: {e}"),
+        what: format!("not its answer: {e}"),
     })
-}
-
-/// The name a snapshot of some content gets, and the names snapshots of
-/// the same content already carry in the namespace.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Names {
-    pub name: String,
-    pub aliases: Vec<String>,
-}
-
-impl Names {
-    /// Whether `snapshot` holds this content.
-    pub(crate) fn include(&self, snapshot: &str) -> bool {
-        self.name == snapshot || self.aliases.iter().any(|a| a == snapshot)
-    }
 }
 
 /// Typed access to the host, borrowing the trait object: the guest's view
@@ -199,18 +190,18 @@ impl<'h> HostApi<'h> {
     /// it (stock Kubewarden), which then needs [`HostApi::list`].
     pub(crate) fn list_referencing(
         &self,
-        kind: &str,
+        kind: WorkloadKind,
         namespace: &str,
         source: &SourceId,
         masks: &[&str],
     ) -> Result<Vec<Value>, CallError> {
-        let request = json!({
-            "kind": kind,
-            "namespace": namespace,
-            "source_kind": source.kind.kind(),
-            "source_name": source.name,
-            "field_masks": masks,
-        });
+        let request = contract::ListReferencing {
+            kind,
+            namespace: namespace.to_string(),
+            source_kind: source.kind,
+            source_name: source.name.clone(),
+            field_masks: Some(masks.iter().map(|m| m.to_string()).collect()),
+        };
         let list = self.own(Operation::ListReferencing, &request)?;
         items(list, Operation::ListReferencing)
     }
@@ -244,34 +235,25 @@ impl<'h> HostApi<'h> {
         if id.kind == crate::source::SourceKind::ConfigMap {
             return Ok(plain());
         }
-        let mut request = json!({"source": {"kind": id.kind.kind(), "name": id.name}, "contentHash": hash});
-        if !current.is_empty() {
-            request["current"] = json!(current);
-        }
+        let request = contract::SnapshotName {
+            source: contract::NamedSource {
+                kind: id.kind,
+                name: id.name.clone(),
+            },
+            content_hash: hash.clone(),
+            current: current.iter().map(|c| c.to_string()).collect(),
+        };
         match self.own(Operation::SnapshotName, &request) {
-            Ok(answer) => {
-                let name = answer["name"]
-                    .as_str()
-                    .map(str::to_string)
-                    .ok_or_else(|| CallError::Answer {
-                        operation: Operation::SnapshotName.name(),
-                        what: "no name".into(),
-                    })?;
-                let aliases = answer["aliases"]
-                    .as_array()
-                    .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
-                    .unwrap_or_default();
-                Ok(Names { name, aliases })
-            }
+            Ok(names) => Ok(names),
             Err(e) if e.unsupported() => Ok(plain()),
             Err(e) => Err(e),
         }
     }
 
-    /// A call of this project's capability (`config-snapshot`/`v1`): JSON
-    /// both ways.
-    fn own(&self, operation: Operation, payload: &Value) -> Result<Value, CallError> {
-        let bytes = serde_json::to_vec(payload).unwrap_or_default();
+    /// A call of this project's capability (`config-snapshot`/`v1`): the
+    /// operation's request type in, its answer type out, JSON between.
+    fn own<T: DeserializeOwned>(&self, operation: Operation, request: &impl Serialize) -> Result<T, CallError> {
+        let bytes = serde_json::to_vec(request).unwrap_or_default();
         decode(operation, &self.call(operation, &bytes)?)
     }
 
@@ -283,9 +265,13 @@ impl<'h> HostApi<'h> {
     /// versions is the policy's ([`crate::sweep::sweep`]). A host that
     /// sweeps after the admission itself, off its latency, says so
     /// (`"sweeps": true`).
-    pub(crate) fn create_snapshot(&self, object: &Value, owner: &Value) -> Result<bool, CallError> {
-        let answer = self.own(Operation::CreateSnapshot, &json!({ "object": object, "owner": owner }))?;
-        Ok(sweep_due(&answer))
+    pub(crate) fn create_snapshot(&self, object: &Value, owner: Option<&Owner>) -> Result<bool, CallError> {
+        let request = contract::CreateSnapshot {
+            object: object.clone(),
+            owner: owner.cloned(),
+        };
+        let answer: Created = self.own(Operation::CreateSnapshot, &request)?;
+        Ok(answer.sweep_due())
     }
 
     /// [`HostApi::create_snapshot`] for each of `objects`, in one call per
@@ -295,38 +281,37 @@ impl<'h> HostApi<'h> {
     pub(crate) fn create_snapshots(
         &self,
         objects: &[&Value],
-        owner: &Value,
+        owner: Option<&Owner>,
     ) -> Result<Vec<Result<bool, CallError>>, CallError> {
         let mut out = Vec::with_capacity(objects.len());
         for chunk in objects.chunks(SNAPSHOTS_PER_CALL) {
-            let items: Vec<Value> = chunk.iter().map(|o| json!({"object": o, "owner": owner})).collect();
-            let answer = self.own(Operation::CreateSnapshots, &json!({ "items": items }))?;
-            let results = answer["results"]
-                .as_array()
-                .filter(|r| r.len() == chunk.len())
-                .ok_or_else(|| CallError::Answer {
+            let items = chunk
+                .iter()
+                .map(|o| contract::CreateSnapshot {
+                    object: (*o).clone(),
+                    owner: owner.cloned(),
+                })
+                .collect();
+            let answer: CreatedEach = self.own(Operation::CreateSnapshots, &contract::CreateSnapshots { items })?;
+            if answer.results.len() != chunk.len() {
+                return Err(CallError::Answer {
                     operation: Operation::CreateSnapshots.name(),
                     what: format!("no result for each of {} snapshots", chunk.len()),
-                })?;
-            for result in results {
-                out.push(match result.get("error") {
-                    Some(error) => Err(serde_json::from_value::<HostError>(error.clone()).map_or_else(
-                        |_| CallError::Answer {
-                            operation: Operation::CreateSnapshots.name(),
-                            what: "an error that is not ours".to_string(),
-                        },
-                        CallError::Host,
-                    )),
-                    None => Ok(sweep_due(result)),
                 });
             }
+            out.extend(
+                answer
+                    .results
+                    .into_iter()
+                    .map(|result| result.outcome().map(Created::sweep_due).map_err(CallError::Host)),
+            );
         }
         Ok(out)
     }
 
-    pub(crate) fn adopt(&self, owner: Value, snapshots: Vec<Value>) -> Result<(), CallError> {
-        self.own(Operation::Adopt, &json!({ "owner": owner, "snapshots": snapshots }))
-            .map(drop)
+    pub(crate) fn adopt(&self, owner: Owner, snapshots: Vec<SnapshotRef>) -> Result<(), CallError> {
+        let request = contract::Adopt { owner, snapshots };
+        self.own::<IgnoredAny>(Operation::Adopt, &request).map(drop)
     }
 
     /// Deletes a snapshot only if it is still the object (`uid`) and the
@@ -335,20 +320,23 @@ impl<'h> HostApi<'h> {
     /// snapshot someone just started to reference.
     pub(crate) fn delete_snapshot(
         &self,
-        kind: &str,
+        kind: SourceKind,
         name: &str,
         uid: &str,
         resource_version: Option<&str>,
     ) -> Result<(), CallError> {
-        let mut request = json!({ "kind": kind, "name": name, "uid": uid });
-        if let Some(rv) = resource_version {
-            request["resourceVersion"] = json!(rv);
-        }
-        self.own(Operation::DeleteSnapshot, &request).map(drop)
+        let request = contract::DeleteSnapshot {
+            kind,
+            name: name.to_string(),
+            uid: uid.to_string(),
+            resource_version: resource_version.map(str::to_string),
+        };
+        // The answer is not read: the delete happened or the call failed.
+        self.own::<IgnoredAny>(Operation::DeleteSnapshot, &request).map(drop)
     }
 
-    pub(crate) fn patch_workload(&self, request: Value) -> Result<(), CallError> {
-        self.own(Operation::PatchWorkload, &request).map(drop)
+    pub(crate) fn patch_workload(&self, request: &contract::PatchWorkload) -> Result<(), CallError> {
+        self.own::<IgnoredAny>(Operation::PatchWorkload, request).map(drop)
     }
 
     /// The current time in unix seconds. Our host answers `now` so replay can
@@ -356,16 +344,9 @@ impl<'h> HostApi<'h> {
     pub(crate) fn now(&self) -> i64 {
         self.call(Operation::Now, b"{}")
             .ok()
-            .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
-            .and_then(|v| v.get("unix").and_then(Value::as_i64))
-            .unwrap_or_else(crate::duration::unix_now)
+            .and_then(|bytes| serde_json::from_slice::<contract::Clock>(&bytes).ok())
+            .map_or_else(crate::duration::unix_now, |clock| clock.unix)
     }
-}
-
-/// Whether a `create_snapshot` answer leaves the sweep to the policy: the
-/// snapshot was created, and the host does not sweep after it.
-fn sweep_due(answer: &Value) -> bool {
-    answer["created"].as_bool().unwrap_or(false) && answer["sweeps"] != true
 }
 
 #[cfg(test)]
@@ -426,12 +407,23 @@ mod tests {
         assert_eq!(err, CallError::Foreign("connection refused".into()));
     }
 
+    fn sample_patch() -> contract::PatchWorkload {
+        serde_json::from_value(
+            serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "web",
+            "patch": [], "source": {"kind": "ConfigMap", "name": "app", "contentHash": "ab"}, "snapshot": "app-1"}),
+        )
+        .unwrap()
+    }
+
     #[test]
     fn any_foreign_answer_to_our_binding_means_no_capability() {
         let host = failing(b"unknown binding: config-snapshot", None);
-        let err = HostApi::new(&host).patch_workload(json!({})).unwrap_err();
+        let err = HostApi::new(&host).patch_workload(&sample_patch()).unwrap_err();
         assert!(err.unsupported());
         let host = failing(&HostError::new(Code::Forbidden, "unknown binding").to_bytes(), None);
-        assert!(!HostApi::new(&host).patch_workload(json!({})).unwrap_err().unsupported());
+        assert!(!HostApi::new(&host)
+            .patch_workload(&sample_patch())
+            .unwrap_err()
+            .unsupported());
     }
 }

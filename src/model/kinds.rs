@@ -286,6 +286,22 @@ pub fn template_of(object: &serde_json::Value) -> Option<&serde_json::Value> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WorkloadKind(&'static Kind);
 
+/// On the wire by its Kubernetes kind: a payload naming another kind does
+/// not deserialise.
+impl serde::Serialize for WorkloadKind {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.kind())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for WorkloadKind {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let kind = String::deserialize(deserializer)?;
+        WorkloadKind::from_kind(&kind)
+            .ok_or_else(|| serde::de::Error::custom(format!("{kind:?} is not a workload kind")))
+    }
+}
+
 impl WorkloadKind {
     pub fn from_kind(kind: &str) -> Option<WorkloadKind> {
         find(kind)

@@ -57,17 +57,6 @@ fn parse_id(text: &str) -> Option<SourceId> {
     Some(SourceId::new(SourceKind::from_tag(tag)?, name))
 }
 
-/// A workload as the owner of a snapshot it names: kind, name, and uid when
-/// it exists already (on CREATE it has none yet).
-pub(crate) fn owner_of(kind: crate::kinds::WorkloadKind, workload: &Value) -> Value {
-    serde_json::json!({
-        "apiVersion": kind.api_version(),
-        "kind": kind.kind(),
-        "name": workload.meta("name"),
-        "uid": workload.meta("uid"),
-    })
-}
-
 /// The `metadata.generation` the API server gives `new` when it replaces
 /// `old`: it bumps the generation on a spec change only. A rollback whose
 /// rewritten template is the one already running changes no spec, and a

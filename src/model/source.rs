@@ -8,7 +8,8 @@ use std::fmt;
 /// credential that outlives the token controller's rotation.
 pub const SA_TOKEN: &str = "kubernetes.io/service-account-token";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// On the wire (the host capability's payloads) by its Kubernetes kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub enum SourceKind {
     ConfigMap,
     Secret,

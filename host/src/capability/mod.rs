@@ -25,6 +25,7 @@ use config_snapshot_policy::object::ObjectExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use config_snapshot_policy::contract::Clock;
 use config_snapshot_policy::host_error::{Code, HostError};
 use config_snapshot_policy::operation::{Operation, CONFIG_SNAPSHOT, KUBEWARDEN};
 use config_snapshot_policy::source::SourceKind;
@@ -233,14 +234,16 @@ impl Capability {
             // The replay and serve hosts act with their own RBAC; the policy
             // never needs to ask, but a call must not fail.
             Operation::CanI => Reply::Json(json!({"allowed": true, "reason": "config-snapshot host"})),
-            Operation::Now => Reply::Json(json!({"unix": self.cluster.now()})),
-            Operation::CreateSnapshot => Reply::Json(self.create_snapshot(parse(op, payload)?)?),
-            Operation::CreateSnapshots => Reply::Json(self.create_snapshots(parse(op, payload)?)?),
-            Operation::Adopt => Reply::Json(self.adopt(parse(op, payload)?)?),
-            Operation::DeleteSnapshot => Reply::Json(self.delete_snapshot(parse(op, payload)?)?),
-            Operation::PatchWorkload => Reply::Json(self.patch_workload(parse(op, payload)?)?),
+            Operation::Now => answer(Clock {
+                unix: self.cluster.now(),
+            })?,
+            Operation::CreateSnapshot => answer(self.create_snapshot(&parse(op, payload)?)?)?,
+            Operation::CreateSnapshots => answer(self.create_snapshots(parse(op, payload)?)?)?,
+            Operation::Adopt => answer(self.adopt(parse(op, payload)?)?)?,
+            Operation::DeleteSnapshot => answer(self.delete_snapshot(parse(op, payload)?)?)?,
+            Operation::PatchWorkload => answer(self.patch_workload(parse(op, payload)?)?)?,
             Operation::ListReferencing => self.list_referencing(parse(op, payload)?)?,
-            Operation::SnapshotName => Reply::Json(self.snapshot_name(parse(op, payload)?)?),
+            Operation::SnapshotName => answer(self.snapshot_name(parse(op, payload)?)?)?,
         })
     }
 }
@@ -300,9 +303,19 @@ impl Capability {
     }
 }
 
+/// The request of `op`, as the contract types it (`config_snapshot_policy::contract`,
+/// or Kubewarden's SDK for its reads): a payload that is not one is a
+/// `BadRequest`, and nothing else of the call runs.
 fn parse<'a, T: Deserialize<'a>>(op: Operation, payload: &'a [u8]) -> Result<T, HostError> {
     serde_json::from_slice(payload)
         .map_err(|e| HostError::new(Code::BadRequest, format!("invalid {} request: {e}", op.name())))
+}
+
+/// An operation's typed answer, as JSON.
+fn answer(value: impl serde::Serialize) -> Result<Reply, HostError> {
+    serde_json::to_value(value)
+        .map(Reply::Json)
+        .map_err(|e| HostError::new(Code::Unavailable, e.to_string()))
 }
 
 /// Refused unless the guest asks about the request's own namespace: it

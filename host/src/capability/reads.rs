@@ -2,52 +2,18 @@
 //! the SDK's payloads, and our `list_referencing`, answered from the
 //! cluster's reads (serve: its caches; `disable_cache`: the API server).
 
+use config_snapshot_policy::contract::{GetResourceRequest, ListReferencing, ListResourcesByNamespaceRequest};
 use config_snapshot_policy::host_error::{Code, HostError};
-use config_snapshot_policy::kinds::{self, WorkloadKind};
+use config_snapshot_policy::kinds;
 use config_snapshot_policy::object::ObjectExt;
-use config_snapshot_policy::operation::Operation;
 use config_snapshot_policy::selection::is_dns_subdomain;
 use config_snapshot_policy::source::{SourceId, SourceKind};
-use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{failed, refused, same_namespace, Capability, Reply};
+use super::{failed, same_namespace, Capability, Reply};
 use crate::cluster::Cluster;
 use crate::cluster::{self, Selector};
 use crate::masks;
-
-#[derive(Deserialize)]
-pub(super) struct GetRequest {
-    api_version: String,
-    kind: String,
-    name: String,
-    namespace: Option<String>,
-    #[serde(default)]
-    disable_cache: bool,
-    #[serde(default)]
-    field_masks: Option<Vec<String>>,
-}
-
-#[derive(Deserialize)]
-pub(super) struct ListRequest {
-    api_version: String,
-    kind: String,
-    namespace: String,
-    label_selector: Option<String>,
-    field_selector: Option<String>,
-    #[serde(default)]
-    field_masks: Option<Vec<String>>,
-}
-
-#[derive(Deserialize)]
-pub(super) struct ReferencingRequest {
-    kind: String,
-    namespace: String,
-    source_kind: String,
-    source_name: String,
-    #[serde(default)]
-    field_masks: Option<Vec<String>>,
-}
 
 /// A list answer (`{"apiVersion", "kind": "…List", "items"}`) of what
 /// `list` visits, each item pruned to `masks`. Written by hand around the
@@ -122,7 +88,7 @@ fn name_selector(field_selector: Option<&str>) -> Result<Option<&str>, HostError
 }
 
 impl Capability {
-    pub(super) fn get_resource(&self, req: GetRequest) -> Result<Reply, HostError> {
+    pub(super) fn get_resource(&self, req: GetResourceRequest) -> Result<Reply, HostError> {
         check_api_version(&req.api_version, &req.kind)?;
         let ns = req.namespace.unwrap_or_default();
         same_namespace(&self.caller, &ns)?;
@@ -147,16 +113,18 @@ impl Capability {
                 ),
             )
         })?;
-        Ok(Reply::Json(masks::prune(&object, &req.field_masks.unwrap_or_default())))
+        let masks: Vec<String> = req.field_masks.unwrap_or_default().into_iter().collect();
+        Ok(Reply::Json(masks::prune(&object, &masks)))
     }
 
-    pub(super) fn list_resources(&self, req: ListRequest) -> Result<Reply, HostError> {
+    pub(super) fn list_resources(&self, req: ListResourcesByNamespaceRequest) -> Result<Reply, HostError> {
         check_api_version(&req.api_version, &req.kind)?;
         same_namespace(&self.caller, &req.namespace)?;
         let selector = Selector::parse(req.label_selector.as_deref().unwrap_or(""))
             .map_err(|e| HostError::new(Code::BadRequest, e.to_string()))?;
         let name = name_selector(req.field_selector.as_deref())?;
-        masked_list(&req.api_version, &req.kind, req.field_masks, |visit| {
+        let masks = req.field_masks.map(|m| m.into_iter().collect());
+        masked_list(&req.api_version, &req.kind, masks, |visit| {
             self.cluster.list(&req.kind, Some(&req.namespace), &selector, &mut |o| {
                 if name.is_none_or(|n| o.meta_str("name") == Some(n)) {
                     visit(o)
@@ -167,20 +135,8 @@ impl Capability {
 
     /// The workloads referencing a source, from the cluster's index, in the
     /// shape of a list answer (docs/design.md, "Host capability contract").
-    pub(super) fn list_referencing(&self, req: ReferencingRequest) -> Result<Reply, HostError> {
-        let Some(kind) = WorkloadKind::from_kind(&req.kind) else {
-            return Err(refused(format!(
-                "refused: {} lists workloads, not {}",
-                Operation::ListReferencing.name(),
-                req.kind
-            )));
-        };
-        let source_kind = SourceKind::from_kind(&req.source_kind).ok_or_else(|| {
-            refused(format!(
-                "refused: a source is a ConfigMap or a Secret, not {}",
-                req.source_kind
-            ))
-        })?;
+    pub(super) fn list_referencing(&self, req: ListReferencing) -> Result<Reply, HostError> {
+        let (kind, source_kind) = (req.kind, req.source_kind);
         same_namespace(&self.caller, &req.namespace)?;
         a_name(&req.source_name)?;
         let source = SourceId::new(source_kind, &req.source_name);

@@ -5,6 +5,9 @@
 //! `snapshot_name`: the name a Secret's snapshot gets, keyed.
 
 use config_snapshot_policy::content::{snapshot_object, Content};
+use config_snapshot_policy::contract::{
+    CreateSnapshot, CreateSnapshots, Created, CreatedEach, ItemAnswer, Names, Owner, SnapshotName,
+};
 use config_snapshot_policy::duration::format_rfc3339;
 use config_snapshot_policy::host_error::{Code, HostError};
 use config_snapshot_policy::keys;
@@ -16,7 +19,6 @@ use config_snapshot_policy::selection::is_dns_subdomain;
 use config_snapshot_policy::snapshot::{must_mark_reuse, owned};
 use config_snapshot_policy::source::SA_TOKEN;
 use config_snapshot_policy::source::{SourceId, SourceKind};
-use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{failed, refused, Capability};
@@ -28,25 +30,8 @@ use crate::lifecycle::{written_size, Effect};
 /// Secret types that mint credentials when created: never a snapshot's.
 const TOKEN_TYPES: [&str; 2] = [SA_TOKEN, "bootstrap.kubernetes.io/token"];
 
-#[derive(Deserialize)]
-pub(super) struct NameRequest {
-    source: NamedSource,
-    #[serde(rename = "contentHash")]
-    content_hash: String,
-    /// Snapshots a workload runs now: named among the aliases if they hold
-    /// this content.
-    #[serde(default)]
-    current: Vec<String>,
-}
-
 /// The most current snapshots one `snapshot_name` call asks about.
 const CURRENT_NAMES: usize = 16;
-
-#[derive(Deserialize)]
-struct NamedSource {
-    kind: String,
-    name: String,
-}
 
 /// A source's name, if it is one.
 fn source_name(name: &str) -> Result<&str, HostError> {
@@ -58,13 +43,8 @@ fn source_name(name: &str) -> Result<&str, HostError> {
 }
 
 impl Capability {
-    pub(super) fn snapshot_name(&self, request: NameRequest) -> Result<Value, HostError> {
-        let kind = SourceKind::from_kind(&request.source.kind).ok_or_else(|| {
-            refused(format!(
-                "refused: a source is a ConfigMap or a Secret, not {}",
-                request.source.kind
-            ))
-        })?;
+    pub(super) fn snapshot_name(&self, request: SnapshotName) -> Result<Names, HostError> {
+        let kind = request.source.kind;
         let source = source_name(&request.source.name)?;
         let hash = request.content_hash;
         if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
@@ -105,7 +85,7 @@ impl Capability {
                 aliases.push(running.clone());
             }
         }
-        Ok(json!({ "name": name, "aliases": aliases }))
+        Ok(Names { name, aliases })
     }
 
     /// The snapshot object the host makes for what the guest proposes: of
@@ -197,13 +177,10 @@ impl Capability {
         }
     }
 
-    pub(super) fn create_snapshot(&self, request: Value) -> Result<Value, HostError> {
-        let proposed = request
-            .get("object")
-            .ok_or_else(|| HostError::new(Code::BadRequest, "create_snapshot needs an object"))?;
-        let (source, name, content, object) = self.build(proposed)?;
+    pub(super) fn create_snapshot(&self, request: &CreateSnapshot) -> Result<Created, HostError> {
+        let (source, name, content, object) = self.build(&request.object)?;
         let kind = source.kind;
-        let owner = self.owner(&request)?;
+        let owner = self.owner(request.owner.as_ref())?;
         let ns = self.caller.namespace.clone();
         // A new snapshot: its source's older versions are swept after the
         // admission, by the host, so that the admission does not wait for
@@ -220,7 +197,10 @@ impl Capability {
                     keep: name.clone(),
                 });
             }
-            Ok(json!({"created": true, "sweeps": true}))
+            Ok(Created {
+                created: true,
+                sweeps: true,
+            })
         };
         // A cached read first: most snapshots made are new, and most reused
         // ones are owned, and neither needs more.
@@ -263,7 +243,10 @@ impl Capability {
                     };
                 };
                 self.same_snapshot(kind, &found, &content, &name)?;
-                let reused = json!({"created": false});
+                let reused = Created {
+                    created: false,
+                    sweeps: false,
+                };
                 let Some(ops) = self.keep_alive(owner.as_ref(), &found, kind, &name) else {
                     return Ok(Judged::Done(reused));
                 };
@@ -313,38 +296,35 @@ impl Capability {
     /// faults included), one answer per item in order. Where the cluster
     /// gains by it, a few at a time on threads of their own: a workload's
     /// new snapshots cost about one API round trip, not one each.
-    pub(super) fn create_snapshots(&self, request: Value) -> Result<Value, HostError> {
+    pub(super) fn create_snapshots(&self, request: CreateSnapshots) -> Result<CreatedEach, HostError> {
         /// Creations in flight at once, per call.
         const AT_ONCE: usize = 8;
-        let items = request
-            .get("items")
-            .and_then(Value::as_array)
-            .ok_or_else(|| HostError::new(Code::BadRequest, "create_snapshots needs items"))?;
+        let items = request.items;
         if items.len() > SNAPSHOTS_PER_CALL {
             return Err(refused(format!(
                 "refused: at most {SNAPSHOTS_PER_CALL} snapshots per call, not {}",
                 items.len()
             )));
         }
-        let one = |item: &Value| -> Value {
+        let one = |item: &CreateSnapshot| -> ItemAnswer {
             let fault = self
                 .faults
                 .as_ref()
                 .and_then(|f| f.fault(Operation::CreateSnapshot.name()));
-            match fault.map_or_else(|| self.create_snapshot(item.clone()), Err) {
-                Ok(answer) => answer,
-                Err(e) => json!({ "error": e }),
+            match fault.map_or_else(|| self.create_snapshot(item), Err) {
+                Ok(answer) => ItemAnswer::done(answer),
+                Err(error) => ItemAnswer::failed(error),
             }
         };
-        let results: Vec<Value> = if self.cluster.concurrent_writes() {
+        let results: Vec<ItemAnswer> = if self.cluster.concurrent_writes() {
             let mut results = Vec::with_capacity(items.len());
             for wave in items.chunks(AT_ONCE) {
                 std::thread::scope(|scope| {
                     let running: Vec<_> = wave.iter().map(|item| scope.spawn(|| one(item))).collect();
                     results.extend(running.into_iter().map(|r| {
-                        r.join().unwrap_or_else(
-                            |_| json!({ "error": HostError::new(Code::Unavailable, "creating the snapshot failed") }),
-                        )
+                        r.join().unwrap_or_else(|_| {
+                            ItemAnswer::failed(HostError::new(Code::Unavailable, "creating the snapshot failed"))
+                        })
                     }));
                 });
             }
@@ -352,24 +332,23 @@ impl Capability {
         } else {
             items.iter().map(one).collect()
         };
-        Ok(json!({ "results": results }))
+        Ok(CreatedEach { results })
     }
 
     /// The workload an admission makes name the snapshot, as an owner
     /// object: a workload in the request's namespace, and if it names a
     /// uid, the live object with that uid.
-    fn owner(&self, request: &Value) -> Result<Option<Value>, HostError> {
-        let Some(owner) = request.get("owner").filter(|o| !o.is_null()) else {
+    fn owner(&self, owner: Option<&Owner>) -> Result<Option<Value>, HostError> {
+        let Some(owner) = owner else {
             return Ok(None);
         };
-        let kind = owner["kind"].as_str().unwrap_or_default();
-        let name = owner["name"].as_str().unwrap_or_default();
+        let (kind, name) = (owner.kind.as_str(), owner.name.as_str());
         let Some(workload) = WorkloadKind::from_kind(kind).filter(|_| !name.is_empty()) else {
             return Err(refused(format!(
                 "refused: a snapshot's owner must be a workload, not {kind:?}"
             )));
         };
-        let uid = owner["uid"].as_str().filter(|u| !u.is_empty());
+        let uid = owner.uid.as_deref().filter(|u| !u.is_empty());
         if let Some(uid) = uid {
             let live = self.cluster.get(kind, &self.caller.namespace, name).map_err(failed)?;
             if live.as_ref().and_then(|l| l.uid()) != Some(uid) {

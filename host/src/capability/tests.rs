@@ -171,14 +171,17 @@ fn list_referencing_answers_the_referrers_only() {
     };
     let answer: Value = serde_json::from_slice(&ask("Deployment", "ConfigMap").unwrap()).unwrap();
     assert_eq!(answer["items"], json!([{"metadata": {"name": "web"}}]));
+    // Kinds are typed by the contract: another kind is not this
+    // operation's request at all.
     let refused = ask("ReplicaSet", "ConfigMap").unwrap_err();
-    assert_eq!(refused.code, Code::Refused, "{refused}");
+    assert_eq!(refused.code, Code::BadRequest, "{refused}");
     assert!(
-        refused.message.starts_with("refused: list_referencing lists"),
+        refused.message.contains("\"ReplicaSet\" is not a workload kind"),
         "{refused}"
     );
     let refused = ask("Deployment", "Pod").unwrap_err();
-    assert_eq!(refused.code, Code::Refused, "{refused}");
+    assert_eq!(refused.code, Code::BadRequest, "{refused}");
+    assert!(backend.writes.lock().unwrap().is_empty());
 }
 
 #[test]
@@ -415,21 +418,41 @@ fn refuses_to_delete_an_unlabelled_object() {
 #[test]
 fn refuses_a_patch_outside_the_pod_template() {
     let (backend, cap) = capability(false);
+    // A request as the policy makes it, but for its patch.
+    let body = |patch: Value| {
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "resourceVersion": "1",
+            "patch": patch, "snapshot": "app-1",
+            "source": {"kind": "ConfigMap", "name": "app", "contentHash": "a".repeat(64)}})
+    };
+    let inside = json!([{"op": "replace", "path": "/spec/template/metadata/labels/x", "value": "y"}]);
+    assert!(
+        write(&cap, "patch_workload", body(inside)).is_ok(),
+        "inside the template"
+    );
+    assert_eq!(cap.take_staged().len(), 1);
     for path in ["/spec/replicas", "/metadata/labels/x", "/spec/template"] {
-        let body = json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "resourceVersion": "1",
-                          "patch": [{"op": "replace", "path": path, "value": 0}]});
-        assert_refused(write(&cap, "patch_workload", body), &backend, &cap, path);
+        let patch = json!([{"op": "replace", "path": path, "value": 0}]);
+        assert_refused(write(&cap, "patch_workload", body(patch)), &backend, &cap, path);
     }
-    let moved = json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "resourceVersion": "1",
-                       "patch": [{"op": "move", "from": "/spec/selector", "path": "/spec/template/x"}]});
+    let moved = json!([{"op": "move", "from": "/spec/selector", "path": "/spec/template/x"}]);
     assert_refused(
-        write(&cap, "patch_workload", moved),
+        write(&cap, "patch_workload", body(moved)),
         &backend,
         &cap,
         "move from outside",
     );
-    let pod = json!({"apiVersion": "v1", "kind": "Pod", "name": "p", "patch": []});
-    assert_refused(write(&cap, "patch_workload", pod), &backend, &cap, "not a workload");
+    let copied = json!([{"op": "copy", "from": "/metadata/annotations", "path": "/spec/template/x"}]);
+    assert_refused(
+        write(&cap, "patch_workload", body(copied)),
+        &backend,
+        &cap,
+        "copy from outside",
+    );
+    let mut pod = body(json!([]));
+    pod["kind"] = json!("Pod");
+    let err = write(&cap, "patch_workload", pod).unwrap_err();
+    assert_eq!(err.code, Code::BadRequest, "not a workload: {err}");
+    assert!(cap.take_staged().is_empty());
 }
 
 #[test]

@@ -1,45 +1,28 @@
 //! `adopt` and `patch_workload`, checked and staged for after the
 //! admission, and `delete_snapshot`, carried out under the host's guard.
 
+use config_snapshot_policy::contract::{Adopt, DeleteSnapshot, Deleted, PatchWorkload, Queued};
 use config_snapshot_policy::host_error::{Code, HostError};
-use config_snapshot_policy::kinds::{self, WorkloadKind};
+use config_snapshot_policy::kinds;
 use config_snapshot_policy::selection::is_dns_subdomain;
-use config_snapshot_policy::source::SourceKind;
 use serde::Deserialize;
-use serde_json::{json, Value};
 
 use super::{failed, refused, Capability};
+use crate::cluster::Cluster;
+use crate::cluster::Preconditions;
+use crate::lifecycle::{guard, Effect, PatchIntent};
 
 /// The most keys a watch rollout's snapshot selects.
 const MAX_KEYS: usize = 1024;
-use crate::cluster::Cluster;
-use crate::cluster::Preconditions;
-use crate::lifecycle::{guard, Effect};
 
 impl Capability {
-    pub(super) fn adopt(&self, request: Value) -> Result<Value, HostError> {
-        let owner_kind = request["owner"]["kind"].as_str().unwrap_or_default().to_string();
+    pub(super) fn adopt(&self, request: Adopt) -> Result<Queued, HostError> {
+        let Adopt { owner, snapshots } = request;
+        let (owner_kind, owner_name) = (owner.kind, owner.name);
         if kinds::find(&owner_kind).is_none_or(|k| !k.is_revision() && k.role != kinds::Role::Run) {
             return Err(refused(format!(
                 "refused: adopt owner must be a revision (ReplicaSet, ControllerRevision, Job) or a Pod, not {owner_kind:?}"
             )));
-        }
-        let owner_name = request["owner"]["name"]
-            .as_str()
-            .ok_or_else(|| refused("refused: adopt needs owner.name"))?
-            .to_string();
-        let mut snapshots = Vec::new();
-        for s in request["snapshots"]
-            .as_array()
-            .ok_or_else(|| refused("refused: adopt needs snapshots"))?
-        {
-            let (Some(kind), Some(name)) = (s["kind"].as_str(), s["name"].as_str()) else {
-                return Err(refused("refused: each snapshot needs kind and name"));
-            };
-            if SourceKind::from_kind(kind).is_none() {
-                return Err(refused(format!("refused: cannot adopt a {kind}")));
-            }
-            snapshots.push((kind.to_string(), name.to_string()));
         }
         let subject = &self.caller.subject;
         if !subject.kind.is_empty() && (subject.kind != owner_kind || subject.name != owner_name) {
@@ -56,14 +39,17 @@ impl Capability {
         // workload names it.
         let ns = &self.caller.namespace;
         let mut existing = Vec::with_capacity(snapshots.len());
-        for (kind, name) in snapshots {
-            let found = self.cluster.get(&kind, ns, &name).map_err(failed)?;
+        for snapshot in snapshots {
+            let found = self
+                .cluster
+                .get(snapshot.kind.kind(), ns, &snapshot.name)
+                .map_err(failed)?;
             if found.is_some_and(|o| config_snapshot_policy::keys::is_snapshot(&o)) {
-                existing.push((kind, name));
+                existing.push((snapshot.kind.kind().to_string(), snapshot.name));
             }
         }
         if existing.is_empty() {
-            return Ok(json!({"queued": false}));
+            return Ok(Queued { queued: false });
         }
         let snapshots = existing;
         self.stage(Effect::Adopt {
@@ -73,95 +59,79 @@ impl Capability {
             snapshots,
             stored_as: Some(self.stored_as()),
         });
-        Ok(json!({"queued": true}))
+        Ok(Queued { queued: true })
     }
 
-    pub(super) fn delete_snapshot(&self, request: Value) -> Result<Value, HostError> {
-        let (Some(kind), Some(name), Some(uid)) = (
-            request["kind"].as_str(),
-            request["name"].as_str(),
-            request["uid"].as_str(),
-        ) else {
-            return Err(refused("refused: delete_snapshot needs kind, name and uid"));
-        };
-        let rv = request["resourceVersion"].as_str();
-        if SourceKind::from_kind(kind).is_none() {
-            return Err(refused(format!("refused: cannot delete a {kind}")));
-        }
+    pub(super) fn delete_snapshot(&self, request: DeleteSnapshot) -> Result<Deleted, HostError> {
+        let DeleteSnapshot {
+            kind,
+            name,
+            uid,
+            resource_version,
+        } = request;
+        let kind = kind.kind();
         let ns = &self.caller.namespace;
         let existing = self
             .cluster
-            .get(kind, ns, name)
+            .get(kind, ns, &name)
             .map_err(failed)?
             .ok_or_else(|| HostError::new(Code::NotFound, format!("{kind} {name:?} not found")))?;
-        let preconditions = Preconditions {
-            uid: uid.to_string(),
-            resource_version: rv.map(str::to_string),
-        };
+        let preconditions = Preconditions { uid, resource_version };
         guard::delete_snapshot(&self.cluster, &self.in_flight, self.prover(), &existing, &preconditions)?;
         self.observer.note(format!("snapshot {kind}/{name} swept"));
-        Ok(json!({"deleted": true}))
+        Ok(Deleted { deleted: true })
     }
 
-    pub(super) fn patch_workload(&self, request: Value) -> Result<Value, HostError> {
-        let kind = request["kind"].as_str().unwrap_or_default();
-        let Some(workload) = WorkloadKind::from_kind(kind).filter(|w| w.watches()) else {
+    pub(super) fn patch_workload(&self, request: PatchWorkload) -> Result<Queued, HostError> {
+        let workload = request.kind;
+        let kind = workload.kind();
+        if !workload.watches() {
             return Err(refused(format!(
                 "refused: patch_workload applies to workloads that watch, not {kind:?}"
             )));
-        };
-        if request["apiVersion"] != workload.api_version() {
+        }
+        if request.api_version != workload.api_version() {
             return Err(refused(format!(
                 "refused: patch_workload applies to {} {kind}, not {}",
                 workload.api_version(),
-                request["apiVersion"]
+                request.api_version
             )));
         }
-        let ops = request["patch"]
-            .as_array()
-            .ok_or_else(|| refused("refused: patch_workload needs a patch"))?;
         let template = workload.template();
         let inside = format!("{template}/");
-        for op in ops {
-            for field in ["path", "from"] {
-                if let Some(path) = op.get(field).and_then(Value::as_str) {
-                    if !path.starts_with(&inside) {
-                        return Err(refused(format!(
-                            "refused: patch_workload may touch only {template}/..., not {path}"
-                        )));
-                    }
+        for op in &request.patch {
+            let op = json_patch::PatchOperation::deserialize(op)
+                .map_err(|e| refused(format!("refused: invalid JSON Patch: {e}")))?;
+            let from = match &op {
+                json_patch::PatchOperation::Move(m) => Some(m.from.to_string()),
+                json_patch::PatchOperation::Copy(c) => Some(c.from.to_string()),
+                _ => None,
+            };
+            for path in std::iter::once(op.path().to_string()).chain(from) {
+                if !path.starts_with(&inside) {
+                    return Err(refused(format!(
+                        "refused: patch_workload may touch only {template}/..., not {path}"
+                    )));
                 }
             }
         }
-        json_patch::Patch::deserialize(&request["patch"])
-            .map_err(|e| refused(format!("refused: invalid JSON Patch: {e}")))?;
         // The snapshot the rollout makes: named as an object is, of keys a
         // ConfigMap or Secret can have, for content given by its hash.
-        let snapshot = request["snapshot"].as_str().unwrap_or_default();
-        if !is_dns_subdomain(snapshot) || !is_dns_subdomain(request["name"].as_str().unwrap_or_default()) {
+        if !is_dns_subdomain(&request.snapshot) || !is_dns_subdomain(&request.name) {
             return Err(refused("refused: patch_workload names a workload and a snapshot"));
         }
-        let hash = request["source"]["contentHash"].as_str().unwrap_or_default();
+        let hash = &request.source.content_hash;
         if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(refused("refused: patch_workload needs the content's hash"));
         }
-        match &request["keys"] {
-            Value::Null => {}
-            Value::Array(keys)
-                if keys.len() <= MAX_KEYS
-                    && keys
-                        .iter()
-                        .all(|k| k.as_str().is_some_and(|k| !k.is_empty() && k.len() <= 253)) => {}
-            _ => {
+        if let Some(keys) = &request.keys {
+            if keys.len() > MAX_KEYS || keys.iter().any(|k| k.is_empty() || k.len() > 253) {
                 return Err(refused(format!(
                     "refused: patch_workload's keys: at most {MAX_KEYS} names"
-                )))
+                )));
             }
         }
-        self.stage(Effect::Patch {
-            namespace: self.caller.namespace.clone(),
-            request,
-        });
-        Ok(json!({"queued": true}))
+        self.stage(Effect::Patch(PatchIntent::new(&self.caller.namespace, request)));
+        Ok(Queued { queued: true })
     }
 }

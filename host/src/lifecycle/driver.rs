@@ -212,7 +212,7 @@ impl Driver<'_> {
                 snapshots,
                 stored_as,
             } => self.adopt(namespace, owner_kind, owner_name, snapshots, stored_as.as_ref()),
-            Effect::Patch { namespace, request } => self.patch(namespace, request),
+            Effect::Patch(intent) => self.patch(intent),
             Effect::Sweep {
                 namespace,
                 source,
@@ -415,16 +415,8 @@ impl Driver<'_> {
 
     /// `patch_workload`, judged by the rules on the workload and the source
     /// as the API server has them now (both read fresh), then carried out.
-    fn patch(&self, ns: &str, request: &Value) -> Attempt {
-        let intent = match PatchIntent::parse(ns, request) {
-            Ok(i) => i,
-            Err(e) => {
-                return Attempt::Dropped {
-                    why: format!("dropped a patch: {e}"),
-                    collect: None,
-                }
-            }
-        };
+    fn patch(&self, intent: &PatchIntent) -> Attempt {
+        let ns = intent.namespace.as_str();
         let read = (|| {
             Ok::<_, ApiError>((
                 self.cluster.get_fresh(intent.kind.kind(), ns, &intent.name)?,
@@ -440,9 +432,9 @@ impl Driver<'_> {
             workload: workload.as_ref(),
             source: source.as_ref(),
         };
-        match decide_patch(&intent, &seen, self.cluster.now(), self.rules) {
+        match decide_patch(intent, &seen, self.cluster.now(), self.rules) {
             Verdict::Apply { resource_version, ops } => match (&workload, &source) {
-                (Some(w), Some(stored)) => self.roll(ns, &intent, (w, stored), &resource_version, ops),
+                (Some(w), Some(stored)) => self.roll(ns, intent, (w, stored), &resource_version, ops),
                 _ => Attempt::Retry("the workload or its source went while it was judged".into()),
             },
             Verdict::Done(_) => Attempt::Done,
@@ -454,7 +446,7 @@ impl Driver<'_> {
                     // past the effect's wait as any write that keeps
                     // failing, so that a hold no write can record is an
                     // EffectFailed, not a change held for ever.
-                    if let Err(why) = self.record_pending(ns, &intent, w, &hold) {
+                    if let Err(why) = self.record_pending(ns, intent, w, &hold) {
                         return Attempt::Retry(why.to_string());
                     }
                 }
@@ -464,7 +456,7 @@ impl Driver<'_> {
                 reason,
                 collect,
                 notable,
-            } => self.drop_patch(ns, &intent, workload.as_ref(), reason, (collect, notable)),
+            } => self.drop_patch(ns, intent, workload.as_ref(), reason, (collect, notable)),
         }
     }
 

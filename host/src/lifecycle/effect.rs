@@ -4,8 +4,9 @@
 use config_snapshot_policy::object::ObjectExt;
 use std::collections::BTreeSet;
 
+use config_snapshot_policy::contract::PatchWorkload;
 use config_snapshot_policy::kinds::WorkloadKind;
-use config_snapshot_policy::source::{SourceId, SourceKind};
+use config_snapshot_policy::source::SourceId;
 use serde_json::Value;
 
 use crate::cluster::Key;
@@ -24,8 +25,9 @@ pub enum Effect {
         /// the periodic pass's, derived from the live object itself).
         stored_as: Option<StoredAs>,
     },
-    /// A watch rollout: the `patch_workload` request the policy made.
-    Patch { namespace: String, request: Value },
+    /// A watch rollout: the `patch_workload` request the policy made, as
+    /// the host checked it.
+    Patch(PatchIntent),
     /// After a new snapshot of `source`: its older versions that nothing
     /// owns, uses or references go (docs/design.md, "Garbage collection",
     /// The sweep). The host's own, off the admission's latency; `keep` is
@@ -42,11 +44,7 @@ impl Effect {
     /// not be swept while the patch waits.
     pub fn target(&self) -> Option<Key> {
         match self {
-            Effect::Patch { namespace, request } => Some((
-                request["source"]["kind"].as_str()?.to_string(),
-                namespace.clone(),
-                request["snapshot"].as_str()?.to_string(),
-            )),
+            Effect::Patch(intent) => Some(intent.target()),
             Effect::Adopt { .. } | Effect::Sweep { .. } => None,
         }
     }
@@ -65,9 +63,8 @@ impl Effect {
 
     pub fn namespace(&self) -> &str {
         match self {
-            Effect::Adopt { namespace, .. } | Effect::Patch { namespace, .. } | Effect::Sweep { namespace, .. } => {
-                namespace
-            }
+            Effect::Adopt { namespace, .. } | Effect::Sweep { namespace, .. } => namespace,
+            Effect::Patch(intent) => &intent.namespace,
         }
     }
 
@@ -84,16 +81,12 @@ impl Effect {
     /// patch must then stay, or the rollout would be lost until a resync.
     pub fn same_work(&self, other: &Effect) -> bool {
         match (self, other) {
-            (
-                Effect::Patch { namespace, request },
-                Effect::Patch {
-                    namespace: ns,
-                    request: r,
-                },
-            ) => {
-                namespace == ns
-                    && ["kind", "name", "snapshot"].iter().all(|f| request[f] == r[f])
-                    && request["source"]["contentHash"] == r["source"]["contentHash"]
+            (Effect::Patch(a), Effect::Patch(b)) => {
+                a.namespace == b.namespace
+                    && a.kind == b.kind
+                    && a.name == b.name
+                    && a.snapshot == b.snapshot
+                    && a.content_hash == b.content_hash
             }
             // One sweep of a source at a time: the one on its way judges
             // every version by its age, whichever snapshot asked for it.
@@ -114,11 +107,7 @@ impl Effect {
             Effect::Adopt {
                 owner_kind, owner_name, ..
             } => format!("adoption by {owner_kind}/{owner_name}"),
-            Effect::Patch { request, .. } => format!(
-                "patch of {}/{}",
-                request["kind"].as_str().unwrap_or(""),
-                request["name"].as_str().unwrap_or("")
-            ),
+            Effect::Patch(intent) => format!("patch of {}", intent.who()),
             Effect::Sweep { source, .. } => format!("sweep of {source}'s snapshots"),
         }
     }
@@ -132,19 +121,17 @@ impl Effect {
         match self {
             // Borrowed, not `subject()`: asked of every held job at every
             // stored workload change serve's watch sees.
-            Effect::Patch { namespace, request } => {
-                namespace == ns && request["kind"] == kind.as_str() && request["name"] == name.as_str()
-            }
+            Effect::Patch(intent) => intent.namespace == *ns && intent.kind.kind() == kind && intent.name == *name,
             Effect::Adopt { .. } | Effect::Sweep { .. } => false,
         }
     }
 
     pub fn subject(&self) -> Key {
         match self {
-            Effect::Patch { namespace, request } => (
-                request["kind"].as_str().unwrap_or_default().to_string(),
-                namespace.clone(),
-                request["name"].as_str().unwrap_or_default().to_string(),
+            Effect::Patch(intent) => (
+                intent.kind.kind().to_string(),
+                intent.namespace.clone(),
+                intent.name.clone(),
             ),
             Effect::Adopt {
                 namespace,
@@ -218,49 +205,23 @@ pub struct PatchIntent {
     pub rollbacks: u64,
 }
 
-/// Why a `patch_workload` request cannot be read: the host checked it when
-/// it was queued, so only a request from an older host gets here.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum IntentError {
-    #[error("{0:?} is not a workload kind")]
-    Kind(String),
-    #[error("no source recorded")]
-    Source,
-    #[error("no snapshot recorded")]
-    Snapshot,
-    #[error("keys that are not a list of names")]
-    Keys,
-}
-
 impl PatchIntent {
-    pub fn parse(namespace: &str, request: &Value) -> Result<PatchIntent, IntentError> {
-        let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
-        let kind = request["kind"].as_str().unwrap_or_default();
-        let kind = WorkloadKind::from_kind(kind).ok_or_else(|| IntentError::Kind(kind.to_string()))?;
-        let source_kind = request["source"]["kind"]
-            .as_str()
-            .and_then(SourceKind::from_kind)
-            .ok_or(IntentError::Source)?;
-        let snapshot = request["snapshot"].as_str().ok_or(IntentError::Snapshot)?;
-        Ok(PatchIntent {
-            kind,
+    /// The intent of a `patch_workload` request of `namespace`, which the
+    /// capability has checked. The JSON Patch the policy sent is not kept:
+    /// the host recomputes it on the workload as it is when the patch runs
+    /// (`verdict::decide_patch`).
+    pub fn new(namespace: &str, request: PatchWorkload) -> PatchIntent {
+        PatchIntent {
+            kind: request.kind,
             namespace: namespace.to_string(),
-            name: text(&request["name"]),
-            source: SourceId::new(source_kind, text(&request["source"]["name"])),
-            content_hash: text(&request["source"]["contentHash"]),
-            source_version: text(&request["source"]["resourceVersion"]),
-            snapshot: snapshot.to_string(),
-            keys: match &request["keys"] {
-                Value::Null => None,
-                Value::Array(keys) => Some(
-                    keys.iter()
-                        .map(|k| k.as_str().map(str::to_string).ok_or(IntentError::Keys))
-                        .collect::<Result<_, _>>()?,
-                ),
-                _ => return Err(IntentError::Keys),
-            },
-            rollbacks: request["rollbacks"].as_u64().unwrap_or(0),
-        })
+            name: request.name,
+            source: SourceId::new(request.source.kind, request.source.name),
+            content_hash: request.source.content_hash,
+            source_version: request.source.resource_version,
+            snapshot: request.snapshot,
+            keys: request.keys,
+            rollbacks: request.rollbacks,
+        }
     }
 
     /// `Kind/name` of the workload, for messages.
@@ -285,10 +246,12 @@ mod tests {
 
     #[test]
     fn a_patch_to_the_same_snapshot_is_the_same_work_whatever_source_version_it_waits_for() {
-        let patch = |name: &str, snapshot: &str, source_version: &str| Effect::Patch {
-            namespace: "ns".into(),
-            request: json!({"kind": "Deployment", "name": name, "snapshot": snapshot,
-                            "source": {"kind": "ConfigMap", "name": "app", "resourceVersion": source_version}}),
+        let patch = |name: &str, snapshot: &str, source_version: &str| {
+            Effect::Patch(intent(
+                json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": name,
+                "snapshot": snapshot, "patch": [],
+                "source": {"kind": "ConfigMap", "name": "app", "contentHash": "ab", "resourceVersion": source_version}}),
+            ))
         };
         let admitted = patch("web", "app-green", "7");
         assert!(patch("web", "app-green", "8").same_work(&admitted));
@@ -332,22 +295,28 @@ mod tests {
         assert!(update.mismatch(&json!({"metadata": {"uid": "rs-2"}})).is_some());
     }
 
+    /// The intent of a `patch_workload` request in namespace `ns`.
+    fn intent(request: Value) -> PatchIntent {
+        PatchIntent::new("ns", serde_json::from_value(request).unwrap())
+    }
+
+    /// An intent is the checked request, typed: a Pod, a source that is
+    /// not one, or keys that are not names never get this far.
     #[test]
     fn an_intent_names_a_workload_kind_a_source_and_a_snapshot() {
-        let ok = json!({"kind": "StatefulSet", "name": "db", "snapshot": "app-1",
-                        "source": {"kind": "Secret", "name": "app"}, "rollbacks": 2, "keys": ["pw"]});
-        let intent = PatchIntent::parse("ns", &ok).unwrap();
-        assert_eq!((intent.kind.kind(), intent.rollbacks), ("StatefulSet", 2));
-        assert_eq!(intent.keys, Some(BTreeSet::from(["pw".to_string()])));
-        let mut bad_keys = ok.clone();
-        bad_keys["keys"] = json!([1]);
-        assert_eq!(PatchIntent::parse("ns", &bad_keys), Err(IntentError::Keys));
-        assert_eq!(intent.target(), ("Secret".into(), "ns".into(), "app-1".into()));
-        let mut pod = ok.clone();
-        pod["kind"] = json!("Pod");
-        assert_eq!(PatchIntent::parse("ns", &pod), Err(IntentError::Kind("Pod".into())));
-        let mut no_source = ok.clone();
-        no_source["source"] = json!({});
-        assert_eq!(PatchIntent::parse("ns", &no_source), Err(IntentError::Source));
+        let ok = json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db", "snapshot": "app-1",
+            "patch": [], "source": {"kind": "Secret", "name": "app", "contentHash": "ab"},
+            "rollbacks": 2, "keys": ["pw"]});
+        let patch = intent(ok.clone());
+        assert_eq!((patch.kind.kind(), patch.rollbacks), ("StatefulSet", 2));
+        assert_eq!(patch.keys, Some(BTreeSet::from(["pw".to_string()])));
+        assert_eq!(patch.target(), ("Secret".into(), "ns".into(), "app-1".into()));
+        assert_eq!(patch.source_version, "", "a source the change creates");
+        for (field, bad) in [("keys", json!([1])), ("kind", json!("Pod")), ("source", json!({}))] {
+            let mut request = ok.clone();
+            request[field] = bad;
+            let parsed = serde_json::from_value::<PatchWorkload>(request);
+            assert!(parsed.is_err(), "{field}: {parsed:?}");
+        }
     }
 }

@@ -133,10 +133,14 @@ mod tests {
 
     #[test]
     fn the_same_work_is_registered_once_and_its_target_is_awaited_until_it_ends() {
-        let patch = |source_version: &str| Effect::Patch {
-            namespace: "ns".into(),
-            request: json!({"kind": "Deployment", "name": "web", "snapshot": "app-1",
-                            "source": {"kind": "ConfigMap", "name": "app", "resourceVersion": source_version}}),
+        let patch = |source_version: &str| {
+            let request = json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "web",
+                "snapshot": "app-1", "patch": [],
+                "source": {"kind": "ConfigMap", "name": "app", "contentHash": "ab", "resourceVersion": source_version}});
+            Effect::Patch(super::super::PatchIntent::new(
+                "ns",
+                serde_json::from_value(request).unwrap(),
+            ))
         };
         let in_flight = InFlight::default();
         assert!(in_flight.begin(&patch("7")));

@@ -60,7 +60,7 @@ pub(crate) fn missing_adoptions(objects: &[&Value]) -> Vec<Effect> {
         let missing: Vec<(String, String)> = used_snapshots(template)
             .iter()
             .filter_map(|s| {
-                let (kind, snap) = (s["kind"].as_str()?, s["name"].as_str()?);
+                let (kind, snap) = (s.kind.kind(), s.name.as_str());
                 let object = snapshots.get(&(kind.to_string(), ns.clone(), snap.to_string()))?;
                 let owned = object.owner_references().iter().any(|r| r["uid"].as_str() == uid);
                 (!owned).then(|| (kind.to_string(), snap.to_string()))

@@ -27,7 +27,8 @@ fn guest_reads_stay_in_the_request_namespace() {
     for (op, body) in [
         (
             "get_resource",
-            json!({"api_version": "v1", "kind": "Secret", "name": "bootstrap", "namespace": "kube-system"}),
+            json!({"api_version": "v1", "kind": "Secret", "name": "bootstrap", "namespace": "kube-system",
+                "disable_cache": true}),
         ),
         (
             "list_resources_by_namespace",
@@ -73,7 +74,8 @@ fn a_forged_label_is_not_a_snapshot() {
         &read(
             &cap,
             "get_resource",
-            json!({"api_version": "v1", "kind": "ConfigMap", "name": name, "namespace": "team-a"}),
+            json!({"api_version": "v1", "kind": "ConfigMap", "name": name, "namespace": "team-a",
+                "disable_cache": false}),
         )
         .unwrap(),
     )
