@@ -98,3 +98,37 @@ impl AnnotationsSkim {
             .any(|(key, kept)| kept.is_some() && annotations.and_then(|a| a.get(*key)) != kept.as_ref())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kinds::{Role, KINDS};
+    use serde_json::{json, Value};
+
+    /// The skim's serde types spell the template paths out (they parse
+    /// without knowing the kind): every kind of the table the skim decides
+    /// for must have its template where the skim looks, so that a kind
+    /// added with a new path fails here, not in a cluster.
+    #[test]
+    fn the_skim_finds_the_template_of_every_kind_it_decides_for() {
+        let settings = Settings::default();
+        for kind in KINDS
+            .iter()
+            .filter(|k| matches!(k.role, Role::Workload { .. } | Role::Revision { standalone: true }))
+        {
+            let path = kind.template.expect("a holder has a template");
+            let mut object = json!({"metadata": {"annotations": {keys::SNAPSHOTS: "{}"}}});
+            for segment in path.rsplit('/').filter(|s| !s.is_empty()) {
+                object = json!({ segment: object });
+            }
+            let skim: AnnotationsSkim = serde_json::from_value::<Value>(object)
+                .and_then(serde_json::from_value)
+                .unwrap();
+            assert!(
+                opts_in(&skim, &settings),
+                "{}: the skim does not read {path}",
+                kind.kind
+            );
+        }
+    }
+}
