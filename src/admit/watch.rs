@@ -304,7 +304,7 @@ fn roll_out_one(
             resource_version: change.resource_version.clone(),
         },
         snapshot: name.clone(),
-        keys,
+        keys: keys.map(|keys| keys.into_iter().collect()),
     };
     ctx.host.patch_workload(&request).map_err(|error| RollOutFailed {
         kind,

@@ -9,8 +9,6 @@
 //! answers `BadRequest` before it looks at anything else. The wire names
 //! are the contract's, mixed as it grew (`contentHash`, `source_kind`).
 
-use std::collections::BTreeSet;
-
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -211,9 +209,11 @@ pub struct PatchWorkload {
     pub source: SourceContent,
     /// The snapshot the workload will reference.
     pub snapshot: String,
-    /// The keys the snapshot holds (`None`: all of them).
+    /// The keys the snapshot holds (`None`: all of them). A list, not a
+    /// set, on the wire: the host bounds its length before anything
+    /// collapses duplicates.
     #[serde(default)]
-    pub keys: Option<BTreeSet<String>>,
+    pub keys: Option<Vec<String>>,
 }
 
 /// A source named by kind and name.

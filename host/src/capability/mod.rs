@@ -306,10 +306,20 @@ impl Capability {
 /// The request of `op`, as the contract types it (`config_snapshot_policy::contract`,
 /// or Kubewarden's SDK for its reads): a payload that is not one is a
 /// `BadRequest`, and nothing else of the call runs.
+///
+/// serde's error quotes the offending value, which the guest chose and
+/// serve logs: it is cut to [`PARSE_ERROR_CHARS`].
 fn parse<'a, T: Deserialize<'a>>(op: Operation, payload: &'a [u8]) -> Result<T, HostError> {
-    serde_json::from_slice(payload)
-        .map_err(|e| HostError::new(Code::BadRequest, format!("invalid {} request: {e}", op.name())))
+    serde_json::from_slice(payload).map_err(|e| {
+        let text = e.to_string();
+        let cut: String = text.chars().take(PARSE_ERROR_CHARS).collect();
+        let more = if cut.len() < text.len() { "…" } else { "" };
+        HostError::new(Code::BadRequest, format!("invalid {} request: {cut}{more}", op.name()))
+    })
 }
+
+/// The most of serde's error a `BadRequest` message carries.
+const PARSE_ERROR_CHARS: usize = 120;
 
 /// An operation's typed answer, as JSON.
 fn answer(value: impl serde::Serialize) -> Result<Reply, HostError> {

@@ -219,7 +219,7 @@ impl PatchIntent {
             content_hash: request.source.content_hash,
             source_version: request.source.resource_version,
             snapshot: request.snapshot,
-            keys: request.keys,
+            keys: request.keys.map(|keys| keys.into_iter().collect()),
             rollbacks: request.rollbacks,
         }
     }

@@ -311,3 +311,33 @@ fn an_adoption_of_snapshots_that_do_not_exist_stages_nothing() {
         "{staged:?}"
     );
 }
+
+/// A request that is not the operation's is refused as such, and its
+/// message does not carry the guest's value back whole: serve logs it.
+#[test]
+fn a_malformed_request_is_refused_without_echoing_it() {
+    let (backend, cap) = super::capability(false);
+    let long = "s3cr3t".repeat(2000);
+    for (op, body) in [
+        ("adopt", json!({"owner": long, "snapshots": []})),
+        (
+            "delete_snapshot",
+            json!({"kind": "ConfigMap", "name": "app", "uid": {"x": long}}),
+        ),
+        ("patch_workload", json!({"apiVersion": "apps/v1", "kind": long})),
+    ] {
+        let err = super::write(&cap, op, body).unwrap_err();
+        assert_eq!(err.code, Code::BadRequest, "{op}: {err}");
+        assert!(err.message.starts_with(&format!("invalid {op} request: ")), "{err}");
+        assert!(err.message.chars().count() < 200, "{op}: {} chars", err.message.len());
+    }
+    // Duplicates do not slip under the bound on a watch rollout's keys.
+    let keys: Vec<&str> = vec!["k"; 1025];
+    let patch = json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "patch": [],
+        "snapshot": "app-1", "keys": keys,
+        "source": {"kind": "ConfigMap", "name": "app", "contentHash": "a".repeat(64)}});
+    let err = super::write(&cap, "patch_workload", patch).unwrap_err();
+    assert_eq!(err.code, Code::Refused, "{err}");
+    assert!(backend.writes.lock().unwrap().is_empty());
+    assert!(cap.take_staged().is_empty());
+}
