@@ -434,20 +434,11 @@ fn refuses_a_patch_outside_the_pod_template() {
         let patch = json!([{"op": "replace", "path": path, "value": 0}]);
         assert_refused(write(&cap, "patch_workload", body(patch)), &backend, &cap, path);
     }
-    let moved = json!([{"op": "move", "from": "/spec/selector", "path": "/spec/template/x"}]);
-    assert_refused(
-        write(&cap, "patch_workload", body(moved)),
-        &backend,
-        &cap,
-        "move from outside",
-    );
-    let copied = json!([{"op": "copy", "from": "/metadata/annotations", "path": "/spec/template/x"}]);
-    assert_refused(
-        write(&cap, "patch_workload", body(copied)),
-        &backend,
-        &cap,
-        "copy from outside",
-    );
+    for (op, from) in [("move", "/spec/selector"), ("copy", "/metadata/annotations")] {
+        let patch = json!([{"op": op, "from": from, "path": "/spec/template/x"}]);
+        let why = format!("{op} from outside");
+        assert_refused(write(&cap, "patch_workload", body(patch)), &backend, &cap, &why);
+    }
     let mut pod = body(json!([]));
     pod["kind"] = json!("Pod");
     let err = write(&cap, "patch_workload", pod).unwrap_err();
