@@ -6,31 +6,16 @@
 //! The decisions live in plain modules that compile and test natively; the
 //! waPC glue at the bottom is the only wasm-specific code.
 
-pub(crate) mod admit;
-pub mod host;
-pub(crate) mod model;
-pub(crate) mod plan;
-
 // The folders say what they hold (docs/architecture.md): `model/` the
 // vocabulary, `host/` the interface to the host, `plan/` the decisions,
-// `admit/` what each admission does with them. Inside the crate each
-// module keeps a short path; outside it, only the vocabulary, the host
-// interface and the two faces below are public.
-pub(crate) use admit::{checksum, context, revision, screen, skim, sweep, watch, workload};
-#[cfg(any(test, feature = "fake"))]
-pub use host::fake;
-pub(crate) use host::reads;
-pub use host::{contract, host_error, operation};
-pub use model::{
-    approval, content, duration, keys, kinds, object, optin, records, references, request, selection, settings, source,
-    template, window,
-};
-pub(crate) use plan::rewrite;
+// `admit/` what each admission does with them. Every path names its
+// folder, inside the crate and out; outside it, only the vocabulary, the
+// host interface and the two faces below are public.
+pub(crate) mod admit;
+pub mod host;
+pub mod model;
+pub(crate) mod plan;
 
-/// What the host's lifecycle shares with the policy about snapshots: which
-/// objects are ours, which a holder still uses, and when one is garbage.
-/// The host judges the same objects the policy does (docs/design.md,
-/// "Garbage collection"), so it asks these rather than keeping a copy.
 pub mod snapshot {
     pub use crate::admit::revision::used_snapshots;
     pub use crate::admit::sweep::{add_references, holder_masks, is_orphan, must_mark_reuse, owned, REUSE_MARGIN_SECS};
@@ -48,11 +33,13 @@ pub mod rollout {
     pub use crate::plan::rewrite::annotation_path;
 }
 
-use context::Context;
+use admit::context::Context;
+use admit::{revision, screen, watch, workload};
 use host::{Host, HostApi};
-use kinds::Role;
-use request::{Outcome, Payload, SAY};
-use settings::Settings;
+use model::keys;
+use model::kinds::{self, Role};
+use model::request::{Outcome, Payload, SAY};
+use model::settings::Settings;
 
 /// Evaluates one validate payload (`{"request": …, "settings": …}`) and
 /// returns the Kubewarden response. Never panics on bad input: every parse

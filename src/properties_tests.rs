@@ -1,10 +1,11 @@
 //! Properties of workload admission over arbitrary workloads, sources and
 //! settings, against the in-memory fake host.
 
-use crate::content::Content;
-use crate::fake::FakeHost;
-use crate::source::SourceKind;
-use crate::{evaluate, keys, references, template};
+use crate::evaluate;
+use crate::host::fake::FakeHost;
+use crate::model::content::Content;
+use crate::model::source::SourceKind;
+use crate::model::{keys, references, template};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 

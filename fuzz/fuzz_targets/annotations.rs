@@ -1,10 +1,10 @@
 #![no_main]
 //! The annotation parsers: source lists and Go durations.
 
-use config_snapshot_policy::duration::parse_go_duration;
-use config_snapshot_policy::optin::OptIn;
-use config_snapshot_policy::selection::SourceList;
-use config_snapshot_policy::settings::Settings;
+use config_snapshot_policy::model::duration::parse_go_duration;
+use config_snapshot_policy::model::optin::OptIn;
+use config_snapshot_policy::model::selection::SourceList;
+use config_snapshot_policy::model::settings::Settings;
 use libfuzzer_sys::fuzz_target;
 use serde_json::json;
 

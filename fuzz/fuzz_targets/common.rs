@@ -1,6 +1,6 @@
 //! A small cluster shared by the validate targets.
 
-use config_snapshot_policy::fake::FakeHost;
+use config_snapshot_policy::host::fake::FakeHost;
 use serde_json::json;
 
 pub fn host() -> FakeHost {
@@ -12,7 +12,7 @@ pub fn host() -> FakeHost {
 }
 
 /// Every answer is well-formed: a refusal says who refused.
-pub fn check(out: &config_snapshot_policy::request::Outcome) {
+pub fn check(out: &config_snapshot_policy::model::request::Outcome) {
     if !out.accepted {
         let message = out.message.as_deref().unwrap_or_default();
         assert!(message.starts_with("config-snapshot: "), "unclear refusal: {message}");

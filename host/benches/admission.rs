@@ -51,7 +51,7 @@ fn capability(store: &Arc<Shared>) -> Capability {
             subject: Default::default(),
         },
         Arc::new(Rules::new(
-            config_snapshot_policy::settings::Settings::default(),
+            config_snapshot_policy::model::settings::Settings::default(),
             Arc::new(Prover::replay()),
         )),
         Arc::default(),
@@ -219,13 +219,16 @@ fn b5(c: &mut Criterion) {
     let mut objects = vec![cm("app", json!({"k": "v"}))];
     // An old, unowned snapshot of `app`, referenced by one ReplicaSet: a sweep
     // candidate that must be kept, so the sweep lists everything every time.
-    let content = config_snapshot_policy::content::Content::from_object(
-        config_snapshot_policy::source::SourceKind::ConfigMap,
+    let content = config_snapshot_policy::model::content::Content::from_object(
+        config_snapshot_policy::model::source::SourceKind::ConfigMap,
         &json!({"data": {"k": "old"}}),
     )
     .unwrap();
-    let (old_name, mut old_snap) = config_snapshot_policy::content::plain_snapshot(
-        &config_snapshot_policy::source::SourceId::new(config_snapshot_policy::source::SourceKind::ConfigMap, "app"),
+    let (old_name, mut old_snap) = config_snapshot_policy::model::content::plain_snapshot(
+        &config_snapshot_policy::model::source::SourceId::new(
+            config_snapshot_policy::model::source::SourceKind::ConfigMap,
+            "app",
+        ),
         "default",
         "1",
         &content,
@@ -268,12 +271,15 @@ fn b5(c: &mut Criterion) {
     let (mut d, _) = deployment(0, json!({"config-snapshot.io/snapshot": "app"}));
     d["spec"]["template"]["spec"]["containers"][0]["envFrom"] = json!([{"configMapRef": {"name": "app"}}]);
     let p = payload(&request("Deployment", "apps", "CREATE", &d, None));
-    let made = config_snapshot_policy::content::plain_snapshot(
-        &config_snapshot_policy::source::SourceId::new(config_snapshot_policy::source::SourceKind::ConfigMap, "app"),
+    let made = config_snapshot_policy::model::content::plain_snapshot(
+        &config_snapshot_policy::model::source::SourceId::new(
+            config_snapshot_policy::model::source::SourceKind::ConfigMap,
+            "app",
+        ),
         "default",
         "1",
-        &config_snapshot_policy::content::Content::from_object(
-            config_snapshot_policy::source::SourceKind::ConfigMap,
+        &config_snapshot_policy::model::content::Content::from_object(
+            config_snapshot_policy::model::source::SourceKind::ConfigMap,
             &json!({"data": {"k": "v"}}),
         )
         .unwrap(),

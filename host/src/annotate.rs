@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use wasm_encoder::{CustomSection, RawSection, Section};
 use wasmparser::{Parser, Payload};
 
-use config_snapshot_policy::host_error::{Code, HostError};
+use config_snapshot_policy::host::host_error::{Code, HostError};
 
 use crate::engine::{CallFailure, CallHandler, Engine};
 

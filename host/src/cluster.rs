@@ -4,9 +4,9 @@
 //! (`crate::lifecycle::driver`) are written once over this trait, so both
 //! hosts run the same checks and the same orchestration.
 
-use config_snapshot_policy::host_error::Code;
-use config_snapshot_policy::object::ObjectExt;
-use config_snapshot_policy::source::SourceId;
+use config_snapshot_policy::host::host_error::Code;
+use config_snapshot_policy::model::object::ObjectExt;
+use config_snapshot_policy::model::source::SourceId;
 use serde_json::{json, Value};
 
 pub use crate::selector::{Selector, SelectorError};
@@ -36,7 +36,7 @@ pub enum ApiError {
 }
 
 impl ApiError {
-    /// The code the guest sees (`config_snapshot_policy::host_error`).
+    /// The code the guest sees (`config_snapshot_policy::host::host_error`).
     pub fn code(&self) -> Code {
         match self {
             ApiError::NotFound(_) => Code::NotFound,
@@ -101,7 +101,7 @@ pub struct Preconditions {
 }
 
 /// A cluster, as both hosts' orchestration sees it. Kinds are the policy's
-/// table's (`config_snapshot_policy::kinds`); objects are JSON.
+/// table's (`config_snapshot_policy::model::kinds`); objects are JSON.
 pub trait Cluster: Send + Sync {
     /// One object, from a cache where the host keeps one.
     fn get(&self, kind: &str, namespace: &str, name: &str) -> Result<Option<Value>>;

@@ -4,15 +4,15 @@
 //! panics, which the fuzzer reports. host/tests/fuzz_bodies.rs runs the same
 //! bodies on proptest's inputs, so they build and hold on every CI run.
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use config_snapshot_policy::content::{snapshot_object, Content};
-use config_snapshot_policy::keys;
-use config_snapshot_policy::operation::Operation;
-use config_snapshot_policy::settings::Settings;
-use config_snapshot_policy::source::{SourceId, SourceKind};
+use config_snapshot_policy::host::operation::Operation;
+use config_snapshot_policy::model::content::{snapshot_object, Content};
+use config_snapshot_policy::model::keys;
+use config_snapshot_policy::model::settings::Settings;
+use config_snapshot_policy::model::source::{SourceId, SourceKind};
 use serde_json::{json, Value};
 
 use crate::capability::{Caller, Capability};

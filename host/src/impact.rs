@@ -3,25 +3,25 @@
 //! through which references and keys, whether a watch rollout would follow
 //! and why not if none would, and what changes in the keys it reads.
 //!
-//! The rule is the policy's own (`config_snapshot_policy::watch::watcher`,
+//! The rule is the policy's own (`config_snapshot_policy::admit::watch::watcher`,
 //! the content's key subsets, the storm guard's record), run on the objects
 //! as a cluster or a replayed scenario has them. Secret values never leave
 //! here: their keys are compared by digest and shown by name.
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use std::collections::BTreeSet;
 
 use anyhow::{anyhow, bail, Result};
-use config_snapshot_policy::approval::WatchMode;
-use config_snapshot_policy::content::{snapshot_name, Content};
-use config_snapshot_policy::keys;
-use config_snapshot_policy::kinds::WorkloadKind;
-use config_snapshot_policy::optin::OptIn;
-use config_snapshot_policy::records::WatchRollout;
-use config_snapshot_policy::references::{Reference, SourceRefs};
+use config_snapshot_policy::model::approval::WatchMode;
+use config_snapshot_policy::model::content::{snapshot_name, Content};
+use config_snapshot_policy::model::keys;
+use config_snapshot_policy::model::kinds::WorkloadKind;
+use config_snapshot_policy::model::optin::OptIn;
+use config_snapshot_policy::model::records::WatchRollout;
+use config_snapshot_policy::model::references::{Reference, SourceRefs};
+use config_snapshot_policy::model::settings::Settings;
+use config_snapshot_policy::model::source::{SourceId, SourceKind};
 use config_snapshot_policy::rollout::{watcher, Watcher};
-use config_snapshot_policy::settings::Settings;
-use config_snapshot_policy::source::{SourceId, SourceKind};
 use serde::Serialize;
 use serde_json::Value;
 

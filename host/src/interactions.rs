@@ -21,7 +21,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{Context as _, Result};
-use config_snapshot_policy::operation::KUBEWARDEN;
+use config_snapshot_policy::host::operation::KUBEWARDEN;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 

@@ -153,8 +153,8 @@ mod tests {
 /// in use.
 #[cfg(test)]
 mod reference_tests {
-    use config_snapshot_policy::kinds::holders;
-    use config_snapshot_policy::references;
+    use config_snapshot_policy::model::kinds::holders;
+    use config_snapshot_policy::model::references;
     use config_snapshot_policy::snapshot::holder_masks;
     use serde_json::{json, Value};
 

@@ -23,14 +23,14 @@
 //! that did not sign signs its earlier snapshots once, by a command an
 //! operator runs (`config-snapshot keys sign-unsigned`).
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use std::fmt;
 use std::ops::Deref;
 use std::sync::{Arc, RwLock};
 
-use config_snapshot_policy::content::{hex, snapshot_name, Content};
-use config_snapshot_policy::keys;
-use config_snapshot_policy::source::SourceKind;
+use config_snapshot_policy::model::content::{hex, snapshot_name, Content};
+use config_snapshot_policy::model::keys;
+use config_snapshot_policy::model::source::SourceKind;
 use ring::hmac;
 use serde_json::Value;
 use sha2::Digest as _;
@@ -665,7 +665,7 @@ where
         &self,
         kind: &str,
         namespace: &str,
-        source: &config_snapshot_policy::source::SourceId,
+        source: &config_snapshot_policy::model::source::SourceId,
         visit: &mut dyn FnMut(&Value),
     ) -> cluster::Result<()> {
         // Workloads: never labelled snapshots.
@@ -710,8 +710,8 @@ impl fmt::Debug for Prover {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use config_snapshot_policy::content::snapshot_object;
-    use config_snapshot_policy::source::SourceId;
+    use config_snapshot_policy::model::content::snapshot_object;
+    use config_snapshot_policy::model::source::SourceId;
     use serde_json::json;
 
     const KEY: &[u8] = b"a test key of thirty-two bytes!!";

@@ -9,12 +9,12 @@
 //! returns every workload the policy would have found in a full list. It may return more (a workload referencing the
 //! source without watching it): the policy decides.
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use std::collections::{BTreeSet, HashMap};
 
-use config_snapshot_policy::kinds::WorkloadKind;
-use config_snapshot_policy::source::SourceId;
-use config_snapshot_policy::template;
+use config_snapshot_policy::model::kinds::WorkloadKind;
+use config_snapshot_policy::model::source::SourceId;
+use config_snapshot_policy::model::template;
 use serde_json::Value;
 
 /// (kind, namespace, name) of a workload.
@@ -78,7 +78,7 @@ impl Referrers {
 
 /// The sources a workload's pod template references, one per source.
 fn sources_of(object: &Value) -> Vec<SourceId> {
-    let Some(template) = config_snapshot_policy::kinds::template_of(object) else {
+    let Some(template) = config_snapshot_policy::model::kinds::template_of(object) else {
         return Vec::new();
     };
     template::own_groups(template).into_iter().map(|g| g.id).collect()
@@ -87,7 +87,7 @@ fn sources_of(object: &Value) -> Vec<SourceId> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use config_snapshot_policy::source::SourceKind;
+    use config_snapshot_policy::model::source::SourceKind;
     use serde_json::json;
 
     fn deployment(name: &str, env_from: Value, annotations: Value) -> Value {

@@ -2,8 +2,8 @@
 //! most (`a=b,c!=d,e,!f`). Set-based forms are refused, not ignored: a
 //! selector read as something else would select other objects.
 
-use config_snapshot_policy::keys;
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::keys;
+use config_snapshot_policy::model::object::ObjectExt;
 use serde_json::Value;
 
 #[derive(Debug, Clone, Default, PartialEq)]

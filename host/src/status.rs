@@ -4,10 +4,10 @@
 //! host keeps on it everything a person needs (the pending record, the last
 //! watch rollout, the last rollback), so any replica, or none, can answer.
 
-use config_snapshot_policy::approval::{Entries, WatchMode};
-use config_snapshot_policy::keys;
-use config_snapshot_policy::object::ObjectExt;
-use config_snapshot_policy::records::{Rollback, WatchRollout};
+use config_snapshot_policy::model::approval::{Entries, WatchMode};
+use config_snapshot_policy::model::keys;
+use config_snapshot_policy::model::object::ObjectExt;
+use config_snapshot_policy::model::records::{Rollback, WatchRollout};
 use serde::Serialize;
 use serde_json::Value;
 

@@ -3,12 +3,12 @@
 //! `invariants`, …) are the same either way, so a scenario's assertions
 //! judge replay and a real control plane alike.
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use std::collections::HashSet;
 
 use serde_json::Value;
 
-use config_snapshot_policy::kinds::WorkloadKind;
+use config_snapshot_policy::model::kinds::WorkloadKind;
 
 use crate::cluster::Key;
 use crate::simulator::Simulator;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use config_snapshot_policy::duration::unix_now;
+use config_snapshot_policy::model::duration::unix_now;
 use config_snapshot_testing::standin::ApiServer;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -206,8 +206,8 @@ async fn a_forged_review_for_an_excluded_namespace_writes_nothing() {
     // The name of the snapshot made in shop reveals nothing of the value:
     // it is keyed, not the content's SHA-256.
     assert_eq!(made.len(), 1, "{made:?}");
-    let plain = config_snapshot_policy::content::Content::from_object(
-        config_snapshot_policy::source::SourceKind::Secret,
+    let plain = config_snapshot_policy::model::content::Content::from_object(
+        config_snapshot_policy::model::source::SourceKind::Secret,
         &secret("shop"),
     )
     .unwrap()

@@ -420,9 +420,9 @@ fn the_kubewarden_policy_matches_the_metadata_and_its_rbac() {
     // Only workloads: every other kind's review does nothing on stock
     // Kubewarden (host/tests/kubewarden_gate.rs), and each rule is one of
     // the metadata's.
-    let workloads: BTreeSet<String> = config_snapshot_policy::kinds::KINDS
+    let workloads: BTreeSet<String> = config_snapshot_policy::model::kinds::KINDS
         .iter()
-        .filter(|k| matches!(k.role, config_snapshot_policy::kinds::Role::Workload { .. }))
+        .filter(|k| matches!(k.role, config_snapshot_policy::model::kinds::Role::Workload { .. }))
         .map(|k| k.plural.to_string())
         .collect();
     let mut reviewed = BTreeSet::new();
@@ -461,7 +461,7 @@ fn the_kubewarden_policy_matches_the_metadata_and_its_rbac() {
     assert_eq!(spec["backgroundAudit"], metadata["backgroundAudit"]);
     assert_eq!(spec["mode"], "protect");
     let settings = serde_json::to_vec(&spec["settings"]).unwrap();
-    config_snapshot_policy::settings::Settings::from_json(&settings)
+    config_snapshot_policy::model::settings::Settings::from_json(&settings)
         .unwrap_or_else(|e| panic!("deploy/kubewarden's settings are refused: {e}"));
 
     let rbac = config_snapshot::review::read_objects(&kubewarden.join("rbac.yaml")).unwrap();

@@ -317,7 +317,7 @@ fn documented_settings(path: &Path) -> Vec<(String, String)> {
 /// unknown key, defaults by parsing each documented one.
 #[test]
 fn the_settings_tables_name_every_setting_with_its_real_default() {
-    use config_snapshot_policy::settings::RawSettings;
+    use config_snapshot_policy::model::settings::RawSettings;
     let refusal = serde_json::from_str::<RawSettings>(r#"{"probe": 1}"#)
         .unwrap_err()
         .to_string();

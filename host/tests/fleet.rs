@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use config_snapshot_policy::duration::parse_rfc3339;
+use config_snapshot_policy::model::duration::parse_rfc3339;
 use serde_json::{json, Value};
 
 mod support;

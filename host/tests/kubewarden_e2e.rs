@@ -128,8 +128,8 @@ fn every_case_gets_the_recorded_answer() {
 #[test]
 fn secret_checksums_are_keyed() {
     use config_snapshot::interactions::Response;
-    use config_snapshot_policy::content::Content;
-    use config_snapshot_policy::source::SourceKind;
+    use config_snapshot_policy::model::content::Content;
+    use config_snapshot_policy::model::source::SourceKind;
     let checksum = |case: &str| {
         let (response, _) = ours(&root().join("e2e-tests/kubewarden").join(case));
         let patch = observed(&response)["patch"].clone();

@@ -100,7 +100,7 @@ fn every_scenario_admission_runs_under_the_declared_capabilities() {
         .flat_map(|r| r["resources"].as_array().unwrap().clone())
         .filter_map(|r| {
             let plural = r.as_str()?;
-            config_snapshot_policy::kinds::KINDS
+            config_snapshot_policy::model::kinds::KINDS
                 .iter()
                 .find(|k| k.plural == plural)
                 .map(|k| k.kind.to_string())

@@ -16,11 +16,11 @@ use config_snapshot::serve::apiserver::KubeCluster;
 use config_snapshot::serve::cache::Cache;
 use config_snapshot::serve::metrics::Metrics;
 use config_snapshot::simulator::Shared;
-use config_snapshot_policy::content::{plain_snapshot, Content};
-use config_snapshot_policy::duration::format_rfc3339;
-use config_snapshot_policy::kinds::KINDS;
-use config_snapshot_policy::settings::Settings;
-use config_snapshot_policy::source::{SourceId, SourceKind};
+use config_snapshot_policy::model::content::{plain_snapshot, Content};
+use config_snapshot_policy::model::duration::format_rfc3339;
+use config_snapshot_policy::model::kinds::KINDS;
+use config_snapshot_policy::model::settings::Settings;
+use config_snapshot_policy::model::source::{SourceId, SourceKind};
 use config_snapshot_testing::standin::ApiServer;
 use serde_json::{json, Value};
 
@@ -312,7 +312,7 @@ async fn the_sweep_after_a_new_snapshot_takes_only_the_sources_unused_versions()
     assert_eq!(a, b);
     let snapshots: std::collections::BTreeSet<&str> = left
         .iter()
-        .filter(|o| config_snapshot_policy::keys::is_snapshot(o))
+        .filter(|o| config_snapshot_policy::model::keys::is_snapshot(o))
         .map(|o| o["metadata"]["uid"].as_str().unwrap())
         .collect();
     assert_eq!(snapshots, ["u-blue", "u-green"].into(), "only the unused version went");

@@ -25,7 +25,7 @@ fn expand(rules: &Value) -> BTreeSet<(String, String, String)> {
         for g in rule["apiGroups"].as_array().unwrap() {
             for r in rule["resources"].as_array().unwrap() {
                 for o in rule["operations"].as_array().unwrap() {
-                    let version = config_snapshot_policy::kinds::KINDS
+                    let version = config_snapshot_policy::model::kinds::KINDS
                         .iter()
                         .find(|k| k.group() == g.as_str().unwrap() && k.plural == r.as_str().unwrap())
                         .map_or("v1", |k| k.version());
@@ -47,7 +47,7 @@ fn kinds_named(rules: &Value) -> BTreeSet<String> {
     expand(rules)
         .into_iter()
         .map(|(_, resource, _)| {
-            config_snapshot_policy::kinds::KINDS
+            config_snapshot_policy::model::kinds::KINDS
                 .iter()
                 .find(|k| k.plural == resource)
                 .unwrap()
@@ -58,7 +58,7 @@ fn kinds_named(rules: &Value) -> BTreeSet<String> {
 }
 
 fn handled() -> BTreeSet<(String, String, String)> {
-    config_snapshot_policy::kinds::KINDS
+    config_snapshot_policy::model::kinds::KINDS
         .iter()
         .flat_map(|k| {
             k.handled()
@@ -74,7 +74,7 @@ fn metadata_rules_are_exactly_what_the_policy_handles() {
     assert_eq!(expand(&metadata["rules"]), handled(), "rules and kinds::KINDS differ");
     // The host's own reading of the rules agrees.
     let rules = WebhookRules::embedded();
-    for k in config_snapshot_policy::kinds::KINDS.iter() {
+    for k in config_snapshot_policy::model::kinds::KINDS.iter() {
         for o in k.handled() {
             assert!(rules.matches(k.api_version, k.plural, o), "{} {o}", k.api_version);
         }
@@ -103,7 +103,8 @@ fn metadata_has_what_kubewarden_needs() {
     // Kinds of the table (what it reads on stock Kubewarden, exactly, is
     // host/tests/kubewarden_gate.rs's to check).
     for (api_version, kind) in &read {
-        let row = config_snapshot_policy::kinds::find(kind).unwrap_or_else(|| panic!("{kind} is not in the table"));
+        let row =
+            config_snapshot_policy::model::kinds::find(kind).unwrap_or_else(|| panic!("{kind} is not in the table"));
         assert_eq!(row.api_version, api_version);
     }
     let annotations = m["annotations"].as_object().unwrap();
@@ -174,14 +175,17 @@ fn artifacthub_package_agrees_with_the_metadata() {
     let questions: Value = serde_yaml_ng::from_str(ann["kubewarden/questions-ui"].as_str().unwrap()).unwrap();
     let questions = questions["questions"].as_array().unwrap();
     let asked: BTreeSet<&str> = questions.iter().map(|q| q["variable"].as_str().unwrap()).collect();
-    assert_eq!(asked, config_snapshot_policy::settings::KEYS.into_iter().collect());
+    assert_eq!(
+        asked,
+        config_snapshot_policy::model::settings::KEYS.into_iter().collect()
+    );
     for q in questions {
         let default = match &q["default"] {
             Value::String(s) if s.is_empty() => continue,
             v => v.clone(),
         };
         let one = serde_json::json!({ q["variable"].as_str().unwrap(): default });
-        config_snapshot_policy::settings::Settings::from_json(one.to_string().as_bytes())
+        config_snapshot_policy::model::settings::Settings::from_json(one.to_string().as_bytes())
             .unwrap_or_else(|e| panic!("the question's default {one} is refused: {e}"));
     }
     let version = format!("v{}", env!("CARGO_PKG_VERSION"));
@@ -313,7 +317,7 @@ fn the_module_is_within_its_size_budget() {
 /// else, is host/tests/kubewarden_gate.rs's to check.
 #[test]
 fn host_capabilities_are_the_operation_enum() {
-    use config_snapshot_policy::operation::{Operation, KUBEWARDEN};
+    use config_snapshot_policy::host::operation::{Operation, KUBEWARDEN};
     let metadata = yaml("policy-metadata.yml");
     let listed: BTreeSet<String> = metadata["hostCapabilities"]
         .as_array()

@@ -24,7 +24,7 @@ use config_snapshot::replay::invariants;
 use config_snapshot::replay::scenario::{EffectiveConfig, Step};
 use config_snapshot::simulator::Admission;
 use config_snapshot::view::{Objects, View};
-use config_snapshot_policy::kinds::WorkloadKind;
+use config_snapshot_policy::model::kinds::WorkloadKind;
 use serde_json::{json, Value};
 use support::paths::root;
 use support::process::ServeProcess;
@@ -176,7 +176,7 @@ impl ControlPlane {
     /// Every object of the kinds config-snapshot touches, in `ns`.
     fn objects(&self, ns: &str) -> Objects {
         let kinds = |optional: bool| -> String {
-            let names: Vec<String> = config_snapshot_policy::kinds::KINDS
+            let names: Vec<String> = config_snapshot_policy::model::kinds::KINDS
                 .iter()
                 .filter(|k| optional || !k.optional)
                 .map(|k| match k.group() {
@@ -312,7 +312,7 @@ fn door_paths(cp: &ControlPlane) -> Vec<String> {
         .decode(secret["data"]["key"].as_str().unwrap())
         .unwrap();
     let ring = config_snapshot::proof::Keyring::of(&key).unwrap();
-    let now = config_snapshot_policy::duration::unix_now();
+    let now = config_snapshot_policy::model::duration::unix_now();
     let hour = config_snapshot::serve::door::PERIOD_SECS;
     [now - hour, now, now + hour]
         .iter()
@@ -415,7 +415,7 @@ fn env_ref(workload: &Value) -> String {
 fn snapshots(view: &Objects) -> BTreeSet<String> {
     view.0
         .iter()
-        .filter(|o| config_snapshot_policy::keys::is_snapshot(o))
+        .filter(|o| config_snapshot_policy::model::keys::is_snapshot(o))
         .map(|o| o["metadata"]["name"].as_str().unwrap().to_string())
         .collect()
 }
@@ -607,7 +607,7 @@ fn deployment_story(cp: &ControlPlane) {
                     } else {
                         o["spec"]["template"].clone()
                     };
-                    config_snapshot_policy::references::collect(&t)
+                    config_snapshot_policy::model::references::collect(&t)
                         .into_iter()
                         .map(|r| r.name)
                 })
@@ -1214,15 +1214,15 @@ fn outcome(view: &Objects) -> Value {
     let secret_snapshots: std::collections::HashMap<String, String> = view
         .0
         .iter()
-        .filter(|o| o["kind"] == "Secret" && config_snapshot_policy::keys::is_snapshot(o))
+        .filter(|o| o["kind"] == "Secret" && config_snapshot_policy::model::keys::is_snapshot(o))
         .map(|o| {
-            let content = config_snapshot_policy::content::Content::from_object(
-                config_snapshot_policy::source::SourceKind::Secret,
+            let content = config_snapshot_policy::model::content::Content::from_object(
+                config_snapshot_policy::model::source::SourceKind::Secret,
                 o,
             )
             .map(|c| c.hash()[..10].to_string())
             .unwrap_or_default();
-            let source = config_snapshot_policy::keys::snapshot_source(o).unwrap_or_default();
+            let source = config_snapshot_policy::model::keys::snapshot_source(o).unwrap_or_default();
             (
                 o["metadata"]["name"].as_str().unwrap().to_string(),
                 format!("{source}@{content}"),
@@ -1239,7 +1239,7 @@ fn outcome(view: &Objects) -> Value {
         let names = |template: Option<&Value>| -> Vec<String> {
             template
                 .map(|t| {
-                    config_snapshot_policy::references::collect(t)
+                    config_snapshot_policy::model::references::collect(t)
                         .into_iter()
                         .map(|r| alias(r.name))
                         .collect()

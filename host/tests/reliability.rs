@@ -15,10 +15,10 @@ use config_snapshot::lifecycle::{Rules, Silent};
 use config_snapshot::proof::Prover;
 use config_snapshot::replay;
 use config_snapshot::simulator::{Shared, Simulator};
-use config_snapshot_policy::content::Content;
-use config_snapshot_policy::settings::Settings;
-use config_snapshot_policy::source::SourceKind;
-use config_snapshot_policy::{keys, references, template};
+use config_snapshot_policy::model::content::Content;
+use config_snapshot_policy::model::settings::Settings;
+use config_snapshot_policy::model::source::SourceKind;
+use config_snapshot_policy::model::{keys, references, template};
 use serde_json::{json, Value};
 
 mod support;
@@ -565,9 +565,10 @@ fn a_seeded_random_walk_keeps_every_invariant() {
             continue;
         }
         let unowned = o["metadata"]["ownerReferences"].as_array().is_none_or(|r| r.is_empty());
-        let created =
-            config_snapshot_policy::duration::parse_rfc3339(o["metadata"]["creationTimestamp"].as_str().unwrap())
-                .unwrap();
+        let created = config_snapshot_policy::model::duration::parse_rfc3339(
+            o["metadata"]["creationTimestamp"].as_str().unwrap(),
+        )
+        .unwrap();
         let name = o["metadata"]["name"].as_str().unwrap();
         assert!(
             !(unowned && now - created > 600 && !referenced.contains(name)),
@@ -581,8 +582,8 @@ fn a_seeded_random_walk_keeps_every_invariant() {
 /// (the control) lands; every hostile call leaves the store unchanged.
 #[test]
 fn a_hostile_wasm_guest_cannot_break_the_host_invariants() {
-    use config_snapshot_policy::content::plain_snapshot;
-    use config_snapshot_policy::source::SourceId;
+    use config_snapshot_policy::model::content::plain_snapshot;
+    use config_snapshot_policy::model::source::SourceId;
 
     fn guest(operation: &str, payload: &Value) -> String {
         let body = payload.to_string().replace('\\', "\\\\").replace('"', "\\\"");
@@ -617,7 +618,7 @@ fn a_hostile_wasm_guest_cannot_break_the_host_invariants() {
         )
         .unwrap();
         let name = Prover::replay().snapshot_name("team-a", "app", &content);
-        config_snapshot_policy::content::snapshot_object(
+        config_snapshot_policy::model::content::snapshot_object(
             &SourceId::new(SourceKind::Secret, "app"),
             "team-a",
             &name,

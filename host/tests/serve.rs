@@ -573,12 +573,12 @@ fn replica_set(web: &Value, revision: u32) -> Value {
 
 /// The name of app-config's snapshot holding `mode`.
 fn snapshot_of(mode: &str) -> String {
-    let content = config_snapshot_policy::content::Content::from_object(
-        config_snapshot_policy::source::SourceKind::ConfigMap,
+    let content = config_snapshot_policy::model::content::Content::from_object(
+        config_snapshot_policy::model::source::SourceKind::ConfigMap,
         &config_map(mode),
     )
     .unwrap();
-    config_snapshot_policy::content::snapshot_name("app-config", &content.hash())
+    config_snapshot_policy::model::content::snapshot_name("app-config", &content.hash())
 }
 
 /// Edits app-config to `mode` as a user would: admitted, then persisted.
@@ -680,7 +680,7 @@ async fn an_effect_given_up_is_a_warning_event_and_leaves_no_snapshot() {
     let api = ApiServer::start().await;
     let (mut serve, _, blue) = web_on_blue(&api, &["--effect-wait", "3s", "--resync-interval", "1s"]).await;
     api.forbid(axum::http::Method::PATCH, "Deployment");
-    api.fix_clock(config_snapshot_policy::duration::unix_now() - 3600);
+    api.fix_clock(config_snapshot_policy::model::duration::unix_now() - 3600);
 
     let green = edit_config(&mut serve, &api, "green").await;
     let failed = eventually("the EffectFailed Event", &serve, || {

@@ -22,7 +22,7 @@ use config_snapshot::replay::{self, CheckResult};
 use config_snapshot::serve::cache::KINDS;
 use config_snapshot::serve::{self, State};
 use config_snapshot::simulator::Simulator;
-use config_snapshot_policy::duration::{parse_go_duration, parse_rfc3339};
+use config_snapshot_policy::model::duration::{parse_go_duration, parse_rfc3339};
 use config_snapshot_testing::standin::ApiServer;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -183,7 +183,7 @@ impl Served {
 fn comparable(objects: Vec<Value>) -> BTreeMap<(String, String, String), Value> {
     objects
         .into_iter()
-        .filter(|o| config_snapshot_policy::kinds::find(o["kind"].as_str().unwrap_or_default()).is_some())
+        .filter(|o| config_snapshot_policy::model::kinds::find(o["kind"].as_str().unwrap_or_default()).is_some())
         .map(|mut o| {
             let key = (
                 o["kind"].as_str().unwrap_or_default().to_string(),

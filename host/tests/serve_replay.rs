@@ -26,7 +26,7 @@ use support::paths::policy;
 fn keys(objects: &[Value]) -> BTreeSet<(String, String, String)> {
     objects
         .iter()
-        .filter(|o| config_snapshot_policy::kinds::find(o["kind"].as_str().unwrap_or_default()).is_some())
+        .filter(|o| config_snapshot_policy::model::kinds::find(o["kind"].as_str().unwrap_or_default()).is_some())
         .map(|o| {
             (
                 o["kind"].as_str().unwrap().to_string(),
@@ -92,11 +92,9 @@ async fn every_scenario_admission_answers_the_same_through_the_kube_backend() {
             );
             api.reset(&rec.before);
             state.cluster.cache.clear();
-            for o in rec
-                .before
-                .iter()
-                .filter(|o| config_snapshot_policy::kinds::find(o["kind"].as_str().unwrap_or_default()).is_some())
-            {
+            for o in rec.before.iter().filter(|o| {
+                config_snapshot_policy::model::kinds::find(o["kind"].as_str().unwrap_or_default()).is_some()
+            }) {
                 state.cluster.cache.observe(o.clone());
             }
             state.cluster.fix_clock(rec.now);
@@ -121,7 +119,7 @@ async fn every_scenario_admission_answers_the_same_through_the_kube_backend() {
             let mut after: BTreeSet<_> = api.keys().into_iter().collect();
             let before = keys(&rec.before);
             let want_after = keys(&rec.after);
-            after.retain(|k| config_snapshot_policy::kinds::find(&k.0).is_some());
+            after.retain(|k| config_snapshot_policy::model::kinds::find(&k.0).is_some());
             assert_eq!(after, want_after, "{at}: objects after the admission");
             compared += 1;
             mutated += usize::from(want.is_some());

@@ -5,20 +5,20 @@
 use serde_json::Value;
 use sha2::Digest;
 
-use crate::content::{self, Content};
-use crate::context::Context;
+use crate::admit::context::Context;
+use crate::host::reads::{Lookup, Reads};
 use crate::host::CallError;
-use crate::keys;
-use crate::kinds::WorkloadKind;
-use crate::optin::OptIn;
+use crate::model::content::{self, Content};
+use crate::model::keys;
+use crate::model::kinds::WorkloadKind;
+use crate::model::optin::OptIn;
+use crate::model::references::SourceRefs;
+use crate::model::request::{Outcome, SAY};
+use crate::model::settings::{Settings, WithoutSnapshotCapability};
+use crate::model::source::SA_TOKEN;
+use crate::model::source::{SourceId, SourceKind};
+use crate::plan::rewrite::{apply, set_marks};
 use crate::plan::Target;
-use crate::reads::{Lookup, Reads};
-use crate::references::SourceRefs;
-use crate::request::{Outcome, SAY};
-use crate::rewrite::{apply, set_marks};
-use crate::settings::{Settings, WithoutSnapshotCapability};
-use crate::source::SA_TOKEN;
-use crate::source::{SourceId, SourceKind};
 
 pub(crate) fn degrade(
     ctx: &Context,

@@ -5,7 +5,7 @@
 //! each other.
 
 use crate::host::HostApi;
-use crate::settings::Settings;
+use crate::model::settings::Settings;
 
 pub struct Context<'a> {
     pub host: HostApi<'a>,

@@ -11,19 +11,19 @@
 //! controller, is planned as a workload instead ([`standalone`]): its
 //! sources are snapshotted, and it adopts them the same way.
 
-use crate::object::ObjectExt;
+use crate::model::object::ObjectExt;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use crate::context::Context;
+use crate::admit::context::Context;
 use crate::host::contract::{Owner, SnapshotRef};
-use crate::kinds::Kind;
-use crate::references;
-use crate::request::{Outcome, SAY};
-use crate::template::Mapping;
+use crate::model::kinds::Kind;
+use crate::model::references;
+use crate::model::request::{Outcome, SAY};
+use crate::model::template::Mapping;
 
 pub fn admit(ctx: &Context, revision: &Kind, raw: &RawValue) -> Outcome {
-    if ctx.dry_run || !raw.get().contains(crate::keys::SNAPSHOTS) {
+    if ctx.dry_run || !raw.get().contains(crate::model::keys::SNAPSHOTS) {
         return Outcome::accept();
     }
     let Ok(object) = serde_json::from_str::<Value>(raw.get()) else {
@@ -70,17 +70,17 @@ pub fn adopt(ctx: &Context, revision: &Kind, name: &str, snapshots: Vec<Snapshot
 /// snapshot: made without a controller (a CronJob's Job is its revision),
 /// opted in by its own annotations, and naming no snapshot yet (a copy of
 /// one that does adopts what it names).
-pub fn standalone(object: &RawValue, settings: &crate::settings::Settings) -> bool {
+pub fn standalone(object: &RawValue, settings: &crate::model::settings::Settings) -> bool {
     // Most Jobs and Pods are not opted in: the cheap parse decides first.
-    let Ok(quick) = serde_json::from_str::<crate::skim::AnnotationsSkim>(object.get()) else {
+    let Ok(quick) = serde_json::from_str::<crate::admit::skim::AnnotationsSkim>(object.get()) else {
         return false;
     };
-    if !crate::skim::opts_in(&quick, settings) || object.get().contains(crate::keys::SNAPSHOTS) {
+    if !crate::admit::skim::opts_in(&quick, settings) || object.get().contains(crate::model::keys::SNAPSHOTS) {
         return false;
     }
     // Then one generic parse (code the policy has anyway, rather than
     // types of its own, which would grow the module).
-    serde_json::from_str::<Value>(object.get()).is_ok_and(|o| !crate::kinds::controlled(&o))
+    serde_json::from_str::<Value>(object.get()).is_ok_and(|o| !crate::model::kinds::controlled(&o))
 }
 
 /// The snapshots a template references, per its mapping.

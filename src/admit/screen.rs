@@ -1,7 +1,7 @@
 //! The pass-through screen: most requests the webhook sees are workloads
 //! that do not opt in, and they are answered from one scan of the payload.
 //!
-//! The full path ([`crate::request::Payload`]) keeps the object raw and
+//! The full path ([`crate::model::request::Payload`]) keeps the object raw and
 //! then reads its annotations in a second scan, so a pass-through paid for
 //! reading its object twice, most of its time in the policy
 //! (docs/BENCHMARKS.md, "Where pass-through time goes"). The screen reads
@@ -16,10 +16,10 @@ use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::kinds::WorkloadKind;
-use crate::request::{Gvk, Outcome};
-use crate::settings::Settings;
-use crate::skim::{self, Annotated, AnnotationsSkim, Records};
+use crate::admit::skim::{self, Annotated, AnnotationsSkim, Records};
+use crate::model::kinds::WorkloadKind;
+use crate::model::request::{Gvk, Outcome};
+use crate::model::settings::Settings;
 
 /// The answer for a workload that neither opts in nor carries our marks:
 /// `None` when the full path must decide.
@@ -96,7 +96,8 @@ impl<'de> Visitor<'de> for ScreenedVisitor {
                     let (Some(gvk), Some(op)) = (&kind, &operation) else {
                         return Err(de::Error::custom(NOT_SCREENED));
                     };
-                    if WorkloadKind::from_kind(&gvk.kind).is_none() || !crate::kinds::handles(&gvk.group, &gvk.kind, op)
+                    if WorkloadKind::from_kind(&gvk.kind).is_none()
+                        || !crate::model::kinds::handles(&gvk.group, &gvk.kind, op)
                     {
                         return Err(de::Error::custom(NOT_SCREENED));
                     }
@@ -123,7 +124,7 @@ impl<'de> Visitor<'de> for ScreenedVisitor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fake::FakeHost;
+    use crate::host::fake::FakeHost;
     use proptest::prelude::*;
     use serde_json::{json, Value};
 

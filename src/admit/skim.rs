@@ -1,17 +1,17 @@
 //! What the cheap checks read of a workload, and nothing more: its
 //! annotations and its pod template's, through serde types that skip the
-//! rest of the object unparsed. The screen (`crate::screen`), the revision
-//! admission (`crate::revision`) and the workload admission's pass-through
-//! (`crate::workload`) all decide "ours to look at or not" here, so none of
+//! rest of the object unparsed. The screen (`crate::admit::screen`), the revision
+//! admission (`crate::admit::revision`) and the workload admission's pass-through
+//! (`crate::admit::workload`) all decide "ours to look at or not" here, so none of
 //! them reaches into another.
 
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use crate::keys;
-use crate::optin::OptIn;
-use crate::settings::Settings;
+use crate::model::keys;
+use crate::model::optin::OptIn;
+use crate::model::settings::Settings;
 
 /// Just the annotations, for the pass-through check: serde skips the rest of
 /// the object without building it.
@@ -102,7 +102,7 @@ impl AnnotationsSkim {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kinds::{Role, KINDS};
+    use crate::model::kinds::{Role, KINDS};
     use serde_json::{json, Value};
 
     /// The skim's serde types spell the template paths out (they parse

@@ -6,18 +6,18 @@
 //! timed sweep (serve's resync, replay's `advanceTime`) makes exactly the
 //! same choices as the sweep the policy runs when it makes a snapshot.
 
-use crate::object::ObjectExt;
+use crate::model::object::ObjectExt;
 use std::collections::BTreeSet;
 
 use serde_json::Value;
 
-use crate::content::source_label;
-use crate::context::Context;
-use crate::duration::parse_rfc3339;
-use crate::keys;
-use crate::kinds::Kind;
-use crate::references;
-use crate::source::{SourceId, SourceKind};
+use crate::admit::context::Context;
+use crate::model::content::source_label;
+use crate::model::duration::parse_rfc3339;
+use crate::model::keys;
+use crate::model::kinds::Kind;
+use crate::model::references;
+use crate::model::source::{SourceId, SourceKind};
 
 /// The field masks that fetch a holder's reference fields and nothing else.
 pub fn holder_masks(holder: &Kind) -> Vec<String> {
@@ -158,7 +158,7 @@ pub fn sweep(ctx: &Context, source: &SourceId, keep: &str) {
 /// references. `None` if any list failed: then nothing may be deleted.
 fn referenced_names(ctx: &Context, kind: SourceKind) -> Option<BTreeSet<String>> {
     let mut names = BTreeSet::new();
-    for holder in crate::kinds::holders() {
+    for holder in crate::model::kinds::holders() {
         let masks = holder_masks(holder);
         let masks: Vec<&str> = masks.iter().map(String::as_str).collect();
         let items = ctx
@@ -174,17 +174,17 @@ fn referenced_names(ctx: &Context, kind: SourceKind) -> Option<BTreeSet<String>>
 
 #[cfg(test)]
 mod tests {
-    use crate::object::ObjectExt;
+    use crate::model::object::ObjectExt;
     use serde_json::{json, Value};
 
     use super::{must_mark_reuse, REUSE_MARGIN_SECS};
-    use crate::content::{plain_snapshot, Content};
-    use crate::context::Context;
-    use crate::duration::format_rfc3339;
-    use crate::fake::FakeHost;
+    use crate::admit::context::Context;
+    use crate::host::fake::FakeHost;
     use crate::host::HostApi;
-    use crate::settings::Settings;
-    use crate::source::{SourceId, SourceKind};
+    use crate::model::content::{plain_snapshot, Content};
+    use crate::model::duration::format_rfc3339;
+    use crate::model::settings::Settings;
+    use crate::model::source::{SourceId, SourceKind};
 
     const NOW: i64 = 1_800_000_000;
 
@@ -280,7 +280,7 @@ mod tests {
     #[test]
     fn a_reused_snapshot_counts_its_age_from_the_reuse() {
         let mut reused = snap("reused", 3600, false);
-        reused["metadata"]["annotations"][crate::keys::LAST_USED_AT] = json!(format_rfc3339(NOW - 60));
+        reused["metadata"]["annotations"][crate::model::keys::LAST_USED_AT] = json!(format_rfc3339(NOW - 60));
         let mut host = FakeHost::with(vec![reused]);
         host.now = NOW;
         sweep(&host, "x");
@@ -293,13 +293,14 @@ mod tests {
     #[test]
     fn a_last_use_in_the_future_is_not_believed() {
         let mut kept = snap("kept", 3600, false);
-        kept["metadata"]["annotations"][crate::keys::LAST_USED_AT] = json!(format_rfc3339(NOW + 100 * 365 * 86400));
+        kept["metadata"]["annotations"][crate::model::keys::LAST_USED_AT] =
+            json!(format_rfc3339(NOW + 100 * 365 * 86400));
         let mut host = FakeHost::with(vec![kept]);
         host.now = NOW;
         sweep(&host, "x");
         assert_eq!(host.ops("delete_snapshot").len(), 1, "swept as made an hour ago");
         let mut skewed = snap("skewed", 3600, false);
-        skewed["metadata"]["annotations"][crate::keys::LAST_USED_AT] = json!(format_rfc3339(NOW + 60));
+        skewed["metadata"]["annotations"][crate::model::keys::LAST_USED_AT] = json!(format_rfc3339(NOW + 60));
         let mut host = FakeHost::with(vec![skewed]);
         host.now = NOW;
         sweep(&host, "x");
@@ -322,7 +323,7 @@ mod tests {
         );
         assert!(must_mark_reuse(&snap("old", 3600, false), NOW, grace));
         let mut reused = snap("reused", 3600, false);
-        reused["metadata"]["annotations"][crate::keys::LAST_USED_AT] = json!(format_rfc3339(NOW - 10));
+        reused["metadata"]["annotations"][crate::model::keys::LAST_USED_AT] = json!(format_rfc3339(NOW - 10));
         assert!(!must_mark_reuse(&reused, NOW, grace), "its last reuse counts");
         // A grace period no longer than the margin leaves no room: always mark.
         assert!(must_mark_reuse(&fresh, NOW, REUSE_MARGIN_SECS));

@@ -6,28 +6,28 @@
 //! the common cases (a snapshot, an excluded source, a metadata-only edit)
 //! return before anything beyond the content is parsed.
 
-use crate::object::ObjectExt;
+use crate::model::object::ObjectExt;
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use crate::content::Content;
-use crate::context::Context;
+use crate::admit::context::Context;
 use crate::host::contract::{PatchWorkload, SourceContent};
+use crate::host::operation::Operation;
 use crate::host::{CallError, Names};
-use crate::keys;
-use crate::kinds::WorkloadKind;
-use crate::operation::Operation;
-use crate::optin::OptIn;
-use crate::records::Rollback;
-use crate::references;
-use crate::request::{Outcome, SAY};
-use crate::rewrite::escape;
-use crate::source::SA_TOKEN;
-use crate::source::{SourceId, SourceKind};
-use crate::template::{self, Mapping};
+use crate::model::content::Content;
+use crate::model::keys;
+use crate::model::kinds::WorkloadKind;
+use crate::model::optin::OptIn;
+use crate::model::records::Rollback;
+use crate::model::references;
+use crate::model::request::{Outcome, SAY};
+use crate::model::source::SA_TOKEN;
+use crate::model::source::{SourceId, SourceKind};
+use crate::model::template::{self, Mapping};
+use crate::plan::rewrite::escape;
 
 /// The parts of a source the watch needs; everything else is skipped unparsed.
 #[derive(Deserialize, Default, PartialEq)]
@@ -126,7 +126,7 @@ fn roll_out(ctx: &Context, id: &SourceId, content: &Content, change: &Change) ->
             Err(CallError::Foreign(_)) => return warnings,
             // A CRD's kind (Argo Rollouts) where it is not installed: there
             // is nothing of it to roll out.
-            Err(e) if kind.row().optional && e.code() == Some(crate::host_error::Code::NotFound) => continue,
+            Err(e) if kind.row().optional && e.code() == Some(crate::host::host_error::Code::NotFound) => continue,
             Err(e) => {
                 warnings.push(format!(
                     "{SAY}could not list {}s to roll out watchers of {id}: {e}",
@@ -220,7 +220,12 @@ pub enum Watcher {
     Watches(references::SourceRefs),
 }
 
-pub fn watcher(kind: WorkloadKind, workload: &Value, id: &SourceId, settings: &crate::settings::Settings) -> Watcher {
+pub fn watcher(
+    kind: WorkloadKind,
+    workload: &Value,
+    id: &SourceId,
+    settings: &crate::model::settings::Settings,
+) -> Watcher {
     let Some(group) = workload
         .pointer(kind.template())
         .and_then(|template| template::own_group(template, id))

@@ -1,10 +1,10 @@
 //! Unit tests for source admission (watch), against the in-memory fake host.
 use serde_json::{json, Value};
 
-use crate::fake::FakeHost;
-use crate::host_error::{Code, HostError};
-use crate::keys;
-use crate::workload::tests::{cm, deployment, payload, run};
+use crate::admit::workload::tests::{cm, deployment, payload, run};
+use crate::host::fake::FakeHost;
+use crate::host::host_error::{Code, HostError};
+use crate::model::keys;
 
 /// A cluster with a watcher of `app`, created through the policy so its
 /// template already names a snapshot.
@@ -27,7 +27,7 @@ fn env_from(name: &str) -> Value {
     json!({"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": name}}]}]})
 }
 
-fn edit(host: &FakeHost, data: Value, dry_run: bool) -> crate::request::Outcome {
+fn edit(host: &FakeHost, data: Value, dry_run: bool) -> crate::model::request::Outcome {
     let old = cm("app", json!({"mode": "blue", "other": "x"}));
     let mut new = cm("app", data);
     new["metadata"]["resourceVersion"] = json!("8");
@@ -53,12 +53,12 @@ fn a_content_change_rolls_out_every_watcher_through_a_deferred_patch() {
         host.ops("create_snapshot").is_empty(),
         "no snapshot of unstored content"
     );
-    let green = crate::content::Content::from_object(
-        crate::source::SourceKind::ConfigMap,
+    let green = crate::model::content::Content::from_object(
+        crate::model::source::SourceKind::ConfigMap,
         &json!({"data": {"mode": "green", "other": "x"}}),
     )
     .unwrap();
-    let snap = crate::content::snapshot_name("app", &green.hash());
+    let snap = crate::model::content::snapshot_name("app", &green.hash());
     let patches = host.ops("patch_workload");
     assert_eq!(patches.len(), 1);
     let p = &patches[0];
@@ -119,7 +119,7 @@ fn without_the_hosts_index_every_workload_is_listed_and_the_rollout_is_the_same(
     assert_eq!(host.ops("list_referencing").len(), 1);
     assert_eq!(
         workload_lists(&host),
-        crate::kinds::WorkloadKind::all().filter(|k| k.watches()).count()
+        crate::model::kinds::WorkloadKind::all().filter(|k| k.watches()).count()
     );
 }
 
@@ -162,7 +162,7 @@ fn a_failing_index_is_a_warning_not_a_silent_fallback() {
 fn metadata_only_edits_are_a_no_op_without_host_calls() {
     let (host, _) = cluster("app", env_from("app"));
     let out = edit(&host, json!({"other": "x", "mode": "blue"}), false);
-    assert_eq!(out, crate::request::Outcome::accept());
+    assert_eq!(out, crate::model::request::Outcome::accept());
     assert!(host.calls.borrow().is_empty(), "{:?}", host.calls.borrow());
 }
 
@@ -200,14 +200,14 @@ fn an_edit_outside_the_key_subset_rolls_nothing() {
     let patches = host.ops("patch_workload");
     assert_eq!(patches.len(), 1);
     assert_eq!(patches[0]["keys"], json!(["mode"]), "the snapshot holds the key read");
-    let green = crate::content::Content::from_object(
-        crate::source::SourceKind::ConfigMap,
+    let green = crate::model::content::Content::from_object(
+        crate::model::source::SourceKind::ConfigMap,
         &json!({"data": {"mode": "green"}}),
     )
     .unwrap();
     assert_eq!(
         patches[0]["snapshot"],
-        crate::content::snapshot_name("app", &green.hash())
+        crate::model::content::snapshot_name("app", &green.hash())
     );
 }
 
@@ -251,9 +251,9 @@ fn dry_runs_write_nothing_and_failures_only_warn() {
 mod rollback_tests {
     use serde_json::{json, Value};
 
-    use crate::fake::FakeHost;
-    use crate::keys;
-    use crate::workload::tests::{cm, deployment, payload, run};
+    use crate::admit::workload::tests::{cm, deployment, payload, run};
+    use crate::host::fake::FakeHost;
+    use crate::model::keys;
 
     fn watcher(host: &FakeHost, rollback: Option<&str>) -> Value {
         let spec = json!({"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": "app"}}]}]});
@@ -271,9 +271,12 @@ mod rollback_tests {
     }
 
     fn name_of(data: Value) -> String {
-        let c = crate::content::Content::from_object(crate::source::SourceKind::ConfigMap, &json!({ "data": data }))
-            .unwrap();
-        crate::content::snapshot_name("app", &c.hash())
+        let c = crate::model::content::Content::from_object(
+            crate::model::source::SourceKind::ConfigMap,
+            &json!({ "data": data }),
+        )
+        .unwrap();
+        crate::model::content::snapshot_name("app", &c.hash())
     }
 
     #[test]

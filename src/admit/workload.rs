@@ -2,27 +2,27 @@
 //! opted-in sources and rewrite the pod template to reference the
 //! snapshots. [`crate::plan`] decides; this module carries it out.
 
-use crate::object::ObjectExt;
+use crate::model::object::ObjectExt;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use crate::checksum;
-use crate::context::Context;
+use crate::admit::checksum;
+use crate::admit::context::Context;
+use crate::admit::skim::{opts_in, Annotated, AnnotationsSkim};
+use crate::admit::sweep;
 use crate::host::contract::Owner;
+use crate::host::reads::Reads;
 use crate::host::CallError;
-use crate::keys;
-use crate::kinds::WorkloadKind;
-use crate::optin::OptIn;
+use crate::model::keys;
+use crate::model::kinds::WorkloadKind;
+use crate::model::optin::OptIn;
+use crate::model::records::WatchRollout;
+use crate::model::references;
+use crate::model::request::{Outcome, SAY};
+use crate::model::settings::OnSnapshotFailure;
+use crate::model::source::SourceId;
+use crate::plan::rewrite::{self, annotation_path};
 use crate::plan::{Change, Plan, Planner, Target};
-use crate::reads::Reads;
-use crate::records::WatchRollout;
-use crate::references;
-use crate::request::{Outcome, SAY};
-use crate::rewrite::{self, annotation_path};
-use crate::settings::OnSnapshotFailure;
-use crate::skim::{opts_in, Annotated, AnnotationsSkim};
-use crate::source::SourceId;
-use crate::sweep;
 
 /// An answer found before the last phase: a request refused, passed
 /// through, or degraded to checksums ends there. (Boxed: an `Outcome` is
@@ -196,7 +196,7 @@ fn rewrite_object(admission: &mut Admission, plan: Plan) -> Vec<String> {
     // write makes gets the generation the write really produces.
     let rollback = plan.rollback.map(|mut r| {
         if let (Change::Rollback, Some(old)) = (plan.change, &old) {
-            r.generation = crate::records::generation_after(old, object);
+            r.generation = crate::model::records::generation_after(old, object);
         }
         r
     });
@@ -251,9 +251,9 @@ fn adopt_standalone(ctx: &Context, admission: &Admission) -> Phase<Vec<String>> 
         ));
     }
     let template = object.pointer(kind.template()).unwrap_or(&Value::Null);
-    let used = crate::revision::used_snapshots(template);
+    let used = crate::admit::revision::used_snapshots(template);
     if !ctx.dry_run && !used.is_empty() {
-        let adopted = crate::revision::adopt(ctx, kind.row(), object.name(), used);
+        let adopted = crate::admit::revision::adopt(ctx, kind.row(), object.name(), used);
         if !adopted.accepted {
             return Err(adopted.into());
         }

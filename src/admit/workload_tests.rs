@@ -1,11 +1,11 @@
 //! Unit tests for workload admission, against the in-memory fake host.
 
-use crate::object::ObjectExt;
+use crate::model::object::ObjectExt;
 use serde_json::{json, Value};
 
-use crate::fake::FakeHost;
-use crate::keys;
-use crate::request::Outcome;
+use crate::host::fake::FakeHost;
+use crate::model::keys;
+use crate::model::request::Outcome;
 
 pub fn cm(name: &str, data: Value) -> Value {
     json!({"apiVersion": "v1", "kind": "ConfigMap",
@@ -30,7 +30,7 @@ pub fn deployment(annotations: Value, pod_spec: Value) -> Value {
 }
 
 pub fn payload(kind: &str, op: &str, object: &Value, old: Option<&Value>, dry_run: bool, settings: Value) -> Vec<u8> {
-    let group = crate::kinds::find(kind).map_or("apps", |k| k.group());
+    let group = crate::model::kinds::find(kind).map_or("apps", |k| k.group());
     serde_json::to_vec(&json!({
         "settings": settings,
         "request": {
@@ -152,9 +152,9 @@ fn unknown_fields_survive_and_a_second_evaluation_changes_nothing() {
     assert_eq!(first["spec"]["someAlphaField"], "kept");
     assert_eq!(first["status"], object["status"]);
     // Only names and our annotation changed.
-    let mut back = crate::template::normalise(&first["spec"]["template"]);
+    let mut back = crate::model::template::normalise(&first["spec"]["template"]);
     back["metadata"]["labels"] = json!({"app": "web"});
-    assert_eq!(back, crate::template::normalise(&object["spec"]["template"]));
+    assert_eq!(back, crate::model::template::normalise(&object["spec"]["template"]));
     // Reinvocation: the same input gives the same output, i.e. no further change.
     let again = create(&host, &first);
     assert!(again.accepted && again.mutated.is_none(), "{again:?}");
@@ -208,7 +208,7 @@ fn update_tells_no_op_roll_forward_and_rollback_apart() {
         undone["spec"]["template"], undo_in["spec"]["template"],
         "a rollback keeps the old snapshot and the template exactly as the revision had it"
     );
-    let record = crate::records::Rollback::of(&undone).expect("rollback record");
+    let record = crate::model::records::Rollback::of(&undone).expect("rollback record");
     assert_eq!(record.generation, 1, "the generation the rollback produces");
     let listed = host.ops("list_resources_by_namespace");
     let last = listed.last().unwrap();
@@ -369,8 +369,8 @@ fn without_the_capability_checksum_mode_stamps_hashes_with_one_warning() {
     let mutated = out.mutated.unwrap();
     assert_eq!(names(&mutated), ("app".into(), "creds".into(), "extra".into()));
     let ann = &mutated["spec"]["template"]["metadata"]["annotations"];
-    let expected = crate::content::Content::from_object(
-        crate::source::SourceKind::ConfigMap,
+    let expected = crate::model::content::Content::from_object(
+        crate::model::source::SourceKind::ConfigMap,
         &cm("app", json!({"mode": "blue"})),
     )
     .unwrap()
@@ -400,13 +400,14 @@ fn without_the_capability_checksum_mode_stamps_hashes_with_one_warning() {
 
 #[test]
 fn checksum_keys_are_shortened_past_63() {
-    use crate::source::{SourceId, SourceKind};
-    let short = crate::checksum::checksum_key(&SourceId::new(SourceKind::Secret, "tls"));
+    use crate::model::source::{SourceId, SourceKind};
+    let short = crate::admit::checksum::checksum_key(&SourceId::new(SourceKind::Secret, "tls"));
     assert_eq!(short, "config-snapshot.io/checksum-secret-tls");
-    let long = crate::checksum::checksum_key(&SourceId::new(SourceKind::ConfigMap, "a".repeat(80)));
+    let long = crate::admit::checksum::checksum_key(&SourceId::new(SourceKind::ConfigMap, "a".repeat(80)));
     let name_part = long.strip_prefix("config-snapshot.io/").unwrap();
     assert!(name_part.len() <= 63, "{}", name_part.len());
-    let other = crate::checksum::checksum_key(&SourceId::new(SourceKind::ConfigMap, format!("{}b", "a".repeat(79))));
+    let other =
+        crate::admit::checksum::checksum_key(&SourceId::new(SourceKind::ConfigMap, format!("{}b", "a".repeat(79))));
     assert_ne!(long, other);
 }
 
@@ -447,7 +448,7 @@ fn renew_duration_forces_a_fresh_snapshot_once_due() {
         .as_str()
         .unwrap()
         .to_string();
-    assert_eq!(crate::duration::parse_rfc3339(&stamped), Some(host.now));
+    assert_eq!(crate::model::duration::parse_rfc3339(&stamped), Some(host.now));
     host.objects.borrow_mut().retain(|o| o["metadata"]["name"] != "app");
     host.objects.borrow_mut().push(cm("app", json!({"mode": "green"})));
     // Not yet due: a no-op update keeps everything.
@@ -629,7 +630,7 @@ fn handled_table_matches_the_dispatch() {
                     p["request"]["oldObject"]["data"] = json!({"mode": "old"});
                 }
                 let out = crate::evaluate(&serde_json::to_vec(&p).unwrap(), &host);
-                let handled = crate::kinds::handles(group, kind, op);
+                let handled = crate::model::kinds::handles(group, kind, op);
                 let called = !host.calls.borrow().is_empty();
                 assert_eq!(called, handled, "{group}/{kind} {op}: {out:?}");
             }
@@ -677,10 +678,13 @@ fn the_sweep_after_a_new_snapshot_is_the_hosts_when_it_says_so() {
 
 /// A snapshot object as the host would have created it for `source`.
 fn snapshot_of_cm(source: &str, data: Value) -> (String, Value) {
-    let content =
-        crate::content::Content::from_object(crate::source::SourceKind::ConfigMap, &json!({"data": data})).unwrap();
-    let id = crate::source::SourceId::new(crate::source::SourceKind::ConfigMap, source);
-    let (name, mut object) = crate::content::plain_snapshot(&id, "default", "7", &content);
+    let content = crate::model::content::Content::from_object(
+        crate::model::source::SourceKind::ConfigMap,
+        &json!({"data": data}),
+    )
+    .unwrap();
+    let id = crate::model::source::SourceId::new(crate::model::source::SourceKind::ConfigMap, source);
+    let (name, mut object) = crate::model::content::plain_snapshot(&id, "default", "7", &content);
     object["metadata"]["uid"] = json!(format!("uid-{name}"));
     object["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
     (name, object)
@@ -772,7 +776,7 @@ fn a_rollback_is_never_renewed_and_starts_a_fresh_renew_period() {
         undone["spec"]["template"], v1["spec"]["template"],
         "the old config comes back with the old image, not a renewal"
     );
-    let record = crate::records::Rollback::of(&undone).unwrap();
+    let record = crate::model::records::Rollback::of(&undone).unwrap();
     assert_eq!((record.generation, record.at), (3, t0 + 7200));
 
     // The renew period restarts at the rollback: the resync's no-op update
@@ -787,7 +791,7 @@ fn a_rollback_is_never_renewed_and_starts_a_fresh_renew_period() {
     assert_ne!(mapping_of(&renewed), mapping_of(&live));
     assert_eq!(
         renewed["spec"]["template"]["metadata"]["annotations"][keys::RENEWED_AT],
-        crate::duration::format_rfc3339(t0 + 7200 + 3600)
+        crate::model::duration::format_rfc3339(t0 + 7200 + 3600)
     );
 }
 
@@ -809,10 +813,10 @@ fn a_watch_rollout_back_to_an_old_revision_is_not_a_rollback() {
     on_b["spec"]["template"]["metadata"]["annotations"][keys::SNAPSHOTS] =
         json!(json!({"configmap/app": snap_b}).to_string());
     on_b["metadata"]["generation"] = json!(2);
-    let record = |generation: i64| crate::records::WatchRollout {
+    let record = |generation: i64| crate::model::records::WatchRollout {
         generation,
         at: 1_800_000_000,
-        source: crate::source::SourceId::new(crate::source::SourceKind::ConfigMap, "app"),
+        source: crate::model::source::SourceId::new(crate::model::source::SourceKind::ConfigMap, "app"),
         snapshot: snap_a.clone(),
     };
     let mut back_to_a = on_b.clone();
@@ -826,7 +830,7 @@ fn a_watch_rollout_back_to_an_old_revision_is_not_a_rollback() {
     // rollback.
     back_to_a["metadata"]["annotations"][keys::WATCH_ROLLOUT] = json!(record(2).to_annotation());
     let undone = update(&host, &on_b, &back_to_a).mutated.expect("recorded");
-    let rollback = crate::records::Rollback::of(&undone).unwrap();
+    let rollback = crate::model::records::Rollback::of(&undone).unwrap();
     assert_eq!(rollback.generation, 3);
     // It declined the content the source has now ("a": the one it restores).
     assert_eq!(
@@ -853,17 +857,17 @@ fn a_rollback_records_the_watched_content_it_declined_until_references_move() {
     let mut undo = v2.clone();
     undo["spec"]["template"] = v1["spec"]["template"].clone();
     let undone = update(&host, &v2, &undo).mutated.unwrap();
-    let record = crate::records::Rollback::of(&undone).unwrap();
-    let green = crate::content::snapshot_name(
+    let record = crate::model::records::Rollback::of(&undone).unwrap();
+    let green = crate::model::content::snapshot_name(
         "app",
-        &crate::content::Content::from_object(
-            crate::source::SourceKind::ConfigMap,
+        &crate::model::content::Content::from_object(
+            crate::model::source::SourceKind::ConfigMap,
             &json!({"data": {"mode": "green"}}),
         )
         .unwrap()
         .hash(),
     );
-    let id = crate::source::SourceId::new(crate::source::SourceKind::ConfigMap, "app");
+    let id = crate::model::source::SourceId::new(crate::model::source::SourceKind::ConfigMap, "app");
     assert_eq!(record.declined(&id), Some(green.as_str()));
     // A scale keeps the record whole; a roll-forward clears what it declined.
     let mut live = undone.clone();
@@ -874,7 +878,7 @@ fn a_rollback_records_the_watched_content_it_declined_until_references_move() {
     let mut forward = live.clone();
     forward["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:3");
     let moved = update(&host, &live, &forward).mutated.unwrap();
-    let after = crate::records::Rollback::of(&moved).unwrap();
+    let after = crate::model::records::Rollback::of(&moved).unwrap();
     assert!(after.sources.is_empty() && after.generation == 3, "{after:?}");
 }
 
@@ -1198,7 +1202,7 @@ fn a_template_past_the_source_limit_is_refused_before_any_read() {
             json!({"containers": [{"name": "c", "env": env}]}),
         )
     };
-    let limit = crate::references::MAX_SOURCES;
+    let limit = crate::model::references::MAX_SOURCES;
     let host = FakeHost::with((0..=limit).map(|i| cm(&format!("cm-{i}"), json!({"k": "v"}))).collect());
     let out = run(
         &host,
@@ -1256,8 +1260,8 @@ fn reads_ahead_are_the_fresh_reads_of_a_create() {
         .filter(|r| r["disable_cache"] == true && matches!(r["kind"].as_str(), Some("ConfigMap" | "Secret")))
         .map(|r| (r["kind"].as_str().unwrap().into(), r["name"].as_str().unwrap().into()))
         .collect();
-    let settings = crate::settings::Settings::default();
-    let optin = crate::optin::OptIn::from_annotations(annotations.as_object(), &settings).unwrap();
+    let settings = crate::model::settings::Settings::default();
+    let optin = crate::model::optin::OptIn::from_annotations(annotations.as_object(), &settings).unwrap();
     let ahead: std::collections::BTreeSet<(String, String)> =
         crate::plan::reads_ahead(&object["spec"]["template"], &optin, &settings)
             .into_iter()

@@ -12,11 +12,11 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::host_error::HostError;
+use crate::host::host_error::HostError;
 
-use crate::kinds::WorkloadKind;
-use crate::object::ObjectExt;
-use crate::source::SourceKind;
+use crate::model::kinds::WorkloadKind;
+use crate::model::object::ObjectExt;
+use crate::model::source::SourceKind;
 /// Kubewarden's reads, as its SDK defines them: `get_resource` and
 /// `list_resources_by_namespace` take these, on Kubewarden and on our hosts.
 pub use kubewarden_policy_sdk::host_capabilities::kubernetes::{GetResourceRequest, ListResourcesByNamespaceRequest};
@@ -90,7 +90,7 @@ impl Created {
 }
 
 /// `create_snapshots`: several `create_snapshot`s in one call, at most
-/// [`crate::operation::SNAPSHOTS_PER_CALL`].
+/// [`crate::host::operation::SNAPSHOTS_PER_CALL`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CreateSnapshots {
     pub items: Vec<CreateSnapshot>,
@@ -340,7 +340,7 @@ mod tests {
             sweeps: false
         }
         .sweep_due());
-        let failed = ItemAnswer::failed(HostError::new(crate::host_error::Code::Refused, "no"));
+        let failed = ItemAnswer::failed(HostError::new(crate::host::host_error::Code::Refused, "no"));
         let failed = serde_json::to_value(failed).unwrap();
         assert_eq!(failed, json!({"error": {"code": "Refused", "message": "no"}}));
         let done = ItemAnswer::done(Created {

@@ -1,15 +1,15 @@
 //! An in-memory host for unit tests: a handful of objects, the write
 //! capability, a settable clock, injectable failures, and a log of calls.
 
-use crate::object::ObjectExt;
+use crate::model::object::ObjectExt;
 use std::cell::RefCell;
 use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
+use crate::host::host_error::{Code, HostError};
+use crate::host::operation::CONFIG_SNAPSHOT;
 use crate::host::{CallError, Host};
-use crate::host_error::{Code, HostError};
-use crate::operation::CONFIG_SNAPSHOT;
 
 #[derive(Default)]
 pub struct FakeHost {
@@ -206,8 +206,10 @@ impl Host for FakeHost {
                 json!({"apiVersion": "v1", "kind": "List", "items": items})
             }
             "list_referencing" => {
-                let source = crate::source::SourceKind::from_kind(req["source_kind"].as_str().unwrap_or_default())
-                    .map(|k| crate::source::SourceId::new(k, req["source_name"].as_str().unwrap_or_default()));
+                let source = crate::model::source::SourceKind::from_kind(
+                    req["source_kind"].as_str().unwrap_or_default(),
+                )
+                .map(|k| crate::model::source::SourceId::new(k, req["source_name"].as_str().unwrap_or_default()));
                 let items: Vec<Value> = self
                     .objects
                     .borrow()
@@ -215,7 +217,8 @@ impl Host for FakeHost {
                     .filter(|o| o["kind"] == req["kind"] && o.namespace() == req["namespace"].as_str())
                     .filter(|o| {
                         source.as_ref().is_some_and(|id| {
-                            crate::kinds::template_of(o).is_some_and(|t| crate::template::own_group(t, id).is_some())
+                            crate::model::kinds::template_of(o)
+                                .is_some_and(|t| crate::model::template::own_group(t, id).is_some())
                         })
                     })
                     .cloned()
@@ -230,7 +233,7 @@ impl Host for FakeHost {
                 let source = req["source"]["name"].as_str().unwrap_or_default();
                 let keyed =
                     sha2::Sha256::digest(format!("fake key:{}", req["contentHash"].as_str().unwrap_or_default()));
-                json!({"name": crate::content::snapshot_name(source, &crate::content::hex(&keyed))})
+                json!({"name": crate::model::content::snapshot_name(source, &crate::model::content::hex(&keyed))})
             }
             "create_snapshot" => {
                 let mut object = req["object"].clone();
@@ -243,7 +246,10 @@ impl Host for FakeHost {
                 } else {
                     *self.next_uid.borrow_mut() += 1;
                     object.set_meta("uid", json!(format!("uid-{}", self.next_uid.borrow())));
-                    object.set_meta("creationTimestamp", json!(crate::duration::format_rfc3339(self.now)));
+                    object.set_meta(
+                        "creationTimestamp",
+                        json!(crate::model::duration::format_rfc3339(self.now)),
+                    );
                     self.objects.borrow_mut().push(object);
                     json!({"created": true, "sweeps": self.sweeps})
                 }

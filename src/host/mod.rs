@@ -20,10 +20,10 @@ use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::host_error::{Code, HostError};
-use crate::kinds::WorkloadKind;
-use crate::operation::{Operation, SNAPSHOTS_PER_CALL};
-use crate::source::{SourceId, SourceKind};
+use crate::host::host_error::{Code, HostError};
+use crate::host::operation::{Operation, SNAPSHOTS_PER_CALL};
+use crate::model::kinds::WorkloadKind;
+use crate::model::source::{SourceId, SourceKind};
 pub(crate) use contract::Names;
 use contract::{Created, CreatedEach, GetResourceRequest, ListResourcesByNamespaceRequest, Owner, SnapshotRef};
 
@@ -211,7 +211,11 @@ impl<'h> HostApi<'h> {
     /// reveals nothing about the value to whoever can read a pod template.
     /// A host without our capability makes no snapshots (checksum mode): it
     /// gets the plain name, never written anywhere.
-    pub(crate) fn snapshot_name(&self, id: &SourceId, content: &crate::content::Content) -> Result<String, CallError> {
+    pub(crate) fn snapshot_name(
+        &self,
+        id: &SourceId,
+        content: &crate::model::content::Content,
+    ) -> Result<String, CallError> {
         self.snapshot_names(id, content, &[]).map(|names| names.name)
     }
 
@@ -224,15 +228,15 @@ impl<'h> HostApi<'h> {
     pub(crate) fn snapshot_names(
         &self,
         id: &SourceId,
-        content: &crate::content::Content,
+        content: &crate::model::content::Content,
         current: &[&str],
     ) -> Result<Names, CallError> {
         let hash = content.hash();
         let plain = || Names {
-            name: crate::content::snapshot_name(&id.name, &hash),
+            name: crate::model::content::snapshot_name(&id.name, &hash),
             aliases: Vec::new(),
         };
-        if id.kind == crate::source::SourceKind::ConfigMap {
+        if id.kind == crate::model::source::SourceKind::ConfigMap {
             return Ok(plain());
         }
         let request = contract::SnapshotName {
@@ -262,7 +266,7 @@ impl<'h> HostApi<'h> {
     /// makes sure it outlives the reference: see docs/design.md, "Garbage
     /// collection").
     /// `Ok(true)`: the snapshot was made, and sweeping its source's older
-    /// versions is the policy's ([`crate::sweep::sweep`]). A host that
+    /// versions is the policy's ([`crate::admit::sweep::sweep`]). A host that
     /// sweeps after the admission itself, off its latency, says so
     /// (`"sweeps": true`).
     pub(crate) fn create_snapshot(&self, object: &Value, owner: Option<&Owner>) -> Result<bool, CallError> {
@@ -345,7 +349,7 @@ impl<'h> HostApi<'h> {
         self.call(Operation::Now, b"{}")
             .ok()
             .and_then(|bytes| serde_json::from_slice::<contract::Clock>(&bytes).ok())
-            .map_or_else(crate::duration::unix_now, |clock| clock.unix)
+            .map_or_else(crate::model::duration::unix_now, |clock| clock.unix)
     }
 }
 

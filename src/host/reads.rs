@@ -14,10 +14,10 @@ use std::rc::Rc;
 
 use serde_json::Value;
 
-use crate::content::Content;
 use crate::host::{CallError, HostApi};
-use crate::kinds::Kind;
-use crate::source::{SourceId, SourceKind};
+use crate::model::content::Content;
+use crate::model::kinds::Kind;
+use crate::model::source::{SourceId, SourceKind};
 
 /// A read's outcome: the object, `None` if it does not exist, or the error.
 pub(crate) type Read = Result<Option<Rc<Value>>, CallError>;

@@ -20,10 +20,10 @@
 
 use std::fmt;
 
-use crate::keys;
-use crate::references::MAX_SOURCES;
-use crate::selection::is_dns_subdomain;
-use crate::source::{SourceId, SourceKind};
+use crate::model::keys;
+use crate::model::references::MAX_SOURCES;
+use crate::model::selection::is_dns_subdomain;
+use crate::model::source::{SourceId, SourceKind};
 
 /// How a workload takes a watched change.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

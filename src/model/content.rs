@@ -7,8 +7,8 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
-use crate::keys;
-use crate::source::{SourceId, SourceKind};
+use crate::model::keys;
+use crate::model::source::{SourceId, SourceKind};
 
 /// Why an object's content cannot be read: the API server would not have
 /// stored it, so only a forged or corrupt object gets here.
@@ -201,8 +201,8 @@ pub fn snapshot_object(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::object::ObjectExt;
-    use crate::selection::is_dns_subdomain;
+    use crate::model::object::ObjectExt;
+    use crate::model::selection::is_dns_subdomain;
 
     fn cm(data: &[(&str, &str)]) -> Content {
         Content {

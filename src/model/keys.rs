@@ -3,7 +3,7 @@
 //! They live in one place because the host, the docs and the tests all key off
 //! the exact strings; a typo here is a silent behaviour change.
 
-use crate::object::ObjectExt;
+use crate::model::object::ObjectExt;
 pub const PREFIX: &str = "config-snapshot.io/";
 
 // Workload annotations (user input).

@@ -7,8 +7,8 @@
 //! tests. Adding a kind is one row; `policy-metadata.yml`'s rules are
 //! checked against it (`host/tests/packaging.rs`).
 
-use crate::object::ObjectExt;
-use crate::source::SourceKind;
+use crate::model::object::ObjectExt;
+use crate::model::source::SourceKind;
 
 /// What objects of a kind are to config-snapshot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

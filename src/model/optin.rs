@@ -5,11 +5,11 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::duration::{parse_go_duration, DurationError};
-use crate::keys;
-use crate::selection::{ListError, SourceList};
-use crate::settings::{Settings, MAX_SETTLE_SECS};
-use crate::source::SourceId;
+use crate::model::duration::{parse_go_duration, DurationError};
+use crate::model::keys;
+use crate::model::selection::{ListError, SourceList};
+use crate::model::settings::{Settings, MAX_SETTLE_SECS};
+use crate::model::source::SourceId;
 
 /// Why a workload's annotations were refused: each names the annotation
 /// and the token.
@@ -30,9 +30,9 @@ pub enum OptInError {
         min: u64,
     },
     #[error(transparent)]
-    Window(#[from] crate::window::WindowError),
+    Window(#[from] crate::model::window::WindowError),
     #[error(transparent)]
-    Approval(#[from] crate::approval::ApprovalError),
+    Approval(#[from] crate::model::approval::ApprovalError),
     #[error("{annotation}: bad token {value:?}: a Go duration from 1s to 1h (e.g. 10s)", annotation = keys::SETTLE)]
     Settle { value: String },
 }
@@ -98,12 +98,12 @@ impl OptIn {
         // read is refused at the write that sets it, not found out when a
         // rollout is due (the host reads it again then).
         if let Some(windows) = get(keys::ROLLOUT_WINDOW) {
-            crate::window::parse(windows)?;
+            crate::model::window::parse(windows)?;
         }
         if let Some(zone) = get(keys::ROLLOUT_WINDOW_ZONE) {
-            crate::window::check_zone(zone)?;
+            crate::model::window::check_zone(zone)?;
         }
-        crate::approval::check(annotations)?;
+        crate::model::approval::check(annotations)?;
         let settle_secs = match get(keys::SETTLE) {
             None => settings.settle_secs,
             Some(v) => match parse_go_duration(v) {
@@ -129,8 +129,9 @@ impl OptIn {
     /// change rolls by itself (`roll`). In `approve` mode each change rolls
     /// only once its own content is approved, and a rollout must never take
     /// along a change nobody approved; in `notify` mode nothing rolls.
-    pub fn settle_in(&self, mode: crate::approval::WatchMode) -> Option<u64> {
-        self.settle_secs.filter(|_| mode == crate::approval::WatchMode::Roll)
+    pub fn settle_in(&self, mode: crate::model::approval::WatchMode) -> Option<u64> {
+        self.settle_secs
+            .filter(|_| mode == crate::model::approval::WatchMode::Roll)
     }
 
     /// Cheap check for the pass-through path, from borrowed annotations.
@@ -160,7 +161,7 @@ impl OptIn {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::source::SourceKind;
+    use crate::model::source::SourceKind;
     use serde_json::json;
 
     fn opt(ann: Value, settings: &Settings) -> Result<OptIn, OptInError> {

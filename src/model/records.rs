@@ -11,12 +11,12 @@
 //! template is the running one changes no spec and bumps no generation,
 //! yet it is a rollback the user asked for.
 
-use crate::object::ObjectExt;
+use crate::model::object::ObjectExt;
 use serde_json::Value;
 
-use crate::duration::{format_rfc3339, parse_rfc3339};
-use crate::keys;
-use crate::source::{SourceId, SourceKind};
+use crate::model::duration::{format_rfc3339, parse_rfc3339};
+use crate::model::keys;
+use crate::model::source::{SourceId, SourceKind};
 
 /// `config-snapshot.io/rollback`: a rollback and the source contents it
 /// declined.

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 
-use crate::source::{SourceId, SourceKind};
+use crate::model::source::{SourceId, SourceKind};
 
 /// One reference: where it is and what it selects.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,7 +181,7 @@ fn push(
     // The API server refuses a template naming anything else; a review
     // carrying one is forged (or refused later): such a name is no source,
     // and nothing is read or written for it.
-    if !crate::selection::is_dns_subdomain(name) {
+    if !crate::model::selection::is_dns_subdomain(name) {
         return;
     }
     out.push(Reference {

@@ -1,7 +1,7 @@
 //! The source lists in workload annotations and settings:
 //! `*`, or a comma list of `configmap/NAME`, `secret/NAME` or bare `NAME`.
 
-use crate::source::{SourceId, SourceKind};
+use crate::model::source::{SourceId, SourceKind};
 
 /// One entry of a source list.
 #[derive(Debug, Clone, PartialEq, Eq)]

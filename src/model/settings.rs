@@ -2,9 +2,9 @@
 
 use serde::Deserialize;
 
-use crate::duration::{parse_go_duration, DurationError};
-use crate::selection::{ListError, SourceList};
-use crate::source::SourceId;
+use crate::model::duration::{parse_go_duration, DurationError};
+use crate::model::selection::{ListError, SourceList};
+use crate::model::source::SourceId;
 
 /// Why settings were refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -182,7 +182,7 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::source::SourceKind;
+    use crate::model::source::SourceKind;
 
     #[test]
     fn defaults_match_the_spec() {

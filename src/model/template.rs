@@ -3,14 +3,14 @@
 //! templates across edits and revisions (docs/design.md, "Workload
 //! admission", step 2).
 
-use crate::object::ObjectExt;
+use crate::model::object::ObjectExt;
 use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::keys;
-use crate::references::{self, Reference, SourceRefs};
-use crate::source::{SourceId, SourceKind};
+use crate::model::keys;
+use crate::model::references::{self, Reference, SourceRefs};
+use crate::model::source::{SourceId, SourceKind};
 
 /// `config-snapshot.io/snapshots`: source (`configmap/app`) → snapshot name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -20,8 +20,8 @@
 use croner::parser::{CronParser, Seconds, Year};
 use croner::Cron;
 
-use crate::duration::parse_go_duration;
-use crate::keys;
+use crate::model::duration::parse_go_duration;
+use crate::model::keys;
 
 /// At most this many windows in one annotation, and this many bytes.
 pub(crate) const MAX_WINDOWS: usize = 16;

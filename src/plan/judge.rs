@@ -2,14 +2,14 @@
 //! admission", step 4): judged on the normalised templates, and against
 //! the workload's revisions when only a revision can tell a rollback.
 
-use crate::object::ObjectExt;
+use crate::model::object::ObjectExt;
 use serde_json::Value;
 
 use super::{Change, Planner, RevisionMatch};
-use crate::records::WatchRollout;
-use crate::references::Reference;
-use crate::request::SAY;
-use crate::template::{self, Snapshots};
+use crate::model::records::WatchRollout;
+use crate::model::references::Reference;
+use crate::model::request::SAY;
+use crate::model::template::{self, Snapshots};
 
 impl Planner<'_> {
     pub(super) fn classify(

@@ -17,20 +17,20 @@ mod judge;
 mod record;
 pub mod rewrite;
 
-use crate::object::ObjectExt;
+use crate::model::object::ObjectExt;
 use serde_json::Value;
 
-use crate::content::{self, Content};
-use crate::keys;
-use crate::kinds::WorkloadKind;
-use crate::optin::OptIn;
-use crate::reads::Lookup;
-use crate::records::Rollback;
-use crate::references::{self, Reference, SourceRefs};
-use crate::request::{Rejection, SAY};
-use crate::settings::{OnMissingSource, OnSnapshotFailure, Settings};
-use crate::source::{SourceKind, SA_TOKEN};
-use crate::template::{self, Mapping, Snapshots};
+use crate::host::reads::Lookup;
+use crate::model::content::{self, Content};
+use crate::model::keys;
+use crate::model::kinds::WorkloadKind;
+use crate::model::optin::OptIn;
+use crate::model::records::Rollback;
+use crate::model::references::{self, Reference, SourceRefs};
+use crate::model::request::{Rejection, SAY};
+use crate::model::settings::{OnMissingSource, OnSnapshotFailure, Settings};
+use crate::model::source::{SourceKind, SA_TOKEN};
+use crate::model::template::{self, Mapping, Snapshots};
 
 /// Where a source's references end up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,9 +120,9 @@ pub fn reads_ahead(template: &Value, optin: &OptIn, settings: &Settings) -> Vec<
     if references::distinct(&references::collect(template)) > references::MAX_SOURCES {
         return Vec::new();
     }
-    crate::template::own_groups(template)
+    crate::model::template::own_groups(template)
         .into_iter()
-        .filter(|g| crate::selection::is_dns_subdomain(&g.id.name))
+        .filter(|g| crate::model::selection::is_dns_subdomain(&g.id.name))
         .filter(|g| optin.snapshots(&g.id, settings) && g.refs.iter().any(|r| r.name == g.id.name))
         .collect()
 }

@@ -2,15 +2,15 @@
 //! the rollback record the workload carries afterwards (docs/design.md,
 //! "A rollback always wins").
 
-use crate::object::ObjectExt;
+use crate::model::object::ObjectExt;
 use serde_json::Value;
 
-use crate::content::Content;
-use crate::duration::parse_rfc3339;
-use crate::keys;
-use crate::records::{generation, Rollback};
-use crate::references::{Reference, SourceRefs};
-use crate::template::{self, Snapshots};
+use crate::model::content::Content;
+use crate::model::duration::parse_rfc3339;
+use crate::model::keys;
+use crate::model::records::{generation, Rollback};
+use crate::model::references::{Reference, SourceRefs};
+use crate::model::template::{self, Snapshots};
 
 use super::{Change, Planner, Target};
 

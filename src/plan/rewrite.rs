@@ -4,16 +4,16 @@
 //! here; the host's watch rollout builds the same edits as a JSON Patch
 //! (`watch::retarget_ops`).
 
-use crate::object::ObjectExt;
+use crate::model::object::ObjectExt;
 use serde_json::Value;
 
-use crate::duration::format_rfc3339;
-use crate::keys;
-use crate::optin::OptIn;
+use crate::model::duration::format_rfc3339;
+use crate::model::keys;
+use crate::model::optin::OptIn;
+use crate::model::records::Rollback;
+use crate::model::references::{self, SourceRefs};
+use crate::model::template::{self, Mapping};
 use crate::plan::Target;
-use crate::records::Rollback;
-use crate::references::{self, SourceRefs};
-use crate::template::{self, Mapping};
 
 /// JSON Pointer escaping (RFC 6901).
 pub(crate) fn escape(segment: &str) -> String {

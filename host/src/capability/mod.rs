@@ -21,14 +21,14 @@ mod reads;
 mod snapshot;
 mod writes;
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use config_snapshot_policy::contract::Clock;
-use config_snapshot_policy::host_error::{Code, HostError};
-use config_snapshot_policy::operation::{Operation, CONFIG_SNAPSHOT, KUBEWARDEN};
-use config_snapshot_policy::source::SourceKind;
+use config_snapshot_policy::host::contract::Clock;
+use config_snapshot_policy::host::host_error::{Code, HostError};
+use config_snapshot_policy::host::operation::{Operation, CONFIG_SNAPSHOT, KUBEWARDEN};
+use config_snapshot_policy::model::source::SourceKind;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -303,7 +303,7 @@ impl Capability {
     }
 }
 
-/// The request of `op`, as the contract types it (`config_snapshot_policy::contract`,
+/// The request of `op`, as the contract types it (`config_snapshot_policy::host::contract`,
 /// or Kubewarden's SDK for its reads): a payload that is not one is a
 /// `BadRequest`, and nothing else of the call runs.
 ///

@@ -2,12 +2,12 @@
 //! the SDK's payloads, and our `list_referencing`, answered from the
 //! cluster's reads (serve: its caches; `disable_cache`: the API server).
 
-use config_snapshot_policy::contract::{GetResourceRequest, ListReferencing, ListResourcesByNamespaceRequest};
-use config_snapshot_policy::host_error::{Code, HostError};
-use config_snapshot_policy::kinds;
-use config_snapshot_policy::object::ObjectExt;
-use config_snapshot_policy::selection::is_dns_subdomain;
-use config_snapshot_policy::source::{SourceId, SourceKind};
+use config_snapshot_policy::host::contract::{GetResourceRequest, ListReferencing, ListResourcesByNamespaceRequest};
+use config_snapshot_policy::host::host_error::{Code, HostError};
+use config_snapshot_policy::model::kinds;
+use config_snapshot_policy::model::object::ObjectExt;
+use config_snapshot_policy::model::selection::is_dns_subdomain;
+use config_snapshot_policy::model::source::{SourceId, SourceKind};
 use serde_json::{json, Value};
 
 use super::{failed, same_namespace, Capability, Reply};

@@ -4,21 +4,21 @@
 //! to it (docs/design.md, "Garbage collection", Reuse and Bridges).
 //! `snapshot_name`: the name a Secret's snapshot gets, keyed.
 
-use config_snapshot_policy::content::{snapshot_object, Content};
-use config_snapshot_policy::contract::{
+use config_snapshot_policy::host::contract::{
     CreateSnapshot, CreateSnapshots, Created, CreatedEach, ItemAnswer, Names, Owner, SnapshotName,
 };
-use config_snapshot_policy::duration::format_rfc3339;
-use config_snapshot_policy::host_error::{Code, HostError};
-use config_snapshot_policy::keys;
-use config_snapshot_policy::kinds::WorkloadKind;
-use config_snapshot_policy::object::ObjectExt;
-use config_snapshot_policy::operation::{Operation, SNAPSHOTS_PER_CALL};
+use config_snapshot_policy::host::host_error::{Code, HostError};
+use config_snapshot_policy::host::operation::{Operation, SNAPSHOTS_PER_CALL};
+use config_snapshot_policy::model::content::{snapshot_object, Content};
+use config_snapshot_policy::model::duration::format_rfc3339;
+use config_snapshot_policy::model::keys;
+use config_snapshot_policy::model::kinds::WorkloadKind;
+use config_snapshot_policy::model::object::ObjectExt;
+use config_snapshot_policy::model::selection::is_dns_subdomain;
+use config_snapshot_policy::model::source::SA_TOKEN;
+use config_snapshot_policy::model::source::{SourceId, SourceKind};
 use config_snapshot_policy::rollout::annotation_path;
-use config_snapshot_policy::selection::is_dns_subdomain;
 use config_snapshot_policy::snapshot::{must_mark_reuse, owned};
-use config_snapshot_policy::source::SA_TOKEN;
-use config_snapshot_policy::source::{SourceId, SourceKind};
 use serde_json::{json, Value};
 
 use super::{failed, refused, Capability};

@@ -2,10 +2,10 @@
 //! payloads: every refused call must leave the cluster untouched.
 
 use super::*;
-use config_snapshot_policy::content::{plain_snapshot, Content};
-use config_snapshot_policy::duration::format_rfc3339;
-use config_snapshot_policy::keys;
-use config_snapshot_policy::source::{SourceId, SourceKind};
+use config_snapshot_policy::model::content::{plain_snapshot, Content};
+use config_snapshot_policy::model::duration::format_rfc3339;
+use config_snapshot_policy::model::keys;
+use config_snapshot_policy::model::source::{SourceId, SourceKind};
 use std::sync::Mutex;
 
 use crate::cluster::{self, Preconditions, Selector};
@@ -116,7 +116,7 @@ pub(super) fn capability_on(backend: Arc<Recorder>, dry_run: bool) -> Capability
             subject: Default::default(),
         },
         Arc::new(crate::lifecycle::Rules::new(
-            config_snapshot_policy::settings::Settings::default(),
+            config_snapshot_policy::model::settings::Settings::default(),
             Arc::new(crate::proof::Prover::replay()),
         )),
         Arc::default(),
@@ -514,7 +514,7 @@ fn create_snapshots_answers_each_item_in_order_and_is_bounded() {
         assert_eq!(refused.code, Code::Refused, "{refused}");
         assert_eq!(backend.writes.lock().unwrap().len(), 1);
 
-        let too_many: Vec<Value> = (0..=config_snapshot_policy::operation::SNAPSHOTS_PER_CALL)
+        let too_many: Vec<Value> = (0..=config_snapshot_policy::host::operation::SNAPSHOTS_PER_CALL)
             .map(|_| json!({"object": good_snapshot("team-a")}))
             .collect();
         let err = write(&cap, "create_snapshots", json!({ "items": too_many })).unwrap_err();
@@ -544,7 +544,7 @@ fn a_running_snapshot_of_a_lost_key_is_an_alias_of_its_content() {
     let lost = crate::proof::Prover::new(b"a key this installation has lost");
     let content = Content::from_object(SourceKind::Secret, &json!({"data": {"pw": "b25l"}})).unwrap();
     let old_name = lost.snapshot_name("team-a", "db", &content);
-    let mut old = config_snapshot_policy::content::snapshot_object(
+    let mut old = config_snapshot_policy::model::content::snapshot_object(
         &SourceId::new(SourceKind::Secret, "db"),
         "team-a",
         &old_name,

@@ -1,10 +1,10 @@
 //! `adopt` and `patch_workload`, checked and staged for after the
 //! admission, and `delete_snapshot`, carried out under the host's guard.
 
-use config_snapshot_policy::contract::{Adopt, DeleteSnapshot, Deleted, PatchWorkload, Queued};
-use config_snapshot_policy::host_error::{Code, HostError};
-use config_snapshot_policy::kinds;
-use config_snapshot_policy::selection::is_dns_subdomain;
+use config_snapshot_policy::host::contract::{Adopt, DeleteSnapshot, Deleted, PatchWorkload, Queued};
+use config_snapshot_policy::host::host_error::{Code, HostError};
+use config_snapshot_policy::model::kinds;
+use config_snapshot_policy::model::selection::is_dns_subdomain;
 use serde::Deserialize;
 
 use super::{failed, refused, Capability};
@@ -44,7 +44,7 @@ impl Capability {
                 .cluster
                 .get(snapshot.kind.kind(), ns, &snapshot.name)
                 .map_err(failed)?;
-            if found.is_some_and(|o| config_snapshot_policy::keys::is_snapshot(&o)) {
+            if found.is_some_and(|o| config_snapshot_policy::model::keys::is_snapshot(&o)) {
                 existing.push((snapshot.kind.kind().to_string(), snapshot.name));
             }
         }

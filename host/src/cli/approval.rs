@@ -1,14 +1,14 @@
 //! `status` and `approve`: what a workload's watched changes wait for, and
 //! the approval of one (`config_snapshot::status`).
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use std::process::ExitCode;
 
 use anyhow::{anyhow, Result};
 use config_snapshot::history::Target;
 use config_snapshot::status::{approval, render, status};
-use config_snapshot_policy::duration::unix_now;
-use config_snapshot_policy::keys;
+use config_snapshot_policy::model::duration::unix_now;
+use config_snapshot_policy::model::keys;
 use serde_json::Value;
 
 use super::ReadFrom;

@@ -54,7 +54,7 @@ fn read(from: &ReadFrom, workload: &str) -> Result<history::History> {
             &objects,
             &target,
             &namespace,
-            config_snapshot_policy::duration::unix_now(),
+            config_snapshot_policy::model::duration::unix_now(),
         )
     })
 }

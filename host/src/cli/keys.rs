@@ -14,13 +14,13 @@
 //!
 //! serve's replicas watch the Secret and use a changed ring at once.
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{anyhow, Context as _, Result};
 use clap::{Args as ClapArgs, Subcommand};
-use config_snapshot_policy::keys as labels;
+use config_snapshot_policy::model::keys as labels;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::Client;
@@ -136,7 +136,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 let live = current().await?.ok_or_else(missing)?;
                 let prover = Prover::with(&ring_of(&live)?);
                 let before = match made_before {
-                    Some(text) => config_snapshot_policy::duration::parse_rfc3339(text)
+                    Some(text) => config_snapshot_policy::model::duration::parse_rfc3339(text)
                         .ok_or_else(|| anyhow!("--made-before {text:?}: not an RFC 3339 time"))?,
                     None => live
                         .metadata
@@ -206,7 +206,7 @@ async fn sign_unsigned(
             let name = object.name().to_string();
             let made = object
                 .creation_timestamp()
-                .and_then(config_snapshot_policy::duration::parse_rfc3339);
+                .and_then(config_snapshot_policy::model::duration::parse_rfc3339);
             if made.is_none_or(|t| t >= before) {
                 println!("{kind} {ns}/{name}: unsigned, but made after the key: not config-snapshot's, left alone");
                 continue;

@@ -2,16 +2,16 @@
 //! the current kubeconfig's cluster or from a replayed scenario; nothing is
 //! written (`config_snapshot::impact`).
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context as _, Result};
 use config_snapshot::impact::{impact, render, stored_form, Impact, Judging};
-use config_snapshot_policy::duration::parse_go_duration;
-use config_snapshot_policy::kinds::WorkloadKind;
-use config_snapshot_policy::settings::Settings;
+use config_snapshot_policy::model::duration::parse_go_duration;
+use config_snapshot_policy::model::kinds::WorkloadKind;
+use config_snapshot_policy::model::settings::Settings;
 use serde_json::Value;
 
 use super::ReadFrom;
@@ -133,7 +133,7 @@ async fn online(args: &Args, new: &Value, kind: &str, name: &str, settings: &Set
         &Judging {
             settings,
             watch_min_interval: args.watch_min_interval.as_secs() as i64,
-            now: config_snapshot_policy::duration::unix_now(),
+            now: config_snapshot_policy::model::duration::unix_now(),
         },
     )
 }

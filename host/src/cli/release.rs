@@ -54,7 +54,7 @@ pub struct Args {
 }
 
 fn duration(text: &str) -> Result<std::time::Duration, String> {
-    config_snapshot_policy::duration::parse_go_duration(text)
+    config_snapshot_policy::model::duration::parse_go_duration(text)
         .map(std::time::Duration::from_secs)
         .map_err(|e| format!("{text}: {e}"))
 }

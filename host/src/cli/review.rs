@@ -59,7 +59,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let sim = Simulator::new(
         engine.clone(),
         settings.clone(),
-        config_snapshot_policy::duration::unix_now(),
+        config_snapshot_policy::model::duration::unix_now(),
     );
     if let Some(path) = args.objects {
         for object in review::read_objects(&path)? {

@@ -17,7 +17,7 @@ use std::thread;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context as _, Result};
-use config_snapshot_policy::host_error::{Code, HostError};
+use config_snapshot_policy::host::host_error::{Code, HostError};
 use serde_json::Value;
 use wasmtime::{InstancePre, Linker, Module, Store, Trap};
 use wasmtime_wasi::WasiCtxBuilder;
@@ -308,7 +308,7 @@ fn precompiled_header(module: &[u8]) -> String {
     use sha2::Digest as _;
     format!(
         "config-snapshot precompiled sha256:{}\n",
-        config_snapshot_policy::content::hex(&sha2::Sha256::digest(module))
+        config_snapshot_policy::model::content::hex(&sha2::Sha256::digest(module))
     )
 }
 

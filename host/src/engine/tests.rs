@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use config_snapshot_policy::host_error::{Code, HostError};
+use config_snapshot_policy::host::host_error::{Code, HostError};
 
 use super::*;
 

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use config_snapshot_policy::host_error::{Code, HostError};
+use config_snapshot_policy::host::host_error::{Code, HostError};
 use wasmtime::{Caller, Extern, Linker, Memory};
 use wasmtime_wasi::p1::WasiP1Ctx;
 

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::{anyhow, Result};
-use config_snapshot_policy::template;
+use config_snapshot_policy::model::template;
 use serde::Serialize;
 
 use super::render::describe_state;

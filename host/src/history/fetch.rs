@@ -3,8 +3,8 @@
 use std::collections::BTreeSet;
 
 use anyhow::{anyhow, Result};
-use config_snapshot_policy::references;
-use config_snapshot_policy::source::SourceKind;
+use config_snapshot_policy::model::references;
+use config_snapshot_policy::model::source::SourceKind;
 use serde_json::Value;
 
 use super::Target;

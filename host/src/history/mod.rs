@@ -18,12 +18,12 @@ mod render;
 mod values;
 
 use anyhow::{anyhow, bail, Result};
-use config_snapshot_policy::keys;
-use config_snapshot_policy::kinds::{self, WorkloadKind};
-use config_snapshot_policy::object::ObjectExt;
-use config_snapshot_policy::references;
+use config_snapshot_policy::model::keys;
+use config_snapshot_policy::model::kinds::{self, WorkloadKind};
+use config_snapshot_policy::model::object::ObjectExt;
+use config_snapshot_policy::model::references;
+use config_snapshot_policy::model::template::{self, Snapshots};
 use config_snapshot_policy::rollout::checksum_key;
-use config_snapshot_policy::template::{self, Snapshots};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -161,7 +161,7 @@ pub fn history(cluster: &dyn View, target: &Target, namespace: &str, now: i64) -
             name: object.name().to_string(),
             age_seconds: object
                 .creation_timestamp()
-                .and_then(config_snapshot_policy::duration::parse_rfc3339)
+                .and_then(config_snapshot_policy::model::duration::parse_rfc3339)
                 .map(|t| (now - t).max(0)),
             current: Some(number) == newest,
             rollback_of: object
@@ -271,7 +271,7 @@ fn sources_of(cluster: &dyn View, namespace: &str, template: &Value) -> Vec<Sour
 #[cfg(test)]
 mod tests {
     use super::*;
-    use config_snapshot_policy::source::SourceKind;
+    use config_snapshot_policy::model::source::SourceKind;
 
     #[test]
     fn workloads_are_named_as_kubectl_names_them() {

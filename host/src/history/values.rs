@@ -4,8 +4,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use config_snapshot_policy::content::hex;
-use config_snapshot_policy::source::SourceKind;
+use config_snapshot_policy::model::content::hex;
+use config_snapshot_policy::model::source::SourceKind;
 use serde::Serialize;
 use serde_json::Value;
 use sha2::Digest as _;

@@ -17,7 +17,7 @@
 
 use std::num::NonZeroU32;
 
-use config_snapshot_policy::host_error::{Code, HostError};
+use config_snapshot_policy::host::host_error::{Code, HostError};
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota};
 use serde_json::Value;
 

@@ -5,19 +5,19 @@
 //! backoff); what an attempt means, when an effect is over, what is then
 //! collected and what users are told is decided here.
 
-use config_snapshot_policy::approval::{Entries, WatchMode};
-use config_snapshot_policy::content::{snapshot_object, Content};
-use config_snapshot_policy::keys;
-use config_snapshot_policy::kinds;
-use config_snapshot_policy::object::ObjectExt;
-use config_snapshot_policy::optin::OptIn;
-use config_snapshot_policy::records::Rollback;
-use config_snapshot_policy::references;
+use config_snapshot_policy::model::approval::{Entries, WatchMode};
+use config_snapshot_policy::model::content::{snapshot_object, Content};
+use config_snapshot_policy::model::keys;
+use config_snapshot_policy::model::kinds;
+use config_snapshot_policy::model::object::ObjectExt;
+use config_snapshot_policy::model::optin::OptIn;
+use config_snapshot_policy::model::records::Rollback;
+use config_snapshot_policy::model::references;
+use config_snapshot_policy::model::source::SourceId;
+use config_snapshot_policy::model::template::{self, Snapshots};
 use config_snapshot_policy::rollout;
 use config_snapshot_policy::rollout::annotation_path;
 use config_snapshot_policy::snapshot::{self, owned};
-use config_snapshot_policy::source::SourceId;
-use config_snapshot_policy::template::{self, Snapshots};
 use std::collections::HashSet;
 
 use serde_json::{json, Value};

@@ -1,12 +1,12 @@
 //! Deferred effects: writes an admission asks for that run after it, once
 //! it is allowed and persisted (docs/design.md, "Deferred effects").
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use std::collections::BTreeSet;
 
-use config_snapshot_policy::contract::PatchWorkload;
-use config_snapshot_policy::kinds::WorkloadKind;
-use config_snapshot_policy::source::SourceId;
+use config_snapshot_policy::host::contract::PatchWorkload;
+use config_snapshot_policy::model::kinds::WorkloadKind;
+use config_snapshot_policy::model::source::SourceId;
 use serde_json::Value;
 
 use crate::cluster::Key;
@@ -177,7 +177,7 @@ impl StoredAs {
         }
         let created = object
             .creation_timestamp()
-            .and_then(config_snapshot_policy::duration::parse_rfc3339);
+            .and_then(config_snapshot_policy::model::duration::parse_rfc3339);
         match created {
             Some(created) if self.uid.is_some() || created >= self.reviewed_at - StoredAs::SKEW => None,
             Some(_) => Some("it was created before the request was reviewed".into()),

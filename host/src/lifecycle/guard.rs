@@ -4,8 +4,8 @@
 //! (docs/security.md), only the very object and version that was judged,
 //! never one an effect on its way will make a workload reference.
 
-use config_snapshot_policy::host_error::{Code, HostError};
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::host::host_error::{Code, HostError};
+use config_snapshot_policy::model::object::ObjectExt;
 use serde_json::Value;
 
 use super::in_flight::InFlight;

@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard};
 
-use config_snapshot_policy::source::SourceId;
+use config_snapshot_policy::model::source::SourceId;
 
 use super::effect::Effect;
 use crate::cluster::Key;
@@ -109,7 +109,7 @@ mod tests {
 
     #[test]
     fn a_source_is_swept_at_most_once_an_interval_and_sweeps_of_it_coalesce() {
-        use config_snapshot_policy::source::SourceKind;
+        use config_snapshot_policy::model::source::SourceKind;
         let (app, other) = (
             SourceId::new(SourceKind::ConfigMap, "app"),
             SourceId::new(SourceKind::ConfigMap, "other"),

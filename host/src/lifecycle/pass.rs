@@ -14,18 +14,18 @@
 //!   nothing has used for the grace period goes, whatever its source, so
 //!   garbage is bounded by the grace period plus one pass.
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use config_snapshot_policy::keys;
-use config_snapshot_policy::kinds::{self, WorkloadKind};
-use config_snapshot_policy::optin::OptIn;
-use config_snapshot_policy::references;
-use config_snapshot_policy::settings::Settings;
+use config_snapshot_policy::model::keys;
+use config_snapshot_policy::model::kinds::{self, WorkloadKind};
+use config_snapshot_policy::model::optin::OptIn;
+use config_snapshot_policy::model::references;
+use config_snapshot_policy::model::settings::Settings;
+use config_snapshot_policy::model::source::{SourceId, SourceKind};
+use config_snapshot_policy::model::template::Snapshots;
 use config_snapshot_policy::snapshot;
 use config_snapshot_policy::snapshot::used_snapshots;
-use config_snapshot_policy::source::{SourceId, SourceKind};
-use config_snapshot_policy::template::Snapshots;
 use serde_json::{json, Value};
 
 use super::effect::Effect;

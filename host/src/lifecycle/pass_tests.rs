@@ -1,8 +1,8 @@
 //! The periodic pass's decisions.
 
 use super::*;
-use config_snapshot_policy::content::{plain_snapshot, Content};
-use config_snapshot_policy::duration::format_rfc3339;
+use config_snapshot_policy::model::content::{plain_snapshot, Content};
+use config_snapshot_policy::model::duration::format_rfc3339;
 use serde_json::json;
 
 fn workload(ns: &str, annotations: Value) -> Value {

@@ -3,9 +3,9 @@
 //! bridges, renewals, watch re-derivation and the timed sweep, as
 //! [`super::pass`] decides them (docs/design.md, "The periodic pass").
 
-use config_snapshot_policy::keys;
-use config_snapshot_policy::kinds::KINDS;
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::keys;
+use config_snapshot_policy::model::kinds::KINDS;
+use config_snapshot_policy::model::object::ObjectExt;
 use config_snapshot_policy::rollout::annotation_path;
 use serde_json::{json, Value};
 

@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use config_snapshot_policy::content::{snapshot_object, Content};
-use config_snapshot_policy::duration::format_rfc3339;
-use config_snapshot_policy::settings::Settings;
-use config_snapshot_policy::source::{SourceId, SourceKind};
+use config_snapshot_policy::model::content::{snapshot_object, Content};
+use config_snapshot_policy::model::duration::format_rfc3339;
+use config_snapshot_policy::model::settings::Settings;
+use config_snapshot_policy::model::source::{SourceId, SourceKind};
 use serde_json::json;
 
 use super::*;

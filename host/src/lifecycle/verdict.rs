@@ -24,21 +24,21 @@
 //! 6. the patch is recomputed on the workload as it is, pinned to its
 //!    resourceVersion, and records the rollout and the generation it makes.
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use config_snapshot_policy::approval::{Entries, WatchMode};
-use config_snapshot_policy::content::Content;
-use config_snapshot_policy::keys;
-use config_snapshot_policy::optin::OptIn;
-use config_snapshot_policy::records::{generation, Rollback, WatchRollout};
-use config_snapshot_policy::references;
+use config_snapshot_policy::model::approval::{Entries, WatchMode};
+use config_snapshot_policy::model::content::Content;
+use config_snapshot_policy::model::keys;
+use config_snapshot_policy::model::optin::OptIn;
+use config_snapshot_policy::model::records::{generation, Rollback, WatchRollout};
+use config_snapshot_policy::model::references;
+use config_snapshot_policy::model::settings::Settings;
+use config_snapshot_policy::model::source::SourceId;
+use config_snapshot_policy::model::template::{self, Snapshots};
 use config_snapshot_policy::rollout;
 use config_snapshot_policy::rollout::annotation_path;
-use config_snapshot_policy::settings::Settings;
-use config_snapshot_policy::source::SourceId;
-use config_snapshot_policy::template::{self, Snapshots};
 
 use serde_json::{json, Value};
 

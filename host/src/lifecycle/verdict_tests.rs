@@ -1,9 +1,9 @@
 //! The verdicts on deferred effects.
 
 use super::*;
-use config_snapshot_policy::content::plain_snapshot;
-use config_snapshot_policy::kinds::WorkloadKind;
-use config_snapshot_policy::source::{SourceId, SourceKind};
+use config_snapshot_policy::model::content::plain_snapshot;
+use config_snapshot_policy::model::kinds::WorkloadKind;
+use config_snapshot_policy::model::source::{SourceId, SourceKind};
 
 const NOW: i64 = 1_800_000_000;
 

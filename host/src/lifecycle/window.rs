@@ -1,13 +1,13 @@
 //! A workload's rollout window, judged against the cluster's clock
 //! (docs/design.md, "Rollout windows"). The policy parsed the annotations
-//! when the workload was written (`config_snapshot_policy::window`); here
+//! when the workload was written (`config_snapshot_policy::model::window`); here
 //! the schedules are read in their time zone, whose rules the host holds
 //! (jiff, with the zone database bundled), to say whether a watch rollout
 //! may go now, and if not, when.
 
-use config_snapshot_policy::keys;
-use config_snapshot_policy::object::ObjectExt;
-use config_snapshot_policy::window::{self, Window};
+use config_snapshot_policy::model::keys;
+use config_snapshot_policy::model::object::ObjectExt;
+use config_snapshot_policy::model::window::{self, Window};
 use jiff::tz::TimeZone;
 use jiff::Timestamp;
 use serde_json::Value;

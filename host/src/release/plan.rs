@@ -6,13 +6,13 @@
 //! released: a template naming an unproven object is left as it is, since
 //! the source that object claims could be anyone's choice.
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use std::collections::{BTreeMap, BTreeSet};
 
-use config_snapshot_policy::keys;
-use config_snapshot_policy::kinds::{self, Kind, Role};
-use config_snapshot_policy::references;
-use config_snapshot_policy::source::SourceKind;
+use config_snapshot_policy::model::keys;
+use config_snapshot_policy::model::kinds::{self, Kind, Role};
+use config_snapshot_policy::model::references;
+use config_snapshot_policy::model::source::SourceKind;
 use serde_json::Value;
 
 use crate::proof::Prover;
@@ -487,8 +487,8 @@ mod tests {
     /// A snapshot of `source` holding `mode`, signed by `prover`: its name
     /// and the object.
     fn snapshot(prover: &Prover, source: &str, mode: &str) -> (String, Value) {
-        use config_snapshot_policy::content::{self, Content};
-        use config_snapshot_policy::source::SourceId;
+        use config_snapshot_policy::model::content::{self, Content};
+        use config_snapshot_policy::model::source::SourceId;
         let content = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"mode": mode}})).unwrap();
         let name = content::snapshot_name(source, &content.hash());
         let id = SourceId::new(SourceKind::ConfigMap, source);

@@ -8,16 +8,16 @@
 //! a workload or snapshot that changed since is left alone, and the run
 //! says so (run it again).
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context as _, Result};
-use config_snapshot_policy::keys;
-use config_snapshot_policy::kinds::{self, Role};
+use config_snapshot_policy::model::keys;
+use config_snapshot_policy::model::kinds::{self, Role};
+use config_snapshot_policy::model::source::SourceKind;
 use config_snapshot_policy::rollout;
-use config_snapshot_policy::source::SourceKind;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Preconditions};

@@ -2,13 +2,13 @@
 //! `assert` about the cluster, judged the same over replay's cluster and
 //! over objects read from a real API server ([`View`]).
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use std::collections::BTreeMap;
 
 use base64::Engine as _;
-use config_snapshot_policy::content::{Content, ContentError};
-use config_snapshot_policy::source::{SourceId, SourceKind};
-use config_snapshot_policy::template;
+use config_snapshot_policy::model::content::{Content, ContentError};
+use config_snapshot_policy::model::source::{SourceId, SourceKind};
+use config_snapshot_policy::model::template;
 use serde_json::{json, Value};
 
 use super::CheckResult;
@@ -263,7 +263,7 @@ pub fn effective_config(
     let template = sim
         .get(&ec.kind, &ec.namespace, &ec.name)
         .and_then(|object| {
-            config_snapshot_policy::kinds::running_template(&object, || {
+            config_snapshot_policy::model::kinds::running_template(&object, || {
                 sim.current_revision_template(&ec.kind, &ec.namespace, &ec.name)
             })
         })

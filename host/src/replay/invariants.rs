@@ -3,17 +3,17 @@
 //! (`invariants: [nothingDangles, garbageBounded]`) and the random-history
 //! test checks them after every step.
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use std::collections::HashSet;
 
-use config_snapshot_policy::keys;
-use config_snapshot_policy::references;
-use config_snapshot_policy::template::Snapshots;
+use config_snapshot_policy::model::keys;
+use config_snapshot_policy::model::references;
+use config_snapshot_policy::model::template::Snapshots;
 use serde_json::Value;
 
 use crate::cluster::{key, Key};
 
-use config_snapshot_policy::kinds::template_of;
+use config_snapshot_policy::model::kinds::template_of;
 
 /// The snapshots each holder's template names (by its mapping), as
 /// (holder, snapshot key) pairs.

@@ -9,13 +9,13 @@ mod checks;
 pub mod invariants;
 pub mod scenario;
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context as _, Result};
-use config_snapshot_policy::duration::{parse_go_duration, parse_rfc3339};
-use config_snapshot_policy::host_error::HostError;
+use config_snapshot_policy::host::host_error::HostError;
+use config_snapshot_policy::model::duration::{parse_go_duration, parse_rfc3339};
 use serde::Serialize;
 use serde_json::Value;
 

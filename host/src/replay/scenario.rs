@@ -1,6 +1,6 @@
 //! The replay scenario format (docs/design.md, "Scenario format").
 
-use config_snapshot_policy::host_error::Code;
+use config_snapshot_policy::host::host_error::Code;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -119,7 +119,7 @@ pub struct FaultSpec {
     pub operation: String,
     pub error: String,
     /// What kind of failure the host reports to the guest
-    /// (`config_snapshot_policy::host_error::Code`); by default an outage
+    /// (`config_snapshot_policy::host::host_error::Code`); by default an outage
     /// (`Unavailable`). `Unsupported` plays a host without the capability.
     #[serde(default = "outage")]
     pub code: Code,

@@ -5,11 +5,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use config_snapshot_policy::host_error::{Code, HostError};
-use config_snapshot_policy::keys;
-use config_snapshot_policy::operation::Operation;
-use config_snapshot_policy::selection::{is_dns_label, is_dns_subdomain};
-use config_snapshot_policy::source::SourceKind;
+use config_snapshot_policy::host::host_error::{Code, HostError};
+use config_snapshot_policy::host::operation::Operation;
+use config_snapshot_policy::model::keys;
+use config_snapshot_policy::model::selection::{is_dns_label, is_dns_subdomain};
+use config_snapshot_policy::model::source::SourceKind;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -22,7 +22,7 @@ use crate::capability::{Caller, Capability, Subject};
 use crate::cluster::shown;
 use crate::engine::{CallFailure, CallHandler};
 use crate::proof::{Provenance, Prover};
-use config_snapshot_policy::settings::Settings;
+use config_snapshot_policy::model::settings::Settings;
 
 /// Request uids of the host's own admissions (the resync's) start with
 /// this, for whoever reads a debug log. It decides nothing: a review's uid

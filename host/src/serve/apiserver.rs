@@ -9,14 +9,14 @@
 //! each API call is driven to completion on the runtime from there, with a
 //! deadline well inside the webhook timeout.
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use std::future::Future;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use config_snapshot_policy::selection::{is_dns_label, is_dns_subdomain};
-use config_snapshot_policy::source::SourceId;
+use config_snapshot_policy::model::selection::{is_dns_label, is_dns_subdomain};
+use config_snapshot_policy::model::source::SourceId;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::Value;
@@ -87,7 +87,7 @@ impl KubeCluster {
         if fixed != 0 {
             return fixed;
         }
-        config_snapshot_policy::duration::unix_now()
+        config_snapshot_policy::model::duration::unix_now()
     }
 
     /// The API of `kind` in `namespace`, for the object `name`. kube-rs

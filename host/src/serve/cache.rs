@@ -5,7 +5,7 @@
 //! Objects are kept as JSON without `managedFields` and `status` (the policy
 //! reads neither), so a get or a masked list serialises straight from here.
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
@@ -19,7 +19,7 @@ use kube::Client;
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
-use config_snapshot_policy::source::{SourceId, SourceKind};
+use config_snapshot_policy::model::source::{SourceId, SourceKind};
 
 use super::metrics::KindLabels;
 use crate::cluster::{self, ApiError, Selector};
@@ -29,10 +29,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 
 /// Every kind the policy reads, from the policy's one table.
-pub use config_snapshot_policy::kinds::KINDS;
+pub use config_snapshot_policy::model::kinds::KINDS;
 
 pub fn api_resource(kind: &str) -> Option<ApiResource> {
-    config_snapshot_policy::kinds::find(kind)
+    config_snapshot_policy::model::kinds::find(kind)
         .map(|k| ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(k.group(), k.version(), k.kind), k.plural))
 }
 
@@ -330,7 +330,7 @@ impl Cache {
                         "cache applied"
                     );
                     let kept = self.kept(trim(o, ar));
-                    let workload = config_snapshot_policy::kinds::WorkloadKind::from_kind(kind).map(|_| {
+                    let workload = config_snapshot_policy::model::kinds::WorkloadKind::from_kind(kind).map(|_| {
                         let text = |p: &str| kept.pointer(p).and_then(Value::as_str).unwrap_or_default().to_string();
                         (kind.to_string(), text("/metadata/namespace"), text("/metadata/name"))
                     });
@@ -350,7 +350,10 @@ impl Cache {
                     indexed.remove(kind, &ns, &name);
                     self.count(kind, &indexed);
                 }
-                Err(e) if not_served(&e) && config_snapshot_policy::kinds::find(kind).is_some_and(|k| k.optional) => {
+                Err(e)
+                    if not_served(&e)
+                        && config_snapshot_policy::model::kinds::find(kind).is_some_and(|k| k.optional) =>
+                {
                     if !self.kinds[kind].absent.swap(true, Ordering::SeqCst) {
                         tracing::info!(
                             kind,
@@ -641,7 +644,8 @@ mod tests {
         assert!(kept.get("data").is_none(), "{kept}");
         assert!(!kept.to_string().contains("aHVudGVyMg=="));
         assert_eq!(kept["type"], "Opaque");
-        let content = config_snapshot_policy::content::Content::from_object(SourceKind::Secret, &secret).unwrap();
+        let content =
+            config_snapshot_policy::model::content::Content::from_object(SourceKind::Secret, &secret).unwrap();
         assert!(prover.holds(&kept, &content));
         // Other kinds are kept whole.
         cache.observe(json!({"apiVersion": "apps/v1", "kind": "Deployment",

@@ -197,7 +197,7 @@ mod tests {
         assert_eq!(segments.len(), 2);
         for s in segments {
             assert!(
-                config_snapshot_policy::selection::is_dns_label(s),
+                config_snapshot_policy::model::selection::is_dns_label(s),
                 "{s:?} is not a DNS label"
             );
         }

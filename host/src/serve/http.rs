@@ -134,7 +134,7 @@ pub(crate) fn webhook_router(webhook: Webhook) -> Router {
 async fn intake(Extract(hook): Extract<Webhook>, request: Request) -> Response {
     let version = request.version();
     let connection = request.extensions().get::<Connection>().cloned();
-    let now = config_snapshot_policy::duration::unix_now();
+    let now = config_snapshot_policy::model::duration::unix_now();
     if request.method() != Method::POST || !hook.door.opens(request.uri().path(), now) {
         if let Some(c) = &connection {
             c.close.notify_one();

@@ -212,7 +212,7 @@ impl Default for Metrics {
         for decision in DECISIONS {
             let _ = decisions.get_or_create(&DecisionLabels { decision });
         }
-        for operation in config_snapshot_policy::operation::Operation::ALL {
+        for operation in config_snapshot_policy::host::operation::Operation::ALL {
             let _ = host_call_errors.get_or_create(&OperationLabels {
                 operation: operation.name(),
             });
@@ -323,7 +323,7 @@ impl Metrics {
 
 /// A request's kind as a label: one of the kinds the webhook handles.
 pub(crate) fn kind_label(kind: &str) -> &'static str {
-    config_snapshot_policy::kinds::KINDS
+    config_snapshot_policy::model::kinds::KINDS
         .iter()
         .find(|k| k.kind == kind && !k.handled().is_empty())
         .map_or("other", |k| k.kind)
@@ -338,7 +338,7 @@ pub(crate) fn operation_label(operation: &str) -> &'static str {
 
 /// A host call's operation as a label.
 pub(crate) fn host_operation_label(operation: &str) -> &'static str {
-    config_snapshot_policy::operation::Operation::ALL
+    config_snapshot_policy::host::operation::Operation::ALL
         .into_iter()
         .find(|o| o.name() == operation)
         .map_or("other", |o| o.name())

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{anyhow, Result};
-use config_snapshot_policy::duration::parse_go_duration;
+use config_snapshot_policy::model::duration::parse_go_duration;
 
 use super::{listener, signing, source_reads};
 
@@ -328,7 +328,7 @@ impl Options {
 /// A flag's Go duration (`90s`, `5m`), read when the command line is
 /// parsed: a bad one is refused before the module is pulled, the caches
 /// started or leader election begun.
-fn go_duration(text: &str) -> Result<Duration, config_snapshot_policy::duration::DurationError> {
+fn go_duration(text: &str) -> Result<Duration, config_snapshot_policy::model::duration::DurationError> {
     parse_go_duration(text).map(Duration::from_secs)
 }
 

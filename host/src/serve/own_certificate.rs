@@ -119,7 +119,7 @@ impl OwnCertificate {
             // Made once the guard has settled, so that it is trusted at
             // the next start too.
             settle(guard.as_ref()).await;
-            let now = config_snapshot_policy::duration::unix_now();
+            let now = config_snapshot_policy::model::duration::unix_now();
             let made = apply(Step::Create, None, &self.names, now, &self.lifetimes)?;
             match self
                 .api()
@@ -311,7 +311,7 @@ impl OwnCertificate {
             // judge again at the next look.
             return Ok(());
         }
-        let now = config_snapshot_policy::duration::unix_now();
+        let now = config_snapshot_policy::model::duration::unix_now();
         let Some(step) = next_step(Some(held), now, &self.lifetimes, &self.names) else {
             return Ok(());
         };

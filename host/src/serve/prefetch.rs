@@ -34,18 +34,18 @@
 //! cache shows owned is not read ahead at all (a snapshot shared by many
 //! workloads carries an ownerReference for each).
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
-use config_snapshot_policy::content::{snapshot_name, Content};
-use config_snapshot_policy::keys;
-use config_snapshot_policy::kinds::WorkloadKind;
-use config_snapshot_policy::optin::OptIn;
+use config_snapshot_policy::model::content::{snapshot_name, Content};
+use config_snapshot_policy::model::keys;
+use config_snapshot_policy::model::kinds::WorkloadKind;
+use config_snapshot_policy::model::optin::OptIn;
+use config_snapshot_policy::model::settings::Settings;
+use config_snapshot_policy::model::source::SourceKind;
 use config_snapshot_policy::rollout::reads_ahead;
-use config_snapshot_policy::settings::Settings;
-use config_snapshot_policy::source::SourceKind;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -268,7 +268,7 @@ fn owned_in_cache(cluster: &KubeCluster, kind: SourceKind, namespace: &str, name
 #[cfg(test)]
 mod tests {
     use super::*;
-    use config_snapshot_policy::references;
+    use config_snapshot_policy::model::references;
     use serde_json::json;
 
     fn request(kind: &str, operation: &str, annotations: Value, env: Value) -> Box<RawValue> {

@@ -231,7 +231,7 @@ impl Registration {
         else {
             return Ok(Found::Absent);
         };
-        let now = config_snapshot_policy::duration::unix_now();
+        let now = config_snapshot_policy::model::duration::unix_now();
         let calling = called(&webhook).ok_or_else(|| RegistrationError::NoClient { name: name.clone() })?;
         let own = self.bundle.as_ref().and_then(|b| b.borrow().clone());
         let held = held_bundle(&webhook);

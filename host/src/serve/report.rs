@@ -2,7 +2,7 @@
 //! each note, a Kubernetes Event for each thing a workload's users should
 //! learn, and the counters Prometheus scrapes.
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use std::sync::Arc;
 
 use serde_json::Value;

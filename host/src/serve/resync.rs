@@ -3,7 +3,7 @@
 //! through the webhook's own path (the same wasm engine) and its effects
 //! handed to the queue.
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use std::sync::Arc;
 
 use serde_json::value::RawValue;
@@ -51,7 +51,7 @@ impl PassHost for State {
         let api_version = object["apiVersion"].as_str().unwrap_or("v1");
         let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
         let gvk = json!({"group": group, "version": version, "kind": kind});
-        let plural = config_snapshot_policy::kinds::find(kind).map_or("", |k| k.plural);
+        let plural = config_snapshot_policy::model::kinds::find(kind).map_or("", |k| k.plural);
         let request = json!({
             "uid": format!("{UID_PREFIX}{}", self.next_id()),
             "kind": gvk, "requestKind": gvk,

@@ -6,7 +6,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use config_snapshot_policy::source::{SourceId, SourceKind};
+use config_snapshot_policy::model::source::{SourceId, SourceKind};
 use serde_json::Value;
 
 use super::apiserver::KubeCluster;

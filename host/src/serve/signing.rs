@@ -126,7 +126,7 @@ pub struct Guard {
 /// Returns once a Secret created now is trusted under `guard`.
 pub(crate) async fn settle(guard: Option<&Guard>) {
     if let Some(guard) = guard {
-        let wait = guard.since + GUARD_SETTLES + 1 - config_snapshot_policy::duration::unix_now();
+        let wait = guard.since + GUARD_SETTLES + 1 - config_snapshot_policy::model::duration::unix_now();
         if wait > 0 {
             tokio::time::sleep(Duration::from_secs(wait as u64)).await;
         }

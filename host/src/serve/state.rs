@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use anyhow::{anyhow, Context as _, Result};
-use config_snapshot_policy::settings::Settings;
+use config_snapshot_policy::model::settings::Settings;
 use kube::Client;
 use serde_json::Value;
 

@@ -6,9 +6,9 @@
 //! by the host that decides it and once by the API server's webhook call,
 //! exactly as it is on a real cluster.
 
-use config_snapshot_policy::keys;
-use config_snapshot_policy::object::ObjectExt;
-use config_snapshot_policy::source::SourceId;
+use config_snapshot_policy::model::keys;
+use config_snapshot_policy::model::object::ObjectExt;
+use config_snapshot_policy::model::source::SourceId;
 use serde_json::Value;
 
 use super::shared::patched;

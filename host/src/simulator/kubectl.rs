@@ -2,8 +2,8 @@
 //! apply, merge-patch edits, delete, `rollout undo` and `rollout restart`.
 
 use anyhow::{anyhow, bail, Result};
-use config_snapshot_policy::keys;
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::keys;
+use config_snapshot_policy::model::object::ObjectExt;
 use serde_json::{json, Map, Value};
 
 use super::controllers::NOT_COPIED;
@@ -129,7 +129,7 @@ impl Simulator {
             .get(kind, namespace, name)
             .ok_or_else(|| anyhow!("{kind}/{name} does not exist"))?;
         let mut updated = workload.clone();
-        let stamp = config_snapshot_policy::duration::format_rfc3339(self.now());
+        let stamp = config_snapshot_policy::model::duration::format_rfc3339(self.now());
         json_patch::merge(
             &mut updated,
             &json!({"spec": {"template": {"metadata": {"annotations": {RESTARTED_AT: stamp}}}}}),

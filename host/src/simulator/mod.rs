@@ -26,13 +26,13 @@ pub mod store;
 pub mod timeline;
 mod write;
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
-use config_snapshot_policy::settings::Settings;
+use config_snapshot_policy::model::settings::Settings;
 use serde_json::{json, Value};
 
 use crate::cluster::Key;

@@ -15,7 +15,7 @@
 //! queues an effect before the API server has stored the request, and must
 //! give that write time to land.
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use std::sync::atomic::Ordering;
 
 use anyhow::Result;
@@ -80,7 +80,7 @@ impl Simulator {
     /// next settle, as serve's queue does on the watch event.
     pub(crate) fn wake(&self, stored: &Value) {
         let kind = stored["kind"].as_str().unwrap_or_default();
-        if config_snapshot_policy::kinds::WorkloadKind::from_kind(kind).is_none() {
+        if config_snapshot_policy::model::kinds::WorkloadKind::from_kind(kind).is_none() {
             return;
         }
         let text = |p: &str| {

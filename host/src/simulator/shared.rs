@@ -5,12 +5,12 @@
 //! snapshots are written (the webhook's objectSelector skips them), and
 //! what a host call's capability needs.
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use std::sync::{Mutex, MutexGuard};
 
-use config_snapshot_policy::host_error::{Code, HostError};
-use config_snapshot_policy::kinds;
-use config_snapshot_policy::source::SourceId;
+use config_snapshot_policy::host::host_error::{Code, HostError};
+use config_snapshot_policy::model::kinds;
+use config_snapshot_policy::model::source::SourceId;
 use serde_json::Value;
 
 use super::store::{key_of, Store};

@@ -1,7 +1,7 @@
 //! The in-memory object store: what etcd and the API server's bookkeeping
 //! (uids, resourceVersions, generations, timestamps) are to a real cluster.
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
@@ -60,7 +60,7 @@ impl Store {
         &'a self,
         kind: &'a str,
         namespace: &'a str,
-        source: &config_snapshot_policy::source::SourceId,
+        source: &config_snapshot_policy::model::source::SourceId,
     ) -> impl Iterator<Item = &'a Value> + 'a {
         self.referrers
             .names(kind, namespace, source)
@@ -158,7 +158,7 @@ impl Store {
                     .or_insert_with(|| json!(format!("{:08x}-0000-4000-8000-{:012x}", self.counter, self.counter)));
                 meta.insert(
                     "creationTimestamp".into(),
-                    json!(config_snapshot_policy::duration::format_rfc3339(self.now)),
+                    json!(config_snapshot_policy::model::duration::format_rfc3339(self.now)),
                 );
                 meta.insert("generation".into(), json!(1));
             }

@@ -1,15 +1,15 @@
 //! The words of replay's timeline.
 
-use config_snapshot_policy::object::ObjectExt;
-use config_snapshot_policy::{keys, references};
+use config_snapshot_policy::model::object::ObjectExt;
+use config_snapshot_policy::model::{keys, references};
 use serde_json::Value;
 
 /// Which references a mutation rewrote, and whether it recorded a rollback
 /// (a record that differs from the live object's).
 pub(crate) fn describe_rewrite(before: &Value, after: &Value, live: Option<&Value>) -> String {
     let (Some(b), Some(a)) = (
-        config_snapshot_policy::kinds::template_of(before),
-        config_snapshot_policy::kinds::template_of(after),
+        config_snapshot_policy::model::kinds::template_of(before),
+        config_snapshot_policy::model::kinds::template_of(after),
     ) else {
         return "changed".into();
     };

@@ -2,14 +2,14 @@
 //! immutability, admission by the policy (or serve's webhook), persistence,
 //! then the controllers that watch what changed.
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
 use base64::Engine as _;
-use config_snapshot_policy::keys;
-use config_snapshot_policy::kinds;
+use config_snapshot_policy::model::keys;
+use config_snapshot_policy::model::kinds;
 use serde_json::{json, Value};
 
 use super::shared::lock;

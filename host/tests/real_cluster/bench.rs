@@ -462,7 +462,7 @@ async fn measure(
         let view = cp.objects(ns);
         view.0
             .iter()
-            .filter(|o| config_snapshot_policy::keys::is_snapshot(o))
+            .filter(|o| config_snapshot_policy::model::keys::is_snapshot(o))
             .all(|o| {
                 o["metadata"]["ownerReferences"]
                     .as_array()

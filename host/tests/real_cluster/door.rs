@@ -85,8 +85,8 @@ async fn trickle(serve: &ServeProcess, path: &str, peers: u8, count: usize, sent
 /// log keeps every one). On cd11c64 it was read as `db-<10 hex of
 /// SHA-256>`.
 fn read_ahead_story(cp: &ControlPlane, serve: &ServeProcess) {
-    use config_snapshot_policy::content::{snapshot_name, Content};
-    use config_snapshot_policy::source::SourceKind;
+    use config_snapshot_policy::model::content::{snapshot_name, Content};
+    use config_snapshot_policy::model::source::SourceKind;
     let ns = "attack-audit";
     cp.namespace(ns);
     cp.apply(

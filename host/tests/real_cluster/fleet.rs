@@ -123,7 +123,7 @@ fn patches(replicas: &[ServeProcess]) -> Vec<(f64, String)> {
                         .as_str()?
                         .strip_prefix("watch: rolling out Deployment/web to ")?;
                     let timestamp = entry["timestamp"].as_str()?;
-                    let whole = config_snapshot_policy::duration::parse_rfc3339(timestamp)? as f64;
+                    let whole = config_snapshot_policy::model::duration::parse_rfc3339(timestamp)? as f64;
                     let fraction: f64 = timestamp
                         .split_once('.')
                         .and_then(|(_, f)| format!("0.{}", f.trim_end_matches('Z')).parse().ok())
@@ -216,7 +216,7 @@ pub fn leader_killed_mid_storm(cp: &ControlPlane, serve: &mut ServeProcess, kube
     let held = replicas[leader].logs().matches("held by the storm guard").count();
     replicas[leader].stop();
     let killed = Instant::now();
-    let killed_at = config_snapshot_policy::duration::unix_now();
+    let killed_at = config_snapshot_policy::model::duration::unix_now();
     assert!(
         held > 0,
         "the storm never met the guard on the leader\n{}",
@@ -277,7 +277,7 @@ pub fn leader_killed_mid_storm(cp: &ControlPlane, serve: &mut ServeProcess, kube
         state(&replicas)
     );
     for (at, snapshot) in unlogged {
-        let at = config_snapshot_policy::duration::parse_rfc3339(&at).expect("a creation time");
+        let at = config_snapshot_policy::model::duration::parse_rfc3339(&at).expect("a creation time");
         assert!(
             at <= killed_at + 1,
             "{snapshot}: made after the kill, unlogged\n{}",

@@ -257,7 +257,7 @@ fn window_story(cp: &ControlPlane) {
     cp.namespace(ns);
     cp.apply(ns, &config_map("app", json!({"mode": "v1"})));
     // A window twelve hours from now, in UTC: closed for the whole story.
-    let hour = (config_snapshot_policy::duration::unix_now() / 3600 + 12) % 24;
+    let hour = (config_snapshot_policy::model::duration::unix_now() / 3600 + 12) % 24;
     let closed = format!("0 {hour} * * * for 1h");
     let annotations = json!({"config-snapshot.io/watch": "configmap/app", "config-snapshot.io/rollout-window": closed});
     cp.apply(

@@ -24,7 +24,7 @@ fn names(object: &Value, pointer: &str) -> BTreeSet<String> {
     object
         .pointer(pointer)
         .map(|t| {
-            config_snapshot_policy::references::collect(t)
+            config_snapshot_policy::model::references::collect(t)
                 .into_iter()
                 .map(|r| r.name)
                 .collect()

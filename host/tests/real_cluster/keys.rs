@@ -52,8 +52,8 @@ fn replica_sets(cp: &ControlPlane, ns: &str) -> usize {
 /// (anything unsigned made since is not a signing version's) is named and
 /// left alone; `--made-before` reaches further when an operator says so.
 fn sign_unsigned_story(cp: &ControlPlane) {
-    use config_snapshot_policy::content::{snapshot_name, snapshot_object, Content};
-    use config_snapshot_policy::source::{SourceId, SourceKind};
+    use config_snapshot_policy::model::content::{snapshot_name, snapshot_object, Content};
+    use config_snapshot_policy::model::source::{SourceId, SourceKind};
     let ns = "keys-lookalike";
     cp.namespace(ns);
     let content = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"mode": "planted"}})).unwrap();

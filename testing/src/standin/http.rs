@@ -2,7 +2,7 @@
 //! lists and watches, and the injected behaviour (forbidden verbs,
 //! latency) on the way.
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::Arc;

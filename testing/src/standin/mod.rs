@@ -19,7 +19,7 @@
 
 mod http;
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -29,9 +29,9 @@ use axum::http::Method;
 use axum::Router;
 use config_snapshot::cluster::{ApiError, Cluster, Preconditions};
 use config_snapshot::simulator::{Shared, Simulator};
-use config_snapshot_policy::duration::unix_now;
-use config_snapshot_policy::keys;
-use config_snapshot_policy::kinds::KINDS;
+use config_snapshot_policy::model::duration::unix_now;
+use config_snapshot_policy::model::keys;
+use config_snapshot_policy::model::kinds::KINDS;
 use serde_json::{json, Value};
 
 /// Kinds serve uses beyond the policy's table: its Lease, its Events and

@@ -4,8 +4,8 @@
 use super::*;
 use crate::lifecycle::Rules;
 use crate::proof::Prover;
-use config_snapshot_policy::content::snapshot_object;
-use config_snapshot_policy::settings::Settings;
+use config_snapshot_policy::model::content::snapshot_object;
+use config_snapshot_policy::model::settings::Settings;
 use std::num::NonZeroU32;
 
 fn read(cap: &Capability, op: &str, body: Value) -> Result<Vec<u8>, HostError> {

@@ -1,7 +1,7 @@
 //! The Deployment controller.
 
 use anyhow::Result;
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use serde_json::{json, Value};
 
 use super::{

@@ -1,6 +1,6 @@
 //! The ownerReference garbage collector.
 
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use serde_json::{json, Value};
 
 use crate::simulator::store::key_of;

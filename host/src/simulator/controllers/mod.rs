@@ -19,8 +19,8 @@ mod gc;
 mod revisions;
 
 use anyhow::Result;
-use config_snapshot_policy::kinds::WorkloadKind;
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::kinds::WorkloadKind;
+use config_snapshot_policy::model::object::ObjectExt;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -218,5 +218,5 @@ pub(crate) fn template_hash(template: &Value) -> String {
             other => other.clone(),
         }
     }
-    config_snapshot_policy::content::hex(&Sha256::digest(sorted(template).to_string().as_bytes()))
+    config_snapshot_policy::model::content::hex(&Sha256::digest(sorted(template).to_string().as_bytes()))
 }

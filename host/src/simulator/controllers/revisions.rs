@@ -2,7 +2,7 @@
 //! StatefulSet's current revision.
 
 use anyhow::Result;
-use config_snapshot_policy::object::ObjectExt;
+use config_snapshot_policy::model::object::ObjectExt;
 use serde_json::{json, Value};
 
 use super::{controller_template, owner_ref, template_hash};
