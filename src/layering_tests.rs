@@ -6,23 +6,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-/// The code of a module file: comment lines and the trailing
-/// `#[cfg(test)]` module (the project's convention) taken off.
-fn code(text: &str) -> String {
-    let mut out = String::new();
-    for line in text.lines() {
-        let t = line.trim_start();
-        if t.starts_with("#[cfg(test)]") {
-            break;
-        }
-        if t.starts_with("//") {
-            continue;
-        }
-        out.push_str(line.split("//").next().unwrap_or_default());
-        out.push('\n');
-    }
-    out
-}
+// The drawing the host's layering tests use too; the policy cannot depend
+// on the crate that holds it (it is built on the host), so it reads the file.
+#[path = "../testing/src/layering.rs"]
+mod layering;
+use layering::{circles, code, upward};
 
 /// The folders of `src/`, lowest first: a module may use those in its
 /// own folder and in the folders below.
@@ -83,39 +71,11 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
     graph
 }
 
-/// A circle through `from`, if there is one.
-fn circle(graph: &BTreeMap<String, BTreeSet<String>>, from: &str) -> Option<Vec<String>> {
-    fn walk(
-        graph: &BTreeMap<String, BTreeSet<String>>,
-        at: &str,
-        from: &str,
-        path: &mut Vec<String>,
-        seen: &mut BTreeSet<String>,
-    ) -> bool {
-        for next in graph.get(at).into_iter().flatten() {
-            if next == from {
-                path.push(next.clone());
-                return true;
-            }
-            if seen.insert(next.clone()) {
-                path.push(next.clone());
-                if walk(graph, next, from, path, seen) {
-                    return true;
-                }
-                path.pop();
-            }
-        }
-        false
-    }
-    let mut path = vec![from.to_string()];
-    walk(graph, from, from, &mut path, &mut BTreeSet::new()).then_some(path)
-}
-
 #[test]
 fn the_policys_modules_import_one_another_without_a_circle() {
     let graph = graph();
     assert!(graph.len() > 20, "the graph covers the modules: {:?}", graph.keys());
-    let circles: Vec<Vec<String>> = graph.keys().filter_map(|m| circle(&graph, m)).collect();
+    let circles = circles(&graph);
     assert!(circles.is_empty(), "circles: {circles:?}");
 }
 
@@ -129,29 +89,10 @@ fn no_module_uses_a_folder_above_its_own() {
             .and_then(|(folder, _, _)| LAYERS.iter().position(|l| l == folder))
     };
     let graph = graph();
-    let upward: Vec<String> = graph
-        .iter()
-        .flat_map(|(from, to)| to.iter().map(move |t| (from, t)))
-        .filter(|(from, to)| matches!((layer(from), layer(to)), (Some(a), Some(b)) if b > a))
-        .map(|(from, to)| format!("{from} -> {to}"))
-        .collect();
+    let upward = upward(&graph, layer);
     assert!(upward.is_empty(), "upward: {upward:?}");
     assert!(
         layer("keys") == Some(0) && layer("workload") == Some(3),
         "the folders are read"
     );
-}
-
-#[test]
-fn the_circle_check_finds_a_circle() {
-    let graph: BTreeMap<String, BTreeSet<String>> =
-        [("a", vec!["b"]), ("b", vec!["c"]), ("c", vec!["a"]), ("d", vec!["a"])]
-            .into_iter()
-            .map(|(m, to)| (m.to_string(), to.into_iter().map(str::to_string).collect()))
-            .collect();
-    assert_eq!(
-        circle(&graph, "a"),
-        Some(vec!["a".into(), "b".into(), "c".into(), "a".into()])
-    );
-    assert_eq!(circle(&graph, "d"), None);
 }

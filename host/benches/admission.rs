@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use config_snapshot::capability::{Caller, Capability};
-use config_snapshot::engine::{CallFailure, CallHandler, Engine};
+use config_snapshot::cluster::proof::Prover;
+use config_snapshot::kubewarden::engine::{CallFailure, CallHandler, Engine};
 use config_snapshot::lifecycle::{Rules, Silent};
-use config_snapshot::proof::Prover;
-use config_snapshot::simulator::Shared;
+use config_snapshot::replay::simulator::Shared;
 use config_snapshot_policy::host::CallError;
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
 use serde_json::{json, Value};

@@ -11,7 +11,7 @@ mod paths;
 use std::sync::Arc;
 use std::time::Duration;
 
-use config_snapshot::engine::Engine;
+use config_snapshot::kubewarden::engine::Engine;
 use config_snapshot::serve;
 use config_snapshot_testing::standin::ApiServer;
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
@@ -89,7 +89,7 @@ fn b7(c: &mut Criterion) {
                     &options(settings),
                     client.clone(),
                     engine(),
-                    config_snapshot::proof::Prover::replay(),
+                    config_snapshot::cluster::proof::Prover::replay(),
                 )
             })
             .unwrap();

@@ -16,10 +16,10 @@ use config_snapshot_policy::model::source::{SourceId, SourceKind};
 use serde_json::{json, Value};
 
 use crate::capability::{Caller, Capability};
+use crate::cluster::proof::Prover;
 use crate::lifecycle::resync::{PassHost, ReadmitError};
 use crate::lifecycle::{Driver, Effect, InFlight, Rules};
-use crate::proof::Prover;
-use crate::simulator::Shared;
+use crate::replay::simulator::Shared;
 
 /// The namespace the caller is in; the fuzzed call may touch only it.
 const CALLER_NS: &str = "team-a";
@@ -174,12 +174,12 @@ fn shaped(prover: &Prover, i: usize, bytes: &[u8]) -> Value {
         }
         2 => {
             o.set_annotation(
-                crate::proof::SIGNATURE,
+                crate::cluster::proof::SIGNATURE,
                 json!(String::from_utf8_lossy(&bytes[3.min(bytes.len())..])),
             );
         }
         3 => {
-            o.annotations_mut().map(|a| a.remove(crate::proof::SIGNATURE));
+            o.annotations_mut().map(|a| a.remove(crate::cluster::proof::SIGNATURE));
         }
         4 => {
             o["immutable"] = json!(false);

@@ -2,31 +2,26 @@
 //! and implements the `config-snapshot`/`v1` write capability over the
 //! simulator (`replay`, `review`) and against a real API server
 //! (`serve`).
+//!
+//! Its wings, lowest first (docs/architecture.md; `layering_tests.rs`
+//! keeps the order): `kubewarden` (the module, its engine and Kubewarden's
+//! own interfaces), `cluster` (what the host needs of a cluster: the trait,
+//! the proof of what it made, the simulator), `capability` (the host
+//! calls the policy makes), `lifecycle` (the effects and the pass, once for
+//! both hosts), `replay` and `serve` (the two hosts), `tools` (the
+//! commands a person runs beside them: status, plan, history, release).
 
-pub mod annotate;
 pub mod capability;
 pub mod cluster;
-pub mod engine;
 #[cfg(feature = "fuzz")]
 pub mod fuzz;
-pub mod gate;
-pub mod history;
-pub mod impact;
-pub mod interactions;
+pub mod kubewarden;
+#[cfg(test)]
+mod layering_tests;
 pub mod lifecycle;
-pub mod masks;
-pub mod proof;
-pub mod referrers;
-pub mod registry;
-pub mod release;
 pub mod replay;
-pub mod review;
-pub mod rules;
-pub mod selector;
 pub mod serve;
-pub mod simulator;
-pub mod status;
-pub mod view;
+pub mod tools;
 
 /// Chooses rustls's crypto provider for the process: ring, the one kube-rs
 /// uses, rather than whatever feature unification left enabled (sigstore

@@ -48,10 +48,10 @@ enum Command {
     Plan(cli::plan::Args),
     /// What a workload's watched changes wait for: its watch mode, rollout
     /// window, pending and approved changes, last rollout and rollback.
-    Status(cli::approval::StatusArgs),
+    Status(cli::approve::StatusArgs),
     /// Approve a workload's pending watch rollout (watch mode `approve`);
     /// refused when its source changed again since.
-    Approve(cli::approval::ApproveArgs),
+    Approve(cli::approve::ApproveArgs),
     /// Run the mutating admission webhook against the cluster (HTTPS).
     Serve(serve::Options),
     /// Compile the policy ahead of time for `serve --precompiled`: made by
@@ -62,7 +62,7 @@ enum Command {
     Annotate(cli::module::AnnotateArgs),
     /// The signing keyring: list, rotate, restore from a backup, and sign
     /// the snapshots of a version that did not sign (docs/security.md).
-    Keys(cli::keys::Args),
+    Keys(cli::keyring::Args),
     /// Leave config-snapshot: after uninstalling serve, point workloads back
     /// at their sources and delete the snapshots nothing names
     /// (docs/install.md, "Uninstall").
@@ -88,8 +88,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::History(args) => cli::history::history(args),
         Command::Diff(args) => cli::history::diff(args),
         Command::Plan(args) => cli::plan::run(args),
-        Command::Status(args) => cli::approval::status_command(args),
-        Command::Approve(args) => cli::approval::approve_command(args),
+        Command::Status(args) => cli::approve::status_command(args),
+        Command::Approve(args) => cli::approve::approve_command(args),
         Command::Serve(options) => {
             serve::init_logging(&options.log_format);
             let runtime = cli::runtime()?;
@@ -104,7 +104,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Precompile(args) => cli::module::precompile(args),
         Command::Annotate(args) => cli::module::annotate(args),
-        Command::Keys(args) => cli::keys::run(args),
+        Command::Keys(args) => cli::keyring::run(args),
         Command::Release(args) => cli::release::run(args),
     }
 }

@@ -282,8 +282,11 @@ async fn the_signing_key_is_made_once_and_shared() {
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(key["data"]["key"].as_str().unwrap())
             .unwrap();
-        config_snapshot::serve::door::path_of(&config_snapshot::proof::Keyring::of(&bytes).unwrap(), unix_now())
-            .to_string()
+        config_snapshot::serve::door::path_of(
+            &config_snapshot::cluster::proof::Keyring::of(&bytes).unwrap(),
+            unix_now(),
+        )
+        .to_string()
     };
     let ordinary = review("shop", opted_in("shop"));
     let names = |api: &ApiServer| -> Vec<String> {

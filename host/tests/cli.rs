@@ -107,7 +107,7 @@ fn a_wrong_expectation_fails_naming_the_step_and_the_check() {
 /// compiling rather than running the wrong module or failing.
 #[test]
 fn a_precompiled_module_is_used_only_for_its_own_policy() {
-    use config_snapshot::engine::Engine;
+    use config_snapshot::kubewarden::engine::Engine;
     let dir = std::env::temp_dir().join(format!("cs-precompile-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("policy.cwasm");

@@ -30,7 +30,7 @@ fn documents() -> Vec<(String, Value)> {
         if path.file_name().unwrap() == "kustomization.yaml" {
             continue;
         }
-        for object in config_snapshot::review::read_objects(&path).unwrap() {
+        for object in config_snapshot::kubewarden::admission_review::read_objects(&path).unwrap() {
             out.push((path.file_name().unwrap().to_string_lossy().to_string(), object));
         }
     }
@@ -409,7 +409,7 @@ fn rbac_grants_exactly_what_serve_uses() {
 #[test]
 fn the_kubewarden_policy_matches_the_metadata_and_its_rbac() {
     let kubewarden = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubewarden");
-    let policy = config_snapshot::review::read_objects(&kubewarden.join("policy.yaml")).unwrap();
+    let policy = config_snapshot::kubewarden::admission_review::read_objects(&kubewarden.join("policy.yaml")).unwrap();
     assert_eq!(policy.len(), 1);
     let policy = &policy[0];
     assert_eq!(policy["apiVersion"], "policies.kubewarden.io/v1");
@@ -442,10 +442,13 @@ fn the_kubewarden_policy_matches_the_metadata_and_its_rbac() {
     assert_eq!(spec["contextAwareResources"], metadata["contextAwareResources"]);
     // On a PolicyServer of its own, which verifies the policy's signature
     // and runs as an account no other policy shares.
-    let server = config_snapshot::review::read_objects(&kubewarden.join("policyserver.yaml")).unwrap();
+    let server =
+        config_snapshot::kubewarden::admission_review::read_objects(&kubewarden.join("policyserver.yaml")).unwrap();
     assert_eq!(server[0]["kind"], "PolicyServer");
     assert_eq!(spec["policyServer"], server[0]["metadata"]["name"]);
-    let verification = config_snapshot::review::read_objects(&kubewarden.join("verification-config.yaml")).unwrap();
+    let verification =
+        config_snapshot::kubewarden::admission_review::read_objects(&kubewarden.join("verification-config.yaml"))
+            .unwrap();
     assert_eq!(
         server[0]["spec"]["verificationConfig"],
         verification[0]["metadata"]["name"]
@@ -464,7 +467,7 @@ fn the_kubewarden_policy_matches_the_metadata_and_its_rbac() {
     config_snapshot_policy::model::settings::Settings::from_json(&settings)
         .unwrap_or_else(|e| panic!("deploy/kubewarden's settings are refused: {e}"));
 
-    let rbac = config_snapshot::review::read_objects(&kubewarden.join("rbac.yaml")).unwrap();
+    let rbac = config_snapshot::kubewarden::admission_review::read_objects(&kubewarden.join("rbac.yaml")).unwrap();
     let role: ClusterRole = typed(rbac.iter().find(|o| o["kind"] == "ClusterRole").unwrap());
     let binding: ClusterRoleBinding = typed(rbac.iter().find(|o| o["kind"] == "ClusterRoleBinding").unwrap());
     assert_eq!(binding.role_ref.name, role.metadata.name.clone().unwrap());

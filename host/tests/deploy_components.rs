@@ -27,7 +27,7 @@ fn deploy() -> PathBuf {
 }
 
 fn objects(path: &Path) -> Vec<Value> {
-    config_snapshot::review::read_objects(path).unwrap_or_else(|e| panic!("{e:#}"))
+    config_snapshot::kubewarden::admission_review::read_objects(path).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 fn kustomization(component: &str) -> Value {

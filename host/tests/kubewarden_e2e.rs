@@ -127,7 +127,7 @@ fn every_case_gets_the_recorded_answer() {
 /// could test guesses against, and another key gives another checksum.
 #[test]
 fn secret_checksums_are_keyed() {
-    use config_snapshot::interactions::Response;
+    use config_snapshot::kubewarden::interactions::Response;
     use config_snapshot_policy::model::content::Content;
     use config_snapshot_policy::model::source::SourceKind;
     let checksum = |case: &str| {
@@ -138,9 +138,10 @@ fn secret_checksums_are_keyed() {
             .unwrap()
             .to_string()
     };
-    let exchanges =
-        config_snapshot::interactions::read(&root().join("e2e-tests/kubewarden/secret-checksum/interactions.yml"))
-            .unwrap();
+    let exchanges = config_snapshot::kubewarden::interactions::read(
+        &root().join("e2e-tests/kubewarden/secret-checksum/interactions.yml"),
+    )
+    .unwrap();
     let Response::Success { payload } = &exchanges[0].response else {
         panic!("the recorded read succeeds");
     };
@@ -158,7 +159,7 @@ fn secret_checksums_are_keyed() {
 #[test]
 fn each_source_is_read_once_per_admission() {
     let case = root().join("e2e-tests/kubewarden/configmap-checksum");
-    let exchanges = config_snapshot::interactions::read(&case.join("interactions.yml")).unwrap();
+    let exchanges = config_snapshot::kubewarden::interactions::read(&case.join("interactions.yml")).unwrap();
     assert_eq!(exchanges.len(), 1);
     let (response, _) = ours(&case);
     assert_eq!(response["allowed"], true);
@@ -218,7 +219,7 @@ fn a_recording_replays_to_the_answer_it_recorded() {
         "--record-host-capabilities-interactions".as_ref(),
         recording.as_os_str(),
     ]);
-    let exchanges = config_snapshot::interactions::read(&recording).unwrap();
+    let exchanges = config_snapshot::kubewarden::interactions::read(&recording).unwrap();
     // app-config, then the optional feature-flags, which is not there:
     // Kubewarden says so in text, which the policy does not read, so it
     // lists that one name to learn it.

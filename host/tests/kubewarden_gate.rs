@@ -1,7 +1,7 @@
 //! The policy on today's Kubewarden: its metadata declares, in the
 //! monorepo's pattern syntax, exactly the host capabilities and resources
 //! it calls on stock Kubewarden, and under a gate that refuses everything
-//! else (`config_snapshot::gate`, as policy-server 1.35+ does) it answers
+//! else (`config_snapshot::kubewarden::gate`, as policy-server 1.35+ does) it answers
 //! every admission of every scenario as it does with nothing gated. Its
 //! own write capability, which stock Kubewarden does not have, is refused
 //! there, and the policy falls back to checksum mode: it never fails the
@@ -11,10 +11,10 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use config_snapshot::engine::Engine;
-use config_snapshot::gate::{declared_resources, Allowed, Gate, KUBEWARDEN_CAPABILITIES};
-use config_snapshot::simulator::Simulator;
-use config_snapshot::{replay, review};
+use config_snapshot::kubewarden::engine::Engine;
+use config_snapshot::kubewarden::gate::{declared_resources, Allowed, Gate, KUBEWARDEN_CAPABILITIES};
+use config_snapshot::replay;
+use config_snapshot::replay::simulator::Simulator;
 use serde_json::{json, Value};
 
 mod support;
@@ -119,7 +119,7 @@ fn every_scenario_admission_runs_under_the_declared_capabilities() {
                 for object in &rec.before {
                     sim.shared.store().persist(object.clone());
                 }
-                let gate = Arc::new(Gate::new(review::cluster_host(&sim, &rec.request), allowed, resources));
+                let gate = Arc::new(Gate::new(sim.dry_run_host(&rec.request), allowed, resources));
                 let validation = engine.validate(&rec.request, &settings, gate.clone()).unwrap();
                 (validation, gate.asked())
             };
@@ -174,7 +174,7 @@ fn every_scenario_admission_runs_under_the_declared_capabilities() {
         .persist(json!({"apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": "app", "namespace": "default", "uid": "u1", "resourceVersion": "1"}, "data": {"a": "1"}}));
     let gate = Arc::new(Gate::new(
-        review::cluster_host(&sim, &request),
+        sim.dry_run_host(&request),
         allowed.clone(),
         resources.clone(),
     ));
@@ -212,7 +212,7 @@ fn every_scenario_admission_runs_under_the_declared_capabilities() {
 /// answered, with a checksum, never failed for it.
 #[test]
 fn a_refused_write_capability_falls_back_to_checksum_mode() {
-    use config_snapshot::engine::{CallFailure, CallHandler};
+    use config_snapshot::kubewarden::engine::{CallFailure, CallHandler};
     /// A host that knows our binding but refuses it, as a gate would.
     struct Refusing(Arc<dyn CallHandler>);
     impl CallHandler for Refusing {
@@ -243,11 +243,11 @@ fn a_refused_write_capability_falls_back_to_checksum_mode() {
     let gate = Allowed::parse(declared()).unwrap();
     for host in [
         Arc::new(Gate::new(
-            review::cluster_host(&sim, &request),
+            sim.dry_run_host(&request),
             gate.clone(),
             declared_resources(&metadata()),
         )) as Arc<dyn CallHandler>,
-        Arc::new(Refusing(review::cluster_host(&sim, &request))),
+        Arc::new(Refusing(sim.dry_run_host(&request))),
     ] {
         let validation = engine.validate(&request, &settings, host).unwrap();
         assert_eq!(validation["accepted"], true, "{validation}");

@@ -38,8 +38,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use config_snapshot::engine::Engine;
-use config_snapshot::proof::Prover;
+use config_snapshot::cluster::proof::Prover;
+use config_snapshot::kubewarden::engine::Engine;
 use config_snapshot::replay::invariants;
 use config_snapshot::replay::scenario::{Scenario, Step};
 use config_snapshot::replay::Session;

@@ -8,14 +8,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use config_snapshot::cluster::proof::Prover;
 use config_snapshot::cluster::Cluster;
 use config_snapshot::lifecycle::resync::{PassHost, ReadmitError};
 use config_snapshot::lifecycle::{Driver, Effect, Ending, InFlight, Next, PatchIntent, Rules, Silent};
-use config_snapshot::proof::Prover;
+use config_snapshot::replay::simulator::Shared;
 use config_snapshot::serve::apiserver::KubeCluster;
 use config_snapshot::serve::cache::Cache;
 use config_snapshot::serve::metrics::Metrics;
-use config_snapshot::simulator::Shared;
 use config_snapshot_policy::model::content::{plain_snapshot, Content};
 use config_snapshot_policy::model::duration::format_rfc3339;
 use config_snapshot_policy::model::kinds::KINDS;

@@ -3,8 +3,8 @@
 
 use std::collections::BTreeSet;
 
-use config_snapshot::annotate;
-use config_snapshot::rules::WebhookRules;
+use config_snapshot::kubewarden::annotate;
+use config_snapshot::kubewarden::rules::WebhookRules;
 use serde_json::Value;
 
 mod support;
@@ -261,7 +261,8 @@ fn annotate_embeds_the_metadata_with_the_protocol_version() {
     let twice = annotate::embed(&annotated, &json).unwrap();
     assert_eq!(twice.len(), annotated.len());
     // The annotated module still runs.
-    let engine = config_snapshot::engine::Engine::from_bytes(&annotated, std::time::Duration::from_secs(2)).unwrap();
+    let engine =
+        config_snapshot::kubewarden::engine::Engine::from_bytes(&annotated, std::time::Duration::from_secs(2)).unwrap();
     assert_eq!(engine.validate_settings(&serde_json::json!({})).unwrap(), Ok(()));
     // Capabilities the monorepo's kwctl annotate would refuse are refused:
     // our own capability (its tree does not know it), or the object form.

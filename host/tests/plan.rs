@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use config_snapshot::engine::Engine;
+use config_snapshot::kubewarden::engine::Engine;
 use config_snapshot::replay;
 use serde_json::{json, Value};
 
@@ -49,7 +49,7 @@ fn plan(manifest: &Path, output: &str) -> (bool, String) {
 /// workload → the snapshots its template names now.
 fn rolled(dir: &Path, manifest: &Value) -> Vec<(String, Vec<String>)> {
     let engine = Arc::new(Engine::load(&policy()).unwrap());
-    let templates = |sim: &config_snapshot::simulator::Simulator| -> Vec<(String, Value)> {
+    let templates = |sim: &config_snapshot::replay::simulator::Simulator| -> Vec<(String, Value)> {
         sim.objects()
             .into_iter()
             .filter(|o| matches!(o["kind"].as_str(), Some("Deployment" | "StatefulSet")))

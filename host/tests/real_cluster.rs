@@ -22,8 +22,8 @@ use base64::Engine as _;
 use config_snapshot::replay;
 use config_snapshot::replay::invariants;
 use config_snapshot::replay::scenario::{EffectiveConfig, Step};
-use config_snapshot::simulator::Admission;
-use config_snapshot::view::{Objects, View};
+use config_snapshot::replay::simulator::Admission;
+use config_snapshot::replay::view::{Objects, View};
 use config_snapshot_policy::model::kinds::WorkloadKind;
 use serde_json::{json, Value};
 use support::paths::root;
@@ -311,7 +311,7 @@ fn door_paths(cp: &ControlPlane) -> Vec<String> {
     let key = base64::engine::general_purpose::STANDARD
         .decode(secret["data"]["key"].as_str().unwrap())
         .unwrap();
-    let ring = config_snapshot::proof::Keyring::of(&key).unwrap();
+    let ring = config_snapshot::cluster::proof::Keyring::of(&key).unwrap();
     let now = config_snapshot_policy::model::duration::unix_now();
     let hour = config_snapshot::serve::door::PERIOD_SECS;
     [now - hour, now, now + hour]
@@ -1042,7 +1042,7 @@ impl ControlPlane {
 /// and signs with it for them.
 fn with_replay_key(mut flags: Vec<&'static str>) -> Vec<&'static str> {
     let key = std::env::temp_dir().join(format!("cs-replay-key-{}", std::process::id()));
-    std::fs::write(&key, config_snapshot::proof::Prover::REPLAY_KEY).unwrap();
+    std::fs::write(&key, config_snapshot::cluster::proof::Prover::REPLAY_KEY).unwrap();
     let key: &'static str = Box::leak(key.display().to_string().into_boxed_str());
     let at = flags.iter().position(|f| *f == "--signing-key-secret").unwrap();
     flags.drain(at..at + 2);
@@ -1281,7 +1281,7 @@ fn outcome(view: &Objects) -> Value {
 /// the API, run on the control plane and under replay: each scenario's
 /// assertions hold on both, and the outcomes agree.
 fn scenarios_agree_with_replay(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path) {
-    let engine = Arc::new(config_snapshot::engine::Engine::load(&support::paths::policy()).unwrap());
+    let engine = Arc::new(config_snapshot::kubewarden::engine::Engine::load(&support::paths::policy()).unwrap());
     let mut compared = Vec::new();
     let mut scenarios = support::paths::scenario_files();
     // REAL_CLUSTER_SCENARIOS=controller- runs only the scenarios whose file

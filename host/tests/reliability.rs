@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use config_snapshot::capability::{Caller, Capability};
+use config_snapshot::cluster::proof::Prover;
 use config_snapshot::cluster::Cluster;
-use config_snapshot::engine::Engine;
+use config_snapshot::kubewarden::engine::Engine;
 use config_snapshot::lifecycle::{Rules, Silent};
-use config_snapshot::proof::Prover;
 use config_snapshot::replay;
-use config_snapshot::simulator::{Shared, Simulator};
+use config_snapshot::replay::simulator::{Shared, Simulator};
 use config_snapshot_policy::model::content::Content;
 use config_snapshot_policy::model::settings::Settings;
 use config_snapshot_policy::model::source::SourceKind;

@@ -16,12 +16,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
-use config_snapshot::engine::Engine;
+use config_snapshot::kubewarden::engine::Engine;
 use config_snapshot::replay::scenario::Step;
+use config_snapshot::replay::simulator::Simulator;
 use config_snapshot::replay::{self, CheckResult};
 use config_snapshot::serve::cache::KINDS;
 use config_snapshot::serve::{self, State};
-use config_snapshot::simulator::Simulator;
 use config_snapshot_policy::model::duration::{parse_go_duration, parse_rfc3339};
 use config_snapshot_testing::standin::ApiServer;
 use serde_json::value::RawValue;
@@ -128,7 +128,7 @@ impl Served {
     async fn step(
         &self,
         step: Step,
-        last: &mut Option<config_snapshot::simulator::Admission>,
+        last: &mut Option<config_snapshot::replay::simulator::Admission>,
     ) -> Result<Vec<CheckResult>> {
         if let Step::AdvanceTime(d) = &step {
             let secs = parse_go_duration(d).map_err(|e| anyhow!("advanceTime: {e}"))? as i64;
@@ -172,7 +172,7 @@ impl Served {
         let sim = self.sim.clone();
         tokio::task::spawn_blocking(move || sim.catch_up()).await??;
         self.quiesce().await?;
-        serve::resync::once(&self.state).await;
+        serve::resync_timer::once(&self.state).await;
         self.quiesce().await
     }
 }
@@ -231,7 +231,7 @@ async fn run_served(engine: Arc<Engine>, path: &Path) -> Result<(Vec<String>, Ve
         &options(&settings, &interval),
         client.clone(),
         engine,
-        config_snapshot::proof::Prover::replay(),
+        config_snapshot::cluster::proof::Prover::replay(),
     )?;
     state.cluster.fix_clock(now);
     let caches = state.cluster.cache.start(client);

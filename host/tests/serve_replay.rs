@@ -14,8 +14,8 @@ mod support;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use config_snapshot::engine::Engine;
-use config_snapshot::simulator::Recorded;
+use config_snapshot::kubewarden::engine::Engine;
+use config_snapshot::replay::simulator::Recorded;
 use config_snapshot::{replay, serve};
 use config_snapshot_testing::standin::ApiServer;
 use serde_json::value::RawValue;
@@ -78,7 +78,7 @@ async fn every_scenario_admission_answers_the_same_through_the_kube_backend() {
             &options(&first.settings),
             client.clone(),
             engine.clone(),
-            config_snapshot::proof::Prover::replay(),
+            config_snapshot::cluster::proof::Prover::replay(),
         )
         .unwrap();
         for (i, rec) in recorded.iter().enumerate() {

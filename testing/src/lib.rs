@@ -9,4 +9,5 @@
 //! admission), the controllers, the garbage collector. Either way serve's
 //! kube-rs client talks to it as to kube-apiserver.
 
+pub mod layering;
 pub mod standin;

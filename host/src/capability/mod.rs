@@ -32,11 +32,11 @@ use config_snapshot_policy::model::source::SourceKind;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::cluster::proof::{Proven, Prover};
 use crate::cluster::Cluster;
-use crate::engine::{CallFailure, CallHandler};
+use crate::kubewarden::engine::{CallFailure, CallHandler};
 use crate::lifecycle::effect::StoredAs;
 use crate::lifecycle::{Budget, Effect, InFlight, Observer, Rules};
-use crate::proof::{Proven, Prover};
 
 /// The admission request a set of host calls belongs to: whose namespace
 /// they may write in, whether writes are refused (dry run), and what it

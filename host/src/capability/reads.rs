@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use super::{failed, same_namespace, Capability, Reply};
 use crate::cluster::Cluster;
 use crate::cluster::{self, Selector};
-use crate::masks;
+use crate::kubewarden::masks;
 
 /// A list answer (`{"apiVersion", "kind": "…List", "items"}`) of what
 /// `list` visits, each item pruned to `masks`. Written by hand around the

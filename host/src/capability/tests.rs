@@ -13,7 +13,7 @@ use crate::cluster::{self, Preconditions, Selector};
 /// The simulator, with every write that lands written down.
 #[derive(Default)]
 pub(super) struct Recorder {
-    pub(super) cluster: crate::simulator::Shared,
+    pub(super) cluster: crate::replay::simulator::Shared,
     pub(super) writes: Mutex<Vec<String>>,
     /// Plays a cache that has not seen another replica's write yet:
     /// `get` misses, `get_fresh` and `create` see the truth.
@@ -117,7 +117,7 @@ pub(super) fn capability_on(backend: Arc<Recorder>, dry_run: bool) -> Capability
         },
         Arc::new(crate::lifecycle::Rules::new(
             config_snapshot_policy::model::settings::Settings::default(),
-            Arc::new(crate::proof::Prover::replay()),
+            Arc::new(crate::cluster::proof::Prover::replay()),
         )),
         Arc::default(),
         Arc::new(crate::lifecycle::Silent),
@@ -131,7 +131,7 @@ pub(super) fn good_snapshot(ns: &str) -> Value {
 
 /// `snapshot` as the host signs what it creates (replay's key).
 pub(super) fn signed(mut snapshot: Value) -> Value {
-    crate::proof::Prover::replay().sign(&mut snapshot);
+    crate::cluster::proof::Prover::replay().sign(&mut snapshot);
     snapshot
 }
 
@@ -541,7 +541,7 @@ fn create_snapshots_answers_each_item_in_order_and_is_bounded() {
 #[test]
 fn a_running_snapshot_of_a_lost_key_is_an_alias_of_its_content() {
     let (backend, cap) = capability(true);
-    let lost = crate::proof::Prover::new(b"a key this installation has lost");
+    let lost = crate::cluster::proof::Prover::new(b"a key this installation has lost");
     let content = Content::from_object(SourceKind::Secret, &json!({"data": {"pw": "b25l"}})).unwrap();
     let old_name = lost.snapshot_name("team-a", "db", &content);
     let mut old = config_snapshot_policy::model::content::snapshot_object(

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use config_snapshot::history;
+use config_snapshot::tools::history;
 
 use super::ReadFrom;
 

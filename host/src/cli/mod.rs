@@ -1,9 +1,9 @@
 //! The commands of the `config-snapshot` binary, one module each, with
 //! their arguments: `main.rs` only parses and dispatches.
 
-pub mod approval;
+pub mod approve;
 pub mod history;
-pub mod keys;
+pub mod keyring;
 pub mod module;
 pub mod oci;
 pub mod plan;
@@ -62,11 +62,11 @@ pub struct ReadFrom {
 impl ReadFrom {
     /// The simulator a replay of `--scenario` leaves, if one was named. A
     /// scenario that does not pass is still read, with a word on stderr.
-    pub fn replayed(&self) -> Result<Option<config_snapshot::simulator::Simulator>> {
+    pub fn replayed(&self) -> Result<Option<config_snapshot::replay::simulator::Simulator>> {
         let Some(path) = &self.scenario else {
             return Ok(None);
         };
-        let engine = std::sync::Arc::new(config_snapshot::engine::Engine::load(&policy_path(
+        let engine = std::sync::Arc::new(config_snapshot::kubewarden::engine::Engine::load(&policy_path(
             self.policy.clone(),
         )?)?);
         let (result, sim) = config_snapshot::replay::run_to_end(engine, path)?;

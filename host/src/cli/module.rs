@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context as _, Result};
-use config_snapshot::annotate;
-use config_snapshot::engine::Engine;
+use config_snapshot::kubewarden::annotate;
+use config_snapshot::kubewarden::engine::Engine;
 
 /// Compile the policy ahead of time for `serve --precompiled`: made by this
 /// build, for this machine's CPU; serve falls back to compiling when it

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context as _, Result};
-use config_snapshot::registry;
+use config_snapshot::kubewarden::registry;
 
 /// Push a policy module to an OCI registry in Kubewarden's layout (what
 /// `kwctl pull` fetches); prints the reference with its digest.

@@ -1,6 +1,6 @@
 //! `plan -f FILE`: what applying a ConfigMap or Secret would roll, read from
 //! the current kubeconfig's cluster or from a replayed scenario; nothing is
-//! written (`config_snapshot::impact`).
+//! written (`config_snapshot::tools::impact`).
 
 use config_snapshot_policy::model::object::ObjectExt;
 use std::path::PathBuf;
@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context as _, Result};
-use config_snapshot::impact::{impact, render, stored_form, Impact, Judging};
+use config_snapshot::tools::impact::{impact, render, stored_form, Impact, Judging};
 use config_snapshot_policy::model::duration::parse_go_duration;
 use config_snapshot_policy::model::kinds::WorkloadKind;
 use config_snapshot_policy::model::settings::Settings;

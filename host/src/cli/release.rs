@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use anyhow::{Context as _, Result};
 use clap::Args as ClapArgs;
 
-use config_snapshot::release::plan::Options;
-use config_snapshot::release::run::{release, Settings};
+use config_snapshot::tools::release::decide::Options;
+use config_snapshot::tools::release::run::{release, Settings};
 
 /// Points workloads back at their sources and deletes the snapshots
 /// nothing names, then the signing key once no snapshot is left. Run it

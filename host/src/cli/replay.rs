@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Result;
-use config_snapshot::engine::Engine;
+use config_snapshot::kubewarden::engine::Engine;
 use config_snapshot::replay;
 
 #[derive(Debug, clap::Args)]

@@ -7,9 +7,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{anyhow, Context as _, Result};
-use config_snapshot::engine::Engine;
-use config_snapshot::simulator::Simulator;
-use config_snapshot::{interactions, review};
+use config_snapshot::kubewarden::engine::Engine;
+use config_snapshot::kubewarden::{admission_review, interactions};
+use config_snapshot::replay::simulator::Simulator;
 use serde_json::Value;
 
 #[derive(Debug, clap::Args)]
@@ -44,8 +44,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
     if let Some(file) = args.replay_host_capabilities_interactions {
         let replayer = Arc::new(interactions::Replayer::new(interactions::read(&file)?));
         for path in &args.reviews {
-            let request = review::read_request(path)?;
-            let response = review::on_host(&engine, &settings, &request, replayer.clone())?;
+            let request = admission_review::read_request(path)?;
+            let response = admission_review::on_host(&engine, &settings, &request, replayer.clone())?;
             println!("{}", serde_json::to_string(&response)?);
         }
         if replayer.leftovers() > 0 {
@@ -62,23 +62,23 @@ pub fn run(args: Args) -> Result<ExitCode> {
         config_snapshot_policy::model::duration::unix_now(),
     );
     if let Some(path) = args.objects {
-        for object in review::read_objects(&path)? {
+        for object in admission_review::read_objects(&path)? {
             sim.load(object)?;
         }
     }
     let mut recorded = Vec::new();
     for path in &args.reviews {
-        let request = review::read_request(path)?;
+        let request = admission_review::read_request(path)?;
         let response = match &args.record_host_capabilities_interactions {
             Some(_) => {
-                let recorder = Arc::new(interactions::Recorder::new(review::cluster_host(&sim, &request)));
-                let response = review::on_host(&engine, &settings, &request, recorder.clone())?;
+                let recorder = Arc::new(interactions::Recorder::new(sim.dry_run_host(&request)));
+                let response = admission_review::on_host(&engine, &settings, &request, recorder.clone())?;
                 recorded.extend(recorder.exchanges());
                 response
             }
             None => {
                 let (admission, mutated) = sim.review_only(&request)?;
-                review::response(&request, &admission.response, mutated.as_ref())?
+                admission_review::response(&request, &admission.response, mutated.as_ref())?
             }
         };
         println!("{}", serde_json::to_string(&response)?);

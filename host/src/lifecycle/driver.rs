@@ -29,8 +29,8 @@ use super::in_flight::InFlight;
 use super::observe::{Observer, Reason};
 use super::pass::{add_references, bridges, controller_of, doomed, orphans, Doomed};
 use super::verdict::{adopt_ops, apply_ops, decide_patch, Hold, Observed, Rules, Verdict};
+use crate::cluster::proof::Proven;
 use crate::cluster::{self, ApiError, Cluster, Judged, Key, Preconditions, Selector};
-use crate::proof::Proven;
 
 /// The most often a source is swept after its new snapshots (seconds).
 pub(crate) const SWEEP_EVERY_SECS: i64 = 60;

@@ -9,8 +9,8 @@ use config_snapshot_policy::model::object::ObjectExt;
 use serde_json::Value;
 
 use super::in_flight::InFlight;
+use crate::cluster::proof::Prover;
 use crate::cluster::{key, Cluster, Preconditions};
-use crate::proof::Prover;
 
 /// Deletes `snapshot` under `preconditions` if every invariant holds.
 pub fn delete_snapshot(

@@ -21,7 +21,7 @@ pub mod observe;
 pub mod pass;
 pub mod resync;
 pub mod verdict;
-pub mod window;
+pub mod window_clock;
 
 pub use budget::{parse_bytes, written_size, Budget, Limits};
 pub use driver::{Attempt, Driver, Ending, Next};

@@ -13,8 +13,8 @@ use super::driver::Driver;
 use super::effect::Effect;
 use super::observe::Reason;
 use super::pass::{bridges, missing_adoptions, orphans, renewals, watched_sources};
+use crate::cluster::proof::digested;
 use crate::cluster::{self, key, Cluster, Selector};
-use crate::proof::digested;
 
 /// Why a synthetic admission gave no answer.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -10,9 +10,9 @@ use config_snapshot_policy::model::source::{SourceId, SourceKind};
 use serde_json::json;
 
 use super::*;
+use crate::cluster::proof::Prover;
 use crate::lifecycle::{InFlight, Rules};
-use crate::proof::Prover;
-use crate::simulator::Shared;
+use crate::replay::simulator::Shared;
 
 const KEY_MADE: i64 = 1_800_000_000;
 const NOW: i64 = KEY_MADE + 86_400;
@@ -111,7 +111,7 @@ fn an_unsigned_snapshot_is_never_signed_by_the_pass() {
         assert_eq!((done.swept, done.unproven), (0, 1));
     }
     let kept = shared.get("ConfigMap", "shop", &name(&old)).unwrap().unwrap();
-    assert!(!p.proves(&kept) && !kept.has_annotation(crate::proof::SIGNATURE));
+    assert!(!p.proves(&kept) && !kept.has_annotation(crate::cluster::proof::SIGNATURE));
 }
 
 /// A Secret snapshot an earlier version made carries the plain SHA-256 of

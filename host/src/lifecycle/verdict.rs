@@ -43,7 +43,7 @@ use config_snapshot_policy::rollout::annotation_path;
 use serde_json::{json, Value};
 
 use super::effect::PatchIntent;
-use crate::proof::Prover;
+use crate::cluster::proof::Prover;
 
 /// What the rules need besides the objects.
 #[derive(Debug, Clone)]
@@ -324,7 +324,7 @@ fn held(intent: &PatchIntent, workload: &Value, optin: &OptIn, now: i64, rules: 
     // and a controller that rewrites a source must not roll faster because
     // someone approves in a loop.
     if !approved {
-        if let Some((opens, why)) = super::window::held(workload, now) {
+        if let Some((opens, why)) = super::window_clock::held(workload, now) {
             // A widened window is a write of the workload, which wakes
             // the hold; the hourly look only bounds a wake that was missed.
             return Err(Verdict::Later(opens.min(now + WINDOW_RECHECK_SECS), Hold::Window(why)));

@@ -11,12 +11,19 @@ use config_snapshot_policy::model::source::{SourceId, SourceKind};
 use config_snapshot_policy::model::template;
 use serde_json::{json, Value};
 
-use super::CheckResult;
+use crate::cluster::selector::Selector;
 use crate::replay::invariants;
 use crate::replay::scenario::{Check, EffectiveConfig, Expect, Invariant};
-use crate::selector::Selector;
-use crate::simulator::Admission;
-use crate::view::View;
+use crate::replay::simulator::Admission;
+use crate::replay::view::View;
+
+/// One check of a step, as the result reports it.
+#[derive(Debug, serde::Serialize)]
+pub struct CheckResult {
+    pub check: String,
+    pub ok: bool,
+    pub detail: String,
+}
 
 /// Evaluates an `expect` step against the last admission.
 pub fn expect(last: Option<&Admission>, e: &Expect, checks: &mut Vec<CheckResult>) {

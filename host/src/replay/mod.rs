@@ -8,6 +8,8 @@
 mod checks;
 pub mod invariants;
 pub mod scenario;
+pub mod simulator;
+pub mod view;
 
 use config_snapshot_policy::model::object::ObjectExt;
 use std::path::{Path, PathBuf};
@@ -19,12 +21,12 @@ use config_snapshot_policy::model::duration::{parse_go_duration, parse_rfc3339};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::engine::Engine;
+use crate::cluster::selector::Selector;
+use crate::kubewarden::admission_review;
+use crate::kubewarden::engine::Engine;
 use crate::replay::scenario::{Scenario, Step};
-use crate::review;
-use crate::selector::Selector;
-use crate::simulator::{Admission, Fault, Recorded, Simulator};
-pub use checks::{assert, effective_config, expect, EffectiveError};
+use crate::replay::simulator::{Admission, Fault, Recorded, Simulator};
+pub use checks::{assert, effective_config, expect, CheckResult, EffectiveError};
 
 #[derive(Debug, Serialize)]
 pub struct ScenarioResult {
@@ -42,13 +44,6 @@ pub struct StepResult {
     pub checks: Vec<CheckResult>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct CheckResult {
-    pub check: String,
-    pub ok: bool,
-    pub detail: String,
 }
 
 impl ScenarioResult {
@@ -227,9 +222,9 @@ pub fn run_step(
         }
         Step::Review(file) => {
             let path: PathBuf = base.join(file);
-            let request = review::read_request(&path)?;
+            let request = admission_review::read_request(&path)?;
             let (admission, mutated) = sim.review_only(&request)?;
-            let response = review::response(&request, &admission.response, mutated.as_ref())?;
+            let response = admission_review::response(&request, &admission.response, mutated.as_ref())?;
             sim.note(format!(
                 "review {}: allowed={} patch={}",
                 file,

@@ -19,9 +19,9 @@ use super::prefetch::{self, ObjectOnly};
 use super::scope::RequestScope;
 use super::state::State;
 use crate::capability::{Caller, Capability, Subject};
+use crate::cluster::proof::{Provenance, Prover};
 use crate::cluster::shown;
-use crate::engine::{CallFailure, CallHandler};
-use crate::proof::{Provenance, Prover};
+use crate::kubewarden::engine::{CallFailure, CallHandler};
 use config_snapshot_policy::model::settings::Settings;
 
 /// Request uids of the host's own admissions (the resync's) start with
@@ -432,7 +432,7 @@ fn respond(head: &RequestHeader, request: &RawValue, validation: &Value) -> Resu
             .unwrap_or(Value::Null),
         _ => Value::Null,
     };
-    let review = crate::review::response(
+    let review = crate::kubewarden::admission_review::response(
         &json!({"uid": head.uid, "object": original}),
         validation,
         mutated.as_ref(),

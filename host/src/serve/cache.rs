@@ -19,12 +19,13 @@ use kube::Client;
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
+use config_snapshot_policy::model::kinds::{self, WorkloadKind};
 use config_snapshot_policy::model::source::{SourceId, SourceKind};
 
 use super::metrics::KindLabels;
+use crate::cluster::proof::Prover;
+use crate::cluster::referrers::Referrers;
 use crate::cluster::{self, ApiError, Selector};
-use crate::proof::Prover;
-use crate::referrers::Referrers;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 
@@ -32,7 +33,7 @@ use prometheus_client::metrics::gauge::Gauge;
 pub use config_snapshot_policy::model::kinds::KINDS;
 
 pub fn api_resource(kind: &str) -> Option<ApiResource> {
-    config_snapshot_policy::model::kinds::find(kind)
+    kinds::find(kind)
         .map(|k| ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(k.group(), k.version(), k.kind), k.plural))
 }
 
@@ -330,7 +331,7 @@ impl Cache {
                         "cache applied"
                     );
                     let kept = self.kept(trim(o, ar));
-                    let workload = config_snapshot_policy::model::kinds::WorkloadKind::from_kind(kind).map(|_| {
+                    let workload = WorkloadKind::from_kind(kind).map(|_| {
                         let text = |p: &str| kept.pointer(p).and_then(Value::as_str).unwrap_or_default().to_string();
                         (kind.to_string(), text("/metadata/namespace"), text("/metadata/name"))
                     });
@@ -350,10 +351,7 @@ impl Cache {
                     indexed.remove(kind, &ns, &name);
                     self.count(kind, &indexed);
                 }
-                Err(e)
-                    if not_served(&e)
-                        && config_snapshot_policy::model::kinds::find(kind).is_some_and(|k| k.optional) =>
-                {
+                Err(e) if not_served(&e) && kinds::find(kind).is_some_and(|k| k.optional) => {
                     if !self.kinds[kind].absent.swap(true, Ordering::SeqCst) {
                         tracing::info!(
                             kind,

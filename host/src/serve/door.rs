@@ -29,7 +29,7 @@ use ring::hmac;
 use subtle::ConstantTimeEq as _;
 use zeroize::Zeroizing;
 
-use crate::proof::Keyring;
+use crate::cluster::proof::Keyring;
 
 /// What the token is the MAC of, with the hour: a label of its own, so that
 /// it is never the MAC of anything else the key signs.

@@ -24,7 +24,7 @@ pub mod queue;
 mod refusal;
 pub mod registration;
 mod report;
-pub mod resync;
+pub mod resync_timer;
 pub mod scope;
 pub mod signing;
 pub mod source_reads;
@@ -42,7 +42,7 @@ use options::at_least_a_second;
 pub use options::Options;
 pub use state::{build, build_with_engine, State};
 
-use crate::proof::{Keyring, Prover};
+use crate::cluster::proof::{Keyring, Prover};
 
 /// The key Secret serve keeps its keyring in, and what it checks of it.
 pub fn key_secret(options: &Options, client: Client) -> signing::KeySecret {
@@ -69,7 +69,7 @@ pub async fn run(options: Options) -> Result<()> {
     // The module first: a refused digest must stop serve before it joins
     // the cluster.
     let (module, origin) =
-        crate::registry::load(&options.registry, &options.policy, options.policy_digest.as_deref()).await?;
+        crate::kubewarden::registry::load(&options.registry, &options.policy, options.policy_digest.as_deref()).await?;
     tracing::info!(policy = %origin, "policy loaded");
     let client = Client::try_default()
         .await
@@ -175,7 +175,7 @@ async fn resync_loop(state: Arc<State>, interval: Duration) {
     }
     loop {
         if state.leadership.leading() {
-            resync::once(&state).await;
+            resync_timer::once(&state).await;
             state.metrics.resync_passes.inc();
         }
         tokio::time::sleep(interval.max(Duration::from_secs(1))).await;

@@ -26,7 +26,7 @@ pub struct Options {
     #[arg(long, env = "CONFIG_SNAPSHOT_POLICY_DIGEST")]
     pub policy_digest: Option<String>,
     #[command(flatten)]
-    pub registry: crate::registry::Access,
+    pub registry: crate::kubewarden::registry::Access,
     /// Policy settings as JSON (see policy-metadata.yml).
     #[arg(long, default_value = "{}", env = "CONFIG_SNAPSHOT_SETTINGS")]
     pub settings_json: String,
@@ -286,7 +286,7 @@ impl Options {
 
     /// The engine's limits from `--policy-instances` and
     /// `--policy-memory-mib`.
-    pub fn engine_limits(&self) -> Result<crate::engine::Limits> {
+    pub fn engine_limits(&self) -> Result<crate::kubewarden::engine::Limits> {
         if self.policy_instances < 2 {
             return Err(anyhow!("--policy-instances: at least 2 (one is kept for the resync)"));
         }
@@ -295,7 +295,7 @@ impl Options {
             .checked_mul(1 << 20)
             .filter(|b| *b >= 4 << 20)
             .ok_or_else(|| anyhow!("--policy-memory-mib: at least 4"))?;
-        Ok(crate::engine::Limits {
+        Ok(crate::kubewarden::engine::Limits {
             instances: self.policy_instances,
             memory_bytes,
         })

@@ -54,7 +54,7 @@ use tokio::sync::{oneshot, Semaphore};
 use super::apiserver::{KubeCluster, Listed};
 use super::source_reads::LIST_AT_MOST;
 use crate::cluster;
-use crate::proof::Prover;
+use crate::cluster::proof::Prover;
 
 /// A source to read, in the request's namespace.
 #[derive(Debug, Clone, PartialEq)]

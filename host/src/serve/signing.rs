@@ -37,7 +37,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::Client;
 use zeroize::Zeroizing;
 
-use crate::proof::{Keyring, Prover, MIN_KEY_BYTES};
+use crate::cluster::proof::{Keyring, Prover, MIN_KEY_BYTES};
 
 /// The current key within the Secret.
 pub(crate) const CURRENT: &str = "key";

@@ -16,9 +16,9 @@ use super::options::Options;
 use super::queue::{self, Queue, QueueSettings, WorkerContext};
 use super::report::Report;
 use super::{events, leader};
-use crate::engine::Engine;
+use crate::cluster::proof::Prover;
+use crate::kubewarden::engine::Engine;
 use crate::lifecycle::{Budget, Rules};
-use crate::proof::Prover;
 
 /// Shared by the HTTP handlers, the effect worker and the resync.
 pub struct State {

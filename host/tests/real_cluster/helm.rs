@@ -316,10 +316,10 @@ pub fn user_chart_story(cp: &ControlPlane) {
     let ns = "story-helm";
     cp.namespace(ns);
     let chart = "e2e-tests/helm/app";
-    let greeting = |view: &config_snapshot::view::Objects| {
+    let greeting = |view: &config_snapshot::replay::view::Objects| {
         effective(view, "Deployment", "web", ns, "configmap/app-config")["greeting"].clone()
     };
-    let revisions = |view: &config_snapshot::view::Objects| count(view, "ReplicaSet");
+    let revisions = |view: &config_snapshot::replay::view::Objects| count(view, "ReplicaSet");
     let settled = |what: &str, replica_sets: usize| {
         eventually(what, 30, || (revisions(&cp.objects(ns)) == replica_sets).then_some(()));
         // Longer than the storm guard and a resync: nothing more rolls.

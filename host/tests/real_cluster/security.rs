@@ -258,7 +258,7 @@ fn rendered(cp: &ControlPlane, dir: &str) -> Vec<Value> {
     let text = cp.kubectl(&["kustomize", &root().join(dir).display().to_string()]);
     let path = cp.dir.join("rendered.yaml");
     std::fs::write(&path, text).unwrap();
-    config_snapshot::review::read_objects(&path).unwrap()
+    config_snapshot::kubewarden::admission_review::read_objects(&path).unwrap()
 }
 
 /// `kubectl auth can-i` as serve: whether it may.

@@ -177,7 +177,7 @@ impl ServeProcess {
     /// signs with the key file the harness wrote for it.
     pub fn door_path(&self) -> String {
         let key = std::fs::read(self.dir.join("signing.key")).expect("serve signs with the harness's key file");
-        let ring = config_snapshot::proof::Keyring::of(&key).unwrap();
+        let ring = config_snapshot::cluster::proof::Keyring::of(&key).unwrap();
         config_snapshot::serve::door::path_of(&ring, config_snapshot_policy::model::duration::unix_now()).to_string()
     }
 

@@ -13,7 +13,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use config_snapshot::cluster::{ApiError, Cluster, Preconditions};
-use config_snapshot::simulator::HOST_USER;
+use config_snapshot::replay::simulator::HOST_USER;
 use serde_json::{json, Value};
 
 use super::{lock, type_of, Inner};

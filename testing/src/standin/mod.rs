@@ -28,7 +28,7 @@ use std::time::Duration;
 use axum::http::Method;
 use axum::Router;
 use config_snapshot::cluster::{ApiError, Cluster, Preconditions};
-use config_snapshot::simulator::{Shared, Simulator};
+use config_snapshot::replay::simulator::{Shared, Simulator};
 use config_snapshot_policy::model::duration::unix_now;
 use config_snapshot_policy::model::keys;
 use config_snapshot_policy::model::kinds::KINDS;

@@ -2,8 +2,8 @@
 //! review, asking for what no real admission of the object could cause.
 
 use super::*;
+use crate::cluster::proof::Prover;
 use crate::lifecycle::Rules;
-use crate::proof::Prover;
 use config_snapshot_policy::model::content::snapshot_object;
 use config_snapshot_policy::model::settings::Settings;
 use std::num::NonZeroU32;

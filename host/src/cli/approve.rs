@@ -1,0 +1,119 @@
+//! `status` and `approve`: what a workload's watched changes wait for, and
+//! the approval of one (`config_snapshot::tools::status`).
+
+use config_snapshot_policy::model::object::ObjectExt;
+use std::process::ExitCode;
+
+use anyhow::{anyhow, Result};
+use config_snapshot::tools::history::Target;
+use config_snapshot::tools::status::{approval, render, status};
+use config_snapshot_policy::model::duration::unix_now;
+use config_snapshot_policy::model::keys;
+use serde_json::Value;
+
+use super::ReadFrom;
+
+/// What a workload's watched changes wait for: its watch mode, its rollout
+/// window (open or when it opens), the changes pending and approved, its
+/// last watch rollout and rollback.
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    /// The workload: deploy/NAME, sts/NAME or ds/NAME.
+    workload: String,
+    #[command(flatten)]
+    from: ReadFrom,
+}
+
+/// Approve a workload's pending watch rollout (watch mode `approve`): it
+/// rolls out within seconds. Refused when what you name is no longer
+/// pending: its source changed again since you looked.
+#[derive(Debug, clap::Args)]
+pub struct ApproveArgs {
+    /// The workload: deploy/NAME, sts/NAME or ds/NAME.
+    workload: String,
+    /// Approve only this pending snapshot (as `status` or the
+    /// RolloutPending Event names it); repeatable. By default, every
+    /// pending change.
+    #[arg(long = "snapshot", value_name = "NAME")]
+    snapshots: Vec<String>,
+    /// The namespace (default: the kubeconfig context's).
+    #[arg(short, long)]
+    namespace: Option<String>,
+}
+
+pub fn status_command(args: StatusArgs) -> Result<ExitCode> {
+    let target = Target::parse(&args.workload)?;
+    let (workload, now) = match args.from.replayed()? {
+        Some(sim) => {
+            let namespace = args.from.namespace_in(None);
+            let workload = sim
+                .get(target.kind.kind(), &namespace, &target.name)
+                .ok_or_else(|| anyhow!("{target} not found in namespace {namespace}"))?;
+            (workload, sim.now())
+        }
+        None => super::runtime()?.block_on(async {
+            let client = super::client().await?;
+            let namespace = args.from.namespace_in(Some(&client));
+            Ok::<_, anyhow::Error>((read(&client, &target, &namespace).await?, unix_now()))
+        })?,
+    };
+    let status = status(&target, &workload, now);
+    if args.from.json() {
+        println!("{}", serde_json::to_string_pretty(&status)?);
+    } else {
+        print!("{}", render(&status, now));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn approve_command(args: ApproveArgs) -> Result<ExitCode> {
+    let target = Target::parse(&args.workload)?;
+    super::runtime()?.block_on(async {
+        let client = super::client().await?;
+        let namespace = args
+            .namespace
+            .clone()
+            .unwrap_or_else(|| client.default_namespace().to_string());
+        let workload = read(&client, &target, &namespace).await?;
+        let approved = match approval(&target, &workload, &args.snapshots) {
+            Ok(approved) => approved,
+            Err(refused) => {
+                eprintln!("config-snapshot: refused: {refused}");
+                return Ok(ExitCode::from(1));
+            }
+        };
+        // Pinned to the version read: a change recorded meanwhile is
+        // judged again by whoever runs this again.
+        let patch = serde_json::json!({"metadata": {
+            "resourceVersion": workload.meta("resourceVersion"),
+            "annotations": {keys::APPROVE: approved.to_string()},
+        }});
+        api(&client, &target, &namespace)
+            .patch(
+                &target.name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .map_err(|e| anyhow!("approving on {target}: {e}"))?;
+        println!(
+            "approved on {target}: {approved}; it rolls out within seconds (see `config-snapshot status {target}`)"
+        );
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+fn api(client: &kube::Client, target: &Target, namespace: &str) -> kube::Api<kube::api::DynamicObject> {
+    let resource =
+        config_snapshot::serve::cache::api_resource(target.kind.kind()).expect("a workload kind of the table");
+    kube::Api::namespaced_with(client.clone(), namespace, &resource)
+}
+
+async fn read(client: &kube::Client, target: &Target, namespace: &str) -> Result<Value> {
+    let object = api(client, target, namespace)
+        .get_opt(&target.name)
+        .await
+        .map_err(|e| anyhow!("reading {target}: {e}"))?
+        .ok_or_else(|| anyhow!("{target} not found in namespace {namespace}"))?;
+    Ok(serde_json::to_value(object)?)
+}

@@ -1,0 +1,243 @@
+//! `config-snapshot keys`: the signing keyring's life (docs/security.md,
+//! "The signing key"), run by a key administrator with their kubeconfig:
+//! the guard lets them, and serve's ServiceAccount, write the key Secret.
+//!
+//! - `list`: the keys' ids, the current one first (never a key);
+//! - `rotate`: a new current key; the others still verify;
+//! - `restore -f BACKUP`: a backup's keys join the ring (the current key
+//!   stays current), and the Secret is written again under its guard
+//!   (created anew if it predates the guard, as after a reinstall);
+//! - `sign-unsigned`: after an upgrade from a version that did not sign,
+//!   lists the unsigned, well-formed snapshots and, with `--yes`, signs
+//!   them. serve never does: an unsigned object with our label could be
+//!   anyone's, and only an operator can tell.
+//!
+//! serve's replicas watch the Secret and use a changed ring at once.
+
+use config_snapshot_policy::model::object::ObjectExt;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{anyhow, Context as _, Result};
+use clap::{Args as ClapArgs, Subcommand};
+use config_snapshot_policy::model::keys as labels;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::Client;
+use serde_json::{json, Value};
+
+use config_snapshot::cluster::proof::{Keyring, Prover, SIGNATURE};
+use config_snapshot::serve::signing::{ring_of, KeySecret};
+
+#[derive(ClapArgs)]
+pub struct Args {
+    #[command(subcommand)]
+    command: Keys,
+    /// serve's namespace, where the key Secret is.
+    #[arg(long, short = 'n', global = true, default_value = "config-snapshot")]
+    namespace: String,
+    /// The key Secret's name (serve's `--signing-key-secret`).
+    #[arg(long, global = true, default_value = "config-snapshot-signing-key")]
+    secret: String,
+    /// The guard's ValidatingAdmissionPolicy and binding (serve's
+    /// `--signing-key-guard`): a written Secret is created after it is in
+    /// force, so that serve trusts it.
+    #[arg(long, global = true, default_value = "config-snapshot-signing-key")]
+    guard: String,
+    /// serve's ServiceAccount, which the guard names.
+    #[arg(long, global = true, default_value = "config-snapshot")]
+    service_account: String,
+}
+
+#[derive(Subcommand)]
+enum Keys {
+    /// The keys' ids, the current one first.
+    List,
+    /// Makes a new key current; the earlier ones still verify what they
+    /// signed.
+    Rotate,
+    /// Adds a backup's keys (a `kubectl get secret -o yaml` of the key
+    /// Secret) to the ring, or writes the ring from it if there is none.
+    Restore {
+        #[arg(long, short = 'f')]
+        file: PathBuf,
+    },
+    /// Lists snapshots made by a version that did not sign (well formed,
+    /// unsigned, and made before the key Secret was: a version that signs
+    /// made that Secret, and signs what it makes, so anything unsigned made
+    /// since is a look-alike); with `--yes`, signs them with the current
+    /// key.
+    SignUnsigned {
+        /// Namespaces to look in (every one: omit).
+        #[arg(long = "in", value_delimiter = ',')]
+        namespaces: Vec<String>,
+        /// Only objects made before this time (RFC 3339); default: when the
+        /// key Secret was made.
+        #[arg(long)]
+        made_before: Option<String>,
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    config_snapshot::use_ring_for_tls();
+    super::runtime()?.block_on(async move {
+        let client = Client::try_default()
+            .await
+            .context("connecting to the API server (KUBECONFIG or in-cluster)")?;
+        let secret = KeySecret {
+            client: client.clone(),
+            namespace: args.namespace.clone(),
+            name: args.secret.clone(),
+            service_account: args.service_account.clone(),
+            guard: args.guard.clone(),
+            trust_unguarded: true,
+        };
+        let current = || async {
+            let api: Api<Secret> = Api::namespaced(client.clone(), &args.namespace);
+            api.get_opt(&args.secret)
+                .await
+                .with_context(|| format!("reading Secret {}/{}", args.namespace, args.secret))
+        };
+        let missing = || no_secret(&args.namespace, &args.secret);
+        match &args.command {
+            Keys::List => {
+                let live = current().await?.ok_or_else(missing)?;
+                for (i, id) in ring_of(&live)?.ids().iter().enumerate() {
+                    println!("{id}{}", if i == 0 { "  (current: signs and names)" } else { "" });
+                }
+            }
+            Keys::Rotate => {
+                let live = current().await?.ok_or_else(missing)?;
+                let ring = ring_of(&live)?
+                    .rotated(Keyring::generate_key())
+                    .map_err(|e| anyhow!("{e}"))?;
+                secret.write(&ring).await?;
+                println!("rotated: {} signs now; {} keys verify", ring.ids()[0], ring.ids().len());
+            }
+            Keys::Restore { file } => {
+                let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+                let backup: Secret =
+                    serde_yaml_ng::from_str(&text).with_context(|| format!("{} is not a Secret", file.display()))?;
+                let restored = ring_of(&backup)?;
+                let ring = match current().await? {
+                    Some(live) => ring_of(&live)?.merged(&restored).map_err(|e| anyhow!("{e}"))?,
+                    None => restored,
+                };
+                secret.write(&ring).await?;
+                println!("restored: {} keys verify; {} signs", ring.ids().len(), ring.ids()[0]);
+            }
+            Keys::SignUnsigned {
+                namespaces,
+                made_before,
+                yes,
+            } => {
+                let live = current().await?.ok_or_else(missing)?;
+                let prover = Prover::with(&ring_of(&live)?);
+                let before = match made_before {
+                    Some(text) => config_snapshot_policy::model::duration::parse_rfc3339(text)
+                        .ok_or_else(|| anyhow!("--made-before {text:?}: not an RFC 3339 time"))?,
+                    None => live
+                        .metadata
+                        .creation_timestamp
+                        .as_ref()
+                        .map(|t| t.0.as_second())
+                        .ok_or_else(|| anyhow!("the key Secret has no creation time: give --made-before"))?,
+                };
+                let found = sign_unsigned(&client, &prover, namespaces, before, *yes).await?;
+                if found > 0 && !*yes {
+                    println!("{found} unsigned; sign them with --yes if config-snapshot made them");
+                }
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+fn no_secret(namespace: &str, secret: &str) -> anyhow::Error {
+    anyhow!("no Secret {namespace}/{secret}: serve makes one when it starts")
+}
+
+/// Lists (and with `sign`, signs) the unsigned, well-formed snapshots in
+/// `namespaces` (all if empty) made before `before` (unix seconds). How
+/// many there were. One made at or after `before` is named and left.
+async fn sign_unsigned(
+    client: &Client,
+    prover: &Prover,
+    namespaces: &[String],
+    before: i64,
+    sign: bool,
+) -> Result<usize> {
+    let selector = format!("{}={}", labels::MANAGED_BY, labels::MANAGED_BY_VALUE);
+    let params = ListParams::default().labels(&selector);
+    let mut found = 0;
+    let scopes: Vec<Option<&str>> = if namespaces.is_empty() {
+        vec![None]
+    } else {
+        namespaces.iter().map(|n| Some(n.as_str())).collect()
+    };
+    for scope in scopes {
+        let mut objects: Vec<Value> = Vec::new();
+        let configmaps: Api<ConfigMap> = match scope {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
+        for item in configmaps.list(&params).await?.items {
+            objects.push(
+                json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": item.metadata,
+                "data": item.data, "binaryData": item.binary_data, "immutable": item.immutable}),
+            );
+        }
+        let secrets: Api<Secret> = match scope {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
+        for item in secrets.list(&params).await?.items {
+            objects.push(json!({"apiVersion": "v1", "kind": "Secret", "metadata": item.metadata,
+                "data": item.data, "type": item.type_, "immutable": item.immutable}));
+        }
+        for mut object in objects {
+            if !prover.unsigned(&object) {
+                continue;
+            }
+            let kind = object["kind"].as_str().unwrap_or_default().to_string();
+            let ns = object.namespace().unwrap_or_default().to_string();
+            let name = object.name().to_string();
+            let made = object
+                .creation_timestamp()
+                .and_then(config_snapshot_policy::model::duration::parse_rfc3339);
+            if made.is_none_or(|t| t >= before) {
+                println!("{kind} {ns}/{name}: unsigned, but made after the key: not config-snapshot's, left alone");
+                continue;
+            }
+            found += 1;
+            println!("{kind} {ns}/{name}: unsigned");
+            if !sign {
+                continue;
+            }
+            prover.sign(&mut object);
+            let patch = json!({"metadata": {
+                "resourceVersion": object.meta("resourceVersion"),
+                "annotations": {SIGNATURE: object.annotation(SIGNATURE)},
+            }});
+            let params = PatchParams::default();
+            let result = if kind == "Secret" {
+                Api::<Secret>::namespaced(client.clone(), &ns)
+                    .patch(&name, &params, &Patch::Merge(&patch))
+                    .await
+                    .map(|_| ())
+            } else {
+                Api::<ConfigMap>::namespaced(client.clone(), &ns)
+                    .patch(&name, &params, &Patch::Merge(&patch))
+                    .await
+                    .map(|_| ())
+            };
+            match result {
+                Ok(()) => println!("  signed"),
+                Err(e) => println!("  not signed: {e}"),
+            }
+        }
+    }
+    Ok(found)
+}

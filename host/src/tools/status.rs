@@ -1,0 +1,238 @@
+//! `status` and `approve`: what a workload's watched changes wait for, read
+//! from its own annotations (docs/design.md, "Notify and approve"), and
+//! which of them an approval may name. Both read the workload alone: the
+//! host keeps on it everything a person needs (the pending record, the last
+//! watch rollout, the last rollback), so any replica, or none, can answer.
+
+use config_snapshot_policy::model::approval::{Entries, WatchMode};
+use config_snapshot_policy::model::keys;
+use config_snapshot_policy::model::object::ObjectExt;
+use config_snapshot_policy::model::records::{Rollback, WatchRollout};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::tools::history::Target;
+
+/// What a workload's watched changes wait for.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Status {
+    pub workload: String,
+    pub namespace: String,
+    pub watch: Option<String>,
+    pub watch_mode: &'static str,
+    /// `settle` as written, and until when its recorded changes settle
+    /// (unix seconds).
+    pub settle: Option<(String, Option<i64>)>,
+    /// The window and, if it is closed now, when it opens.
+    pub rollout_window: Option<Window>,
+    /// Source → the snapshot its held change would roll to.
+    pub pending: Vec<(String, String)>,
+    /// Source → the snapshot approved and not yet rolled.
+    pub approved: Vec<(String, String)>,
+    /// The last watch rollout: when (unix seconds), which source, to what.
+    pub last_watch_rollout: Option<(i64, String, String)>,
+    /// The last rollback: when (unix seconds), and how many so far.
+    pub last_rollback: Option<(i64, u64)>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Window {
+    pub schedule: String,
+    pub zone: String,
+    /// `None` when open now; else why it holds (when it opens).
+    pub held: Option<String>,
+}
+
+fn listed(entries: &Entries) -> Vec<(String, String)> {
+    entries.iter().map(|(id, s)| (id.to_string(), s.to_string())).collect()
+}
+
+/// The status of `workload` (as stored) at `now`.
+pub fn status(target: &Target, workload: &Value, now: i64) -> Status {
+    let annotations = workload.annotations();
+    let text = |key: &str| annotations.and_then(|a| a.get(key)).and_then(Value::as_str);
+    let rollout_window = text(keys::ROLLOUT_WINDOW).map(|schedule| Window {
+        schedule: schedule.to_string(),
+        zone: text(keys::ROLLOUT_WINDOW_ZONE).unwrap_or("UTC").to_string(),
+        held: crate::lifecycle::window_clock::held(workload, now).map(|(_, why)| why),
+    });
+    Status {
+        workload: target.to_string(),
+        namespace: workload.namespace().unwrap_or_default().to_string(),
+        watch: text(keys::WATCH).map(str::to_string),
+        watch_mode: WatchMode::of(annotations).name(),
+        settle: text(keys::SETTLE).map(|s| {
+            let until = crate::lifecycle::verdict::settle_until(workload);
+            (s.to_string(), (until > 0).then_some(until))
+        }),
+        rollout_window,
+        pending: listed(&Entries::on(annotations, keys::PENDING)),
+        approved: listed(&Entries::on(annotations, keys::APPROVE)),
+        last_watch_rollout: WatchRollout::of(workload).map(|r| (r.at, r.source.to_string(), r.snapshot)),
+        last_rollback: Rollback::of(workload).map(|r| (r.at, r.count)),
+    }
+}
+
+/// The text users read.
+pub fn render(status: &Status, now: i64) -> String {
+    let ago = |at: i64| format!("{}s ago", (now - at).max(0));
+    let mut out = format!("{} in namespace {}\n", status.workload, status.namespace);
+    let mut line = |label: &str, value: String| out.push_str(&format!("  {label:<19}{value}\n"));
+    line("watches", status.watch.clone().unwrap_or_else(|| "nothing".into()));
+    line("watch mode", status.watch_mode.to_string());
+    if let Some((settle, until)) = &status.settle {
+        let state = match until {
+            Some(t) if *t > now => format!(": settling, {}s to go", t - now),
+            _ => String::new(),
+        };
+        line("settle", format!("{settle}{state}"));
+    }
+    if let Some(w) = &status.rollout_window {
+        let state = w.held.clone().unwrap_or_else(|| "open now".into());
+        line("rollout window", format!("{:?} ({}): {state}", w.schedule, w.zone));
+    }
+    if status.pending.is_empty() {
+        line("pending", "nothing".into());
+    }
+    for (source, snapshot) in &status.pending {
+        let next = match status.watch_mode {
+            "approve" => format!("awaits `config-snapshot approve {}`", status.workload),
+            "notify" => "announced; notify mode rolls nothing".to_string(),
+            _ if status.rollout_window.as_ref().is_some_and(|w| w.held.is_some()) => {
+                "waits for its rollout window".to_string()
+            }
+            _ if status.settle.is_some() => "rolls with the others once its sources settle".to_string(),
+            _ => "rolls at its next look".to_string(),
+        };
+        line("pending", format!("{source} -> {snapshot} ({next})"));
+    }
+    for (source, snapshot) in &status.approved {
+        line("approved", format!("{source} -> {snapshot}"));
+    }
+    if let Some((at, source, snapshot)) = &status.last_watch_rollout {
+        line("last watch rollout", format!("{source} -> {snapshot}, {}", ago(*at)));
+    }
+    if let Some((at, count)) = status.last_rollback {
+        line("last rollback", format!("{} (rollback {count})", ago(at)));
+    }
+    out
+}
+
+/// Why an approval was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ApproveError {
+    #[error(
+        "{workload}'s watch mode is {mode}: nothing waits for an approval (set config-snapshot.io/watch-mode: approve)"
+    )]
+    NotApproveMode { workload: String, mode: &'static str },
+    #[error("{workload} has no change pending")]
+    NothingPending { workload: String },
+    #[error("snapshot {snapshot} is not pending on {workload}: its source changed since (pending: {pending})")]
+    NotPending {
+        workload: String,
+        snapshot: String,
+        pending: String,
+    },
+}
+
+/// The approve annotation that approves `only` (snapshot names; all that
+/// is pending when empty) on `workload`, with the approvals it carries.
+/// An approval must name what is pending now: a snapshot the user saw
+/// whose source has since changed again is refused.
+pub fn approval(target: &Target, workload: &Value, only: &[String]) -> Result<Entries, ApproveError> {
+    let annotations = workload.annotations();
+    let name = target.to_string();
+    let mode = WatchMode::of(annotations);
+    if mode != WatchMode::Approve {
+        return Err(ApproveError::NotApproveMode {
+            workload: name,
+            mode: mode.name(),
+        });
+    }
+    let pending = Entries::on(annotations, keys::PENDING);
+    if pending.is_empty() {
+        return Err(ApproveError::NothingPending { workload: name });
+    }
+    if let Some(missing) = only.iter().find(|s| !pending.iter().any(|(_, p)| p == s.as_str())) {
+        return Err(ApproveError::NotPending {
+            workload: name,
+            snapshot: missing.clone(),
+            pending: pending.to_string(),
+        });
+    }
+    let mut approved = Entries::on(annotations, keys::APPROVE);
+    for (id, snapshot) in pending.iter() {
+        if only.is_empty() || only.iter().any(|s| s == snapshot) {
+            approved.set(id.clone(), snapshot);
+        }
+    }
+    Ok(approved)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn web(annotations: Value) -> (Target, Value) {
+        (
+            Target::parse("deploy/web").unwrap(),
+            json!({"metadata": {"name": "web", "namespace": "ns", "annotations": annotations}}),
+        )
+    }
+
+    #[test]
+    fn approves_what_is_pending_and_refuses_what_is_not() {
+        let (t, w) = web(json!({
+            keys::WATCH_MODE: "approve",
+            keys::PENDING: "configmap/app=app-2, secret/db=db-k-9",
+            keys::APPROVE: "configmap/other=other-1",
+        }));
+        let all = approval(&t, &w, &[]).unwrap();
+        assert_eq!(
+            all.to_string(),
+            "configmap/other=other-1, configmap/app=app-2, secret/db=db-k-9"
+        );
+        let one = approval(&t, &w, &["app-2".into()]).unwrap();
+        assert_eq!(one.to_string(), "configmap/other=other-1, configmap/app=app-2");
+        let stale = approval(&t, &w, &["app-1".into()]).unwrap_err();
+        assert!(matches!(stale, ApproveError::NotPending { .. }), "{stale}");
+        assert!(stale.to_string().contains("changed since"));
+    }
+
+    #[test]
+    fn refuses_outside_approve_mode_and_with_nothing_pending() {
+        let (t, w) = web(json!({keys::PENDING: "configmap/app=app-2"}));
+        assert!(matches!(
+            approval(&t, &w, &[]),
+            Err(ApproveError::NotApproveMode { mode: "roll", .. })
+        ));
+        let (t, w) = web(json!({keys::WATCH_MODE: "approve"}));
+        assert!(matches!(
+            approval(&t, &w, &[]),
+            Err(ApproveError::NothingPending { .. })
+        ));
+    }
+
+    #[test]
+    fn status_reads_the_records_and_the_window() {
+        // Friday 2026-11-27 12:00 UTC: a weeknight window is closed.
+        let now = 1_795_780_800;
+        let (t, w) = web(json!({
+            keys::WATCH: "configmap/app",
+            keys::WATCH_MODE: "approve",
+            keys::ROLLOUT_WINDOW: "0 22 * * 1-5 for 8h",
+            keys::PENDING: "configmap/app=app-2",
+        }));
+        let s = status(&t, &w, now);
+        assert_eq!(s.watch_mode, "approve");
+        assert_eq!(s.pending, vec![("configmap/app".to_string(), "app-2".to_string())]);
+        let held = s.rollout_window.as_ref().and_then(|w| w.held.clone()).unwrap();
+        assert!(held.contains("2026-11-27 22:00"), "{held}");
+        let text = render(&s, now);
+        assert!(
+            text.contains("configmap/app -> app-2 (awaits `config-snapshot approve deployment/web`)"),
+            "{text}"
+        );
+    }
+}
