@@ -32,7 +32,8 @@ use config_snapshot_policy::model::source::SourceKind;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::cluster::proof::{Proven, Prover};
+use crate::cluster::proof::proven::Proven;
+use crate::cluster::proof::Prover;
 use crate::cluster::Cluster;
 use crate::kubewarden::engine::{CallFailure, CallHandler};
 use crate::lifecycle::effect::StoredAs;

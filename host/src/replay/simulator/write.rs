@@ -15,7 +15,7 @@ use super::shared::lock;
 use super::store::key_of;
 use super::{timeline, Admission, Recorded, Simulator, HOST_USER};
 use crate::capability::{Caller, Capability};
-use crate::cluster::proof::Provenance;
+use crate::cluster::proof::proven::Provenance;
 
 impl Simulator {
     fn next_request_uid(&self) -> String {

@@ -1,0 +1,199 @@
+use super::proven::Provenance;
+use super::*;
+use config_snapshot_policy::model::content::snapshot_object;
+use config_snapshot_policy::model::source::SourceId;
+use serde_json::json;
+
+const KEY: &[u8] = b"a test key of thirty-two bytes!!";
+const OTHER: &[u8] = b"another key, also thirty-two by!";
+
+fn prover() -> Prover {
+    Prover::new(KEY)
+}
+
+fn made_in(p: &Prover, namespace: &str, kind: SourceKind, data: Value) -> Value {
+    let content = Content::from_object(kind, &json!({ "data": data })).unwrap();
+    let name = p.snapshot_name(namespace, "app", &content);
+    let mut object = snapshot_object(&SourceId::new(kind, "app"), namespace, &name, "7", &content);
+    p.sign(&mut object);
+    object
+}
+
+fn made(p: &Prover, kind: SourceKind, data: Value) -> Value {
+    made_in(p, "shop", kind, data)
+}
+
+#[test]
+fn what_the_host_signed_verifies_and_nothing_forged_does() {
+    let p = prover();
+    let good = made(&p, SourceKind::ConfigMap, json!({"mode": "blue"}));
+    assert_eq!(p.verify(&good), Ok(()));
+    let mut relabelled = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "kube-proxy", "namespace": "kube-system",
+                     "labels": {keys::MANAGED_BY: keys::MANAGED_BY_VALUE}},
+        "data": {"config": "x"}});
+    assert_eq!(
+        p.verify(&relabelled),
+        Err(Unproven::Mutable),
+        "a labelled real ConfigMap"
+    );
+    relabelled["immutable"] = json!(true);
+    assert_eq!(p.verify(&relabelled), Err(Unproven::NoSource));
+    // Another key's signature does not verify.
+    let other = Prover::new(OTHER);
+    assert_eq!(
+        other.verify(&good),
+        Err(Unproven::Signature),
+        "another installation's snapshot"
+    );
+    let mut copied = good.clone();
+    copied["metadata"]["annotations"][SIGNATURE] = json!(other.signature_of("ConfigMap", "shop", "x", "app", "y"));
+    assert_eq!(p.verify(&copied), Err(Unproven::Signature));
+    // The signature bound to one namespace fails in another.
+    let mut moved = good.clone();
+    moved["metadata"]["namespace"] = json!("kube-system");
+    assert_eq!(p.verify(&moved), Err(Unproven::Signature));
+    // Data that is not what the hash says.
+    let mut tampered = good.clone();
+    tampered["data"]["mode"] = json!("green");
+    assert_eq!(p.verify(&tampered), Err(Unproven::Content));
+    let mut unsigned = good.clone();
+    unsigned["metadata"]["annotations"]
+        .as_object_mut()
+        .unwrap()
+        .remove(SIGNATURE);
+    assert_eq!(p.verify(&unsigned), Err(Unproven::Unsigned));
+}
+
+/// A Secret snapshot's name is keyed: the same content gets another
+/// name under another key, for another source, or in another
+/// namespace (a name read in `prod` is no oracle in `dev`), and the
+/// plain SHA-256 of its content appears nowhere on it.
+#[test]
+fn secret_names_are_keyed_per_namespace_and_carry_no_plain_hash() {
+    let p = prover();
+    let content = Content::from_object(SourceKind::Secret, &json!({"data": {"pw": "aHVudGVyMg=="}})).unwrap();
+    let name = p.snapshot_name("prod", "db", &content);
+    assert!(!name.contains(&content.hash()[..10]), "{name}");
+    assert_ne!(Prover::new(OTHER).snapshot_name("prod", "db", &content), name);
+    assert_ne!(p.snapshot_name("prod", "other-db", &content), name);
+    assert_ne!(p.snapshot_name("dev", "db", &content), name, "per namespace");
+    assert_eq!(p.snapshot_name("prod", "db", &content), name, "deterministic");
+    let secret = made_in(&p, "prod", SourceKind::Secret, json!({"pw": "aHVudGVyMg=="}));
+    assert_eq!(p.verify(&secret), Ok(()));
+    let text = secret.to_string();
+    assert!(!text.contains(&content.hash()), "no unkeyed hash on it: {text}");
+    assert!(!secret.has_annotation(keys::CONTENT_HASH));
+    // ConfigMaps keep the plain, reproducible name and hash.
+    let cm = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"a": "1"}})).unwrap();
+    assert_eq!(p.snapshot_name("prod", "app", &cm), snapshot_name("app", &cm.hash()));
+    assert_eq!(p.snapshot_name("dev", "app", &cm), snapshot_name("app", &cm.hash()));
+}
+
+/// Secret snapshots named by earlier schemes stay proven: keyed without
+/// the namespace (c7d6a24's), and unkeyed (before names were keyed).
+/// Upgrading renames nothing, so no template changes.
+#[test]
+fn names_of_earlier_schemes_stay_valid() {
+    let p = prover();
+    let content = Content::from_object(SourceKind::Secret, &json!({"data": {"pw": "aHVudGVyMg=="}})).unwrap();
+    let hash = content.hash();
+    let v1 = snapshot_name("app", &mac_with(p.ring().current(), &[SECRET_NAME_V1, "app", &hash]));
+    let plain = snapshot_name("app", &hash);
+    let names = p.names_for(SourceKind::Secret, "shop", "app", &hash);
+    assert_eq!(names[0], p.snapshot_name("shop", "app", &content));
+    assert!(names.contains(&v1) && names.contains(&plain), "{names:?}");
+    for name in [v1, plain] {
+        let mut old = snapshot_object(&SourceId::new(SourceKind::Secret, "app"), "shop", &name, "7", &content);
+        // As those versions made them: with the content hash.
+        old["metadata"]["annotations"][keys::CONTENT_HASH] = json!(hash);
+        p.sign(&mut old);
+        assert_eq!(p.verify(&old), Ok(()), "{name}");
+        let mut lying = old.clone();
+        lying["metadata"]["annotations"][keys::CONTENT_HASH] = json!("0".repeat(64));
+        assert_eq!(p.verify(&lying), Err(Unproven::Content));
+    }
+}
+
+/// After a rotation the new key signs and names, and what the old one
+/// signed still verifies; a ring that lost the old key no longer
+/// proves it.
+#[test]
+fn a_rotated_ring_still_proves_what_its_older_keys_signed() {
+    let old = Keyring::of(KEY).unwrap();
+    let p = Prover::with(&old);
+    let before = made(&p, SourceKind::Secret, json!({"pw": "b2xk"}));
+    let rotated = old.rotated(Zeroizing::new(OTHER.to_vec())).unwrap();
+    p.replace(&rotated);
+    assert_eq!(p.key_ids(), vec![Keyring::id(OTHER), Keyring::id(KEY)]);
+    assert_eq!(p.verify(&before), Ok(()), "signed and named by the old key");
+    let after = made(&p, SourceKind::Secret, json!({"pw": "b2xk"}));
+    assert_ne!(
+        after["metadata"]["name"], before["metadata"]["name"],
+        "the new key names"
+    );
+    assert_eq!(p.verify(&after), Ok(()));
+    assert!(Prover::new(KEY).verify(&after).is_err(), "another installation's");
+    p.replace(&Keyring::of(OTHER).unwrap());
+    assert!(p.verify(&before).is_err(), "the old key gone: unproven, left alone");
+    assert_eq!(Keyring::of(b"short").err(), Some(KeyringError::Short(5)));
+    assert_eq!(
+        rotated.merged(&old).unwrap().ids(),
+        rotated.ids(),
+        "a restore adds no key twice"
+    );
+}
+
+/// Nothing is ours because of when it was made: an unsigned snapshot
+/// is unproven, whatever its age, and only listed as unsigned.
+#[test]
+fn an_unsigned_snapshot_is_never_ours() {
+    let p = prover();
+    let mut old = made(&p, SourceKind::ConfigMap, json!({"mode": "blue"}));
+    old["metadata"]["annotations"]
+        .as_object_mut()
+        .unwrap()
+        .remove(SIGNATURE);
+    old["metadata"]["creationTimestamp"] = json!("2000-01-01T00:00:00Z");
+    assert!(!p.ours(&old) && p.forged(&old));
+    assert!(p.unsigned(&old));
+    let mut mutable = old.clone();
+    mutable["immutable"] = json!(false);
+    assert!(!p.unsigned(&mutable));
+    p.sign(&mut old);
+    assert!(p.proves(&old) && !p.unsigned(&old));
+}
+
+/// serve's cache keeps a source without its data: a keyed digest in
+/// its place, and the verdict on its proof, which stand for them.
+#[test]
+fn a_digested_source_keeps_no_data_and_stands_for_it() {
+    let p = prover();
+    let ours = made(&p, SourceKind::Secret, json!({"pw": "aHVudGVyMg=="}));
+    let kept = p.digested(&ours);
+    assert!(kept.get("data").is_none() && digested(&kept), "{kept}");
+    assert!(!kept.to_string().contains("aHVudGVyMg=="));
+    assert_eq!(p.verify(&kept), Ok(()), "proven as it was cached");
+    let content = Content::from_object(SourceKind::Secret, &ours).unwrap();
+    assert!(p.holds(&kept, &content) && p.holds(&ours, &content));
+    let other = Content::from_object(SourceKind::Secret, &json!({"data": {"pw": "eA=="}})).unwrap();
+    assert!(!p.holds(&kept, &other));
+    let mut forged = ours.clone();
+    forged["metadata"]["annotations"][SIGNATURE] = json!("00");
+    assert!(p.forged(&p.digested(&forged)), "a forgery stays one");
+    let plain = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db"}, "data": {"pw": "eA=="}});
+    assert!(!keys::is_snapshot(&p.digested(&plain)) && p.verify(&p.digested(&plain)).is_err());
+    // A review cannot pass a forgery off as the cache's verdict.
+    let mut pretend = forged.clone();
+    pretend[DIGESTED] = json!({"digest": "", "unproven": null});
+    let review = json!({"object": pretend, "oldObject": null});
+    assert!(matches!(p.provenance(&review), Provenance::Unlabel(_)));
+}
+
+#[test]
+fn the_key_never_prints() {
+    let p = prover();
+    let printed = format!("{p:?} {:?}", Keyring::of(KEY).unwrap());
+    assert!(!printed.contains("thirty"), "{printed}");
+    assert!(printed.contains(&Keyring::id(KEY)), "{printed}");
+}
