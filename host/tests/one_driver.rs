@@ -16,6 +16,7 @@ use config_snapshot::replay::simulator::Shared;
 use config_snapshot::serve::apiserver::KubeCluster;
 use config_snapshot::serve::cache::Cache;
 use config_snapshot::serve::metrics::Metrics;
+use config_snapshot_policy::host::contract::SnapshotRef;
 use config_snapshot_policy::model::content::{plain_snapshot, Content};
 use config_snapshot_policy::model::duration::format_rfc3339;
 use config_snapshot_policy::model::kinds::KINDS;
@@ -78,7 +79,10 @@ fn cluster() -> (Vec<Value>, Vec<Effect>) {
             namespace: "shop".into(),
             owner_kind: "ReplicaSet".into(),
             owner_name: "web-1".into(),
-            snapshots: vec![("ConfigMap".into(), blue.clone())],
+            snapshots: vec![SnapshotRef {
+                kind: SourceKind::ConfigMap,
+                name: blue.clone(),
+            }],
             stored_as: None,
         },
         // The edit to green landed: the watcher rolls out to green.

@@ -4,6 +4,7 @@
 //! to it (docs/design.md, "Garbage collection", Reuse and Bridges).
 //! `snapshot_name`: the name a Secret's snapshot gets, keyed.
 
+use config_snapshot_policy::host::contract::SnapshotRef;
 use config_snapshot_policy::host::contract::{
     CreateSnapshot, CreateSnapshots, Created, CreatedEach, ItemAnswer, Names, Owner, SnapshotName,
 };
@@ -278,7 +279,10 @@ impl Capability {
                     namespace: self.caller.namespace.clone(),
                     owner_kind: owner["kind"].as_str().unwrap_or_default().to_string(),
                     owner_name: owner.name().to_string(),
-                    snapshots: vec![(kind.kind().to_string(), name.to_string())],
+                    snapshots: vec![SnapshotRef {
+                        kind,
+                        name: name.to_string(),
+                    }],
                     stored_as: Some(self.stored_as()),
                 });
                 None

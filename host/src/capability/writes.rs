@@ -45,7 +45,7 @@ impl Capability {
                 .get(snapshot.kind.kind(), ns, &snapshot.name)
                 .map_err(failed)?;
             if found.is_some_and(|o| config_snapshot_policy::model::keys::is_snapshot(&o)) {
-                existing.push((snapshot.kind.kind().to_string(), snapshot.name));
+                existing.push(snapshot);
             }
         }
         if existing.is_empty() {

@@ -9,6 +9,8 @@ use config_snapshot_policy::model::kinds::WorkloadKind;
 use config_snapshot_policy::model::source::SourceId;
 use serde_json::Value;
 
+use config_snapshot_policy::host::contract::SnapshotRef;
+
 use crate::cluster::Key;
 
 /// A deferred write: run after the admission, once its preconditions hold.
@@ -19,7 +21,7 @@ pub enum Effect {
         namespace: String,
         owner_kind: String,
         owner_name: String,
-        snapshots: Vec<(String, String)>,
+        snapshots: Vec<SnapshotRef>,
         /// The object the admission that asked for it reviewed: only the
         /// one the API server stored for that request is adopted (`None`:
         /// the periodic pass's, derived from the live object itself).
@@ -242,6 +244,7 @@ impl PatchIntent {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use config_snapshot_policy::model::source::SourceKind;
     use serde_json::json;
 
     #[test]
@@ -261,7 +264,10 @@ mod tests {
             namespace: "ns".into(),
             owner_kind: "ReplicaSet".into(),
             owner_name: owner.into(),
-            snapshots: vec![("ConfigMap".into(), "app-green".into())],
+            snapshots: vec![SnapshotRef {
+                kind: SourceKind::ConfigMap,
+                name: "app-green".into(),
+            }],
             stored_as: None,
         };
         assert!(adopt("web-1").same_work(&adopt("web-1")));

@@ -14,6 +14,7 @@
 //!   nothing has used for the grace period goes, whatever its source, so
 //!   garbage is bounded by the grace period plus one pass.
 
+use config_snapshot_policy::host::contract::SnapshotRef;
 use config_snapshot_policy::model::object::ObjectExt;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -57,13 +58,16 @@ pub(crate) fn missing_adoptions(objects: &[&Value]) -> Vec<Effect> {
         };
         let (_, ns, name) = key(revision);
         let uid = revision.uid();
-        let missing: Vec<(String, String)> = used_snapshots(template)
+        let missing: Vec<SnapshotRef> = used_snapshots(template)
             .iter()
             .filter_map(|s| {
                 let (kind, snap) = (s.kind.kind(), s.name.as_str());
                 let object = snapshots.get(&(kind.to_string(), ns.clone(), snap.to_string()))?;
                 let owned = object.owner_references().iter().any(|r| r["uid"].as_str() == uid);
-                (!owned).then(|| (kind.to_string(), snap.to_string()))
+                (!owned).then(|| SnapshotRef {
+                    kind: s.kind,
+                    name: snap.to_string(),
+                })
             })
             .collect();
         if !missing.is_empty() {

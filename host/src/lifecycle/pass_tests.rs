@@ -165,7 +165,10 @@ fn a_bare_pod_adopts_what_it_names_and_a_controllers_pod_does_not() {
             namespace: "ns".into(),
             owner_kind: "Pod".into(),
             owner_name: "debug".into(),
-            snapshots: vec![("ConfigMap".into(), name(&b))],
+            snapshots: vec![SnapshotRef {
+                kind: SourceKind::ConfigMap,
+                name: name(&b),
+            }],
             stored_as: None,
         }]
     );
@@ -186,7 +189,10 @@ fn a_revision_adopts_what_it_references_and_does_not_own() {
             namespace: "ns".into(),
             owner_kind: "ReplicaSet".into(),
             owner_name: "web-1".into(),
-            snapshots: vec![("ConfigMap".into(), name(&b))],
+            snapshots: vec![SnapshotRef {
+                kind: SourceKind::ConfigMap,
+                name: name(&b),
+            }],
             stored_as: None,
         }]
     );

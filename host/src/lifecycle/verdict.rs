@@ -444,7 +444,7 @@ pub(super) fn set_entries(object: &Value, key: &str, entries: &Entries) -> Value
 
 /// Why a JSON Patch could not be applied to a local copy.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum PatchError {
+pub enum PatchError {
     #[error("not a JSON Patch: {0}")]
     Form(#[from] serde_json::Error),
     #[error(transparent)]

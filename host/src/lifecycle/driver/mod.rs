@@ -5,6 +5,7 @@
 //! backoff); what an attempt means, when an effect is over, what is then
 //! collected and what users are told is decided here.
 
+use config_snapshot_policy::host::host_error::HostError;
 use config_snapshot_policy::model::keys;
 
 use serde_json::Value;
@@ -13,7 +14,7 @@ use super::budget::Budget;
 use super::effect::Effect;
 use super::in_flight::InFlight;
 use super::observe::{Observer, Reason};
-use super::verdict::{Hold, Rules};
+use super::verdict::{Hold, PatchError, Rules};
 use crate::cluster::proof::proven::Proven;
 use crate::cluster::{self, ApiError, Cluster, Key, Selector};
 
@@ -25,7 +26,7 @@ mod retarget;
 pub(crate) const SWEEP_EVERY_SECS: i64 = 60;
 
 /// What one run of an effect came to.
-#[derive(Debug, PartialEq)]
+#[derive(Debug)]
 pub enum Attempt {
     Done,
     /// Nothing to do any more (superseded, a rollback came first, target
@@ -41,13 +42,47 @@ pub enum Attempt {
     Wait(String),
     /// A read or write failed: try again; past the host's patience it has
     /// failed.
-    Retry(String),
+    Retry(Retry),
     /// Held back until this time (the cluster's clock), by `Hold`.
     Later(i64, Hold),
 }
 
+/// Why an attempt is tried again: a failure the next attempt may not meet.
+/// Past the host's patience it is what the `EffectFailed` Event says.
+#[derive(Debug, thiserror::Error)]
+pub enum Retry {
+    /// A read or a write of the cluster failed.
+    #[error("{0}")]
+    Cluster(#[from] ApiError),
+    /// One of a watch rollout's preparatory writes did not land.
+    #[error("{0}")]
+    Write(#[from] WriteFailed),
+    /// The workload moved on between its read and its patch.
+    #[error("conflict: {0}")]
+    Conflict(ApiError),
+    /// The workload's patch was refused.
+    #[error("patching {who}: {source}")]
+    Patch { who: String, source: ApiError },
+    /// The snapshot could not be made.
+    #[error("creating {snapshot}: {source}")]
+    Create { snapshot: String, source: ApiError },
+    /// The snapshot was there when the create was refused, and gone when
+    /// it was read.
+    #[error("{0} came and went")]
+    CameAndWent(String),
+    /// The workload or its source went between the read and the verdict.
+    #[error("the workload or its source went while it was judged")]
+    WentWhileJudged,
+    /// The write budget has no room for the snapshot now.
+    #[error("{}", .0.message)]
+    Budget(HostError),
+    /// The patch does not apply to the workload as read.
+    #[error("{0}")]
+    Ops(#[from] PatchError),
+}
+
 /// Why one of a watch rollout's preparatory writes did not land: it is
-/// retried ([`Attempt::Retry`], with this as its reason).
+/// retried ([`Retry::Write`]).
 #[derive(Debug, thiserror::Error)]
 pub enum WriteFailed {
     /// The held change could not be recorded on its workload.

@@ -5,6 +5,7 @@ use super::{Attempt, Driver, WriteFailed};
 use crate::cluster::{self, Cluster, Judged};
 use crate::lifecycle::effect::StoredAs;
 use crate::lifecycle::verdict::adopt_ops;
+use config_snapshot_policy::host::contract::SnapshotRef;
 use config_snapshot_policy::model::kinds;
 use config_snapshot_policy::model::object::ObjectExt;
 use config_snapshot_policy::model::references;
@@ -28,13 +29,13 @@ impl Driver<'_> {
         ns: &str,
         owner_kind: &str,
         owner_name: &str,
-        snapshots: &[(String, String)],
+        snapshots: &[SnapshotRef],
         stored_as: Option<&StoredAs>,
     ) -> Attempt {
         let owner = match self.read(owner_kind, ns, owner_name) {
             Ok(Some(owner)) => owner,
             Ok(None) => return Attempt::Wait(format!("{owner_kind}/{owner_name} is not visible yet")),
-            Err(e) => return Attempt::Retry(e.to_string()),
+            Err(e) => return Attempt::Retry(e.into()),
         };
         if let Some(why) = stored_as.and_then(|s| s.mismatch(&owner)) {
             return Attempt::Dropped {
@@ -42,19 +43,23 @@ impl Driver<'_> {
                 collect: None,
             };
         }
-        let named: HashSet<(String, String)> = kinds::template_of(&owner)
+        let named: HashSet<SnapshotRef> = kinds::template_of(&owner)
             .map(|t| {
                 references::collect(t)
                     .into_iter()
-                    .map(|r| (r.kind.kind().to_string(), r.name))
+                    .map(|r| SnapshotRef {
+                        kind: r.kind,
+                        name: r.name,
+                    })
                     .collect()
             })
             .unwrap_or_default();
-        for (kind, name) in snapshots.iter().filter(|s| named.contains(*s)) {
+        for SnapshotRef { kind, name } in snapshots.iter().filter(|s| named.contains(*s)) {
+            let kind = kind.kind();
             let snapshot = match self.cluster.get_fresh(kind, ns, name) {
                 Ok(Some(s)) => s,
                 Ok(None) => continue,
-                Err(e) => return Attempt::Retry(e.to_string()),
+                Err(e) => return Attempt::Retry(e.into()),
             };
             let Some(ops) = adopt_ops(&owner, &snapshot) else {
                 continue;
@@ -63,7 +68,7 @@ impl Driver<'_> {
                 Ok(()) => self
                     .observer
                     .adopted(format!("{kind}/{name} adopted by {owner_kind}/{owner_name}")),
-                Err(e) => return Attempt::Retry(e.to_string()),
+                Err(e) => return Attempt::Retry(e.into()),
             }
         }
         self.release_unnamed(&owner, ns);

@@ -2,7 +2,7 @@
 //! snapshot, held changes recorded on it, and the patch dropped when the
 //! change it would make is no longer the one asked for.
 
-use super::{Attempt, Driver, WriteFailed};
+use super::{Attempt, Driver, Retry, WriteFailed};
 use crate::cluster::{ApiError, Cluster};
 use crate::lifecycle::budget::written_size;
 use crate::lifecycle::effect::PatchIntent;
@@ -34,7 +34,7 @@ impl Driver<'_> {
         })();
         let (workload, source) = match read {
             Ok(read) => read,
-            Err(e) => return Attempt::Retry(e.to_string()),
+            Err(e) => return Attempt::Retry(e.into()),
         };
         let seen = Observed {
             workload: workload.as_ref(),
@@ -43,7 +43,7 @@ impl Driver<'_> {
         match decide_patch(intent, &seen, self.cluster.now(), self.rules) {
             Verdict::Apply { resource_version, ops } => match (&workload, &source) {
                 (Some(w), Some(stored)) => self.roll(ns, intent, (w, stored), &resource_version, ops),
-                _ => Attempt::Retry("the workload or its source went while it was judged".into()),
+                _ => Attempt::Retry(Retry::WentWhileJudged),
             },
             Verdict::Done(_) => Attempt::Done,
             Verdict::Wait(why) => Attempt::Wait(why),
@@ -55,7 +55,7 @@ impl Driver<'_> {
                     // failing, so that a hold no write can record is an
                     // EffectFailed, not a change held for ever.
                     if let Err(why) = self.record_pending(ns, intent, w, &hold) {
-                        return Attempt::Retry(why.to_string());
+                        return Attempt::Retry(why.into());
                     }
                 }
                 Attempt::Later(at, hold)
@@ -84,7 +84,7 @@ impl Driver<'_> {
             Err(attempt) => return attempt,
         };
         if let Err(why) = self.bridge(workload, &snapshot) {
-            return Attempt::Retry(why.to_string());
+            return Attempt::Retry(why.into());
         }
         if let Err(attempt) = self.settled_together(ns, intent, workload, &mut ops) {
             return attempt;
@@ -108,8 +108,11 @@ impl Driver<'_> {
                 Attempt::Done
             }
             // The workload moved since it was read: judge it again.
-            Err(ApiError::Conflict(e)) => Attempt::Retry(format!("conflict: {e}")),
-            Err(e) => Attempt::Retry(format!("patching {}: {e}", intent.who())),
+            Err(e @ ApiError::Conflict(_)) => Attempt::Retry(Retry::Conflict(e)),
+            Err(source) => Attempt::Retry(Retry::Patch {
+                who: intent.who(),
+                source,
+            }),
         }
     }
 
@@ -174,7 +177,7 @@ impl Driver<'_> {
             return Ok(());
         };
         let mut patched = workload.clone();
-        apply_ops(&mut patched, ops).map_err(|e| Attempt::Retry(e.to_string()))?;
+        apply_ops(&mut patched, ops).map_err(|e| Attempt::Retry(e.into()))?;
         let template = patched.pointer(intent.kind.template()).cloned().unwrap_or_default();
         let groups = template::group_by_source(&references::collect(&template), &Snapshots::of(&template));
         let declined = Rollback::of(workload);
@@ -211,10 +214,9 @@ impl Driver<'_> {
             let Ok(made) = self.snapshot_of_stored(ns, &companion, &stored) else {
                 continue;
             };
-            self.bridge(workload, &made)
-                .map_err(|why| Attempt::Retry(why.to_string()))?;
+            self.bridge(workload, &made).map_err(|why| Attempt::Retry(why.into()))?;
             if let Some(more) = rollout::retarget_ops(intent.kind, &patched, id, snapshot) {
-                apply_ops(&mut patched, &more).map_err(|e| Attempt::Retry(e.to_string()))?;
+                apply_ops(&mut patched, &more).map_err(|e| Attempt::Retry(e.into()))?;
                 ops.extend(more);
                 self.observer.note(format!(
                     "settled: {} rolls {id} to {snapshot} in the same rollout",
@@ -296,7 +298,7 @@ impl Driver<'_> {
         let dropped = |why: String| Attempt::Dropped { why, collect: None };
         let existing = self
             .read(id.kind.kind(), ns, &intent.snapshot)
-            .map_err(|e| Attempt::Retry(e.to_string()))?;
+            .map_err(|e| Attempt::Retry(e.into()))?;
         if let Some(existing) = existing.filter(|e| keys::snapshot_source(e) == Some(id.name.as_str())) {
             // Shown labelled only if proven: ours, and its name is its
             // content's.
@@ -327,7 +329,7 @@ impl Driver<'_> {
         if let Some(budget) = self.budget {
             budget
                 .take(ns, written_size(&object))
-                .map_err(|e| Attempt::Retry(e.message))?;
+                .map_err(|e| Attempt::Retry(Retry::Budget(e)))?;
         }
         match self.cluster.create(object.clone()) {
             Ok(()) => {
@@ -344,10 +346,13 @@ impl Driver<'_> {
                     intent.who(),
                     intent.snapshot
                 ))),
-                Ok(None) => Err(Attempt::Retry(format!("{} came and went", intent.snapshot))),
-                Err(e) => Err(Attempt::Retry(e.to_string())),
+                Ok(None) => Err(Attempt::Retry(Retry::CameAndWent(intent.snapshot.clone()))),
+                Err(e) => Err(Attempt::Retry(e.into())),
             },
-            Err(e) => Err(Attempt::Retry(format!("creating {}: {e}", intent.snapshot))),
+            Err(source) => Err(Attempt::Retry(Retry::Create {
+                snapshot: intent.snapshot.clone(),
+                source,
+            })),
         }
     }
 }
