@@ -89,7 +89,7 @@ impl Subject {
 
     /// Whether the request writes a ConfigMap or a Secret: content the API
     /// server has not stored yet, and a forged review's, never.
-    pub fn is_source(&self) -> bool {
+    pub(crate) fn is_source(&self) -> bool {
         SourceKind::from_kind(&self.kind).is_some()
     }
 }
@@ -107,7 +107,7 @@ impl Caller {
 }
 
 /// Failures a host injects into its own calls (replay's `fault:` step).
-pub trait Faults: Send + Sync {
+pub(crate) trait Faults: Send + Sync {
     /// The error the next call of `operation` answers, if one is armed.
     fn fault(&self, operation: &str) -> Option<HostError>;
 }
@@ -166,7 +166,7 @@ impl Capability {
 
     /// The same capability, its snapshot creations counted against
     /// `budget` (per namespace).
-    pub fn with_budget(self, budget: Arc<Budget>) -> Capability {
+    pub(crate) fn with_budget(self, budget: Arc<Budget>) -> Capability {
         Capability {
             budget: Some(budget),
             ..self
@@ -174,7 +174,7 @@ impl Capability {
     }
 
     /// The same capability, with failures injected into its calls.
-    pub fn with_faults(self, faults: Arc<dyn Faults>) -> Capability {
+    pub(crate) fn with_faults(self, faults: Arc<dyn Faults>) -> Capability {
         Capability {
             faults: Some(faults),
             ..self

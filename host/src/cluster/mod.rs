@@ -15,10 +15,10 @@ use config_snapshot_policy::model::source::SourceId;
 use serde_json::{json, Value};
 
 pub mod proof;
-pub mod referrers;
+pub(crate) mod referrers;
 pub mod selector;
 
-pub use crate::cluster::selector::{Selector, SelectorError};
+pub use crate::cluster::selector::Selector;
 
 /// Why a cluster call failed, recognised by the API server's status code
 /// and reason, never by its text. The text is the API server's message,
@@ -77,7 +77,7 @@ impl ApiError {
 
     /// Reads an API server's failure by its status: the code, and for a
     /// 409 the reason that tells an existing name from a lost race.
-    pub fn from_status(code: u16, reason: &str, message: String) -> ApiError {
+    pub(crate) fn from_status(code: u16, reason: &str, message: String) -> ApiError {
         match (code, reason) {
             (404, _) => ApiError::NotFound(message),
             (409, "AlreadyExists") => ApiError::AlreadyExists(message),

@@ -50,7 +50,7 @@ impl Referrers {
         }
     }
 
-    pub fn forget(&mut self, kind: &str, namespace: &str, name: &str) {
+    pub(crate) fn forget(&mut self, kind: &str, namespace: &str, name: &str) {
         let key = (kind.to_string(), namespace.to_string(), name.to_string());
         let Some(sources) = self.sources.remove(&key) else {
             return;

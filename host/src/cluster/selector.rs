@@ -72,20 +72,6 @@ impl Selector {
             }
         })
     }
-
-    /// The selector as the API server's `labelSelector` query takes it.
-    pub fn to_query(&self) -> String {
-        self.0
-            .iter()
-            .map(|(k, req)| match req {
-                Requirement::Equals(v) => format!("{k}={v}"),
-                Requirement::NotEquals(v) => format!("{k}!={v}"),
-                Requirement::Exists => k.clone(),
-                Requirement::NotExists => format!("!{k}"),
-            })
-            .collect::<Vec<_>>()
-            .join(",")
-    }
 }
 
 #[cfg(test)]
@@ -107,7 +93,5 @@ mod tests {
             assert_eq!(Selector::parse(sel).unwrap().matches(&obj), want, "{sel}");
         }
         assert!(Selector::parse("app in (a,b)").is_err());
-        let text = "a=b,c!=d,e,!f";
-        assert_eq!(Selector::parse(text).unwrap().to_query(), text);
     }
 }

@@ -92,7 +92,12 @@ fn says(text: impl Into<String>) -> EvaluatorText {
 impl Request {
     /// The request policy-evaluator builds for a waPC call, or the error it
     /// answers without consulting the callback handler, in its words.
-    pub fn from_call(binding: &str, namespace: &str, operation: &str, payload: &[u8]) -> Result<Request, CallFailure> {
+    pub(crate) fn from_call(
+        binding: &str,
+        namespace: &str,
+        operation: &str,
+        payload: &[u8],
+    ) -> Result<Request, CallFailure> {
         Request::parse_call(binding, namespace, operation, payload).map_err(|e| CallFailure::Foreign(e.0))
     }
 

@@ -9,6 +9,6 @@ pub mod annotate;
 pub mod engine;
 pub mod gate;
 pub mod interactions;
-pub mod masks;
+pub(crate) mod masks;
 pub mod registry;
 pub mod rules;

@@ -65,7 +65,8 @@ impl Budget {
     }
 
     /// `per_minute` creations per namespace, and the default byte limits.
-    pub fn per_minute(per_minute: NonZeroU32) -> Budget {
+    #[cfg(test)]
+    pub(crate) fn per_minute(per_minute: NonZeroU32) -> Budget {
         Budget::new(Limits {
             count: per_minute,
             ..Limits::default()
@@ -119,7 +120,7 @@ impl Budget {
 /// The bytes a byte quantity means: a plain number, or one with a binary
 /// suffix (`Ki`, `Mi`, `Gi`), as Kubernetes quantities write them. For
 /// `--snapshot-bytes-rate` and `--snapshot-bytes-rate-total`.
-pub fn parse_bytes(text: &str) -> Result<NonZeroU32, String> {
+pub(crate) fn parse_bytes(text: &str) -> Result<NonZeroU32, String> {
     let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
         Some(i) => text.split_at(i),
         None => (text, ""),
@@ -142,7 +143,7 @@ pub fn parse_bytes(text: &str) -> Result<NonZeroU32, String> {
 }
 
 /// The bytes a snapshot takes as written: what the budget counts.
-pub fn written_size(object: &Value) -> usize {
+pub(crate) fn written_size(object: &Value) -> usize {
     serde_json::to_vec(object).map_or(usize::MAX, |b| b.len())
 }
 

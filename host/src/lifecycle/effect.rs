@@ -53,7 +53,7 @@ impl Effect {
 
     /// Every [`Effect::label`]: serve's metrics start each at zero, so that
     /// an alert on the first failure sees a counter move from 0 to 1.
-    pub const LABELS: [&'static str; 3] = ["adopt", "patch_workload", "sweep"];
+    pub(crate) const LABELS: [&'static str; 3] = ["adopt", "patch_workload", "sweep"];
 
     pub fn label(&self) -> &'static str {
         match self {
@@ -81,7 +81,7 @@ impl Effect {
     /// as it was, and supersedes a patch still waiting (for the storm
     /// guard or a rollout window) for the content before it; the newer
     /// patch must then stay, or the rollout would be lost until a resync.
-    pub fn same_work(&self, other: &Effect) -> bool {
+    pub(crate) fn same_work(&self, other: &Effect) -> bool {
         match (self, other) {
             (Effect::Patch(a), Effect::Patch(b)) => {
                 a.namespace == b.namespace
@@ -162,10 +162,10 @@ pub struct StoredAs {
 
 impl StoredAs {
     /// How far the API server's clock may be behind the host's.
-    pub const SKEW: i64 = 60;
+    pub(crate) const SKEW: i64 = 60;
 
     /// Why the live `object` is not the one reviewed, if it is not.
-    pub fn mismatch(&self, object: &Value) -> Option<String> {
+    pub(crate) fn mismatch(&self, object: &Value) -> Option<String> {
         if let Some(uid) = &self.uid {
             if object.uid() != Some(uid) {
                 return Some(format!("its uid is not {uid}, the reviewed object's"));

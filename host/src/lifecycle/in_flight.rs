@@ -35,7 +35,7 @@ impl InFlight {
     /// versions by an age of minutes (the grace period), so sweeping a busy
     /// source at every new snapshot finds nothing sooner; it only adds work
     /// beside the admissions. Records this one.
-    pub fn sweep_due(&self, namespace: &str, source: &SourceId, now: i64, every: i64) -> bool {
+    pub(crate) fn sweep_due(&self, namespace: &str, source: &SourceId, now: i64, every: i64) -> bool {
         let mut swept = self.swept.lock().unwrap_or_else(|e| e.into_inner());
         if swept.len() >= SWEPT_REMEMBERED {
             swept.retain(|_, at| now - *at < every);
@@ -70,7 +70,7 @@ impl InFlight {
 
     /// Adoptions and sweeps on their way (watch rollouts are not counted:
     /// they never wait for a place): all of them, and those of `namespace`.
-    pub fn places_taken(&self, namespace: &str) -> (usize, usize) {
+    pub(crate) fn places_taken(&self, namespace: &str) -> (usize, usize) {
         let effects = self.effects();
         let placed = effects.iter().filter(|e| !matches!(e, Effect::Patch { .. }));
         let (mut all, mut mine) = (0, 0);

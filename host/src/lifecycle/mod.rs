@@ -21,11 +21,13 @@ pub mod observe;
 pub mod pass;
 pub mod resync;
 pub mod verdict;
-pub mod window_clock;
+pub(crate) mod window_clock;
 
-pub use budget::{parse_bytes, written_size, Budget, Limits};
-pub use driver::{Attempt, Driver, Ending, Next};
+pub(crate) use budget::{parse_bytes, written_size, Budget, Limits};
+pub use driver::{Driver, Ending, Next};
 pub use effect::{Effect, PatchIntent};
 pub use in_flight::InFlight;
-pub use observe::{Observer, Reason, Silent};
-pub use verdict::{Hold, Rules, Verdict};
+pub use observe::Silent;
+pub(crate) use observe::{Observer, Reason};
+pub(crate) use verdict::Hold;
+pub use verdict::Rules;

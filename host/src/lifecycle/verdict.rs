@@ -95,7 +95,7 @@ pub(crate) struct Observed<'a> {
 
 /// What a deferred effect does now.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Send this JSON Patch, pinned to the workload's `resource_version`.
     Apply { resource_version: String, ops: Vec<Value> },
     /// Nothing left to do: already there.
@@ -139,7 +139,7 @@ pub enum Hold {
 impl Hold {
     /// Every `reason` label of serve's held-rollout gauges, one per kind of
     /// hold.
-    pub const LABELS: [&'static str; 5] = ["storm_guard", "rollout_window", "notify", "approval", "settle"];
+    pub(crate) const LABELS: [&'static str; 5] = ["storm_guard", "rollout_window", "notify", "approval", "settle"];
 
     /// The `reason` label of serve's held-rollout gauges.
     pub fn label(&self) -> &'static str {
@@ -158,7 +158,7 @@ impl Hold {
     /// a stored write of its workload (an approval, a widened window,
     /// another mode), which both hosts see; a storm guard's hold is about
     /// time alone.
-    pub fn pends(&self) -> bool {
+    pub(crate) fn pends(&self) -> bool {
         !matches!(self, Hold::StormGuard)
     }
 }

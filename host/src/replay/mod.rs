@@ -26,7 +26,7 @@ use crate::kubewarden::admission_review;
 use crate::kubewarden::engine::Engine;
 use crate::replay::scenario::{Scenario, Step};
 use crate::replay::simulator::{Admission, Fault, Recorded, Simulator};
-pub use checks::{assert, effective_config, expect, CheckResult, EffectiveError};
+pub use checks::{assert, effective_config, expect, CheckResult};
 
 #[derive(Debug, Serialize)]
 pub struct ScenarioResult {

@@ -34,7 +34,7 @@ pub(crate) const UID_PREFIX: &str = "resync-";
 /// host's own periodic pass. Its log level follows from it, never from the
 /// request's fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Origin {
+pub(crate) enum Origin {
     ApiServer,
     Resync,
 }
@@ -306,7 +306,7 @@ pub fn admit(state: &State, request: &RawValue) -> Result<Answer, Failure> {
 }
 
 /// [`admit`], for a request from `origin`.
-pub fn admit_from(state: &State, request: &RawValue, origin: Origin) -> Result<Answer, Failure> {
+pub(crate) fn admit_from(state: &State, request: &RawValue, origin: Origin) -> Result<Answer, Failure> {
     let started = Instant::now();
     let head = head_of(request)?;
     let labels = RequestLabels {

@@ -32,7 +32,7 @@ use crate::cluster::{self, pin, shown, ApiError, Cluster, Preconditions, Selecto
 pub(crate) const API_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// A fresh listing of one kind in one namespace.
-pub struct Listed {
+pub(crate) struct Listed {
     pub objects: Vec<Value>,
     /// Whether it holds every object (not cut at its limit).
     pub complete: bool,
@@ -141,7 +141,7 @@ impl KubeCluster {
     /// consistent read (served from the API server's watch cache once it
     /// has caught up with etcd, Kubernetes 1.31 and later). At most
     /// `limit` objects: `complete` is false when there were more.
-    pub async fn list_fresh(&self, kind: &str, namespace: &str, limit: u32) -> cluster::Result<Listed> {
+    pub(crate) async fn list_fresh(&self, kind: &str, namespace: &str, limit: u32) -> cluster::Result<Listed> {
         let (api, ar) = self.namespaced(kind, namespace)?;
         let params = kube::api::ListParams::default().limit(limit);
         match tokio::time::timeout(API_TIMEOUT, api.list(&params)).await {

@@ -135,12 +135,12 @@ impl Cache {
 
     /// Tells `tell` of every stored change of a workload (once; later
     /// calls are ignored).
-    pub fn on_workload_change(&self, tell: impl Fn(&crate::cluster::Key) + Send + Sync + 'static) {
+    pub(crate) fn on_workload_change(&self, tell: impl Fn(&crate::cluster::Key) + Send + Sync + 'static) {
         let _ = self.on_workload.set(Box::new(tell));
     }
 
     /// The same cache, keeping sources digested by `prover`.
-    pub fn digesting(self, prover: Arc<Prover>) -> Cache {
+    pub(crate) fn digesting(self, prover: Arc<Prover>) -> Cache {
         Cache {
             prover: Some(prover),
             ..self
@@ -171,7 +171,7 @@ impl Cache {
 
     /// The keyring changed: list the sources again, to digest and prove
     /// them with it.
-    pub fn keyring_changed(&self) {
+    pub(crate) fn keyring_changed(&self) {
         self.keyring.send_modify(|generation| *generation += 1);
     }
 
@@ -378,7 +378,7 @@ impl Cache {
     }
 
     /// How many objects of `kind` the cache holds in `namespace`.
-    pub fn held_in(&self, kind: &str, namespace: &str) -> Option<usize> {
+    pub(crate) fn held_in(&self, kind: &str, namespace: &str) -> Option<usize> {
         let cache = self.kind(kind).ok()?;
         let indexed = cache.objects.read().unwrap_or_else(|e| e.into_inner());
         Some(indexed.objects.get(namespace).map_or(0, BTreeMap::len))
@@ -386,7 +386,7 @@ impl Cache {
 
     /// `look` at one cached object in place: a question about a large
     /// object (a snapshot can be 1 MiB) need not copy it.
-    pub fn inspect<T>(
+    pub(crate) fn inspect<T>(
         &self,
         kind: &str,
         namespace: &str,
@@ -400,7 +400,7 @@ impl Cache {
 
     /// The `kind` workloads of `namespace` whose template references
     /// `source`, from the reverse index.
-    pub fn list_referencing(
+    pub(crate) fn list_referencing(
         &self,
         kind: &str,
         namespace: &str,
@@ -475,7 +475,7 @@ impl Cache {
         }
     }
 
-    pub fn forget(&self, kind: &str, namespace: &str, name: &str) {
+    pub(crate) fn forget(&self, kind: &str, namespace: &str, name: &str) {
         if let Some(cache) = self.kinds.get(kind) {
             cache
                 .objects

@@ -33,17 +33,17 @@ pub const SECRET: &str = "config-snapshot-webhook-ca";
 /// server to read a new `caBundle`, and every replica a new certificate
 /// (they watch the Secret; this covers a slow one). Short lifetimes (tests)
 /// settle faster: see [`Lifetimes::settle_secs`].
-pub const SETTLE_SECS: i64 = 60;
+pub(crate) const SETTLE_SECS: i64 = 60;
 
 /// The shortest lifetimes serve accepts: a CA must outlive its two settles
 /// three times over, a certificate the time to renew it.
-pub const MIN_CA_SECS: i64 = 120;
-pub const MIN_LEAF_SECS: i64 = 60;
+pub(crate) const MIN_CA_SECS: i64 = 120;
+pub(crate) const MIN_LEAF_SECS: i64 = 60;
 /// How far past its lifetime a certificate may reach before it is renewed
 /// as too long-lived: more than clocks drift, less than any lifetime.
 const LIFETIME_SLACK_SECS: i64 = 30;
 /// The longest: past a century, a time no longer fits a certificate.
-pub const MAX_SECS: i64 = 100 * 365 * 86_400;
+pub(crate) const MAX_SECS: i64 = 100 * 365 * 86_400;
 
 /// Why the material cannot be made or read.
 #[derive(Debug, thiserror::Error)]
@@ -79,7 +79,7 @@ impl Lifetimes {
     /// How long a step settles: [`SETTLE_SECS`], or less for a CA so short
     /// that its replacement (two settles) must fit well inside the third of
     /// its life left when it starts.
-    pub fn settle_secs(&self) -> i64 {
+    pub(crate) fn settle_secs(&self) -> i64 {
         SETTLE_SECS.min(self.ca_secs / 12)
     }
 }
@@ -137,7 +137,7 @@ pub enum Step {
 /// What serve's own certificate asks of the webhook configuration
 /// (serve/registration.rs keeps it there).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Trust {
+pub(crate) struct Trust {
     /// The CAs the webhook must trust (PEM), exactly.
     pub bundle: String,
     /// The CA of the certificate served (PEM): the webhook must trust it
@@ -159,7 +159,7 @@ impl Material {
     }
 
     /// What the webhook configuration must hold for this material.
-    pub fn trust(&self) -> Trust {
+    pub(crate) fn trust(&self) -> Trust {
         let pems = self.ca_pems();
         // The certificate is signed by the newest CA (the last) once it has
         // been renewed under it, by the one before until then.
@@ -179,7 +179,7 @@ impl Material {
 const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
 
 /// The certificates (PEM) of a bundle, in order, each trimmed.
-pub fn pem_blocks(bundle: &str) -> Vec<&str> {
+pub(crate) fn pem_blocks(bundle: &str) -> Vec<&str> {
     let starts: Vec<usize> = bundle.match_indices(BEGIN).map(|(at, _)| at).collect();
     let ends = starts.iter().skip(1).copied().chain([bundle.len()]);
     starts
@@ -193,7 +193,7 @@ pub fn pem_blocks(bundle: &str) -> Vec<&str> {
 /// holds: serve's CAs added, the CAs serve retired taken out, anything
 /// else kept (yours, cert-manager's, while a change of mode rolls out).
 /// `None` when it holds that already.
-pub fn wanted_bundle(held: &str, trust: &Trust) -> Option<String> {
+pub(crate) fn wanted_bundle(held: &str, trust: &Trust) -> Option<String> {
     let mut wanted: Vec<&str> = pem_blocks(held)
         .into_iter()
         .filter(|pem| !trust.retired.iter().any(|r| r.trim() == *pem))
@@ -210,7 +210,12 @@ pub fn wanted_bundle(held: &str, trust: &Trust) -> Option<String> {
 /// The step `material` needs at `now`, for a serving certificate naming
 /// `names`, if any. A clock behind the material's last step (a leader whose
 /// clock lags another's) steps nothing: it would judge lifetimes wrong.
-pub fn next_step(material: Option<&Material>, now: i64, lifetimes: &Lifetimes, names: &[String]) -> Option<Step> {
+pub(crate) fn next_step(
+    material: Option<&Material>,
+    now: i64,
+    lifetimes: &Lifetimes,
+    names: &[String],
+) -> Option<Step> {
     let Some(m) = material else {
         return Some(Step::Create);
     };
@@ -374,7 +379,7 @@ const RETIRED: &str = "retired.crt";
 
 impl Material {
     /// The material a Secret holds.
-    pub fn from_secret(secret: &Secret) -> Result<Material, CertificateError> {
+    pub(crate) fn from_secret(secret: &Secret) -> Result<Material, CertificateError> {
         let data = secret.data.as_ref().ok_or(CertificateError::Missing("data"))?;
         let text = |field: &'static str| -> Result<String, CertificateError> {
             let bytes = data.get(field).ok_or(CertificateError::Missing(field))?;
@@ -429,7 +434,7 @@ impl Material {
     }
 
     /// The Secret `namespace/SECRET` holding it.
-    pub fn to_secret(&self, namespace: &str) -> Secret {
+    pub(crate) fn to_secret(&self, namespace: &str) -> Secret {
         let retired: String = self.retired.iter().map(|p| format!("{p}\n")).collect();
         let data: BTreeMap<String, ByteString> = [
             (BUNDLE, self.bundle.as_bytes()),

@@ -36,7 +36,7 @@ use crate::cluster::proof::Keyring;
 const LABEL: &[u8] = b"config-snapshot/webhook-path/v2";
 
 /// The path's fixed part; the token follows.
-pub const PREFIX: &str = "/mutate/";
+pub(crate) const PREFIX: &str = "/mutate/";
 
 /// Bytes of the MAC the token keeps: 240 bits, and 60 hex characters, under
 /// the 63 of a DNS label.
@@ -52,7 +52,7 @@ pub const PERIOD_SECS: i64 = 3600;
 /// enough for every replica to have moved the webhook configuration and for
 /// every API server to have read it again (their informers take
 /// milliseconds; this covers an API server that was cut off for minutes).
-pub const OVERLAP: Duration = Duration::from_secs(600);
+pub(crate) const OVERLAP: Duration = Duration::from_secs(600);
 
 /// The hour `unix` falls in.
 fn period(unix: i64) -> i64 {
@@ -94,7 +94,7 @@ struct Keys {
 }
 
 /// The door's state: which paths it opens for.
-pub struct Door {
+pub(crate) struct Door {
     keys: RwLock<Keys>,
     /// Told when the current key changes, for the registration to move
     /// the webhook configuration to the new path.
@@ -161,7 +161,7 @@ impl Door {
 
     /// The keyring changed (rotated, restored): its current key's paths
     /// open now, and the key before keeps its own for [`OVERLAP`].
-    pub fn rekey(&self, ring: &Keyring) {
+    pub(crate) fn rekey(&self, ring: &Keyring) {
         let new = current(ring);
         let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
         if new == keys.current.as_slice() {

@@ -38,7 +38,7 @@ impl Leadership {
     }
 
     /// A replica that must win the Lease first.
-    pub fn contender(metrics: Arc<Metrics>) -> Leadership {
+    pub(crate) fn contender(metrics: Arc<Metrics>) -> Leadership {
         metrics.leader.set(0);
         Leadership {
             leading: AtomicBool::new(false),

@@ -106,7 +106,7 @@ impl Tls {
         Tls(Arc::new(RwLock::new(config)))
     }
 
-    pub fn reload(&self, config: Arc<ServerConfig>) {
+    pub(crate) fn reload(&self, config: Arc<ServerConfig>) {
         *self.0.write().unwrap_or_else(|e| e.into_inner()) = config;
     }
 

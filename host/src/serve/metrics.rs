@@ -301,7 +301,7 @@ impl Metrics {
 
     /// Times one admission from `started` until the guard drops, whichever
     /// way it ends.
-    pub fn time_admission(&self, labels: RequestLabels, started: Instant) -> AdmissionTimer<'_> {
+    pub(crate) fn time_admission(&self, labels: RequestLabels, started: Instant) -> AdmissionTimer<'_> {
         AdmissionTimer {
             metrics: self,
             labels,
@@ -345,7 +345,7 @@ pub(crate) fn host_operation_label(operation: &str) -> &'static str {
 }
 
 /// Observes an admission's duration when dropped ([`Metrics::time_admission`]).
-pub struct AdmissionTimer<'a> {
+pub(crate) struct AdmissionTimer<'a> {
     metrics: &'a Metrics,
     labels: RequestLabels,
     started: Instant,

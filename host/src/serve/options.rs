@@ -267,7 +267,7 @@ impl Options {
     }
 
     /// The webhook listener's bounds from the flags.
-    pub fn listener_limits(&self) -> Result<listener::Limits> {
+    pub(crate) fn listener_limits(&self) -> Result<listener::Limits> {
         if self.max_connections_per_peer == 0 || self.max_connections == 0 || self.max_requests_per_peer == 0 {
             return Err(anyhow!(
                 "--max-connections, --max-connections-per-peer and --max-requests-per-peer: at least 1"
@@ -286,7 +286,7 @@ impl Options {
 
     /// The engine's limits from `--policy-instances` and
     /// `--policy-memory-mib`.
-    pub fn engine_limits(&self) -> Result<crate::kubewarden::engine::Limits> {
+    pub(crate) fn engine_limits(&self) -> Result<crate::kubewarden::engine::Limits> {
         if self.policy_instances < 2 {
             return Err(anyhow!("--policy-instances: at least 2 (one is kept for the resync)"));
         }

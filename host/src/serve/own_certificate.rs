@@ -44,7 +44,7 @@ fn api_error(context: &str, error: &kube::Error) -> anyhow::Error {
     anyhow!("{context}: {}", without_message(error))
 }
 
-pub struct OwnCertificate {
+pub(crate) struct OwnCertificate {
     pub client: Client,
     pub namespace: String,
     /// The names the serving certificate names: the Service's, and the

@@ -178,7 +178,7 @@ impl Queue {
     /// A write of `workload` is stored: its held rollouts that wait for
     /// what its users write (an approval, a window, a mode) are judged
     /// again now ([`Hold::pends`]).
-    pub fn wake(&self, workload: &crate::cluster::Key) {
+    pub(crate) fn wake(&self, workload: &crate::cluster::Key) {
         let woke = {
             let mut parked = self.parked();
             let mut woke = false;

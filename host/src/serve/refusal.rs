@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 
 /// Why a request was answered with an error before any work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// Not a POST to the door's path: not the API server.
     Door,
     /// The peer already has its share of requests in flight.

@@ -51,7 +51,7 @@ const TRUST_BATCH: Duration = Duration::from_millis(200);
 /// webhook someone else added to the configuration never learns the token.
 pub const WEBHOOK: &str = "config-snapshot.config-snapshot.io";
 
-pub struct Registration {
+pub(crate) struct Registration {
     pub client: Client,
     /// The MutatingWebhookConfiguration's name (`--webhook-configuration`).
     pub name: String,
@@ -81,7 +81,7 @@ pub enum Found {
 /// code and reason are kept, never its message: a refusal of a patch
 /// repeats the value refused, and that value is the door's path.
 #[derive(Debug, thiserror::Error)]
-pub enum RegistrationError {
+pub(crate) enum RegistrationError {
     #[error("reading MutatingWebhookConfiguration {name}: {why}")]
     Read { name: String, why: String },
     #[error(
@@ -181,7 +181,7 @@ fn url_host(url: &str) -> Option<String> {
 
 /// The host serve's webhook calls, when it calls a URL rather than a
 /// Service: serve's own certificate must name it too.
-pub async fn called_host(client: &Client, name: &str) -> Option<String> {
+pub(crate) async fn called_host(client: &Client, name: &str) -> Option<String> {
     let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let configuration = api.get_opt(name).await.ok()??;
     let webhook = configuration.webhooks?.into_iter().find(|w| w.name == WEBHOOK)?;

@@ -23,10 +23,10 @@ pub enum SourceReads {
 /// The most objects a LIST ahead may bring, and the most serve's cache may
 /// show of the kind in the namespace for one to be made: past it, the
 /// listing would cost more than the GETs it saves.
-pub const LIST_AT_MOST: u32 = 32;
+pub(crate) const LIST_AT_MOST: u32 = 32;
 
 /// Reads ahead one admission runs at once.
-pub const PER_ADMISSION: usize = 8;
+pub(crate) const PER_ADMISSION: usize = 8;
 
 /// Reads ahead all admissions run at once.
-pub const IN_FLIGHT: usize = 64;
+pub(crate) const IN_FLIGHT: usize = 64;

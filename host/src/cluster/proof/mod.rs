@@ -37,9 +37,9 @@ use zeroize::Zeroizing;
 mod keyring;
 pub mod proven;
 
+pub use keyring::Keyring;
 use keyring::Ring;
 pub(crate) use keyring::MIN_KEY_BYTES;
-pub use keyring::{Keyring, KeyringError};
 
 /// The annotation that carries a snapshot's signature.
 pub const SIGNATURE: &str = "config-snapshot.io/signature";
@@ -151,7 +151,7 @@ impl Prover {
     }
 
     /// The ids of the keys in use, the current one first.
-    pub fn key_ids(&self) -> Vec<String> {
+    pub(crate) fn key_ids(&self) -> Vec<String> {
         self.ring().ids.clone()
     }
 
@@ -173,7 +173,7 @@ impl Prover {
     /// The hash part of a Secret snapshot's name: keyed, per namespace and
     /// source, so that the same value of a Secret of the same name in two
     /// namespaces gets two unrelated names.
-    pub fn secret_digest(&self, namespace: &str, source: &str, content_hash: &str) -> String {
+    pub(crate) fn secret_digest(&self, namespace: &str, source: &str, content_hash: &str) -> String {
         mac_with(
             self.ring().current(),
             &[SECRET_NAME_V2, namespace, source, content_hash],
@@ -189,7 +189,7 @@ impl Prover {
     /// The name a snapshot of `kind` from `source` in `namespace` gets for
     /// content whose hash is `content_hash`: plain for a ConfigMap, keyed
     /// for a Secret (docs/hash-spec.md).
-    pub fn name_for(&self, kind: SourceKind, namespace: &str, source: &str, content_hash: &str) -> String {
+    pub(crate) fn name_for(&self, kind: SourceKind, namespace: &str, source: &str, content_hash: &str) -> String {
         match kind {
             SourceKind::ConfigMap => snapshot_name(source, content_hash),
             SourceKind::Secret => snapshot_name(source, &self.secret_digest(namespace, source, content_hash)),
@@ -202,7 +202,7 @@ impl Prover {
     /// the namespace, and unkeyed, from before names were keyed). A
     /// snapshot keeps the name it was made with: upgrading or rotating
     /// renames nothing.
-    pub fn names_for(&self, kind: SourceKind, namespace: &str, source: &str, content_hash: &str) -> Vec<String> {
+    pub(crate) fn names_for(&self, kind: SourceKind, namespace: &str, source: &str, content_hash: &str) -> Vec<String> {
         let mut names = vec![self.name_for(kind, namespace, source, content_hash)];
         if kind == SourceKind::Secret {
             let ring = self.ring();
@@ -224,7 +224,7 @@ impl Prover {
     /// A keyed digest of a content, under the current key: what serve's
     /// cache keeps of a Secret instead of its data. Equal contents have
     /// equal digests; the digest tells nothing to whoever lacks the key.
-    pub fn content_digest(&self, content_hash: &str) -> String {
+    pub(crate) fn content_digest(&self, content_hash: &str) -> String {
         mac_with(self.ring().current(), &[CONTENT_DIGEST, content_hash])
     }
 
@@ -321,7 +321,7 @@ impl Prover {
 
     /// Why `object` is not a proven snapshot, in words (`""` if it is): as
     /// serve's cache judged it, or judged now.
-    pub fn why_unproven(&self, object: &Value) -> String {
+    pub(crate) fn why_unproven(&self, object: &Value) -> String {
         match object.get(DIGESTED).map(|d| &d["unproven"]) {
             Some(Value::String(why)) => why.clone(),
             _ => self.verify(object).err().map(|e| e.to_string()).unwrap_or_default(),
@@ -339,7 +339,7 @@ impl Prover {
     /// memory for nothing: the policy reads sources fresh, a rollout's
     /// snapshot is made from a fresh read, and a reuse compares digests.
     /// A changed keyring makes both stale: the cache lists sources again.
-    pub fn digested(&self, object: &Value) -> Value {
+    pub(crate) fn digested(&self, object: &Value) -> Value {
         let kind = object["kind"].as_str().and_then(SourceKind::from_kind);
         let digest = kind
             .and_then(|k| Content::from_object(k, object).ok())
@@ -369,7 +369,7 @@ impl Prover {
 
     /// Whether `object`, a `kind` as read or as the cache keeps it, holds
     /// the content whose hash is `content_hash`.
-    pub fn holds_hash(&self, object: &Value, kind: SourceKind, content_hash: &str) -> bool {
+    pub(crate) fn holds_hash(&self, object: &Value, kind: SourceKind, content_hash: &str) -> bool {
         match object.get(DIGESTED) {
             Some(cached) => cached["digest"].as_str() == Some(self.content_digest(content_hash).as_str()),
             None => Content::from_object(kind, object).is_ok_and(|c| c.hash() == content_hash),

@@ -15,7 +15,7 @@ use crate::cluster::{self, Cluster, Preconditions, Selector};
 /// what a host does with it. `T` is the request the policy then reviews:
 /// JSON here, raw text in serve (`serve::admission`).
 #[derive(Debug, PartialEq)]
-pub enum Provenance<T = Value> {
+pub(crate) enum Provenance<T = Value> {
     /// Not labelled, or not a source: the policy decides as usual.
     Policy,
     /// A write of a proven snapshot (the host's own, or metadata on one):
@@ -30,7 +30,7 @@ impl Prover {
     /// Whose write an admission request (JSON) is: the webhook's "skip our
     /// own writes", on proof rather than on the label (an objectSelector
     /// would let anyone's labelled write through unreviewed).
-    pub fn provenance(&self, request: &Value) -> Provenance {
+    pub(crate) fn provenance(&self, request: &Value) -> Provenance {
         // A review's objects never speak for the cache.
         if ["object", "oldObject"]
             .iter()

@@ -1,3 +1,4 @@
+use super::keyring::KeyringError;
 use super::proven::Provenance;
 use super::*;
 use config_snapshot_policy::model::content::snapshot_object;

@@ -24,7 +24,6 @@ use wasmtime::{InstancePre, Linker, Module, Store, Trap};
 use wasmtime_wasi::WasiCtxBuilder;
 
 pub use call::{CallFailure, CallHandler};
-pub use wapc::MAX_PAYLOAD;
 use wapc::{Budget, Guest, OverBudget, ProtocolError};
 
 /// Why a call of the policy gave no answer.

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use config_snapshot_policy::host::host_error::{Code, HostError};
 
+use super::wapc::MAX_PAYLOAD;
 use super::*;
 
 /// Counts the host calls that reached it, and answers each with `ok`.

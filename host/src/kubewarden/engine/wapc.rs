@@ -18,7 +18,7 @@ use super::call::{CallFailure, CallHandler};
 /// guest response: above the API server's 3 MiB objects twice over (an
 /// UPDATE carries the object and the old object), far below an instance's
 /// memory.
-pub const MAX_PAYLOAD: usize = 8 << 20;
+pub(crate) const MAX_PAYLOAD: usize = 8 << 20;
 
 /// One instance's state: its WASI context, its memory limits, and the
 /// conversation of the one call it serves.
@@ -55,7 +55,7 @@ impl Guest {
         }
     }
 
-    pub fn lengths(&self) -> (i32, i32) {
+    pub(crate) fn lengths(&self) -> (i32, i32) {
         (self.operation.len() as i32, self.request.len() as i32)
     }
 }

@@ -65,7 +65,7 @@ impl Driver<'_> {
     /// After a new snapshot of `source` is named: its older versions are
     /// swept, at most once a minute per source (half the grace period if
     /// shorter; see [`InFlight::sweep_due`]).
-    pub fn sweep_after_new(&self, ns: &str, source: &SourceId, keep: &str) {
+    pub(crate) fn sweep_after_new(&self, ns: &str, source: &SourceId, keep: &str) {
         let grace = self.rules.settings.orphan_grace_period_secs as i64;
         let every = SWEEP_EVERY_SECS.min(grace / 2);
         if self.in_flight.sweep_due(ns, source, self.cluster.now(), every) {
@@ -76,7 +76,7 @@ impl Driver<'_> {
     /// Deletes what a sweep judged, unused for `grace` seconds, each under
     /// the guard with the uid and version it was judged at: a snapshot
     /// reused since is kept. How many went.
-    pub fn delete_doomed(&self, doomed: &[Doomed], grace: u64) -> usize {
+    pub(crate) fn delete_doomed(&self, doomed: &[Doomed], grace: u64) -> usize {
         let mut deleted = 0;
         for d in doomed {
             let preconditions = Preconditions {
@@ -133,7 +133,7 @@ impl Driver<'_> {
     /// answer not yet stored, and the periodic sweep takes it later.
     /// Nothing is deleted when the holders of references cannot all be
     /// listed.
-    pub fn collect_unused(&self, target: &Key) {
+    pub(crate) fn collect_unused(&self, target: &Key) {
         let (kind, ns, name) = target;
         let mut objects = Vec::new();
         for holder in kinds::holders() {

@@ -157,7 +157,7 @@ impl<'a> Driver<'a> {
     }
 
     /// The same driver, its snapshots counted against `budget`.
-    pub fn with_budget(self, budget: &'a Budget) -> Self {
+    pub(crate) fn with_budget(self, budget: &'a Budget) -> Self {
         Driver {
             budget: Some(budget),
             ..self

@@ -140,7 +140,7 @@ impl Simulator {
     /// `kubectl create job NAME --from=cronjob/FROM`: a Job with the
     /// CronJob's job template, owned by it as the cronjob controller's own
     /// Jobs are, admitted as a CREATE.
-    pub fn create_job(&self, namespace: &str, from: &str, name: &str) -> Result<Admission> {
+    pub(crate) fn create_job(&self, namespace: &str, from: &str, name: &str) -> Result<Admission> {
         let cronjob = self
             .get("CronJob", namespace, from)
             .ok_or_else(|| anyhow!("CronJob/{from} does not exist"))?;

@@ -17,11 +17,11 @@
 //! - [`scheduler`]: replay's scheduling of the deferred effects and the
 //!   periodic pass, which `crate::lifecycle` carries out as for serve.
 
-pub mod as_cluster;
+pub(crate) mod as_cluster;
 pub mod controllers;
 mod defaulting;
 pub mod kubectl;
-pub mod scheduler;
+pub(crate) mod scheduler;
 pub mod shared;
 pub mod store;
 pub mod timeline;
@@ -160,7 +160,7 @@ impl Simulator {
         crate::lifecycle::Observer::note(self.shared.as_ref(), event.into());
     }
 
-    pub fn take_events(&self) -> Vec<String> {
+    pub(crate) fn take_events(&self) -> Vec<String> {
         self.shared.take_events()
     }
 
@@ -176,7 +176,7 @@ impl Simulator {
         self.shared.store().all().cloned().collect()
     }
 
-    pub fn add_fault(&self, fault: Fault) {
+    pub(crate) fn add_fault(&self, fault: Fault) {
         self.shared.add_fault(fault);
     }
 
@@ -185,12 +185,12 @@ impl Simulator {
         *lock(&self.recorder) = on.then(Vec::new);
     }
 
-    pub fn take_recorded(&self) -> Vec<Recorded> {
+    pub(crate) fn take_recorded(&self) -> Vec<Recorded> {
         lock(&self.recorder).take().unwrap_or_default()
     }
 
     /// Holds deferred effects back (`true`), or lets them run again.
-    pub fn hold_effects(&self, hold: bool) {
+    pub(crate) fn hold_effects(&self, hold: bool) {
         self.hold_effects.store(hold, Ordering::SeqCst);
     }
 

@@ -90,11 +90,6 @@ impl Simulator {
         }
     }
 
-    /// Deferred effects queued and not yet over.
-    pub fn pending_effects(&self) -> usize {
-        lock(&self.jobs).len()
-    }
-
     /// Runs queued effects until none can make progress now. A write an
     /// effect makes goes through the write path, which settles too: only
     /// the outermost settle runs, the loop picks up what the inner ones

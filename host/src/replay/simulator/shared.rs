@@ -75,7 +75,7 @@ impl Shared {
         lock(&self.store)
     }
 
-    pub fn add_fault(&self, fault: Fault) {
+    pub(crate) fn add_fault(&self, fault: Fault) {
         lock(&self.faults).push(fault);
     }
 
@@ -85,7 +85,7 @@ impl Shared {
     }
 
     /// The timeline written since the last call.
-    pub fn take_events(&self) -> Vec<String> {
+    pub(crate) fn take_events(&self) -> Vec<String> {
         std::mem::take(&mut *lock(&self.events))
     }
 

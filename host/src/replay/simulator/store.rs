@@ -71,7 +71,7 @@ impl Store {
         self.objects.values()
     }
 
-    pub fn contains_uid(&self, uid: &str) -> bool {
+    pub(crate) fn contains_uid(&self, uid: &str) -> bool {
         self.objects.values().any(|o| o.uid() == Some(uid))
     }
 

@@ -32,7 +32,7 @@ impl Target {
     }
 
     /// The kind that holds this workload's revisions.
-    pub fn revision_kind(&self) -> &'static str {
+    pub(crate) fn revision_kind(&self) -> &'static str {
         self.kind.revisions().kind
     }
 

@@ -30,7 +30,8 @@ use crate::replay::simulator::controllers::REVISION_HISTORY_ANNOTATION;
 use crate::replay::view::View;
 pub use diff::{diff, Diff};
 pub use fetch::fetch;
-pub use kept::{History, Revision, SourceConfig, State, Target};
+pub use kept::{History, State, Target};
+pub(crate) use kept::{Revision, SourceConfig};
 pub use render::{render_diff, render_history, Style};
 pub(crate) use values::{KeyChanges, Values};
 

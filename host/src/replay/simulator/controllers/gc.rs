@@ -11,7 +11,7 @@ impl Simulator {
     /// object whose owners are all gone is deleted; an object that keeps a
     /// live owner loses its references to the owners that are gone.
     /// Repeats until nothing changes (deletions cascade).
-    pub fn collect_garbage(&self) {
+    pub(crate) fn collect_garbage(&self) {
         loop {
             let mut store = self.shared.store();
             let mut doomed = Vec::new();
