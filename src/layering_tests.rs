@@ -1,6 +1,6 @@
 //! The policy's modules import one another without a circle: each can be
 //! read knowing only those below it (issue 44; docs/architecture.md).
-//! The graph is drawn from `crate::…` paths in code, not comments or test
+//! The graph is drawn from `crate::…` and `super::…` paths in code, not comments or test
 //! modules, over the modules of `src/` (a folder is one module).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -10,7 +10,7 @@ use std::path::Path;
 // on the crate that holds it (it is built on the host), so it reads the file.
 #[path = "../testing/src/layering.rs"]
 mod layering;
-use layering::{circles, code, upward};
+use layering::{circles, code, paths_after, upward};
 
 /// The folders of `src/`, lowest first: a module may use those in its
 /// own folder and in the folders below.
@@ -42,29 +42,24 @@ fn modules() -> Vec<(String, String, String)> {
     out
 }
 
-/// Module → the modules it names through `crate::` (through a folder's
-/// path or the crate root's re-export alike).
+/// Module → the modules it names through `crate::` or `super::` (through
+/// a folder's path or the crate root's re-export alike).
 fn graph() -> BTreeMap<String, BTreeSet<String>> {
     let modules = modules();
     let names: BTreeSet<String> = modules.iter().map(|(_, m, _)| m.clone()).collect();
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (_, module, text) in &modules {
         let named = graph.entry(module.clone()).or_default();
-        for (i, _) in text.match_indices("crate::") {
-            let mut segments = text[i + "crate::".len()..].split("::").map(|s| {
-                s.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                    .next()
-                    .unwrap_or_default()
-            });
-            let Some(mut target) = segments.next() else { continue };
+        let mut paths = paths_after(text, "crate::");
+        paths.extend(paths_after(text, "super::"));
+        for path in paths {
             // `crate::model::keys` names `keys`, which stands in `model`.
-            if LAYERS.contains(&target) {
-                if let Some(inner) = segments.next().filter(|n| names.contains(*n)) {
-                    target = inner;
-                }
-            }
+            let target = match path.get(1) {
+                Some(inner) if LAYERS.contains(&path[0].as_str()) && names.contains(inner) => inner,
+                _ => &path[0],
+            };
             if target != module && names.contains(target) {
-                named.insert(target.to_string());
+                named.insert(target.clone());
             }
         }
     }

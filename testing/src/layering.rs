@@ -11,21 +11,64 @@ use std::collections::{BTreeMap, BTreeSet};
 /// Module → the modules it names.
 pub type Graph = BTreeMap<String, BTreeSet<String>>;
 
-/// The code of a module file: comment lines and the trailing
-/// `#[cfg(test)]` module (the project's convention) taken off, so a path
-/// named in a doc comment or a test draws no arrow.
+/// The code of a module file: comments and the trailing test module (the
+/// project's convention: `#[cfg(test)]` before a `mod`) taken off, so a
+/// path named in a doc comment or a test draws no arrow. A `#[cfg(test)]`
+/// on anything else (a test-only function) leaves the code after it read.
 pub fn code(text: &str) -> String {
     let mut out = String::new();
-    for line in text.lines() {
+    let mut lines = text.lines().peekable();
+    let mut in_block = false;
+    while let Some(line) = lines.next() {
         let t = line.trim_start();
         if t.starts_with("#[cfg(test)]") {
-            break;
-        }
-        if t.starts_with("//") {
+            let next = lines.peek().map(|l| l.trim_start()).unwrap_or_default();
+            if next.starts_with("mod ") || next.starts_with("pub mod ") || next.starts_with("#[path") {
+                break;
+            }
             continue;
         }
-        out.push_str(line.split("//").next().unwrap_or_default());
+        out.push_str(&without_comments(line, &mut in_block));
         out.push('\n');
+    }
+    out
+}
+
+/// One line without its comments (`//` to the end, `/* … */` across lines),
+/// leaving string literals whole: `"https://…"` is code.
+fn without_comments(line: &str, in_block: &mut bool) -> String {
+    let mut out = String::new();
+    let mut chars = line.chars().peekable();
+    let mut in_string = false;
+    while let Some(c) = chars.next() {
+        if *in_block {
+            if c == '*' && chars.peek() == Some(&'/') {
+                chars.next();
+                *in_block = false;
+            }
+            continue;
+        }
+        if in_string {
+            out.push(c);
+            match c {
+                '\\' => out.extend(chars.next()),
+                '"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match (c, chars.peek()) {
+            ('/', Some('/')) => break,
+            ('/', Some('*')) => {
+                chars.next();
+                *in_block = true;
+            }
+            ('"', _) => {
+                in_string = true;
+                out.push(c);
+            }
+            _ => out.push(c),
+        }
     }
     out
 }
@@ -146,8 +189,22 @@ mod tests {
     }
 
     #[test]
+    fn the_reader_keeps_code_that_looks_like_a_comment_and_drops_the_test_module() {
+        let text = code(concat!(
+            "let u = \"https://x\"; use crate::a; // crate::b\n",
+            "/* crate::c\n crate::d */ use crate::e;\n",
+            "#[cfg(test)]\nfn helper() { crate::f::g() }\n",
+            "#[cfg(test)]\nmod tests { use crate::h; }\n",
+        ));
+        let names: Vec<String> = paths_after(&text, "crate::").iter().map(|p| p.join("::")).collect();
+        assert_eq!(names, ["a", "e", "f::g"]);
+    }
+
+    #[test]
     fn the_reader_spreads_groups_and_skips_comments() {
-        let text = code("use super::{a, b::{C, D}, e};\n// super::x\nuse super::f::G;\n#[cfg(test)]\nuse super::t;");
+        let text = code(
+            "use super::{a, b::{C, D}, e};\n// super::x\nuse super::f::G;\n#[cfg(test)]\nmod tests { use super::t; }",
+        );
         let paths = paths_after(&text, "super::");
         let names: Vec<String> = paths.iter().map(|p| p.join("::")).collect();
         assert_eq!(names, ["a", "b::C", "b::D", "e", "f::G"]);

@@ -323,7 +323,7 @@ pub(crate) fn admit_from(state: &State, request: &RawValue, origin: Origin) -> R
         namespace = head.namespace.as_deref().unwrap_or_default()
     )
     .entered();
-    let reviewed = match gate(state, &head, request) {
+    let reviewed = match triage(state, &head, request) {
         Ok(reviewed) => reviewed,
         Err(answer) => return Ok(*answer),
     };
@@ -340,7 +340,7 @@ pub(crate) fn admit_from(state: &State, request: &RawValue, origin: Origin) -> R
 /// names, one in a namespace the webhook excludes, a write of one of our
 /// snapshots. What passes goes on as the request the policy reviews: a
 /// forged label is taken off first (`Some`).
-fn gate(state: &State, head: &RequestHeader, request: &RawValue) -> Result<Option<Box<RawValue>>, Box<Answer>> {
+fn triage(state: &State, head: &RequestHeader, request: &RawValue) -> Result<Option<Box<RawValue>>, Box<Answer>> {
     if let Some(why) = head.unnamed() {
         tracing::warn!(uid = %head.uid, "not reviewed: {why}");
         let warning = format!("config-snapshot: not reviewed: {why}");

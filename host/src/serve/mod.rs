@@ -32,7 +32,6 @@ mod state;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use kube::Client;
@@ -112,7 +111,7 @@ pub async fn run(options: Options) -> Result<()> {
         tracing::info!(lease = %election.lease, namespace = %election.namespace, holder = %election.holder, "leader election on");
         tokio::spawn(leader::compete(client.clone(), election, state.leadership.clone()));
     }
-    tokio::spawn(resync_loop(state.clone(), interval));
+    tokio::spawn(resync_timer::every(state.clone(), interval));
     http::serve(state, door, tls, &options).await
 }
 
@@ -167,19 +166,6 @@ async fn webhook_tls(
     tracing::info!(secret = certificates::SECRET, "serving serve's own certificate");
     tokio::spawn(own.keep(tls.clone(), material, guard, state.leadership.clone()));
     Ok((tls, Some(published)))
-}
-
-async fn resync_loop(state: Arc<State>, interval: Duration) {
-    while !state.cluster.cache.synced() {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    loop {
-        if state.leadership.leading() {
-            resync_timer::once(&state).await;
-            state.metrics.resync_passes.inc();
-        }
-        tokio::time::sleep(interval.max(Duration::from_secs(1))).await;
-    }
 }
 
 /// Sets up `tracing`: text or JSON lines on stderr, `RUST_LOG` honoured.

@@ -140,7 +140,7 @@ pub fn snapshot_of(wanted: &Wanted, namespace: &str, source: &Value, prover: Opt
 /// registered in `pending` before that answer: the policy makes a snapshot
 /// only after reading its source, so its `create_snapshot` finds the read.
 ///
-/// At most [`PER_ADMISSION`](super::source_reads::PER_ADMISSION) reads of one admission run at once, and at
+/// At most [`SourceReads::at_once`](super::source_reads::SourceReads::at_once) reads of one admission run at once, and at
 /// most [`IN_FLIGHT`](super::source_reads::IN_FLIGHT) of all admissions: a burst of reviews cannot turn
 /// into an unbounded burst of GETs at the API server.
 pub(crate) async fn read_ahead(

@@ -1,10 +1,11 @@
-//! Serve's periodic pass: [`crate::lifecycle::resync`], the pass replay's
-//! `advanceTime` runs too, over serve's cluster, with its admissions made
+//! Serve's periodic pass, timed: every `--resync-interval` on the leader,
+//! [`crate::lifecycle::resync`], the pass replay's `advanceTime` runs too, over serve's cluster, with its admissions made
 //! through the webhook's own path (the same wasm engine) and its effects
 //! handed to the queue.
 
 use config_snapshot_policy::model::object::ObjectExt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -15,6 +16,22 @@ use crate::lifecycle::effect::Effect;
 use crate::lifecycle::resync::{Pass, PassHost, ReadmitError};
 
 const RESYNC_USER: &str = "system:serviceaccount:config-snapshot:resync";
+
+/// Runs the pass every `interval` (at least a second) while this replica
+/// leads, once its cache has synced: a pass over a cache still filling
+/// would take the unseen for the absent.
+pub(crate) async fn every(state: Arc<State>, interval: Duration) {
+    while !state.cluster.cache.synced() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    loop {
+        if state.leadership.leading() {
+            once(&state).await;
+            state.metrics.resync_passes.inc();
+        }
+        tokio::time::sleep(interval.max(Duration::from_secs(1))).await;
+    }
+}
 
 /// Runs one pass. Blocking: every API call waits on the runtime, so it
 /// runs on a blocking thread.

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::apiserver::KubeCluster;
 use super::prefetch::{self, Fetched, Wanted};
-use super::source_reads::{SourceReads, PER_ADMISSION};
+use super::source_reads::SourceReads;
 use crate::cluster::{self, ApiError, Cluster, Preconditions, Selector};
 
 pub(crate) struct RequestScope {
@@ -26,10 +26,7 @@ pub(crate) struct RequestScope {
 
 impl RequestScope {
     pub fn new(cluster: Arc<KubeCluster>, namespace: &str) -> RequestScope {
-        let at_once = match cluster.source_reads {
-            SourceReads::Sequential => 1,
-            _ => PER_ADMISSION,
-        };
+        let at_once = cluster.source_reads.at_once();
         RequestScope {
             cluster,
             namespace: namespace.to_string(),

@@ -25,8 +25,18 @@ pub enum SourceReads {
 /// listing would cost more than the GETs it saves.
 pub(crate) const LIST_AT_MOST: u32 = 32;
 
-/// Reads ahead one admission runs at once.
-pub(crate) const PER_ADMISSION: usize = 8;
+/// Reads ahead one admission runs at once (but one, reading sequentially).
+const PER_ADMISSION: usize = 8;
+
+impl SourceReads {
+    /// How many of one admission's reads ahead run at once in this mode.
+    pub(crate) fn at_once(self) -> usize {
+        match self {
+            SourceReads::Sequential => 1,
+            _ => PER_ADMISSION,
+        }
+    }
+}
 
 /// Reads ahead all admissions run at once.
 pub(crate) const IN_FLIGHT: usize = 64;
