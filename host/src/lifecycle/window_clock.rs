@@ -45,15 +45,22 @@ pub fn held(workload: &Value, now: i64) -> Option<(i64, String)> {
                 .unwrap_or_else(|_| opens.to_string());
             Some((opens, format!("closed; it opens at {when} ({text:?})")))
         }
-        Err(why) => unjudged(why),
+        Err(why) => unjudged(why.to_string()),
     }
 }
 
+/// Why a window cannot be judged: said to the user, and the rollout held.
+#[derive(Debug, thiserror::Error)]
+enum Unjudged {
+    #[error("the clock: {0}")]
+    Clock(#[from] jiff::Error),
+    #[error("{}: no window ever opens", keys::ROLLOUT_WINDOW)]
+    NeverOpens,
+}
+
 /// `Ok(None)` if a window is open at `now`, else when the next one opens.
-fn next_opening(windows: &[Window], zone: &TimeZone, now: i64) -> Result<Option<i64>, String> {
-    let at = Timestamp::from_second(now)
-        .map_err(|e| format!("the clock: {e}"))?
-        .to_zoned(zone.clone());
+fn next_opening(windows: &[Window], zone: &TimeZone, now: i64) -> Result<Option<i64>, Unjudged> {
+    let at = Timestamp::from_second(now)?.to_zoned(zone.clone());
     for w in windows {
         // The last opening at or before now: open if now falls before its
         // end.
@@ -69,7 +76,7 @@ fn next_opening(windows: &[Window], zone: &TimeZone, now: i64) -> Result<Option<
         .map(|z| z.timestamp().as_second())
         .min()
         .map(Some)
-        .ok_or_else(|| format!("{}: no window ever opens", keys::ROLLOUT_WINDOW))
+        .ok_or(Unjudged::NeverOpens)
 }
 
 #[cfg(test)]
