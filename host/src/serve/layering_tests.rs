@@ -1,39 +1,29 @@
 //! serve's rooms import one another without a circle, and none reaches
 //! back up into `mod.rs`, which calls them all (issue 55): each file can be
 //! read knowing only the files it names. Drawn from `super::…` and
-//! `crate::serve::…` paths in code, not comments or test modules; the
-//! host's own drawing (`crate::layering_tests`) checks the wings around it.
+//! `crate::serve::…` paths in code, not comments or test modules: the
+//! host's own drawing (`crate::layering_tests`), serve's part of it.
 
-use std::collections::BTreeMap;
-use std::path::Path;
+use config_snapshot_testing::layering::{circles, Graph};
 
-use config_snapshot_testing::layering::{circles, code, paths_after, Graph};
-
-/// File → the sibling files it names, and the names it takes from
-/// `mod.rs` itself (anything `super::` names that is no sibling).
+/// File → the sibling files it names, read off the host's drawing, and the
+/// files that name `mod.rs` itself (anything `super::` names that is no
+/// sibling lands there).
 fn graph() -> (Graph, Vec<String>) {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/serve");
-    let mut files = BTreeMap::new();
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        let stem = path.file_stem().unwrap().to_string_lossy().to_string();
-        if path.extension().is_some_and(|e| e == "rs") && stem != "mod" && !stem.ends_with("_tests") {
-            files.insert(stem, code(&std::fs::read_to_string(&path).unwrap()));
-        }
-    }
     let mut graph = Graph::new();
     let mut upward = Vec::new();
-    for (file, text) in &files {
-        let named = graph.entry(file.clone()).or_default();
-        let mut paths = paths_after(text, "super::");
-        paths.extend(paths_after(text, "crate::serve::"));
-        for name in paths.into_iter().map(|p| p[0].clone()) {
-            if files.contains_key(&name) {
-                if &name != file {
-                    named.insert(name);
+    for (room, named) in crate::layering_tests::graph() {
+        let Some(file) = room.strip_prefix("serve::") else {
+            continue;
+        };
+        let siblings = graph.entry(file.to_string()).or_default();
+        for to in named {
+            match to.strip_prefix("serve::") {
+                Some(sibling) => {
+                    siblings.insert(sibling.to_string());
                 }
-            } else {
-                upward.push(format!("{file} -> mod.rs ({name})"));
+                None if to == "serve" => upward.push(format!("{file} -> mod.rs")),
+                None => {}
             }
         }
     }

@@ -60,34 +60,34 @@ impl Simulator {
         result
     }
 
+    /// This cluster as the host of one request's calls: its store, its
+    /// rules and its effects on their way.
+    fn capability(&self, caller: Caller) -> Capability {
+        Capability::new(
+            self.shared.clone(),
+            caller,
+            Arc::new(self.effect_rules.clone()),
+            self.in_flight.clone(),
+            self.shared.clone(),
+        )
+    }
+
     /// This project's full host over the simulator's cluster, for a request
     /// whose calls are being recorded (`review --record-…`): the recorder
     /// lets only Kubewarden's reads through, and nothing is written.
     pub fn dry_run_host(&self, request: &Value) -> Arc<Capability> {
-        Arc::new(Capability::new(
-            self.shared.clone(),
-            Caller {
-                dry_run: true,
-                ..Caller::of(request, self.now())
-            },
-            Arc::new(self.effect_rules.clone()),
-            self.in_flight.clone(),
-            self.shared.clone(),
-        ))
+        Arc::new(self.capability(Caller {
+            dry_run: true,
+            ..Caller::of(request, self.now())
+        }))
     }
 
     /// Sends one AdmissionRequest to the policy, with this cluster as host.
     /// Its deferred effects wait under its uid until [`Simulator::release`].
     pub fn review(&self, request: &Value) -> Result<(Admission, Option<Value>)> {
         let capability = Arc::new(
-            Capability::new(
-                self.shared.clone(),
-                Caller::of(request, self.now()),
-                Arc::new(self.effect_rules.clone()),
-                self.in_flight.clone(),
-                self.shared.clone(),
-            )
-            .with_faults(self.shared.clone()),
+            self.capability(Caller::of(request, self.now()))
+                .with_faults(self.shared.clone()),
         );
         let recording = lock(&self.recorder).is_some();
         let before = recording.then(|| (self.objects(), self.now()));
