@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 pub type Graph = BTreeMap<String, BTreeSet<String>>;
 
 /// The code of a module file: comments and the trailing test module (the
-/// project's convention: `#[cfg(test)]` before a `mod`) taken off, so a
+/// project's convention: `#[cfg(test)]` before an inline `mod … {`) taken off, so a
 /// path named in a doc comment or a test draws no arrow. A `#[cfg(test)]`
 /// on anything else (a test-only function) leaves the code after it read.
 pub fn code(text: &str) -> String {
@@ -22,8 +22,11 @@ pub fn code(text: &str) -> String {
     while let Some(line) = lines.next() {
         let t = line.trim_start();
         if t.starts_with("#[cfg(test)]") {
+            // An inline module here is the trailing test module; a test
+            // module in a file of its own (`mod tests;`, perhaps after a
+            // `#[path]`) may stand anywhere, and the code goes on after it.
             let next = lines.peek().map(|l| l.trim_start()).unwrap_or_default();
-            if next.starts_with("mod ") || next.starts_with("pub mod ") || next.starts_with("#[path") {
+            if (next.starts_with("mod ") || next.starts_with("pub mod ")) && next.contains('{') {
                 break;
             }
             continue;
@@ -194,10 +197,11 @@ mod tests {
             "let u = \"https://x\"; use crate::a; // crate::b\n",
             "/* crate::c\n crate::d */ use crate::e;\n",
             "#[cfg(test)]\nfn helper() { crate::f::g() }\n",
+            "#[cfg(test)]\nmod layering_tests;\nuse crate::i;\n",
             "#[cfg(test)]\nmod tests { use crate::h; }\n",
         ));
         let names: Vec<String> = paths_after(&text, "crate::").iter().map(|p| p.join("::")).collect();
-        assert_eq!(names, ["a", "e", "f::g"]);
+        assert_eq!(names, ["a", "e", "f::g", "i"]);
     }
 
     #[test]
