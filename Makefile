@@ -7,7 +7,7 @@ POLICY_BUILD := target/$(WASM_TARGET)/policy/config_snapshot_policy.wasm
 HOST := cargo run --quiet -p config-snapshot --
 SCENARIOS := $(sort $(wildcard e2e-tests/*.yaml))
 
-.PHONY: image wasm-opt soak soak-cluster bench bench-cluster load tools deny deny-tool fuzz fuzz-host setup demo test unit-tests e2e-tests fmt fmt-check lint clean policy.wasm annotated-policy.wasm
+.PHONY: release-dry-run image wasm-opt soak soak-cluster bench bench-cluster load tools deny deny-tool fuzz fuzz-host setup demo test unit-tests e2e-tests fmt fmt-check lint clean policy.wasm annotated-policy.wasm
 
 ## setup: install the pinned toolchain, its wasm target, rustfmt and clippy (idempotent)
 setup:
@@ -34,11 +34,20 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 REGISTRY ?= 127.0.0.1:5000
 IMAGE ?= $(REGISTRY)/config-snapshot:$(VERSION)
 IMAGE_PROFILE ?= release
+HOST_ARCH := $(if $(filter aarch64,$(shell uname -m)),arm64,amd64)
 IMAGE_DIR := $(if $(filter dev,$(IMAGE_PROFILE)),debug,$(IMAGE_PROFILE))
 image: policy.wasm
 	cargo build --profile $(IMAGE_PROFILE) -p config-snapshot --bin config-snapshot
 	CRANE=$${CRANE:-$$(e2e-tests/cluster/control-plane.sh crane)} \
-	  deploy/image/build.sh target/$(IMAGE_DIR)/config-snapshot policy.wasm $(IMAGE)
+	  deploy/image/build.sh policy.wasm $(IMAGE) linux/$(HOST_ARCH)=target/$(IMAGE_DIR)/config-snapshot
+
+## release-dry-run: every artifact of a release for linux/amd64 and linux/arm64 (static CLI archives,
+## serve's multi-arch image, policy, chart, CycloneDX SBOMs, SHA256SUMS, krew manifest), built into
+## target/release-dry-run and a local registry, signed with a local cosign key and verified as a user
+## would (deploy/release/release.sh, which the release workflow runs on a tag). Not part of `test`:
+## two static release builds take about 35 min on two cores.
+release-dry-run: policy.wasm
+	deploy/release/release.sh
 
 ## annotated-policy.wasm: the policy with its Kubewarden metadata embedded
 annotated-policy.wasm: policy.wasm

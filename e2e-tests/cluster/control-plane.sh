@@ -362,10 +362,12 @@ case "${1:-}" in
   build) build ;;
   cached) cached ;;
   crane) build >/dev/null && echo "$CRANE_DIR/crane" ;;
+  helm) build >/dev/null && echo "$HELM_DIR/helm" ;;
+  kubectl) build >/dev/null && echo "$CACHE/kubectl" ;;
   packages) node_packages ;;
   up) up "${2:?state directory}" "${3:-}" ;;
   down) down "${2:?state directory}" ;;
   restart-apiserver) restart_apiserver "${2:?state directory}" ;;
   pause-etcd) pause_etcd "${2:?state directory}" "${3:?seconds}" ;;
-  *) echo "usage: $0 build | packages | up DIR [--node] | down DIR | restart-apiserver DIR | pause-etcd DIR SECONDS" >&2; exit 2 ;;
+  *) echo "usage: $0 build | crane | helm | kubectl | packages | up DIR [--node] | down DIR | restart-apiserver DIR | pause-etcd DIR SECONDS" >&2; exit 2 ;;
 esac

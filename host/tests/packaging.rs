@@ -213,29 +213,29 @@ fn oci_url_is_where_the_release_pushes_and_users_pull() {
     assert!(install.contains(&format!("kwctl pull {tagged}")), "{install}");
     assert!(install.contains(&format!("registry://{tagged}")), "{install}");
 
-    // The release reads the ociUrl from the metadata rather than naming a
-    // repository of its own.
-    let workflow = std::fs::read_to_string(root().join(".github/workflows/release.yml")).unwrap();
-    let push: Vec<&str> = workflow.lines().filter(|l| l.contains("kwctl push")).collect();
-    assert_eq!(push.len(), 1, "{push:?}");
-    assert!(push[0].contains("${oci_url}:${GITHUB_REF_NAME}"), "{}", push[0]);
+    // The release (deploy/release/release.sh, which the workflow runs with
+    // REGISTRY=ghcr.io/OWNER) reads the ociUrl from the metadata rather
+    // than naming a repository of its own, and pushes the policy there.
+    let release = std::fs::read_to_string(root().join("deploy/release/release.sh")).unwrap();
     assert!(
-        workflow.contains("s/^ *io.kubewarden.policy.ociUrl: *//p' policy-metadata.yml"),
+        release.contains("s/^ *io.kubewarden.policy.ociUrl: *//p' policy-metadata.yml"),
         "the release takes the ociUrl from policy-metadata.yml"
     );
-    // The policy, the image and the chart are each signed, and each
-    // signature verified against the workflow's identity before release.
-    assert_eq!(
-        workflow.matches("cosign sign --yes").count(),
-        3,
-        "three artifacts signed"
+    let workflow = std::fs::read_to_string(root().join(".github/workflows/release.yml")).unwrap();
+    let owner = oci_url.split('/').nth(1).unwrap();
+    assert!(
+        oci_url.starts_with(&format!("ghcr.io/{owner}/"))
+            && workflow.contains("REGISTRY: ghcr.io/${{ github.repository_owner }}")
+            && release.contains("\"registry://$reg/${oci_url#*/*/}:v$version\""),
+        "the policy is pushed to REGISTRY plus the ociUrl's path after its owner"
     );
-    assert_eq!(
-        workflow
-            .matches("cosign verify --certificate-identity \"$IDENTITY\"")
-            .count(),
-        3,
-        "and verified"
+    // The image (with its per-platform images), the policy and the chart are
+    // each signed, and the checksums that cover the release's files.
+    assert_eq!(release.matches("cosign sign ").count(), 3, "three artifacts signed");
+    assert_eq!(release.matches("cosign sign-blob ").count(), 1, "and the checksums");
+    assert!(
+        release.contains("--yes --recursive \"$image\""),
+        "the index and its images"
     );
     // …and that extraction yields the value the metadata holds.
     let text = std::fs::read_to_string(root().join("policy-metadata.yml")).unwrap();
@@ -372,7 +372,7 @@ fn the_engineless_image_is_the_dockerfiles() {
         assert!(last_stage.lines().any(|l| l == line), "the Dockerfile has {line}");
     }
     assert!(
-        script.contains("\"$root$POLICY_DIR/policy.wasm\"") && script.contains("\"$root$POLICY_DIR/policy.cwasm\""),
+        script.contains("\"$dir$POLICY_DIR/policy.wasm\"") && script.contains("\"$dir$POLICY_DIR/policy.cwasm\""),
         "build.sh installs the policy and its module under POLICY_DIR"
     );
     // What the manifests start is in the image.

@@ -174,9 +174,14 @@ fn install_as_documented(cp: &ControlPlane) {
         let line = if line.starts_with("make image") {
             built = true;
             format!(
-                "deploy/image/build.sh {binary} {} $REGISTRY/config-snapshot:{}",
+                "deploy/image/build.sh {} $REGISTRY/config-snapshot:{} linux/{}={binary}",
                 root().join("policy.wasm").display(),
-                env!("CARGO_PKG_VERSION")
+                env!("CARGO_PKG_VERSION"),
+                if cfg!(target_arch = "aarch64") {
+                    "arm64"
+                } else {
+                    "amd64"
+                }
             )
         } else {
             line.replace("/tmp/node", cp.dir.to_str().unwrap())
