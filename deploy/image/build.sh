@@ -72,17 +72,23 @@ root() {
   printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' > "$dir/etc/passwd"
   printf 'root:x:0:\nnonroot:x:65532:\n' > "$dir/etc/group"
   chown 65532:65532 "$dir/home/nonroot" 2>/dev/null || true
-  tar --numeric-owner --owner=0 --group=0 -C "$dir" -cf "$out" .
+  # Fixed order and times (the commit's): the same files make the same layer.
+  local when=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}
+  tar --sort=name --mtime="@$when" --numeric-owner --owner=0 --group=0 -C "$dir" -cf "$out" .
   rm -rf "$dir"
 }
 
 crane_bin() { echo "${CRANE:?the crane binary (e2e-tests/cluster/control-plane.sh crane makes one)}"; }
 
-# crane ARGS...: quiet unless it fails; plain HTTP for a loopback registry only.
+# crane ARGS...: its output alone, its errors only if it fails; plain HTTP
+# for a loopback registry only.
 crane() {
-  local out flags=()
+  local out errors flags=()
   case "$ref" in 127.0.0.1:* | localhost:* | \[::1\]:*) flags=(--insecure) ;; esac
-  out=$("$(crane_bin)" ${flags[@]+"${flags[@]}"} "$@" 2>&1) || { echo "build.sh: crane $1 failed: $out" >&2; exit 1; }
+  errors=$(mktemp)
+  out=$("$(crane_bin)" ${flags[@]+"${flags[@]}"} "$@" 2>"$errors") \
+    || { echo "build.sh: crane $1 failed: $(cat "$errors")" >&2; rm -f "$errors"; exit 1; }
+  rm -f "$errors"
   printf '%s' "$out"
 }
 

@@ -44,5 +44,9 @@ var=$(echo "$target" | tr 'a-z-' 'A-Z_')
 env_target=$(echo "$target" | tr '-' '_')
 export "CARGO_TARGET_${var}_LINKER=$linker" "CC_${env_target}=$cc" "AR_${env_target}=$ar"
 export "CARGO_TARGET_${var}_RUSTFLAGS=-C target-feature=+crt-static -C link-self-contained=yes"
+# A cross gcc compiles against glibc's headers; where it fortifies by default
+# (Ubuntu's does), the C parts would call glibc's __memcpy_chk and friends,
+# which musl lacks.
+if [ "$linker" != gcc ]; then export "CFLAGS_${env_target}=-U_FORTIFY_SOURCE"; fi
 cargo build --release --locked --target "$target" -p config-snapshot --bin config-snapshot >&2
 echo "target/$target/release/config-snapshot"

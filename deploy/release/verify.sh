@@ -50,20 +50,30 @@ cosign verify-blob "${who[@]}" --bundle "$dir/SHA256SUMS.bundle" "$dir/SHA256SUM
 (cd "$dir" && sha256sum --quiet -c SHA256SUMS) || fail "a file does not match SHA256SUMS"
 ok "SHA256SUMS's signature, and $(wc -l < "$dir/SHA256SUMS") files against it"
 
-# 2. The image: the index and each platform's image signed, the SBOM attested.
-signed "$image" || fail "$image: its signature"
-manifest=$(crane manifest ${crane_flags[@]+"${crane_flags[@]}"} "$image")
+# 2. The image, by the digest its tag names now (printed: install by it,
+#    the chart's image.digest): the index and each platform's image
+#    signed, the SBOM attested. One digest for every check, so a tag moved
+#    between two checks cannot pass one image on another's signature.
+last=${image##*/}
+case "$last" in
+  *@*) repo=${image%@*} ;;
+  *:*) repo=${image%:*} ;;
+  *) repo=$image ;;
+esac
+digest=$(crane digest ${crane_flags[@]+"${crane_flags[@]}"} "$image") || fail "$image: not found"
+pinned="$repo@$digest"
+signed "$pinned" || fail "$pinned: its signature"
+manifest=$(crane manifest ${crane_flags[@]+"${crane_flags[@]}"} "$pinned")
 platforms=$(jq -r '[.manifests[].platform | "\(.os)/\(.architecture)"] | sort | join(" ")' <<< "$manifest")
-[ "$platforms" = "linux/amd64 linux/arm64" ] || fail "$image: its platforms are '$platforms'"
-repo=${image%@*}; repo=${repo%:*}
+[ "$platforms" = "linux/amd64 linux/arm64" ] || fail "$pinned: its platforms are '$platforms'"
 for child in $(jq -r '.manifests[].digest' <<< "$manifest"); do
   signed "$repo@$child" || fail "$repo@$child (one platform's image): its signature"
 done
-attestations=$(cosign verify-attestation "${who[@]}" ${plain[@]+"${plain[@]}"} --type cyclonedx "$image" 2>/dev/null) \
-  || fail "$image: no signed CycloneDX SBOM"
+attestations=$(cosign verify-attestation "${who[@]}" ${plain[@]+"${plain[@]}"} --type cyclonedx "$pinned" 2>/dev/null) \
+  || fail "$pinned: no signed CycloneDX SBOM"
 components=$(jq -rs '[.[].payload | @base64d | fromjson | .predicate.components | length] | max' <<< "$attestations")
-[ "$components" -gt 0 ] || fail "$image: its signed SBOM lists no components"
-ok "$image: signed, with each platform's image ($platforms); its SBOM signed ($components components)"
+[ "$components" -gt 0 ] || fail "$pinned: its signed SBOM lists no components"
+ok "$pinned: signed, with each platform's image ($platforms); its SBOM signed ($components components)"
 
 # 3. The policy and the chart.
 for ref in "$policy" "$chart"; do

@@ -456,9 +456,19 @@ fn the_kubewarden_policy_matches_the_metadata_and_its_rbac() {
     let config: Value =
         serde_yaml_ng::from_str(verification[0]["data"]["verification-config"].as_str().unwrap()).unwrap();
     assert_eq!(config["apiVersion"], "v1");
-    assert!(
-        !config["allOf"].as_array().unwrap().is_empty(),
-        "a signature is required"
+    // A signature by the release workflow run for this version's tag, and
+    // no other: not another workflow, another ref or another release.
+    assert_eq!(
+        config["allOf"],
+        serde_json::json!([{
+            "kind": "genericIssuer",
+            "issuer": "https://token.actions.githubusercontent.com",
+            "subject": {"equal": format!(
+                "https://github.com/config-snapshot/config-snapshot/.github/workflows/release.yml@refs/tags/v{}",
+                env!("CARGO_PKG_VERSION")
+            )}
+        }]),
+        "the policy's signature is required, by the release workflow for this tag"
     );
     assert_eq!(spec["mutating"], metadata["mutating"]);
     assert_eq!(spec["backgroundAudit"], metadata["backgroundAudit"]);
