@@ -77,10 +77,10 @@ fn sha256(path: &Path) -> String {
         .to_string()
 }
 
-fn version() -> String {
-    let cargo = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
-    let line = cargo.lines().find(|l| l.starts_with("version = ")).unwrap();
-    line.trim_start_matches("version = ").trim_matches('"').to_string()
+/// The release's version: the crate's (host/tests/packaging.rs holds the
+/// workspace, chart and policy to it).
+fn version() -> &'static str {
+    env!("CARGO_PKG_VERSION")
 }
 
 const PLATFORMS: [&str; 4] = ["linux/amd64", "linux/arm64", "darwin/amd64", "darwin/arm64"];
@@ -160,7 +160,7 @@ fn krew_installs_the_plugin_from_the_archive() {
     let dir = TempDir::new("krew");
     let cli = stripped_cli(dir.path());
     let archives = packed(dir.path(), &cli);
-    let manifest = archive(&["krew", &version(), dir.path().to_str().unwrap()]);
+    let manifest = archive(&["krew", version(), dir.path().to_str().unwrap()]);
     let parsed: serde_json::Value = serde_yaml_ng::from_str(&manifest).unwrap();
     let platforms = parsed["spec"]["platforms"].as_array().unwrap();
     assert_eq!(platforms.len(), 4, "{manifest}");
@@ -192,14 +192,7 @@ fn krew_installs_the_plugin_from_the_archive() {
     let linux = archives
         .iter()
         .find(|a| a.to_str().unwrap().ends_with(&format!("linux-{}.tar.gz", host_arch())));
-    let install = Command::new(krew.trim())
-        .env("KREW_ROOT", &krew_root)
-        .stdin(std::process::Stdio::null())
-        .arg("install")
-        .arg(format!("--manifest={}", manifest_path.display()))
-        .arg(format!("--archive={}", linux.unwrap().display()))
-        .output()
-        .unwrap();
+    let install = krew_install(krew.trim(), &krew_root, &manifest_path, linux.unwrap());
     assert!(
         install.status.success(),
         "krew install: {}",
@@ -219,14 +212,7 @@ fn krew_installs_the_plugin_from_the_archive() {
         .iter()
         .find(|a| !a.to_str().unwrap().ends_with(&format!("linux-{}.tar.gz", host_arch())));
     let other = other.unwrap();
-    let refused = Command::new(krew.trim())
-        .env("KREW_ROOT", dir.path().join("krew-2"))
-        .stdin(std::process::Stdio::null())
-        .arg("install")
-        .arg(format!("--manifest={}", manifest_path.display()))
-        .arg(format!("--archive={}", other.display()))
-        .output()
-        .unwrap();
+    let refused = krew_install(krew.trim(), &dir.path().join("krew-2"), &manifest_path, other);
     assert!(
         !refused.status.success(),
         "krew installed an archive whose checksum is not the manifest's"
@@ -236,6 +222,19 @@ fn krew_installs_the_plugin_from_the_archive() {
         said.contains("checksum does not match"),
         "krew refused it for another reason: {said}"
     );
+}
+
+/// `krew install --manifest=… --archive=…` into `krew_root`, as a user
+/// installs a plugin from files they downloaded.
+fn krew_install(krew: &str, krew_root: &Path, manifest: &Path, archive: &Path) -> std::process::Output {
+    Command::new(krew)
+        .env("KREW_ROOT", krew_root)
+        .stdin(std::process::Stdio::null())
+        .arg("install")
+        .arg(format!("--manifest={}", manifest.display()))
+        .arg(format!("--archive={}", archive.display()))
+        .output()
+        .unwrap()
 }
 
 /// A directory of this test's own, removed when it ends.
