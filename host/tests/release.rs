@@ -263,3 +263,35 @@ fn host_arch() -> &'static str {
         "amd64"
     }
 }
+
+/// serve's image root (deploy/image/build.sh root) is the same bytes from
+/// the same files, whenever it is made: files in a fixed order, times from
+/// the commit, and the precompiled module the same for the same binary.
+#[test]
+fn an_image_root_is_the_same_bytes_every_time() {
+    let dir = TempDir::new("image-root");
+    let binary = env!("CARGO_BIN_EXE_config-snapshot");
+    let platform = format!("linux/{}={binary}", host_arch());
+    let root_of = |name: &str| {
+        let out = dir.path().join(name);
+        let made = Command::new(root().join("deploy/image/build.sh"))
+            .args([
+                "root",
+                support::paths::policy().to_str().unwrap(),
+                out.to_str().unwrap(),
+                &platform,
+            ])
+            .current_dir(root())
+            .output()
+            .unwrap();
+        assert!(
+            made.status.success(),
+            "build.sh root: {}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+        sha256(&out.join(format!("linux-{}.tar", host_arch())))
+    };
+    let first = root_of("first");
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    assert_eq!(first, root_of("again"));
+}
