@@ -385,6 +385,42 @@ async fn serve_admits_snapshots_adopts_and_rolls_out_over_https() {
     assert_canary_absent(&[&logs, &metrics, &serve.hook.responses.join("\n")]);
 }
 
+/// A pod whose credentials the API server refuses, as one left over from
+/// an uninstalled release (its ServiceAccount deleted) is refused, reports
+/// itself not ready, so its Service sends it no more admissions; its
+/// readiness probe asks again, and it is ready once they are accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_whose_credentials_are_refused_is_not_ready_until_they_are_accepted() {
+    let api = ApiServer::start().await;
+    api.put(config_map("blue"));
+    let mut serve = Serve::start(&api, &[]);
+    serve.wait_ready().await;
+
+    api.refuse_credentials(true);
+    let (response, _) = serve.admit("refused", "CREATE", &deployment(), None, false).await;
+    assert_eq!(response["allowed"], false, "nothing read, nothing pinned: {response}");
+    for _ in 0..3 {
+        let (code, body) = serve.ops_get("/readyz").expect("readyz answers");
+        assert_eq!(code, 503, "{body}");
+        assert!(body.contains("refuses serve's credentials"), "{body}");
+    }
+    assert!(
+        serve.logs().contains("refuses serve's credentials"),
+        "said once in the log:\n{}",
+        serve.logs()
+    );
+
+    api.refuse_credentials(false);
+    eventually("ready again", &serve, || {
+        matches!(serve.ops_get("/readyz"), Some((200, _))).then_some(())
+    })
+    .await;
+    let (response, web) = serve.admit("accepted", "CREATE", &deployment(), None, false).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    assert!(env_ref(&web, "MODE", "configMapKeyRef").starts_with("app-config-"));
+    assert!(serve.terminate().success());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_refuses_invalid_settings_at_start() {
     let api = ApiServer::start().await;

@@ -34,6 +34,10 @@ pub enum ApiError {
     Conflict(String),
     #[error("{0}")]
     Forbidden(String),
+    /// The API server did not accept the host's own credentials (401):
+    /// its token expired, or names a ServiceAccount deleted since.
+    #[error("{0}")]
+    Unauthorized(String),
     #[error("{0}")]
     Timeout(String),
     /// Refused as invalid, or denied by an admission webhook (400, 422).
@@ -54,7 +58,7 @@ impl ApiError {
             ApiError::Forbidden(_) => Code::Forbidden,
             ApiError::Timeout(_) => Code::Timeout,
             ApiError::Invalid(_) => Code::Invalid,
-            ApiError::Unavailable(_) => Code::Unavailable,
+            ApiError::Unavailable(_) | ApiError::Unauthorized(_) => Code::Unavailable,
         }
     }
 
@@ -66,6 +70,7 @@ impl ApiError {
             ApiError::AlreadyExists(_) => (409, "AlreadyExists"),
             ApiError::Conflict(_) => (409, "Conflict"),
             ApiError::Forbidden(_) => (403, "Forbidden"),
+            ApiError::Unauthorized(_) => (401, "Unauthorized"),
             ApiError::Timeout(_) => (504, "Timeout"),
             ApiError::Invalid(_) => (422, "Invalid"),
             ApiError::Unavailable(_) => (503, "ServiceUnavailable"),
@@ -82,6 +87,7 @@ impl ApiError {
             (404, _) => ApiError::NotFound(message),
             (409, "AlreadyExists") => ApiError::AlreadyExists(message),
             (409, _) => ApiError::Conflict(message),
+            (401, _) => ApiError::Unauthorized(message),
             (403, _) => ApiError::Forbidden(message),
             (408 | 504, _) | (_, "Timeout") => ApiError::Timeout(message),
             (400 | 422, _) => ApiError::Invalid(message),
@@ -338,6 +344,7 @@ mod tests {
         assert!(matches!(api(409, "AlreadyExists"), ApiError::AlreadyExists(_)));
         assert!(matches!(api(409, "Conflict"), ApiError::Conflict(_)));
         assert!(matches!(api(403, "Forbidden"), ApiError::Forbidden(_)));
+        assert!(matches!(api(401, "Unauthorized"), ApiError::Unauthorized(_)));
         assert!(matches!(api(504, "Timeout"), ApiError::Timeout(_)));
         assert!(matches!(api(422, "Invalid"), ApiError::Invalid(_)));
         assert!(matches!(api(500, "InternalError"), ApiError::Unavailable(_)));
@@ -356,6 +363,7 @@ mod tests {
             ApiError::AlreadyExists("b".into()),
             ApiError::Conflict("c".into()),
             ApiError::Forbidden("d".into()),
+            ApiError::Unauthorized("d2".into()),
             ApiError::Timeout("e".into()),
             ApiError::Invalid("f".into()),
             ApiError::Unavailable("g".into()),

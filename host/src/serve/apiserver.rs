@@ -11,7 +11,7 @@
 
 use config_snapshot_policy::model::object::ObjectExt;
 use std::future::Future;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,6 +52,11 @@ pub struct KubeCluster {
     fixed_now: AtomicI64,
     /// How an admission's fresh source reads are made ahead of the policy.
     pub(crate) source_reads: SourceReads,
+    /// Whether the API server's last answer refused serve's own
+    /// credentials (401). A pod left over from an uninstalled release holds
+    /// a token of its deleted ServiceAccount: it can answer no admission,
+    /// so it reports itself not ready and its Service stops sending it any.
+    credentials_refused: AtomicBool,
 }
 
 impl KubeCluster {
@@ -64,7 +69,33 @@ impl KubeCluster {
             reads_ahead: tokio::sync::Semaphore::new(source_reads::IN_FLIGHT),
             fixed_now: AtomicI64::new(0),
             source_reads: SourceReads::default(),
+            credentials_refused: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the API server refused serve's credentials in its last
+    /// answer (see [`KubeCluster::credentials_refused`]'s field).
+    pub fn credentials_refused(&self) -> bool {
+        self.credentials_refused.load(Ordering::SeqCst)
+    }
+
+    /// Notes what an answer says of serve's credentials: a 401 refuses
+    /// them, any other answer from the server accepted them, and no answer
+    /// (a timeout, a transport failure) says nothing.
+    fn heard<T>(&self, result: cluster::Result<T>) -> cluster::Result<T> {
+        let refused = match &result {
+            Err(ApiError::Unauthorized(_)) => Some(true),
+            Err(ApiError::Timeout(_) | ApiError::Unavailable(_)) => None,
+            _ => Some(false),
+        };
+        if let Some(refused) = refused {
+            if refused && !self.credentials_refused.swap(true, Ordering::SeqCst) {
+                tracing::error!("the API server refuses serve's credentials: not ready until it accepts them");
+            } else if !refused {
+                self.credentials_refused.store(false, Ordering::SeqCst);
+            }
+        }
+        result
     }
 
     /// The same cluster, reading sources ahead as `reads` says.
@@ -129,11 +160,11 @@ impl KubeCluster {
     /// Reads one object from the API server, not the cache.
     pub async fn fetch(&self, kind: &str, namespace: &str, name: &str) -> cluster::Result<Option<Value>> {
         let (api, ar) = self.api(kind, namespace, name)?;
-        match tokio::time::timeout(API_TIMEOUT, api.get_opt(name)).await {
+        self.heard(match tokio::time::timeout(API_TIMEOUT, api.get_opt(name)).await {
             Ok(Ok(object)) => Ok(object.map(|o| trim(o, &ar))),
             Ok(Err(e)) => Err(e.into()),
             Err(_) => Err(ApiError::Timeout(format!("timeout reading {kind} {name}"))),
-        }
+        })
     }
 
     /// Lists `kind` in `namespace` from the API server, as fresh as a
@@ -144,21 +175,24 @@ impl KubeCluster {
     pub(crate) async fn list_fresh(&self, kind: &str, namespace: &str, limit: u32) -> cluster::Result<Listed> {
         let (api, ar) = self.namespaced(kind, namespace)?;
         let params = kube::api::ListParams::default().limit(limit);
-        match tokio::time::timeout(API_TIMEOUT, api.list(&params)).await {
+        self.heard(match tokio::time::timeout(API_TIMEOUT, api.list(&params)).await {
             Ok(Ok(list)) => Ok(Listed {
                 complete: list.metadata.continue_.as_deref().is_none_or(str::is_empty),
                 objects: list.items.into_iter().map(|o| trim(o, &ar)).collect(),
             }),
             Ok(Err(e)) => Err(e.into()),
             Err(_) => Err(ApiError::Timeout(format!("timeout listing {kind} in {namespace}"))),
-        }
+        })
     }
 
     fn block<T>(&self, what: &str, call: impl Future<Output = cluster::Result<T>>) -> cluster::Result<T> {
         // The timer is made inside the runtime: callers may be plain threads.
-        self.runtime
+        let answer = self
+            .runtime
             .block_on(async { tokio::time::timeout(API_TIMEOUT, call).await })
-            .map_err(|_| ApiError::Timeout(format!("timeout: {what} took longer than {API_TIMEOUT:?}")))?
+            .map_err(|_| ApiError::Timeout(format!("timeout: {what} took longer than {API_TIMEOUT:?}")))
+            .and_then(|answer| answer);
+        self.heard(answer)
     }
 }
 

@@ -50,6 +50,7 @@ pub struct State {
 impl State {
     pub fn ready(&self) -> bool {
         self.cluster.cache.synced()
+            && !self.cluster.credentials_refused()
             && self.registered.load(Ordering::SeqCst)
             && !self.shutting_down.load(Ordering::SeqCst)
     }

@@ -148,6 +148,8 @@ pub fn reinstall_story(cp: &ControlPlane) {
         "config-snapshot",
         "--namespace",
         "config-snapshot",
+        "--cascade",
+        "foreground",
         "--wait",
     ]);
     // Kept: the key, its guard, serve's CA.

@@ -527,7 +527,18 @@ fn watch_cost_story(cp: &ControlPlane) -> String {
 /// the new guard, which is younger than the Secret serve refuses until then.
 fn kustomize_story(cp: &ControlPlane) {
     let before = super::keys::keys(cp, &["list"]);
-    cp.helm(&["uninstall", "config-snapshot", "-n", "config-snapshot", "--wait"]);
+    // In the foreground: helm returns once serve's pods are gone. A pod
+    // left over holds a token of the ServiceAccount helm deleted, and the
+    // new Service would send it admissions it can only refuse.
+    cp.helm(&[
+        "uninstall",
+        "config-snapshot",
+        "-n",
+        "config-snapshot",
+        "--cascade",
+        "foreground",
+        "--wait",
+    ]);
     let registry = cp.registry.clone().unwrap();
     let rendered = cp.kubectl(&["kustomize", root().join("deploy/serve").to_str().unwrap()]);
     let image = format!("{registry}/config-snapshot:{}", env!("CARGO_PKG_VERSION"));

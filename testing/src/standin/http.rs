@@ -104,6 +104,9 @@ pub(super) async fn handle(State(inner): State<Arc<Inner>>, request: Request) ->
             format!("the server could not find the requested resource {}", uri.path()),
         );
     };
+    if !watching && lock(&inner.conduct).unauthenticated {
+        return status(401, "Unauthorized", "Unauthorized".into());
+    }
     if let Some(refusal) = forbidden(&inner, &method, &path) {
         return refusal;
     }

@@ -80,6 +80,9 @@ fn plural_of(kind: &str) -> &'static str {
 struct Conduct {
     /// (method, plural) pairs answered 403, as RBAC without that verb.
     forbidden: Vec<(Method, String)>,
+    /// Whether every request but a watch already open is answered 401,
+    /// as to a token whose ServiceAccount was deleted.
+    unauthenticated: bool,
     /// How long every request but a watch takes.
     latency: Duration,
     /// The clock creations are stamped with; `None`: the wall clock.
@@ -239,6 +242,12 @@ impl ApiServer {
         lock(&self.inner.conduct)
             .forbidden
             .push((method, plural_of(kind).to_string()));
+    }
+
+    /// Answers every request but a watch 401 while `refused`, as a real
+    /// API server answers a token whose ServiceAccount was deleted since.
+    pub fn refuse_credentials(&self, refused: bool) {
+        lock(&self.inner.conduct).unauthenticated = refused;
     }
 
     /// Makes every request but a watch take `latency` before it is
