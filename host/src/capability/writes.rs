@@ -4,6 +4,7 @@
 use config_snapshot_policy::host::contract::{Adopt, DeleteSnapshot, Deleted, PatchWorkload, Queued};
 use config_snapshot_policy::host::host_error::{Code, HostError};
 use config_snapshot_policy::model::kinds;
+use config_snapshot_policy::model::records::Rollback;
 use config_snapshot_policy::model::selection::is_dns_subdomain;
 use serde::Deserialize;
 
@@ -82,7 +83,7 @@ impl Capability {
         Ok(Deleted { deleted: true })
     }
 
-    pub(super) fn patch_workload(&self, request: PatchWorkload) -> Result<Queued, HostError> {
+    pub(super) fn patch_workload(&self, mut request: PatchWorkload) -> Result<Queued, HostError> {
         let workload = request.kind;
         let kind = workload.kind();
         if !workload.watches() {
@@ -131,6 +132,18 @@ impl Capability {
                 )));
             }
         }
+        // The rollbacks the patch saw, as the guest says, but never more
+        // than the workload has had: a guest that claimed more would keep a
+        // rollback that comes before the patch lands from voiding it. The
+        // guest found the workload through the same cache (serve) or store
+        // (replay), so an honest count is never above this one.
+        let had = self
+            .cluster
+            .get(kind, &self.caller.namespace, &request.name)
+            .map_err(failed)?
+            .and_then(|w| Rollback::of(&w))
+            .map_or(0, |r| r.count);
+        request.rollbacks = request.rollbacks.min(had);
         self.stage(Effect::Patch(PatchIntent::new(&self.caller.namespace, request)));
         Ok(Queued { queued: true })
     }

@@ -341,3 +341,27 @@ fn a_malformed_request_is_refused_without_echoing_it() {
     assert!(backend.writes.lock().unwrap().is_empty());
     assert!(cap.take_staged().is_empty());
 }
+
+/// A guest cannot shield its watch rollout from a rollback: the count of
+/// rollbacks the patch saw is the workload's at most, whatever it claims.
+#[test]
+fn a_patch_never_saw_more_rollbacks_than_the_workload_had() {
+    let (backend, cap) = super::capability(false);
+    let record = json!({"generation": 4, "count": 2, "at": "2026-01-01T00:00:00Z", "sources": {}});
+    backend.put(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "team-a", "uid": "w1",
+                     "annotations": {keys::ROLLBACK: record.to_string()}}}));
+    let patch = |name: &str, rollbacks: u64| {
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": name, "patch": [],
+            "rollbacks": rollbacks, "snapshot": "app-1",
+            "source": {"kind": "ConfigMap", "name": "app", "contentHash": "a".repeat(64)}})
+    };
+    for (name, claimed, kept) in [("web", u64::MAX, 2), ("web", 3, 2), ("web", 1, 1), ("gone", 7, 0)] {
+        super::write(&cap, "patch_workload", patch(name, claimed)).unwrap();
+        let staged = cap.take_staged();
+        let [Effect::Patch(intent)] = &staged[..] else {
+            panic!("{staged:?}");
+        };
+        assert_eq!(intent.rollbacks, kept, "{name} claimed {claimed}");
+    }
+}
