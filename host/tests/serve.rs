@@ -406,8 +406,21 @@ async fn serve_whose_credentials_are_refused_is_not_ready_until_they_are_accepte
     }
     assert!(
         serve.logs().contains("refuses serve's credentials"),
-        "said once in the log:\n{}",
+        "said in the log:\n{}",
         serve.logs()
+    );
+    // Probed in a loop, it asks the API server at most once a second.
+    let asked = |api: &ApiServer| api.log().iter().filter(|r| r.contains("kube-root-ca.crt")).count();
+    let before = asked(&api);
+    let started = Instant::now();
+    for _ in 0..200 {
+        serve.ops_get("/readyz").expect("readyz answers");
+    }
+    let seconds = started.elapsed().as_secs() as usize;
+    assert!(
+        asked(&api) - before <= seconds + 1,
+        "{} asks in {seconds} s",
+        asked(&api) - before
     );
 
     api.refuse_credentials(false);

@@ -57,6 +57,9 @@ pub struct KubeCluster {
     /// a token of its deleted ServiceAccount: it can answer no admission,
     /// so it reports itself not ready and its Service stops sending it any.
     credentials_refused: AtomicBool,
+    /// When [`KubeCluster::ask_about_credentials`] last asked (ms since
+    /// the Unix epoch): at most once a second, however often it is probed.
+    credentials_asked_ms: AtomicI64,
 }
 
 impl KubeCluster {
@@ -70,6 +73,7 @@ impl KubeCluster {
             fixed_now: AtomicI64::new(0),
             source_reads: SourceReads::default(),
             credentials_refused: AtomicBool::new(false),
+            credentials_asked_ms: AtomicI64::new(0),
         }
     }
 
@@ -77,6 +81,29 @@ impl KubeCluster {
     /// answer (see [`KubeCluster::credentials_refused`]'s field).
     pub fn credentials_refused(&self) -> bool {
         self.credentials_refused.load(Ordering::SeqCst)
+    }
+
+    /// While the credentials are refused, asks the API server again with
+    /// one read that any authenticated caller gets an answer to (a 403 is
+    /// one): an unready pod gets no admission that would. At most once a
+    /// second, so that probing `/readyz` costs the API server nothing more.
+    pub async fn ask_about_credentials(&self) {
+        if !self.credentials_refused() {
+            return;
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let last = self.credentials_asked_ms.load(Ordering::SeqCst);
+        if now - last < 1000
+            || self
+                .credentials_asked_ms
+                .compare_exchange(last, now, Ordering::SeqCst, Ordering::SeqCst)
+                .is_err()
+        {
+            return;
+        }
+        let _ = self.fetch("ConfigMap", "kube-system", "kube-root-ca.crt").await;
     }
 
     /// Notes what an answer says of serve's credentials: a 401 refuses

@@ -207,15 +207,7 @@ async fn evaluate(state: Arc<State>, body: Bytes, holds: impl Send + 'static) ->
 }
 
 async fn readyz(Extract(state): Extract<Arc<State>>) -> Response {
-    if state.cluster.credentials_refused() {
-        // Not ready, so no admission comes to ask again: the probe does,
-        // with one read any authenticated caller gets an answer to (a 403
-        // is one). Only the API server's answer clears the flag.
-        let _ = state
-            .cluster
-            .fetch("ConfigMap", "kube-system", "kube-root-ca.crt")
-            .await;
-    }
+    state.cluster.ask_about_credentials().await;
     if state.ready() {
         "ready".into_response()
     } else if state.shutting_down.load(Ordering::SeqCst) {
