@@ -18,7 +18,9 @@ pub(crate) mod plan;
 
 pub mod snapshot {
     pub use crate::admit::revision::used_snapshots;
-    pub use crate::admit::sweep::{add_references, holder_masks, is_orphan, must_mark_reuse, owned, REUSE_MARGIN_SECS};
+    pub use crate::admit::sweep::{
+        add_references, anchor_reference, anchored, holder_masks, is_orphan, must_mark_reuse, owned, REUSE_MARGIN_SECS,
+    };
 }
 
 /// What the host shares with the policy about rolling a workload: where a

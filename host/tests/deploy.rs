@@ -342,6 +342,8 @@ fn rbac_grants_exactly_what_serve_uses() {
             expected.insert(format!("{group}/{resource}:{verb}"));
         }
     }
+    // A Namespace, read for its uid, which anchors shared snapshots.
+    expected.insert("/namespaces:get".to_string());
     // Events on the workloads serve changes: exactly create and patch.
     expected.insert("events.k8s.io/events:create".to_string());
     expected.insert("events.k8s.io/events:patch".to_string());

@@ -62,8 +62,10 @@ const START: &str = "2026-11-22T08:00:00Z";
 
 const WORKLOADS: [(&str, &str); 3] = [("Deployment", "web"), ("StatefulSet", "db"), ("DaemonSet", "agent")];
 const SOURCES: [(&str, &str); 3] = [("ConfigMap", "alpha"), ("ConfigMap", "beta"), ("Secret", "creds")];
-const FAULTS: [&str; 6] = [
+const FAULTS: [&str; 7] = [
     "create_snapshot",
+    // A snapshot's mark, anchor, adoption or release lost.
+    "patch_snapshot",
     "adopt",
     "patch_workload",
     "delete_snapshot",
@@ -154,6 +156,8 @@ enum Op {
         op: usize,
         times: u32,
     },
+    /// The host restarts: what it had queued is lost.
+    RestartHost,
     /// `config-snapshot approve`: the workload's approve annotation set to
     /// what is pending on it now (nothing, if nothing is).
     Approve {
@@ -182,6 +186,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => w.prop_map(|w| Op::DeleteWorkload { w }),
         3 => prop::sample::select(ADVANCES.to_vec()).prop_map(|secs| Op::Advance { secs }),
         1 => (0..FAULTS.len(), 1u32..3).prop_map(|(op, times)| Op::Fault { op, times }),
+        1 => Just(Op::RestartHost),
     ]
     .boxed()
 }
@@ -387,6 +392,7 @@ impl Op {
             Op::Fault { op, times } => {
                 json!({"fault": {"operation": FAULTS[*op], "error": "injected: the API server said no", "times": times}})
             }
+            Op::RestartHost => json!({"restartHost": null}),
         }
     }
 }
@@ -836,7 +842,7 @@ static COVERAGE: std::sync::Mutex<BTreeMap<&'static str, usize>> = std::sync::Mu
 /// refused after that, which a few random histories in 300 reach and some
 /// runs none. A fixed history proves it instead
 /// (`a_snapshot_whose_rollout_is_refused_is_collected_at_once`).
-const MILESTONES: [(&str, &str); 11] = [
+const MILESTONES: [(&str, &str); 13] = [
     ("change held for a person", "event RolloutPending"),
     ("approved rollout", "model: an approved rollout"),
     ("rollback recorded", "rollback recorded"),
@@ -847,7 +853,9 @@ const MILESTONES: [(&str, &str); 11] = [
     ("timed sweep", "swept: unowned"),
     ("renewal", "renewed its snapshots"),
     ("revision refused, retried", "retries"),
-    ("bridge or repair by the resync", "resync:"),
+    ("anchor or repair by the resync", "resync:"),
+    ("shared snapshot anchored", "anchored"),
+    ("host restarted", "host restarted"),
 ];
 
 fn count_coverage(outputs: &[String]) {

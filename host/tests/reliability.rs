@@ -356,6 +356,9 @@ fn racing_admissions_of_the_same_deployment_make_one_snapshot() {
         fn now(&self) -> i64 {
             self.inner.now()
         }
+        fn namespace_uid(&self, ns: &str) -> cluster::Result<Option<String>> {
+            self.inner.namespace_uid(ns)
+        }
     }
 
     let engine = engine();

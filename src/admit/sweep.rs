@@ -72,11 +72,34 @@ pub(crate) fn last_used(snapshot: &Value, now: i64) -> Option<i64> {
 /// How far ahead of a replica's clock another's may be.
 const CLOCK_SKEW_SECS: i64 = 300;
 
-/// Whether an object has an owner: a snapshot with one is the garbage
-/// collector's to delete, never the sweep's, and its reuse writes nothing
-/// but a bridge.
+/// Whether an object has an owner other than its namespace's anchor: a
+/// snapshot with one is the garbage collector's to delete, never the
+/// sweep's.
 pub fn owned(object: &Value) -> bool {
-    !object.owner_references().is_empty()
+    object.owner_references().iter().any(|r| !is_anchor(object, r))
+}
+
+/// Whether a snapshot is anchored: owned by its own Namespace
+/// (docs/design.md, "Garbage collection", Anchors). The garbage collector
+/// never takes it while the namespace lives, whatever happens to its
+/// other owners; the sweep takes it once nothing else owns it, nothing
+/// names it and nothing used it for the grace period, as if it had no
+/// owner at all.
+pub fn anchored(object: &Value) -> bool {
+    object.owner_references().iter().any(|r| is_anchor(object, r))
+}
+
+fn is_anchor(object: &Value, reference: &Value) -> bool {
+    reference["apiVersion"] == "v1"
+        && reference["kind"] == "Namespace"
+        && object.namespace().is_some_and(|ns| reference["name"] == ns)
+}
+
+/// The ownerReference that anchors a snapshot in `namespace`, whose uid
+/// is `uid`. Not `blockOwnerDeletion`: nothing should hold a namespace's
+/// deletion up, and setting it needs rights on the Namespace.
+pub fn anchor_reference(namespace: &str, uid: &str) -> Value {
+    serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "name": namespace, "uid": uid})
 }
 
 /// Whether a snapshot may be swept, as far as it alone can tell: ours, with

@@ -4,7 +4,6 @@
 //! to it (docs/design.md, "Garbage collection", Reuse and Bridges).
 //! `snapshot_name`: the name a Secret's snapshot gets, keyed.
 
-use config_snapshot_policy::host::contract::SnapshotRef;
 use config_snapshot_policy::host::contract::{
     CreateSnapshot, CreateSnapshots, Created, CreatedEach, ItemAnswer, Names, Owner, SnapshotName,
 };
@@ -19,13 +18,13 @@ use config_snapshot_policy::model::selection::is_dns_subdomain;
 use config_snapshot_policy::model::source::SA_TOKEN;
 use config_snapshot_policy::model::source::{SourceId, SourceKind};
 use config_snapshot_policy::rollout::annotation_path;
-use config_snapshot_policy::snapshot::{must_mark_reuse, owned};
+use config_snapshot_policy::snapshot::{anchored, must_mark_reuse, owned};
 use serde_json::{json, Value};
 
 use super::{failed, refused, Capability};
 use crate::cluster::{patch_judged, ApiError, Cluster, Judged};
 use crate::lifecycle::driver::SWEEP_EVERY_SECS;
-use crate::lifecycle::verdict::adopt_ops;
+use crate::lifecycle::verdict::anchor_ops;
 use crate::lifecycle::{written_size, Effect};
 
 /// Secret types that mint credentials when created: never a snapshot's.
@@ -210,7 +209,10 @@ impl Capability {
             // read as fresh as the request: a cache could show one since
             // deleted (which only the write would catch), or one since
             // marked. serve has read it ahead, beside the policy.
-            Some(found) if !owned(&found) => self.cluster.get_fresh(kind.kind(), &ns, &name).map_err(failed)?,
+            // An anchored one is the sweep's to judge as well.
+            Some(found) if !owned(&found) || anchored(&found) => {
+                self.cluster.get_fresh(kind.kind(), &ns, &name).map_err(failed)?
+            }
             Some(found) => Some(found),
             None => match self.make(&object)? {
                 Ok(()) => return created(),
@@ -222,15 +224,14 @@ impl Capability {
             },
         };
         // A reused snapshot must outlive this admission's reference to it:
-        // - unowned, it is marked used, so a sweep that judged it unused a
-        //   moment ago cannot delete it (its delete carries the version it
-        //   judged, which this write changes). Unless it was used recently
-        //   enough that no sweep may judge it before this request is stored
-        //   (`sweep::must_mark_reuse`);
-        // - owned by revisions (maybe of another workload), the workload
-        //   becomes an owner too (a bridge), so the garbage collector cannot
-        //   take it when those revisions go before the workload's own
-        //   revision adopts it.
+        // - unowned or anchored, it is marked used, so a sweep that judged
+        //   it unused a moment ago cannot delete it (its delete carries the
+        //   version it judged, which this write changes). Unless it was used
+        //   recently enough that no sweep may judge it before this request
+        //   is stored (`sweep::must_mark_reuse`);
+        // - owned by others (revisions, maybe of another workload), it is
+        //   anchored in its namespace, so the garbage collector cannot take
+        //   it when those revisions go, whoever names it then.
         let reused = patch_judged(
             &self.cluster,
             (kind.kind(), &ns, &name),
@@ -248,7 +249,7 @@ impl Capability {
                     created: false,
                     sweeps: false,
                 };
-                let Some(ops) = self.keep_alive(owner.as_ref(), &found, kind, &name) else {
+                let Some(ops) = self.keep_alive(owner.as_ref(), &found)? else {
                     return Ok(Judged::Done(reused));
                 };
                 Ok(Judged::Patch {
@@ -269,31 +270,38 @@ impl Capability {
 
     /// The write that makes a reused snapshot (`found`) outlive this
     /// admission's reference to it, if one is needed (see
-    /// [`Self::create_snapshot`]). The owner of a workload being created,
-    /// which has no uid yet, is staged: it adopts once it exists.
-    fn keep_alive(&self, owner: Option<&Value>, found: &Value, kind: SourceKind, name: &str) -> Option<Vec<Value>> {
-        match (owner, owned(found)) {
-            (None, true) => None,
-            (Some(owner), true) if owner.uid().is_none() => {
-                self.stage(Effect::Adopt {
-                    namespace: self.caller.namespace.clone(),
-                    owner_kind: owner["kind"].as_str().unwrap_or_default().to_string(),
-                    owner_name: owner.name().to_string(),
-                    snapshots: vec![SnapshotRef {
-                        kind,
-                        name: name.to_string(),
-                    }],
-                    stored_as: Some(self.stored_as()),
-                });
-                None
-            }
-            (Some(owner), true) => adopt_ops(owner, found),
-            (_, false) => must_mark_reuse(found, self.cluster.now(), self.rules.settings.orphan_grace_period_secs)
-                .then(|| {
-                    let now = format_rfc3339(self.cluster.now());
-                    vec![json!({"op": "add", "path": annotation_path(keys::LAST_USED_AT), "value": now})]
-                }),
+    /// [`Self::create_snapshot`]). One write at most in a shared snapshot's
+    /// life, its anchor, and a mark about once a grace period: never one
+    /// per workload that names it (docs/design.md, "Anchors").
+    fn keep_alive(&self, owner: Option<&Value>, found: &Value) -> Result<Option<Vec<Value>>, HostError> {
+        let now = self.cluster.now();
+        if anchored(found) || !owned(found) {
+            let grace = self.rules.settings.orphan_grace_period_secs;
+            return Ok(must_mark_reuse(found, now, grace).then(|| {
+                vec![json!({"op": "add", "path": annotation_path(keys::LAST_USED_AT), "value": format_rfc3339(now)})]
+            }));
         }
+        // Owned by others, and named by a workload: owned by that workload
+        // already (its own revisions' snapshot, on an update), or anchored.
+        let Some(owner) = owner else {
+            return Ok(None);
+        };
+        if owner
+            .uid()
+            .is_some_and(|uid| found.owner_references().iter().any(|r| r["uid"].as_str() == Some(uid)))
+        {
+            return Ok(None);
+        }
+        let ns = &self.caller.namespace;
+        let Some(uid) = self.cluster.namespace_uid(ns).map_err(failed)? else {
+            return Err(HostError::new(Code::NotFound, format!("namespace {ns} not found")));
+        };
+        let ops = anchor_ops(found, &uid, now);
+        if ops.is_some() {
+            self.observer
+                .note(format!("snapshot {} anchored in namespace {ns}", found.name()));
+        }
+        Ok(ops)
     }
 
     /// `create_snapshots`: each item as `create_snapshot` (its injected

@@ -91,6 +91,9 @@ impl Cluster for Recorder {
     fn now(&self) -> i64 {
         self.cluster.now()
     }
+    fn namespace_uid(&self, ns: &str) -> cluster::Result<Option<String>> {
+        self.cluster.namespace_uid(ns)
+    }
 }
 
 pub(super) fn capability(dry_run: bool) -> (Arc<Recorder>, Capability) {

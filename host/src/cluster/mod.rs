@@ -164,6 +164,11 @@ pub trait Cluster: Send + Sync {
     fn delete(&self, kind: &str, namespace: &str, name: &str, preconditions: &Preconditions) -> Result<()>;
     /// The cluster's clock, unix seconds (replay's is the scenario's).
     fn now(&self) -> i64;
+    /// The uid of the Namespace `namespace`, which anchors its shared
+    /// snapshots (docs/design.md, "Garbage collection", Anchors), read as
+    /// fresh as the request: never a cache, which could hold a namespace
+    /// deleted and made again under the same name. `None`: there is none.
+    fn namespace_uid(&self, namespace: &str) -> Result<Option<String>>;
 }
 
 /// The JSON Patch operation that pins a patch to a version: the API

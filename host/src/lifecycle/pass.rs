@@ -3,8 +3,9 @@
 //! out, the same way for both hosts.
 //! - **Adoption repair**: each revision owns the snapshots it references,
 //!   even if its adoption was lost (a restart, a full queue).
-//! - **Bridges**: a workload owns the owned snapshots it names, and stops
-//!   owning those it no longer names.
+//! - **Anchors and releases**: an owned snapshot a workload names but does
+//!   not own is anchored in its namespace, and a workload stops owning the
+//!   snapshots it no longer names.
 //! - **Renewals**: renew-duration fires on time, not only when someone edits
 //!   the workload: each workload with it is re-admitted as a no-op update.
 //! - **Watch re-derivation**: each source some workload in its namespace
@@ -63,7 +64,9 @@ pub(crate) fn missing_adoptions(objects: &[&Value]) -> Vec<Effect> {
             .filter_map(|s| {
                 let (kind, snap) = (s.kind.kind(), s.name.as_str());
                 let object = snapshots.get(&(kind.to_string(), ns.clone(), snap.to_string()))?;
-                let owned = object.owner_references().iter().any(|r| r["uid"].as_str() == uid);
+                // An anchored snapshot needs no more owners.
+                let owned =
+                    snapshot::anchored(object) || object.owner_references().iter().any(|r| r["uid"].as_str() == uid);
                 (!owned).then(|| SnapshotRef {
                     kind: s.kind,
                     name: snap.to_string(),
@@ -83,14 +86,11 @@ pub(crate) fn missing_adoptions(objects: &[&Value]) -> Vec<Effect> {
     out
 }
 
-/// Workload ownership upkeep: the patches that make each owned snapshot a
-/// workload names owned by that workload too (so the garbage collector
-/// cannot take it while it is named, whatever happens to the revisions),
-/// and that drop a workload's ownership once it no longer names the
-/// snapshot (so its revisions alone decide how long it lives), unless a
-/// rollout on its way will make it name the snapshot (`awaited`): that
-/// rollout's bridge must hold until the workload names what it bridges.
-pub fn bridges(objects: &[&Value], awaited: &HashSet<Key>) -> Vec<Patch> {
+/// Workload ownership upkeep: the patches that drop a workload's ownership
+/// of a snapshot once it no longer names it (so its revisions alone decide
+/// how long it lives), unless a rollout on its way will make it name the
+/// snapshot (`awaited`).
+pub fn releases(objects: &[&Value], awaited: &HashSet<Key>) -> Vec<Patch> {
     let workloads: Vec<&Value> = objects
         .iter()
         .filter(|o| WorkloadKind::from_kind(kind_of(o)).is_some())
@@ -116,7 +116,7 @@ pub fn bridges(objects: &[&Value], awaited: &HashSet<Key>) -> Vec<Patch> {
         let k = key(snapshot);
         let current: Vec<Value> = snapshot.owner_references().to_vec();
         let names = |workload: &str| named.get(workload).is_some_and(|n| n.contains(&k));
-        let mut wanted: Vec<Value> = current
+        let wanted: Vec<Value> = current
             .iter()
             .filter(|r| {
                 let Some(uid) = r["uid"].as_str() else { return true };
@@ -131,19 +131,6 @@ pub fn bridges(objects: &[&Value], awaited: &HashSet<Key>) -> Vec<Patch> {
             })
             .cloned()
             .collect();
-        if !wanted.is_empty() {
-            for w in &workloads {
-                let Some(uid) = w.uid() else {
-                    continue;
-                };
-                if names(uid) && !wanted.iter().any(|r| r["uid"] == uid) {
-                    wanted.push(json!({
-                        "apiVersion": w["apiVersion"], "kind": w["kind"],
-                        "name": w.meta("name"), "uid": uid,
-                    }));
-                }
-            }
-        }
         if wanted != current {
             out.push((
                 k,
@@ -153,6 +140,43 @@ pub fn bridges(objects: &[&Value], awaited: &HashSet<Key>) -> Vec<Patch> {
         }
     }
     out
+}
+
+/// The snapshots to anchor (with the version they were judged at): owned
+/// by others, named by a workload that does not own them, and not anchored
+/// yet. The garbage collector would take one when its owners go, while the
+/// workload names it (docs/design.md, "Garbage collection", Anchors). An
+/// admission that reuses a snapshot anchors it; this catches the rest (a
+/// write lost, a workload made to name it by hand).
+pub fn unanchored<'a>(objects: &[&'a Value]) -> Vec<&'a Value> {
+    let mut named: HashMap<Key, Vec<&str>> = HashMap::new();
+    for w in objects.iter().filter(|o| WorkloadKind::from_kind(kind_of(o)).is_some()) {
+        let (Some(uid), Some(template)) = (w.uid(), kinds::template_of(w)) else {
+            continue;
+        };
+        let ns = w.namespace().unwrap_or_default();
+        let snapshots = Snapshots::of(template);
+        for r in references::collect(template) {
+            if snapshots.contains(r.kind, &r.name) {
+                named
+                    .entry((r.kind.kind().to_string(), ns.to_string(), r.name))
+                    .or_default()
+                    .push(uid);
+            }
+        }
+    }
+    objects
+        .iter()
+        .filter(|o| keys::is_snapshot(o) && snapshot::owned(o) && !snapshot::anchored(o))
+        .filter(|o| {
+            named.get(&key(o)).is_some_and(|workloads| {
+                workloads
+                    .iter()
+                    .any(|w| !o.owner_references().iter().any(|r| r["uid"].as_str() == Some(*w)))
+            })
+        })
+        .copied()
+        .collect()
 }
 
 /// The workload controlling `revision`: kind, name and uid from its

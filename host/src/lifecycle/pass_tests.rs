@@ -92,18 +92,13 @@ fn the_timed_sweep_spares_what_is_owned_used_young_or_awaited() {
 }
 
 #[test]
-fn a_workload_owns_an_owned_snapshot_while_it_names_it() {
+fn an_owned_snapshot_a_workload_names_without_owning_it_is_anchored() {
     let none = HashSet::new();
     let mut snap = snap("shared", 0);
     snap["metadata"]["ownerReferences"] = json!([{"kind": "ControllerRevision", "name": "agent-1", "uid": "cr-uid"}]);
     let template = json!({"metadata": {"annotations": {"config-snapshot.io/snapshots": json!({"configmap/app": name(&snap)}).to_string()}},
         "spec": {"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": name(&snap)}}]}]}});
     let web = json!({"kind": "Deployment", "metadata": {"name": "web", "namespace": "ns", "uid": "web-uid"}, "spec": {"template": template}});
-    let apply = |snap: &mut Value, patches: Vec<Patch>| {
-        for (_, _, ops) in patches {
-            crate::lifecycle::verdict::apply_ops(snap, &ops).unwrap();
-        }
-    };
     let owners = |snap: &Value| -> Vec<String> {
         snap["metadata"]["ownerReferences"]
             .as_array()
@@ -112,33 +107,38 @@ fn a_workload_owns_an_owned_snapshot_while_it_names_it() {
             .map(|r| r["uid"].as_str().unwrap().to_string())
             .collect()
     };
-    // Named by web, owned only by another workload's revision: bridged.
-    let patches = bridges(&[&snap, &web], &none);
-    assert_eq!(patches.len(), 1);
-    apply(&mut snap, patches);
-    assert_eq!(owners(&snap), ["cr-uid", "web-uid"]);
-    assert!(bridges(&[&snap, &web], &none).is_empty(), "stable");
-    // Web's own ReplicaSet owns it too: web stays an owner while it
-    // names it, so deleting the ReplicaSet cannot take it.
-    let rs = json!({"kind": "ReplicaSet", "metadata": {"name": "web-1", "namespace": "ns", "uid": "rs-uid",
-        "ownerReferences": [{"kind": "Deployment", "uid": "web-uid", "controller": true}]}});
+    // Named by web, owned only by another workload's revision: anchored,
+    // and marked used in the same write.
+    let found = unanchored(&[&snap, &web]);
+    assert_eq!(found.len(), 1);
+    let ops = crate::lifecycle::verdict::anchor_ops(found[0], "ns-uid", 1_000).unwrap();
+    crate::lifecycle::verdict::apply_ops(&mut snap, &ops).unwrap();
+    assert_eq!(owners(&snap), ["cr-uid", "ns-uid"]);
+    assert_eq!(
+        snap["metadata"]["annotations"][keys::LAST_USED_AT],
+        format_rfc3339(1_000)
+    );
+    assert!(unanchored(&[&snap, &web]).is_empty(), "stable");
+    assert!(crate::lifecycle::verdict::anchor_ops(&snap, "ns-uid", 2_000).is_none());
+    // Not named, or named by a workload that owns it: nothing to anchor.
+    snap["metadata"]["ownerReferences"] = json!([{"kind": "ControllerRevision", "uid": "cr-uid"}]);
+    let bare = json!({"kind": "Deployment", "metadata": {"name": "bare", "namespace": "ns", "uid": "bare-uid"},
+        "spec": {"template": {"spec": {"containers": [{"name": "c"}]}}}});
+    assert!(unanchored(&[&snap, &bare]).is_empty());
     snap["metadata"]["ownerReferences"]
         .as_array_mut()
         .unwrap()
-        .push(json!({"kind": "ReplicaSet", "uid": "rs-uid"}));
-    assert!(bridges(&[&snap, &web, &rs], &none).is_empty());
-    assert_eq!(owners(&snap), ["cr-uid", "web-uid", "rs-uid"]);
+        .push(json!({"kind": "Deployment", "uid": "web-uid"}));
+    assert!(unanchored(&[&snap, &web]).is_empty());
     // A workload that no longer names it stops owning it.
     let mut other = web.clone();
     other["spec"]["template"] = json!({"spec": {"containers": [{"name": "c"}]}});
-    snap["metadata"]["ownerReferences"] =
-        json!([{"kind": "ControllerRevision", "uid": "cr-uid"}, {"kind": "Deployment", "uid": "web-uid"}]);
-    // Unless a rollout on its way will make it name the snapshot: the
-    // bridge that rollout made holds until it lands.
+    // Unless a rollout on its way will make it name the snapshot.
     let awaited = HashSet::from([key(&snap)]);
-    assert!(bridges(&[&snap, &other], &awaited).is_empty());
-    let patches = bridges(&[&snap, &other], &none);
-    apply(&mut snap, patches);
+    assert!(releases(&[&snap, &other], &awaited).is_empty());
+    for (_, _, ops) in releases(&[&snap, &other], &none) {
+        crate::lifecycle::verdict::apply_ops(&mut snap, &ops).unwrap();
+    }
     assert_eq!(owners(&snap), ["cr-uid"]);
 }
 

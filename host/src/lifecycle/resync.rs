@@ -12,7 +12,8 @@ use serde_json::{json, Value};
 use super::driver::Driver;
 use super::effect::Effect;
 use super::observe::Reason;
-use super::pass::{bridges, missing_adoptions, orphans, renewals, watched_sources};
+use super::pass::{missing_adoptions, orphans, releases, renewals, unanchored, watched_sources};
+use super::verdict::anchor_ops;
 use crate::cluster::proof::digested;
 use crate::cluster::{self, key, Cluster, Selector};
 
@@ -133,7 +134,8 @@ impl Driver<'_> {
             host.submit(effect);
             pass.adoptions += 1;
         }
-        for ((kind, ns, name), rv, ops) in bridges(&all, &self.in_flight.targets()) {
+        self.anchor_unanchored(&all);
+        for ((kind, ns, name), rv, ops) in releases(&all, &self.in_flight.targets()) {
             match self.cluster.patch(&kind, &ns, &name, &rv, ops) {
                 Ok(()) => self
                     .observer
@@ -180,6 +182,32 @@ impl Driver<'_> {
 
     /// Re-admits a workload unchanged; writes back what the policy renewed,
     /// pinned to the version it was read at.
+    /// Anchors the owned snapshots workloads name without owning them
+    /// ([`unanchored`]): one namespace read per namespace that has any.
+    fn anchor_unanchored(&self, all: &[&Value]) {
+        let mut uids: std::collections::HashMap<String, Option<String>> = std::collections::HashMap::new();
+        for snapshot in unanchored(all) {
+            let (kind, ns, name) = key(snapshot);
+            let uid = match uids.get(&ns) {
+                Some(uid) => uid.clone(),
+                None => match self.cluster.namespace_uid(&ns) {
+                    Ok(uid) => uids.entry(ns.clone()).or_insert(uid).clone(),
+                    Err(e) => {
+                        self.observer.note(format!("resync: namespace {ns}: {e}"));
+                        continue;
+                    }
+                },
+            };
+            let Some(ops) = uid.and_then(|uid| anchor_ops(snapshot, &uid, self.cluster.now())) else {
+                continue;
+            };
+            match self.cluster.patch(&kind, &ns, &name, snapshot.resource_version(), ops) {
+                Ok(()) => self.observer.note(format!("resync: {kind}/{name} anchored")),
+                Err(e) => self.observer.note(format!("resync: {kind}/{name}: {e}")),
+            }
+        }
+    }
+
     fn renew(&self, host: &dyn PassHost, workload: &Value) -> Result<bool, ReadmitError> {
         let (kind, ns, name) = key(workload);
         let Some(mutated) = host.readmit("UPDATE", workload, Some(workload))? else {

@@ -30,6 +30,7 @@ use std::sync::Arc;
 
 use config_snapshot_policy::model::approval::{Entries, WatchMode};
 use config_snapshot_policy::model::content::Content;
+use config_snapshot_policy::model::duration::format_rfc3339;
 use config_snapshot_policy::model::keys;
 use config_snapshot_policy::model::optin::OptIn;
 use config_snapshot_policy::model::records::{generation, Rollback, WatchRollout};
@@ -39,6 +40,7 @@ use config_snapshot_policy::model::source::SourceId;
 use config_snapshot_policy::model::template::{self, Snapshots};
 use config_snapshot_policy::rollout;
 use config_snapshot_policy::rollout::annotation_path;
+use config_snapshot_policy::snapshot::{anchor_reference, anchored};
 
 use serde_json::{json, Value};
 
@@ -499,6 +501,26 @@ pub(crate) fn adopt_ops(owner: &Value, snapshot: &Value) -> Option<Vec<Value>> {
     }
     Some(vec![
         json!({"op": "add", "path": "/metadata/ownerReferences", "value": wanted}),
+    ])
+}
+
+/// The patch that anchors a shared snapshot in its namespace
+/// (docs/design.md, "Garbage collection", Anchors), or `None` if it is
+/// anchored already. It marks the snapshot used in the same write: once
+/// anchored, the sweep judges it as it judges an unowned one, and the
+/// reference that asked for the anchor may not be stored yet.
+pub(crate) fn anchor_ops(snapshot: &Value, namespace_uid: &str, now: i64) -> Option<Vec<Value>> {
+    if !keys::is_snapshot(snapshot) || anchored(snapshot) {
+        return None;
+    }
+    let mut owners: Vec<Value> = snapshot.owner_references().to_vec();
+    owners.push(anchor_reference(
+        snapshot.namespace().unwrap_or_default(),
+        namespace_uid,
+    ));
+    Some(vec![
+        json!({"op": "add", "path": "/metadata/ownerReferences", "value": owners}),
+        json!({"op": "add", "path": annotation_path(keys::LAST_USED_AT), "value": format_rfc3339(now)}),
     ])
 }
 

@@ -253,6 +253,10 @@ pub fn run_step(
                 checks.push(assert(sim, check));
             }
         }
+        Step::RestartHost(_) => {
+            sim.restart_host();
+            sim.note("host restarted: its queued effects are lost".to_string());
+        }
         Step::Together(steps) => {
             sim.hold_effects(true);
             let result = steps.iter().try_for_each(|raw| {
@@ -315,6 +319,7 @@ fn describe(step: &Step) -> String {
         Step::Assert(_) => "assert".into(),
         Step::Together(s) => format!("together: {} writes before the host catches up", s.len()),
         Step::Repeat(r) => format!("repeat {} step(s) {} times", r.steps.len(), r.times),
+        Step::RestartHost(_) => "the host restarts".into(),
     }
 }
 

@@ -46,6 +46,8 @@ pub enum Step {
     Together(Vec<Value>),
     /// Runs `steps` `times` times; `{{i}}` in any string becomes 1, 2, ….
     Repeat(Repeat),
+    /// The host restarts: every effect it had queued is lost (`null`).
+    RestartHost(Option<Value>),
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -309,4 +309,20 @@ impl Cluster for KubeCluster {
     fn now(&self) -> i64 {
         KubeCluster::now(self)
     }
+
+    /// One GET of the Namespace: anchoring is once in a snapshot's life,
+    /// so serve keeps no cache of namespaces (nor the right to list them).
+    fn namespace_uid(&self, namespace: &str) -> cluster::Result<Option<String>> {
+        if !is_dns_label(namespace) {
+            return Err(ApiError::Invalid(format!(
+                "{} is not a namespace's name",
+                shown(namespace)
+            )));
+        }
+        let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(self.client.clone());
+        let read = self.block("read the namespace", async {
+            api.get_opt(namespace).await.map_err(ApiError::from)
+        })?;
+        Ok(read.and_then(|ns| ns.metadata.uid))
+    }
 }

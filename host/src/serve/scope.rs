@@ -147,4 +147,7 @@ impl Cluster for RequestScope {
     fn now(&self) -> i64 {
         self.cluster.now()
     }
+    fn namespace_uid(&self, namespace: &str) -> cluster::Result<Option<String>> {
+        self.cluster.namespace_uid(namespace)
+    }
 }

@@ -317,6 +317,13 @@ pub fn namespaced_story(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig:
             "can serve {verb} {resource} in {ns}?"
         );
     }
+    // Its Namespace, for the uid that anchors shared snapshots: a Role
+    // grants the read of its own namespace only, as the API server
+    // authorizes the real request (not only as `can-i` asks).
+    let get_namespace = |ns: &str| cp.try_kubectl(&["get", "namespace", ns, "--as", SERVE_SA], None);
+    assert!(get_namespace("team-a").is_ok(), "serve reads team-a's Namespace");
+    assert!(get_namespace("team-c").is_err(), "nor team-c's");
+    assert!(!can(cp, &["list", "namespaces"]));
     assert!(!can(cp, &["list", "secrets", "--all-namespaces"]));
     assert!(!can(cp, &["list", "configmaps", "--all-namespaces"]));
     assert!(can(

@@ -97,6 +97,20 @@ pub(super) async fn handle(State(inner): State<Arc<Inner>>, request: Request) ->
         if watching { " (watch)" } else { "" },
         uri.path()
     ));
+    if !watching && lock(&inner.conduct).unauthenticated {
+        return status(401, "Unauthorized", "Unauthorized".into());
+    }
+    // A Namespace: every one exists, as in the simulator (the host reads
+    // one to anchor a shared snapshot).
+    if let (&Method::GET, ["api", "v1", "namespaces", ns]) = (
+        &method,
+        uri.path().trim_matches('/').split('/').collect::<Vec<_>>().as_slice(),
+    ) {
+        let uid = inner.shared.namespace_uid(ns).ok().flatten().unwrap_or_default();
+        return axum::Json(json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": ns, "uid": uid, "resourceVersion": "1"}}))
+        .into_response();
+    }
     let Some(path) = parse_path(uri.path()) else {
         return status(
             404,
@@ -104,9 +118,6 @@ pub(super) async fn handle(State(inner): State<Arc<Inner>>, request: Request) ->
             format!("the server could not find the requested resource {}", uri.path()),
         );
     };
-    if !watching && lock(&inner.conduct).unauthenticated {
-        return status(401, "Unauthorized", "Unauthorized".into());
-    }
     if let Some(refusal) = forbidden(&inner, &method, &path) {
         return refusal;
     }

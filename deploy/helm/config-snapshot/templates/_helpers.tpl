@@ -63,6 +63,11 @@ against what serve calls).
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]
+# Its own Namespace, read (uid only) to anchor a shared snapshot in it
+# (docs/design.md, "Anchors"). In a Role, it reads that namespace only.
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["get"]
 - apiGroups: ["apps"]
   resources: ["deployments", "statefulsets", "daemonsets"]
   verbs: ["get", "list", "watch", "patch"]

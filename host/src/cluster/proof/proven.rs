@@ -171,4 +171,8 @@ where
     fn now(&self) -> i64 {
         self.inner.now()
     }
+
+    fn namespace_uid(&self, namespace: &str) -> cluster::Result<Option<String>> {
+        self.inner.namespace_uid(namespace)
+    }
 }

@@ -5,7 +5,7 @@
 use super::{Attempt, Driver, SWEEP_EVERY_SECS};
 use crate::cluster::{Cluster, Key, Preconditions, Selector};
 use crate::lifecycle::guard;
-use crate::lifecycle::pass::{add_references, bridges, controller_of, doomed, orphans, Doomed};
+use crate::lifecycle::pass::{add_references, controller_of, doomed, orphans, releases, Doomed};
 use config_snapshot_policy::model::keys;
 use config_snapshot_policy::model::kinds;
 use config_snapshot_policy::model::object::ObjectExt;
@@ -117,7 +117,7 @@ impl Driver<'_> {
             return;
         };
         let objects: Vec<&Value> = std::iter::once(&workload).chain(&snapshots).collect();
-        for ((k, ns, n), rv, ops) in bridges(&objects, &self.in_flight.targets()) {
+        for ((k, ns, n), rv, ops) in releases(&objects, &self.in_flight.targets()) {
             match self.cluster.patch(&k, &ns, &n, &rv, ops) {
                 Ok(()) => self
                     .observer

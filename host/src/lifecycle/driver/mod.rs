@@ -88,14 +88,14 @@ pub enum WriteFailed {
     /// The held change could not be recorded on its workload.
     #[error("recording the pending change on {who}: {source}")]
     Pending { who: String, source: ApiError },
-    /// The workload could not be made an owner of the snapshot.
-    #[error("bridging {snapshot}: {source}")]
-    Bridge { snapshot: String, source: ApiError },
-    /// The snapshot went before the workload could own it.
+    /// The snapshot could not be anchored in its namespace.
+    #[error("anchoring {snapshot}: {source}")]
+    Anchor { snapshot: String, source: ApiError },
+    /// The snapshot (or its namespace) went before it could be anchored.
     #[error("{0} is gone")]
     Gone(String),
     /// Every write was refused for a version that had moved on.
-    #[error("{0} kept changing while it was bridged")]
+    #[error("{0} kept changing while it was anchored")]
     KeptChanging(String),
 }
 

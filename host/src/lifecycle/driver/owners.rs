@@ -1,15 +1,16 @@
-//! Who owns a snapshot: adopting it by a new revision, and the bridge that
-//! keeps it owned by its workload while a rollout is under way.
+//! Who owns a snapshot: adopting it by a new revision, and the anchor that
+//! keeps a shared one while a rollout is under way (docs/design.md,
+//! "Garbage collection").
 
 use super::{Attempt, Driver, WriteFailed};
 use crate::cluster::{self, Cluster, Judged};
 use crate::lifecycle::effect::StoredAs;
-use crate::lifecycle::verdict::adopt_ops;
+use crate::lifecycle::verdict::{adopt_ops, anchor_ops};
 use config_snapshot_policy::host::contract::SnapshotRef;
 use config_snapshot_policy::model::kinds;
 use config_snapshot_policy::model::object::ObjectExt;
 use config_snapshot_policy::model::references;
-use config_snapshot_policy::snapshot::owned;
+use config_snapshot_policy::snapshot::{anchored, owned};
 use serde_json::Value;
 use std::collections::HashSet;
 
@@ -56,9 +57,22 @@ impl Driver<'_> {
             .unwrap_or_default();
         for SnapshotRef { kind, name } in snapshots.iter().filter(|s| named.contains(*s)) {
             let kind = kind.kind();
+            // An anchored snapshot needs no more owners, and the cache
+            // tells it without a read: an anchor stays for the snapshot's
+            // life. (One deleted and made again under its name starts
+            // without one, and the sweep spares it while this names it.)
+            if self
+                .cluster
+                .get(kind, ns, name)
+                .ok()
+                .flatten()
+                .is_some_and(|s| anchored(&s))
+            {
+                continue;
+            }
             let snapshot = match self.cluster.get_fresh(kind, ns, name) {
-                Ok(Some(s)) => s,
-                Ok(None) => continue,
+                Ok(Some(s)) if !anchored(&s) => s,
+                Ok(_) => continue,
                 Err(e) => return Attempt::Retry(e.into()),
             };
             let Some(ops) = adopt_ops(&owner, &snapshot) else {
@@ -75,17 +89,23 @@ impl Driver<'_> {
         Attempt::Done
     }
 
-    /// Before a watch rollout makes `workload` name `snapshot`: if revisions
-    /// own the snapshot (the workload's own older ones, after a rollback
-    /// and a change back, or another workload's), the workload becomes an
-    /// owner first, as an admission's bridge does. Otherwise the controller
-    /// could prune those revisions as it makes the workload's new one, and
-    /// the garbage collector take the snapshot before that revision adopts
-    /// it. An unowned snapshot needs nothing: the garbage collector leaves
-    /// it alone, and the sweep spares what the effect awaits.
-    pub(super) fn bridge(&self, workload: &Value, snapshot: &Value) -> Result<(), WriteFailed> {
+    /// Before a watch rollout makes `workload` name `snapshot`: if others
+    /// own the snapshot (the workload's own older revisions, after a
+    /// rollback and a change back, or another workload's) and the workload
+    /// does not, it is anchored first, as an admission's reuse does.
+    /// Otherwise the controller could prune those revisions as it makes the
+    /// workload's new one, and the garbage collector take the snapshot
+    /// before that revision names it. An unowned snapshot needs nothing:
+    /// the garbage collector leaves it alone, and the sweep spares what the
+    /// effect awaits.
+    pub(super) fn anchor(&self, workload: &Value, snapshot: &Value) -> Result<(), WriteFailed> {
         let (kind, ns, name) = cluster::key(snapshot);
-        let bridged = cluster::patch_judged(
+        let failed = |source| WriteFailed::Anchor {
+            snapshot: format!("{kind}/{name}"),
+            source,
+        };
+        let mut uid = None;
+        let anchored_now = cluster::patch_judged(
             &self.cluster,
             (&kind, &ns, &name),
             Some(snapshot.clone()),
@@ -93,7 +113,22 @@ impl Driver<'_> {
                 let Some(found) = found else {
                     return Err(WriteFailed::Gone(format!("{kind}/{name}")));
                 };
-                Ok(match adopt_ops(workload, &found).filter(|_| owned(&found)) {
+                let owns = workload
+                    .uid()
+                    .is_some_and(|w| found.owner_references().iter().any(|r| r["uid"].as_str() == Some(w)));
+                if !owned(&found) || anchored(&found) || owns {
+                    return Ok(Judged::Done(false));
+                }
+                if uid.is_none() {
+                    uid = Some(
+                        self.cluster
+                            .namespace_uid(&ns)
+                            .map_err(failed)?
+                            .ok_or_else(|| WriteFailed::Gone(format!("namespace {ns}")))?,
+                    );
+                }
+                let uid = uid.as_deref().unwrap_or_default();
+                Ok(match anchor_ops(&found, uid, self.cluster.now()) {
                     None => Judged::Done(false),
                     Some(ops) => Judged::Patch {
                         ops,
@@ -102,15 +137,12 @@ impl Driver<'_> {
                     },
                 })
             },
-            |source| WriteFailed::Bridge {
-                snapshot: format!("{kind}/{name}"),
-                source,
-            },
+            failed,
         )?;
-        match bridged {
+        match anchored_now {
             Some(true) => {
                 let who = format!("{}/{}", workload["kind"].as_str().unwrap_or_default(), workload.name());
-                self.observer.note(format!("{kind}/{name} bridged to {who}"));
+                self.observer.note(format!("{kind}/{name} anchored for {who}"));
                 Ok(())
             }
             Some(false) => Ok(()),

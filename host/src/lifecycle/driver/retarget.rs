@@ -83,7 +83,7 @@ impl Driver<'_> {
             Ok(snapshot) => snapshot,
             Err(attempt) => return attempt,
         };
-        if let Err(why) = self.bridge(workload, &snapshot) {
+        if let Err(why) = self.anchor(workload, &snapshot) {
             return Attempt::Retry(why.into());
         }
         if let Err(attempt) = self.settled_together(ns, intent, workload, &mut ops) {
@@ -214,7 +214,7 @@ impl Driver<'_> {
             let Ok(made) = self.snapshot_of_stored(ns, &companion, &stored) else {
                 continue;
             };
-            self.bridge(workload, &made).map_err(|why| Attempt::Retry(why.into()))?;
+            self.anchor(workload, &made).map_err(|why| Attempt::Retry(why.into()))?;
             if let Some(more) = rollout::retarget_ops(intent.kind, &patched, id, snapshot) {
                 apply_ops(&mut patched, &more).map_err(|e| Attempt::Retry(e.into()))?;
                 ops.extend(more);

@@ -104,4 +104,8 @@ impl Cluster for Simulator {
     fn now(&self) -> i64 {
         Simulator::now(self)
     }
+
+    fn namespace_uid(&self, namespace: &str) -> cluster::Result<Option<String>> {
+        self.shared.namespace_uid(namespace)
+    }
 }

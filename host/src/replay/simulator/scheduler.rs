@@ -82,6 +82,14 @@ impl Simulator {
         }
     }
 
+    /// The host restarts (replay's `restartHost`): every effect queued or
+    /// staged is lost, as serve's queue is. Nothing the cluster stores is.
+    pub fn restart_host(&self) {
+        lock(&self.jobs).clear();
+        lock(&self.staged).clear();
+        self.in_flight.forget_all();
+    }
+
     /// The admitted write with this request uid was refused or not
     /// persisted: its effects never run.
     pub(crate) fn drop_staged(&self, uid: Option<&str>) {

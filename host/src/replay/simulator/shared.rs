@@ -9,6 +9,7 @@ use config_snapshot_policy::model::object::ObjectExt;
 use std::sync::{Mutex, MutexGuard};
 
 use config_snapshot_policy::host::host_error::{Code, HostError};
+use config_snapshot_policy::model::keys;
 use config_snapshot_policy::model::kinds;
 use config_snapshot_policy::model::source::SourceId;
 use serde_json::Value;
@@ -207,7 +208,14 @@ impl Cluster for Shared {
         Ok(())
     }
 
+    /// A snapshot's patch (a mark, an anchor, an adoption, a release)
+    /// fails as `patch_snapshot` faults say: a write lost.
     fn patch(&self, kind: &str, namespace: &str, name: &str, rv: &str, ops: Vec<Value>) -> cluster::Result<()> {
+        if self.store().get(kind, namespace, name).is_some_and(keys::is_snapshot) {
+            if let Some(error) = self.fault("patch_snapshot") {
+                return Err(injected(error));
+            }
+        }
         let mut store = self.store();
         let current = store
             .get(kind, namespace, name)
@@ -220,6 +228,10 @@ impl Cluster for Shared {
 
     fn now(&self) -> i64 {
         self.store().now
+    }
+
+    fn namespace_uid(&self, namespace: &str) -> cluster::Result<Option<String>> {
+        Ok(Some(super::store::Store::namespace_uid(namespace)))
     }
 }
 

@@ -71,6 +71,25 @@ impl Store {
         self.objects.values()
     }
 
+    /// The uid of the Namespace `namespace`. Every namespace exists in
+    /// the simulator, and none is ever deleted, so it is a function of the
+    /// name.
+    pub fn namespace_uid(namespace: &str) -> String {
+        format!("namespace-{namespace}")
+    }
+
+    /// Whether the owner an ownerReference names exists: an object of
+    /// the store with that uid, or the Namespace of that name and uid.
+    pub(crate) fn owner_exists(&self, reference: &Value) -> bool {
+        let uid = reference["uid"].as_str().unwrap_or_default();
+        if reference["kind"] == "Namespace" && reference["apiVersion"] == "v1" {
+            return reference["name"]
+                .as_str()
+                .is_some_and(|ns| Store::namespace_uid(ns) == uid);
+        }
+        self.contains_uid(uid)
+    }
+
     pub(crate) fn contains_uid(&self, uid: &str) -> bool {
         self.objects.values().any(|o| o.uid() == Some(uid))
     }

@@ -21,10 +21,7 @@ impl Simulator {
                 if refs.is_empty() {
                     continue;
                 }
-                let live: Vec<&Value> = refs
-                    .iter()
-                    .filter(|r| store.contains_uid(r["uid"].as_str().unwrap_or_default()))
-                    .collect();
+                let live: Vec<&Value> = refs.iter().filter(|r| store.owner_exists(r)).collect();
                 if live.is_empty() {
                     doomed.push(key_of(o));
                 } else if live.len() < refs.len() {
