@@ -272,7 +272,7 @@ impl Capability {
     /// admission's reference to it, if one is needed (see
     /// [`Self::create_snapshot`]). One write at most in a shared snapshot's
     /// life, its anchor, and a mark about once a grace period: never one
-    /// per workload that names it (docs/design.md, "Anchors").
+    /// per workload that names it (docs/design.md, "Garbage collection", Anchors).
     fn keep_alive(&self, owner: Option<&Value>, found: &Value) -> Result<Option<Vec<Value>>, HostError> {
         let now = self.cluster.now();
         if anchored(found) || !owned(found) {

@@ -106,6 +106,14 @@ impl KubeCluster {
         let _ = self.fetch("ConfigMap", "kube-system", "kube-root-ca.crt").await;
     }
 
+    /// Counts one request of serve's own to the API server.
+    fn counted(&self, verb: &'static str) {
+        self.metrics
+            .api_requests
+            .get_or_create(&super::metrics::VerbLabels { verb })
+            .inc();
+    }
+
     /// Notes what an answer says of serve's credentials: a 401 refuses
     /// them, any other answer from the server accepted them, and no answer
     /// (a timeout, a transport failure) says nothing.
@@ -187,6 +195,7 @@ impl KubeCluster {
     /// Reads one object from the API server, not the cache.
     pub async fn fetch(&self, kind: &str, namespace: &str, name: &str) -> cluster::Result<Option<Value>> {
         let (api, ar) = self.api(kind, namespace, name)?;
+        self.counted("get");
         self.heard(match tokio::time::timeout(API_TIMEOUT, api.get_opt(name)).await {
             Ok(Ok(object)) => Ok(object.map(|o| trim(o, &ar))),
             Ok(Err(e)) => Err(e.into()),
@@ -202,6 +211,7 @@ impl KubeCluster {
     pub(crate) async fn list_fresh(&self, kind: &str, namespace: &str, limit: u32) -> cluster::Result<Listed> {
         let (api, ar) = self.namespaced(kind, namespace)?;
         let params = kube::api::ListParams::default().limit(limit);
+        self.counted("list");
         self.heard(match tokio::time::timeout(API_TIMEOUT, api.list(&params)).await {
             Ok(Ok(list)) => Ok(Listed {
                 complete: list.metadata.continue_.as_deref().is_none_or(str::is_empty),
@@ -259,6 +269,7 @@ impl Cluster for KubeCluster {
         let (api, ar) = self.api(&kind, &ns, &name)?;
         let typed: DynamicObject =
             serde_json::from_value(object).map_err(|e| ApiError::Invalid(format!("invalid object: {e}")))?;
+        self.counted("create");
         let created = self.block("create", async {
             api.create(&PostParams::default(), &typed).await.map_err(ApiError::from)
         })?;
@@ -280,6 +291,7 @@ impl Cluster for KubeCluster {
             }),
             ..DeleteParams::default()
         };
+        self.counted("delete");
         self.block("delete", async {
             api.delete(name, &params).await.map_err(ApiError::from)
         })?;
@@ -297,6 +309,7 @@ impl Cluster for KubeCluster {
         pinned.extend(ops);
         let patch: json_patch::Patch = serde_json::from_value(Value::Array(pinned))
             .map_err(|e| ApiError::Invalid(format!("invalid JSON Patch: {e}")))?;
+        self.counted("patch");
         let patched = self.block("patch", async {
             api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
                 .await
@@ -320,6 +333,7 @@ impl Cluster for KubeCluster {
             )));
         }
         let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(self.client.clone());
+        self.counted("get");
         let read = self.block("read the namespace", async {
             api.get_opt(namespace).await.map_err(ApiError::from)
         })?;

@@ -39,6 +39,15 @@ pub struct KindLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerbLabels {
+    /// One of [`VERBS`].
+    pub verb: &'static str,
+}
+
+/// The verbs of serve's own API requests outside its watches.
+pub(crate) const VERBS: [&str; 5] = ["get", "list", "create", "patch", "delete"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HeldLabels {
     /// What holds the rollout: `storm_guard` or `rollout_window`.
     pub reason: &'static str,
@@ -110,6 +119,10 @@ pub struct Metrics {
     /// rollout the storm guard holds far beyond its interval cannot go
     /// (the ConfigSnapshotRolloutHeldTooLong alert).
     pub oldest_held: Family<HeldLabels, Gauge>,
+    /// serve's own requests to the API server outside its watches (reads
+    /// as fresh as a request, and every write), by verb: what one
+    /// admission costs the API server, apart from what others do.
+    pub api_requests: Family<VerbLabels, Counter>,
 }
 
 fn host_call_buckets() -> Histogram {
@@ -240,6 +253,15 @@ impl Default for Metrics {
             "How long the rollout held longest has waited, by what holds it",
             oldest_held.clone(),
         );
+        let api_requests = Family::<VerbLabels, Counter>::default();
+        for verb in VERBS {
+            let _ = api_requests.get_or_create(&VerbLabels { verb });
+        }
+        registry.register(
+            "api_requests",
+            "Requests serve made to the API server outside its watches, by verb",
+            api_requests.clone(),
+        );
         let connections = ConnectionMetrics::default();
         registry.register(
             "webhook_connections",
@@ -289,6 +311,7 @@ impl Default for Metrics {
             cache_objects,
             held,
             oldest_held,
+            api_requests,
         }
     }
 }

@@ -235,6 +235,50 @@ fn apiserver_view(cp: &ControlPlane, webhook: &str, operation: &str) -> Apiserve
     }
 }
 
+/// Requests for ConfigMaps and Secrets kube-apiserver served, from anyone
+/// (`apiserver_request_total`), by verb: reads are GET and LIST, writes
+/// POST, PATCH and DELETE.
+fn config_requests(cp: &ControlPlane) -> BTreeMap<&'static str, f64> {
+    let text = cp.kubectl(&["get", "--raw", "/metrics"]);
+    ["GET", "LIST", "POST", "PATCH", "DELETE"]
+        .into_iter()
+        .map(|verb| {
+            let verb_label = format!("verb=\"{verb}\"");
+            let n: f64 = ["resource=\"configmaps\"", "resource=\"secrets\""]
+                .iter()
+                .map(|resource| summed(&text, "apiserver_request_total", &[&verb_label, resource]))
+                .sum();
+            (verb, n)
+        })
+        .collect()
+}
+
+/// serve's own requests to the API server outside its watches, by verb
+/// (`config_snapshot_api_requests_total`).
+fn serve_requests(serve: &ServeProcess) -> BTreeMap<String, f64> {
+    let (_, text) = serve.ops_get("/metrics").expect("serve's metrics");
+    text.lines()
+        .filter_map(|l| l.strip_prefix("config_snapshot_api_requests_total{verb=\""))
+        .filter_map(|l| {
+            let (verb, rest) = l.split_once('"')?;
+            Some((verb.to_string(), rest.rsplit_once(' ')?.1.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The requests a window cost: serve's own per admission (reads, writes),
+/// and what everyone else did to ConfigMaps and Secrets beside serve and
+/// the clients' own source edits (the garbage collector, chiefly), per
+/// workload deleted in the window.
+#[derive(Clone, Debug, Default)]
+struct Requests {
+    serve_reads: f64,
+    serve_writes: f64,
+    others_reads: f64,
+    others_writes: f64,
+    deleted: usize,
+}
+
 /// serve's host-call histogram's sums and counts, by operation: where an
 /// admission's time goes.
 fn host_calls(serve: &ServeProcess) -> BTreeMap<String, (f64, f64)> {
@@ -388,6 +432,8 @@ struct Row {
     /// kube-apiserver's request and etcd write over the window
     /// ([`ApiserverView::split`]): seconds, observations.
     split: [(f64, f64); 2],
+    /// The requests the window cost, and who made them.
+    requests: Requests,
 }
 
 impl Row {
@@ -503,6 +549,8 @@ async fn measure(
     };
     let serve = hook.serve();
     let (serve_before, calls_before, secs_before) = serve_view(serve);
+    let config_before = config_requests(cp);
+    let serve_requests_before = serve.map(serve_requests).unwrap_or_default();
     let per_worker = samples.div_ceil(clients);
     let mut tasks = Vec::new();
     for w in 0..clients {
@@ -606,7 +654,53 @@ async fn measure(
     client_times.sort_unstable();
     let api_after = apiserver_view(cp, hook.name(), operation);
     let (serve_after, calls_after, secs_after) = serve_view(serve);
+    // The garbage collector works after each delete, not within it: the
+    // window's deletes are given the settling time to be cleaned up after.
+    let deleted = if group == Group::Reapplied {
+        0
+    } else {
+        per_worker.saturating_sub(FLEET) * clients
+    };
+    if deleted > 0 {
+        settle(cp, ns);
+    }
+    let config_after = config_requests(cp);
+    let serve_requests_after = serve.map(serve_requests).unwrap_or_default();
+    let delta = |verbs: &[&str], after: &dyn Fn(&str) -> f64, before: &dyn Fn(&str) -> f64| -> f64 {
+        verbs.iter().map(|v| after(v) - before(v)).sum()
+    };
+    let config = |m: &BTreeMap<&'static str, f64>, v: &str| m.get(v).copied().unwrap_or(0.0);
+    let own = |m: &BTreeMap<String, f64>, v: &str| m.get(v).copied().unwrap_or(0.0);
+    let serve_reads = delta(&["get", "list"], &|v| own(&serve_requests_after, v), &|v| {
+        own(&serve_requests_before, v)
+    });
+    let serve_writes = delta(
+        &["create", "patch", "delete"],
+        &|v| own(&serve_requests_after, v),
+        &|v| own(&serve_requests_before, v),
+    );
+    // The clients' own source edits: 8 PATCHes per create of new content.
+    let clients_writes = if group == Group::EightNew {
+        8.0 * client_times.len() as f64
+    } else {
+        0.0
+    };
+    let all_reads = delta(&["GET", "LIST"], &|v| config(&config_after, v), &|v| {
+        config(&config_before, v)
+    });
+    let all_writes = delta(&["POST", "PATCH", "DELETE"], &|v| config(&config_after, v), &|v| {
+        config(&config_before, v)
+    });
+    let requests = Requests {
+        serve_reads,
+        serve_writes,
+        // serve's namespace reads are not ConfigMaps' or Secrets'.
+        others_reads: (all_reads - serve_reads).max(0.0),
+        others_writes: (all_writes - serve_writes - clients_writes).max(0.0),
+        deleted,
+    };
     Row {
+        requests,
         hook: hook.engine(),
         group,
         clients,
@@ -753,6 +847,42 @@ fn table(rows: &[Row], fan: &[Duration], build: &str) -> String {
             } else {
                 calls.join(", ")
             }
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\nWhat each window cost the API server, and who asked: serve's own requests per \
+         admission (`config_snapshot_api_requests_total`: reads made fresh, and every write), \
+         and the rest of kube-apiserver's ConfigMap and Secret requests (`apiserver_request_total`, \
+         less serve's and the clients' own source edits: the garbage collector's cleanup, \
+         chiefly) per Deployment deleted in the window, counted after it settled. serve's \
+         reads of other kinds are subtracted too: others' reads are a lower bound.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| group | clients | serve reads per admission | serve writes per admission | deleted | others' reads per deleted | others' writes per deleted |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
+    for r in rows.iter().filter(|r| r.hook == Engine::Serve) {
+        let n = r.samples.max(1) as f64;
+        let q = &r.requests;
+        let per_deleted = |x: f64| {
+            if q.deleted == 0 {
+                "-".to_string()
+            } else {
+                format!("{:.2}", x / q.deleted as f64)
+            }
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.2} | {:.2} | {} | {} | {} |",
+            r.describe(),
+            r.clients,
+            q.serve_reads / n,
+            q.serve_writes / n,
+            q.deleted,
+            per_deleted(q.others_reads),
+            per_deleted(q.others_writes),
         );
     }
     let _ = writeln!(

@@ -64,7 +64,7 @@ against what serve calls).
   resources: ["pods"]
   verbs: ["get", "list", "watch"]
 # Its own Namespace, read (uid only) to anchor a shared snapshot in it
-# (docs/design.md, "Anchors"). In a Role, it reads that namespace only.
+# (docs/design.md, "Garbage collection", Anchors). In a Role, it reads that namespace only.
 - apiGroups: [""]
   resources: ["namespaces"]
   verbs: ["get"]
