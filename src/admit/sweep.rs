@@ -89,6 +89,14 @@ pub fn anchored(object: &Value) -> bool {
     object.owner_references().iter().any(|r| is_anchor(object, r))
 }
 
+/// Whether only the garbage collector can take the snapshot: it has an
+/// owner, and no anchor. The sweep never judges it, so a reuse may be
+/// decided on a cached copy of it; any other is read as fresh as the
+/// request (docs/design.md, "Garbage collection", Reuse).
+pub fn only_owners_collect(object: &Value) -> bool {
+    owned(object) && !anchored(object)
+}
+
 fn is_anchor(object: &Value, reference: &Value) -> bool {
     reference["apiVersion"] == "v1"
         && reference["kind"] == "Namespace"

@@ -137,6 +137,9 @@ pub struct Capability {
     /// The sources this admission read fresh, as the API server stores
     /// them: a snapshot is made of nothing else.
     stored: Mutex<HashMap<(SourceKind, String), Value>>,
+    /// The request's namespace's uid, once read (it anchors shared
+    /// snapshots).
+    namespace_uid: Mutex<Option<String>>,
 }
 
 impl Capability {
@@ -157,6 +160,7 @@ impl Capability {
             budget: None,
             staged: Mutex::default(),
             stored: Mutex::default(),
+            namespace_uid: Mutex::default(),
         }
     }
 

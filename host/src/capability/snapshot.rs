@@ -1,7 +1,7 @@
 //! `create_snapshot`: the host builds the snapshot itself from what the
 //! guest proposes (its source, its content, nothing else), names it, signs
 //! it, and makes a snapshot that exists already outlive the new reference
-//! to it (docs/design.md, "Garbage collection", Reuse and Bridges).
+//! to it (docs/design.md, "Garbage collection", Reuse and Anchors).
 //! `snapshot_name`: the name a Secret's snapshot gets, keyed.
 
 use config_snapshot_policy::host::contract::{
@@ -10,21 +10,19 @@ use config_snapshot_policy::host::contract::{
 use config_snapshot_policy::host::host_error::{Code, HostError};
 use config_snapshot_policy::host::operation::{Operation, SNAPSHOTS_PER_CALL};
 use config_snapshot_policy::model::content::{snapshot_object, Content};
-use config_snapshot_policy::model::duration::format_rfc3339;
 use config_snapshot_policy::model::keys;
 use config_snapshot_policy::model::kinds::WorkloadKind;
 use config_snapshot_policy::model::object::ObjectExt;
 use config_snapshot_policy::model::selection::is_dns_subdomain;
 use config_snapshot_policy::model::source::SA_TOKEN;
 use config_snapshot_policy::model::source::{SourceId, SourceKind};
-use config_snapshot_policy::rollout::annotation_path;
-use config_snapshot_policy::snapshot::{anchored, must_mark_reuse, owned};
+use config_snapshot_policy::snapshot::only_owners_collect;
 use serde_json::{json, Value};
 
 use super::{failed, refused, Capability};
 use crate::cluster::{patch_judged, ApiError, Cluster, Judged};
 use crate::lifecycle::driver::SWEEP_EVERY_SECS;
-use crate::lifecycle::verdict::anchor_ops;
+use crate::lifecycle::verdict::{anchor_ops, mark_ops};
 use crate::lifecycle::{written_size, Effect};
 
 /// Secret types that mint credentials when created: never a snapshot's.
@@ -210,7 +208,7 @@ impl Capability {
             // deleted (which only the write would catch), or one since
             // marked. serve has read it ahead, beside the policy.
             // An anchored one is the sweep's to judge as well.
-            Some(found) if !owned(&found) || anchored(&found) => {
+            Some(found) if !only_owners_collect(&found) => {
                 self.cluster.get_fresh(kind.kind(), &ns, &name).map_err(failed)?
             }
             Some(found) => Some(found),
@@ -232,11 +230,15 @@ impl Capability {
         // - owned by others (revisions, maybe of another workload), it is
         //   anchored in its namespace, so the garbage collector cannot take
         //   it when those revisions go, whoever names it then.
+        // Whether the write the last judgement chose anchors: said once it
+        // has landed.
+        let anchoring = std::cell::Cell::new(false);
         let reused = patch_judged(
             &self.cluster,
             (kind.kind(), &ns, &name),
             existing,
             |found| {
+                anchoring.set(false);
                 let Some(found) = found else {
                     // Gone since it was read: made anew.
                     return match self.make(&object)? {
@@ -249,9 +251,10 @@ impl Capability {
                     created: false,
                     sweeps: false,
                 };
-                let Some(ops) = self.keep_alive(owner.as_ref(), &found)? else {
+                let Some((ops, anchors)) = self.keep_alive(owner.as_ref(), &found)? else {
                     return Ok(Judged::Done(reused));
                 };
+                anchoring.set(anchors);
                 Ok(Judged::Patch {
                     ops,
                     version: found.resource_version().to_string(),
@@ -260,6 +263,10 @@ impl Capability {
             },
             failed,
         )?;
+        if reused.is_some() && anchoring.get() {
+            self.observer
+                .note(format!("snapshot {}/{name} anchored in namespace {ns}", kind.kind()));
+        }
         reused.ok_or_else(|| {
             HostError::new(
                 Code::Conflict,
@@ -270,38 +277,45 @@ impl Capability {
 
     /// The write that makes a reused snapshot (`found`) outlive this
     /// admission's reference to it, if one is needed (see
-    /// [`Self::create_snapshot`]). One write at most in a shared snapshot's
-    /// life, its anchor, and a mark about once a grace period: never one
-    /// per workload that names it (docs/design.md, "Garbage collection", Anchors).
-    fn keep_alive(&self, owner: Option<&Value>, found: &Value) -> Result<Option<Vec<Value>>, HostError> {
+    /// [`Self::create_snapshot`]), and whether it anchors. One write at
+    /// most in a shared snapshot's life, its anchor, and a mark about once
+    /// a grace period: never one per workload that names it (docs/design.md,
+    /// "Garbage collection", Anchors).
+    fn keep_alive(&self, owner: Option<&Value>, found: &Value) -> Result<Option<(Vec<Value>, bool)>, HostError> {
         let now = self.cluster.now();
-        if anchored(found) || !owned(found) {
+        if !only_owners_collect(found) {
             let grace = self.rules.settings.orphan_grace_period_secs;
-            return Ok(must_mark_reuse(found, now, grace).then(|| {
-                vec![json!({"op": "add", "path": annotation_path(keys::LAST_USED_AT), "value": format_rfc3339(now)})]
-            }));
+            return Ok(mark_ops(found, now, grace).map(|ops| (ops, false)));
         }
-        // Owned by others, and named by a workload: owned by that workload
-        // already (its own revisions' snapshot, on an update), or anchored.
-        let Some(owner) = owner else {
-            return Ok(None);
-        };
+        // Owned by others: anchored, unless the workload owns it already
+        // (its own revisions' snapshot, on an update). A bare Job or Pod,
+        // which owns its snapshots only once its deferred adoption runs,
+        // anchors it too.
         if owner
-            .uid()
+            .and_then(|o| o.uid())
             .is_some_and(|uid| found.owner_references().iter().any(|r| r["uid"].as_str() == Some(uid)))
         {
             return Ok(None);
         }
-        let ns = &self.caller.namespace;
-        let Some(uid) = self.cluster.namespace_uid(ns).map_err(failed)? else {
-            return Err(HostError::new(Code::NotFound, format!("namespace {ns} not found")));
-        };
-        let ops = anchor_ops(found, &uid, now);
-        if ops.is_some() {
-            self.observer
-                .note(format!("snapshot {} anchored in namespace {ns}", found.name()));
+        let uid = self.namespace_uid()?;
+        Ok(anchor_ops(found, &uid, now).map(|ops| (ops, true)))
+    }
+
+    /// The uid of the request's namespace, read once per request (the
+    /// items of `create_snapshots` share it).
+    fn namespace_uid(&self) -> Result<String, HostError> {
+        let mut known = self.namespace_uid.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(uid) = known.as_ref() {
+            return Ok(uid.clone());
         }
-        Ok(ops)
+        let ns = &self.caller.namespace;
+        let uid = self
+            .cluster
+            .namespace_uid(ns)
+            .map_err(failed)?
+            .ok_or_else(|| HostError::new(Code::NotFound, format!("namespace {ns} not found")))?;
+        *known = Some(uid.clone());
+        Ok(uid)
     }
 
     /// `create_snapshots`: each item as `create_snapshot` (its injected

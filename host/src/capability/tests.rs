@@ -578,3 +578,55 @@ fn a_running_snapshot_of_a_lost_key_is_an_alias_of_its_content() {
         "only what is asked about"
     );
 }
+
+/// A snapshot others own, reused: anchored in its namespace by one write,
+/// which marks it used too; reused again, nothing is written, whoever
+/// reuses it (a bare Pod, with no owner to name, anchors it as well).
+#[test]
+fn a_snapshot_others_own_is_anchored_once_then_reused_without_a_write() {
+    const T0: i64 = 1_800_000_000;
+    let name = name_of(&good_snapshot("team-a"));
+    let written = |backend: &Recorder| backend.writes.lock().unwrap().clone();
+    for owner in [
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}),
+        Value::Null,
+    ] {
+        let backend = Arc::new(Recorder::default());
+        backend.cluster.store().now = T0;
+        let cap = capability_on(backend.clone(), false);
+        write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap();
+        let mut made = backend.cluster.get("ConfigMap", "team-a", &name).unwrap().unwrap();
+        made["metadata"]["ownerReferences"] =
+            json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "other-1", "uid": "rs-other"}]);
+        backend.put(made);
+        backend.cluster.store().now = T0 + 60;
+        let before = written(&backend).len();
+        let request = json!({"object": good_snapshot("team-a"), "owner": owner});
+        write(&cap, "create_snapshot", request.clone()).unwrap();
+        let anchored = backend.cluster.get("ConfigMap", "team-a", &name).unwrap().unwrap();
+        let owners: Vec<&str> = anchored["metadata"]["ownerReferences"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["kind"].as_str().unwrap())
+            .collect();
+        assert_eq!(owners, ["ReplicaSet", "Namespace"], "{owner}");
+        assert_eq!(
+            anchored["metadata"]["ownerReferences"][1]["uid"],
+            backend.cluster.namespace_uid("team-a").unwrap().unwrap()
+        );
+        assert_eq!(
+            anchored["metadata"]["annotations"][keys::LAST_USED_AT],
+            format_rfc3339(T0 + 60)
+        );
+        assert_eq!(
+            written(&backend).len(),
+            before + 1,
+            "one write: {:?}",
+            written(&backend)
+        );
+        backend.cluster.store().now = T0 + 120;
+        write(&cap, "create_snapshot", request).unwrap();
+        assert_eq!(written(&backend).len(), before + 1, "anchored: nothing more to write");
+    }
+}

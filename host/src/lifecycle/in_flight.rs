@@ -48,8 +48,6 @@ impl InFlight {
         true
     }
 
-    /// Records `effect` as on its way; `false` when one doing the same work
-    /// ([`Effect::same_work`]) already is, and this one need not run.
     /// Forgets everything, as a host that restarts does: what its queue
     /// held is lost, and the periodic pass must make up for it.
     pub fn forget_all(&self) {
@@ -57,6 +55,8 @@ impl InFlight {
         self.swept.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 
+    /// Records `effect` as on its way; `false` when one doing the same work
+    /// ([`Effect::same_work`]) already is, and this one need not run.
     pub fn begin(&self, effect: &Effect) -> bool {
         let mut effects = self.effects();
         if effects.iter().any(|e| e.same_work(effect)) {

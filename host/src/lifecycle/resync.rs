@@ -1,6 +1,6 @@
 //! The periodic pass, carried out once for both hosts (serve's resync
 //! every `--resync-interval`, replay's `advanceTime`): adoption repair,
-//! bridges, renewals, watch re-derivation and the timed sweep, as
+//! anchors and releases, renewals, watch re-derivation and the timed sweep, as
 //! [`super::pass`] decides them (docs/design.md, "The periodic pass").
 
 use config_snapshot_policy::model::keys;
@@ -180,8 +180,6 @@ impl Driver<'_> {
         pass
     }
 
-    /// Re-admits a workload unchanged; writes back what the policy renewed,
-    /// pinned to the version it was read at.
     /// Anchors the owned snapshots workloads name without owning them
     /// ([`unanchored`]): one namespace read per namespace that has any.
     fn anchor_unanchored(&self, all: &[&Value]) {
@@ -208,6 +206,8 @@ impl Driver<'_> {
         }
     }
 
+    /// Re-admits a workload unchanged; writes back what the policy renewed,
+    /// pinned to the version it was read at.
     fn renew(&self, host: &dyn PassHost, workload: &Value) -> Result<bool, ReadmitError> {
         let (kind, ns, name) = key(workload);
         let Some(mutated) = host.readmit("UPDATE", workload, Some(workload))? else {

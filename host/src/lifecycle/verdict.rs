@@ -40,7 +40,7 @@ use config_snapshot_policy::model::source::SourceId;
 use config_snapshot_policy::model::template::{self, Snapshots};
 use config_snapshot_policy::rollout;
 use config_snapshot_policy::rollout::annotation_path;
-use config_snapshot_policy::snapshot::{anchor_reference, anchored};
+use config_snapshot_policy::snapshot::{anchor_reference, anchored, must_mark_reuse};
 
 use serde_json::{json, Value};
 
@@ -502,6 +502,14 @@ pub(crate) fn adopt_ops(owner: &Value, snapshot: &Value) -> Option<Vec<Value>> {
     Some(vec![
         json!({"op": "add", "path": "/metadata/ownerReferences", "value": wanted}),
     ])
+}
+
+/// The mark a reuse of a snapshot the sweep may judge (unowned or
+/// anchored) writes, if the grace period has too little left to skip it
+/// (`must_mark_reuse`; docs/design.md, "Garbage collection", Reuse).
+pub(crate) fn mark_ops(snapshot: &Value, now: i64, grace: u64) -> Option<Vec<Value>> {
+    must_mark_reuse(snapshot, now, grace)
+        .then(|| vec![json!({"op": "add", "path": annotation_path(keys::LAST_USED_AT), "value": format_rfc3339(now)})])
 }
 
 /// The patch that anchors a shared snapshot in its namespace

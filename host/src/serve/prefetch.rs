@@ -256,12 +256,18 @@ pub(crate) fn worth_listing(cluster: &KubeCluster, kind: SourceKind, namespace: 
             .is_some_and(|n| n <= LIST_AT_MOST as usize)
 }
 
-/// Whether serve's cache has `name` with an owner: then
-/// `create_snapshot` reuses it from the cache and waits for no fresh read.
+/// Whether serve's cache has `name` with owners and no anchor: then
+/// `create_snapshot` reuses it from the cache and waits for no fresh read
+/// (`only_owners_collect`, the one rule for both).
 fn owned_in_cache(cluster: &KubeCluster, kind: SourceKind, namespace: &str, name: &str) -> bool {
     cluster
         .cache
-        .inspect(kind.kind(), namespace, name, config_snapshot_policy::snapshot::owned)
+        .inspect(
+            kind.kind(),
+            namespace,
+            name,
+            config_snapshot_policy::snapshot::only_owners_collect,
+        )
         .is_ok_and(|owned| owned == Some(true))
 }
 

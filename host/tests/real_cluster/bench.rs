@@ -25,11 +25,9 @@
 //! Each client keeps a fleet of at most [`FLEET`] Deployments sharing its
 //! sources, as in the issue's setup (50 opted-in Deployments): once its
 //! fleet is full, it deletes its oldest Deployment after each measured
-//! create (not timed). Every workload that names a snapshot owns it
-//! (docs/design.md, "Garbage collection"), so a snapshot shared by a
-//! thousand workloads carries a thousand ownerReferences, and every write
-//! and read of it grows with them: that is a measure of sharing, not of
-//! the common admission, and docs/BENCHMARKS.md reports it apart.
+//! create (not timed). A snapshot the warm Deployments' revisions own is
+//! anchored by the first create that reuses it (docs/design.md, "Garbage
+//! collection", Anchors), after which no workload becomes its owner.
 //!
 //! Deployments are created paused, with no replicas: the Deployment
 //! controller makes no ReplicaSet for them, so the only CREATE admissions in
@@ -517,8 +515,7 @@ async fn measure(
             .then_some(())
     });
     // The fleet a re-apply group updates, made once the warm snapshots are
-    // owned (each fleet Deployment becomes an owner too, a deferred bridge):
-    // at most 400 in all, so that the bridges are done within the settling.
+    // owned (the first of it anchors them): at most 400 in all.
     let fleet = if group == Group::Reapplied {
         FLEET.min(samples.div_ceil(clients)).min((400 / clients).max(1))
     } else {

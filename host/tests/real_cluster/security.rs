@@ -322,7 +322,8 @@ pub fn namespaced_story(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig:
     // authorizes the real request (not only as `can-i` asks).
     let get_namespace = |ns: &str| cp.try_kubectl(&["get", "namespace", ns, "--as", SERVE_SA], None);
     assert!(get_namespace("team-a").is_ok(), "serve reads team-a's Namespace");
-    assert!(get_namespace("team-c").is_err(), "nor team-c's");
+    let refused = get_namespace("team-c").expect_err("nor team-c's");
+    assert!(refused.contains("forbidden"), "{refused}");
     assert!(!can(cp, &["list", "namespaces"]));
     assert!(!can(cp, &["list", "secrets", "--all-namespaces"]));
     assert!(!can(cp, &["list", "configmaps", "--all-namespaces"]));

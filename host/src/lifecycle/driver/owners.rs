@@ -5,12 +5,12 @@
 use super::{Attempt, Driver, WriteFailed};
 use crate::cluster::{self, Cluster, Judged};
 use crate::lifecycle::effect::StoredAs;
-use crate::lifecycle::verdict::{adopt_ops, anchor_ops};
+use crate::lifecycle::verdict::{adopt_ops, anchor_ops, mark_ops};
 use config_snapshot_policy::host::contract::SnapshotRef;
 use config_snapshot_policy::model::kinds;
 use config_snapshot_policy::model::object::ObjectExt;
 use config_snapshot_policy::model::references;
-use config_snapshot_policy::snapshot::{anchored, owned};
+use config_snapshot_policy::snapshot::{anchored, only_owners_collect};
 use serde_json::Value;
 use std::collections::HashSet;
 
@@ -57,19 +57,9 @@ impl Driver<'_> {
             .unwrap_or_default();
         for SnapshotRef { kind, name } in snapshots.iter().filter(|s| named.contains(*s)) {
             let kind = kind.kind();
-            // An anchored snapshot needs no more owners, and the cache
-            // tells it without a read: an anchor stays for the snapshot's
-            // life. (One deleted and made again under its name starts
-            // without one, and the sweep spares it while this names it.)
-            if self
-                .cluster
-                .get(kind, ns, name)
-                .ok()
-                .flatten()
-                .is_some_and(|s| anchored(&s))
-            {
-                continue;
-            }
+            // An anchored snapshot needs no more owners. Read fresh, not
+            // from the cache: one deleted and made again under its name
+            // starts without the anchor a stale cache would still show.
             let snapshot = match self.cluster.get_fresh(kind, ns, name) {
                 Ok(Some(s)) if !anchored(&s) => s,
                 Ok(_) => continue,
@@ -89,15 +79,16 @@ impl Driver<'_> {
         Attempt::Done
     }
 
-    /// Before a watch rollout makes `workload` name `snapshot`: if others
-    /// own the snapshot (the workload's own older revisions, after a
-    /// rollback and a change back, or another workload's) and the workload
-    /// does not, it is anchored first, as an admission's reuse does.
+    /// Before a watch rollout makes `workload` name `snapshot`, what an
+    /// admission's reuse does: if others own the snapshot (the workload's
+    /// own older revisions, after a rollback and a change back, or another
+    /// workload's) and the workload does not, it is anchored first.
     /// Otherwise the controller could prune those revisions as it makes the
     /// workload's new one, and the garbage collector take the snapshot
-    /// before that revision names it. An unowned snapshot needs nothing:
-    /// the garbage collector leaves it alone, and the sweep spares what the
-    /// effect awaits.
+    /// before that revision names it. An unowned or anchored snapshot is
+    /// marked used when the grace period has too little left: this
+    /// replica's sweep spares what its effect awaits, another's does not
+    /// know of it.
     pub(super) fn anchor(&self, workload: &Value, snapshot: &Value) -> Result<(), WriteFailed> {
         let (kind, ns, name) = cluster::key(snapshot);
         let failed = |source| WriteFailed::Anchor {
@@ -116,7 +107,18 @@ impl Driver<'_> {
                 let owns = workload
                     .uid()
                     .is_some_and(|w| found.owner_references().iter().any(|r| r["uid"].as_str() == Some(w)));
-                if !owned(&found) || anchored(&found) || owns {
+                if !only_owners_collect(&found) {
+                    let grace = self.rules.settings.orphan_grace_period_secs;
+                    return Ok(match mark_ops(&found, self.cluster.now(), grace) {
+                        None => Judged::Done(false),
+                        Some(ops) => Judged::Patch {
+                            ops,
+                            version: found.resource_version().to_string(),
+                            then: false,
+                        },
+                    });
+                }
+                if owns {
                     return Ok(Judged::Done(false));
                 }
                 if uid.is_none() {
