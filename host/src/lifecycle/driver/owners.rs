@@ -10,7 +10,7 @@ use config_snapshot_policy::host::contract::SnapshotRef;
 use config_snapshot_policy::model::kinds;
 use config_snapshot_policy::model::object::ObjectExt;
 use config_snapshot_policy::model::references;
-use config_snapshot_policy::snapshot::{anchored, only_owners_collect};
+use config_snapshot_policy::snapshot::{anchored, owned};
 use serde_json::Value;
 use std::collections::HashSet;
 
@@ -85,10 +85,9 @@ impl Driver<'_> {
     /// workload's) and the workload does not, it is anchored first.
     /// Otherwise the controller could prune those revisions as it makes the
     /// workload's new one, and the garbage collector take the snapshot
-    /// before that revision names it. An unowned or anchored snapshot is
-    /// marked used when the grace period has too little left: this
-    /// replica's sweep spares what its effect awaits, another's does not
-    /// know of it.
+    /// before that revision names it. An anchored snapshot is marked used
+    /// when the grace period has too little left: this replica's sweep
+    /// spares what its effect awaits, another's does not know of it.
     pub(super) fn anchor(&self, workload: &Value, snapshot: &Value) -> Result<(), WriteFailed> {
         let (kind, ns, name) = cluster::key(snapshot);
         let failed = |source| WriteFailed::Anchor {
@@ -107,7 +106,14 @@ impl Driver<'_> {
                 let owns = workload
                     .uid()
                     .is_some_and(|w| found.owner_references().iter().any(|r| r["uid"].as_str() == Some(w)));
-                if !only_owners_collect(&found) {
+                if !owned(&found) {
+                    // Unowned: the rollout's own new snapshot, as a rule,
+                    // which no sweep takes before the grace period has
+                    // passed since it was made; one dropped is collected
+                    // at once.
+                    return Ok(Judged::Done(false));
+                }
+                if anchored(&found) {
                     let grace = self.rules.settings.orphan_grace_period_secs;
                     return Ok(match mark_ops(&found, self.cluster.now(), grace) {
                         None => Judged::Done(false),
