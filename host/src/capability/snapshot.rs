@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 use super::{failed, refused, Capability};
 use crate::cluster::{patch_judged, ApiError, Cluster, Judged};
 use crate::lifecycle::driver::SWEEP_EVERY_SECS;
-use crate::lifecycle::verdict::{anchor_ops, mark_ops};
+use crate::lifecycle::verdict::{adopt_ops, anchor_ops, mark_ops, own_history};
 use crate::lifecycle::{written_size, Effect};
 
 /// Secret types that mint credentials when created: never a snapshot's.
@@ -291,11 +291,15 @@ impl Capability {
         // (its own revisions' snapshot, on an update). A bare Job or Pod,
         // which owns its snapshots only once its deferred adoption runs,
         // anchors it too.
-        if owner
-            .and_then(|o| o.uid())
-            .is_some_and(|uid| found.owner_references().iter().any(|r| r["uid"].as_str() == Some(uid)))
-        {
-            return Ok(None);
+        if let Some((owner, uid)) = owner.and_then(|o| Some((o, o.uid()?))) {
+            if found.owner_references().iter().any(|r| r["uid"].as_str() == Some(uid)) {
+                return Ok(None);
+            }
+            let ns = &self.caller.namespace;
+            let revision = |kind: &str, name: &str| self.cluster.get(kind, ns, name).ok().flatten();
+            if own_history(found, uid, &revision) {
+                return Ok(adopt_ops(owner, found).map(|ops| (ops, false)));
+            }
         }
         let uid = self.namespace_uid()?;
         Ok(anchor_ops(found, &uid, now).map(|ops| (ops, true)))

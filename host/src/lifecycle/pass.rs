@@ -142,16 +142,28 @@ pub fn releases(objects: &[&Value], awaited: &HashSet<Key>) -> Vec<Patch> {
     out
 }
 
-/// The snapshots to anchor (with the version they were judged at): owned
-/// by others, named by a workload that does not own them, and not anchored
-/// yet. The garbage collector would take one when its owners go, while the
-/// workload names it (docs/design.md, "Garbage collection", Anchors). An
-/// admission that reuses a snapshot anchors it; this catches the rest (a
-/// write lost, a workload made to name it by hand).
-pub fn unanchored<'a>(objects: &[&'a Value]) -> Vec<&'a Value> {
-    let mut named: HashMap<Key, Vec<&str>> = HashMap::new();
+/// What an owned, unanchored snapshot a workload names without owning it
+/// needs ([`unkept`]).
+#[derive(Debug, PartialEq)]
+pub enum Keep<'a> {
+    /// Others' revisions own it: anchored in its namespace.
+    Anchor(&'a Value),
+    /// Only the workload's own older revisions own it (a rollback, a change
+    /// back): the workload owns it again, so that its history limit still
+    /// collects it.
+    Own { snapshot: &'a Value, workload: &'a Value },
+}
+
+/// The snapshots that owners alone keep, named by a workload that does not
+/// own them: the garbage collector would take one when its owners go,
+/// while the workload names it (docs/design.md, "Garbage collection",
+/// Anchors). An admission or a watch rollout that makes a workload name
+/// one sees to it; this catches the rest (a write lost, a restart, a
+/// rollback the controller wrote).
+pub fn unkept<'a>(objects: &[&'a Value]) -> Vec<Keep<'a>> {
+    let mut named: HashMap<Key, Vec<&'a Value>> = HashMap::new();
     for w in objects.iter().filter(|o| WorkloadKind::from_kind(kind_of(o)).is_some()) {
-        let (Some(uid), Some(template)) = (w.uid(), kinds::template_of(w)) else {
+        let Some(template) = kinds::template_of(w).filter(|_| w.uid().is_some()) else {
             continue;
         };
         let ns = w.namespace().unwrap_or_default();
@@ -161,22 +173,49 @@ pub fn unanchored<'a>(objects: &[&'a Value]) -> Vec<&'a Value> {
                 named
                     .entry((r.kind.kind().to_string(), ns.to_string(), r.name))
                     .or_default()
-                    .push(uid);
+                    .push(*w);
             }
         }
     }
-    objects
+    let revisions: HashMap<(String, String, String), &Value> = objects
         .iter()
-        .filter(|o| keys::is_snapshot(o) && snapshot::owned(o) && !snapshot::anchored(o))
-        .filter(|o| {
-            named.get(&key(o)).is_some_and(|workloads| {
-                workloads
+        .filter(|o| kinds::find(kind_of(o)).is_some_and(|k| k.is_revision()))
+        .map(|o| (key(o), *o))
+        .collect();
+    let mut out = Vec::new();
+    for snapshot in objects.iter().filter(|o| snapshot::only_owners_collect(o)) {
+        let Some(workloads) = named.get(&key(snapshot)) else {
+            continue;
+        };
+        let ns = snapshot.namespace().unwrap_or_default().to_string();
+        let revision = |kind: &str, name: &str| {
+            revisions
+                .get(&(kind.to_string(), ns.clone(), name.to_string()))
+                .map(|r| (*r).clone())
+        };
+        let owns = |w: &Value| {
+            w.uid().is_some_and(|uid| {
+                snapshot
+                    .owner_references()
                     .iter()
-                    .any(|w| !o.owner_references().iter().any(|r| r["uid"].as_str() == Some(*w)))
+                    .any(|r| r["uid"].as_str() == Some(uid))
             })
-        })
-        .copied()
-        .collect()
+        };
+        let lacking: Vec<&Value> = workloads.iter().copied().filter(|w| !owns(w)).collect();
+        if lacking.is_empty() {
+            continue;
+        }
+        let own = |w: &Value| {
+            w.uid()
+                .is_some_and(|uid| super::verdict::own_history(snapshot, uid, &revision))
+        };
+        if lacking.iter().all(|w| own(w)) {
+            out.extend(lacking.into_iter().map(|workload| Keep::Own { snapshot, workload }));
+        } else {
+            out.push(Keep::Anchor(snapshot));
+        }
+    }
+    out
 }
 
 /// The workload controlling `revision`: kind, name and uid from its

@@ -109,27 +109,29 @@ fn an_owned_snapshot_a_workload_names_without_owning_it_is_anchored() {
     };
     // Named by web, owned only by another workload's revision: anchored,
     // and marked used in the same write.
-    let found = unanchored(&[&snap, &web]);
-    assert_eq!(found.len(), 1);
-    let ops = crate::lifecycle::verdict::anchor_ops(found[0], "ns-uid", 1_000).unwrap();
+    let found = unkept(&[&snap, &web]);
+    let [Keep::Anchor(found)] = found[..] else {
+        panic!("{found:?}");
+    };
+    let ops = crate::lifecycle::verdict::anchor_ops(found, "ns-uid", 1_000).unwrap();
     crate::lifecycle::verdict::apply_ops(&mut snap, &ops).unwrap();
     assert_eq!(owners(&snap), ["cr-uid", "ns-uid"]);
     assert_eq!(
         snap["metadata"]["annotations"][keys::LAST_USED_AT],
         format_rfc3339(1_000)
     );
-    assert!(unanchored(&[&snap, &web]).is_empty(), "stable");
+    assert!(unkept(&[&snap, &web]).is_empty(), "stable");
     assert!(crate::lifecycle::verdict::anchor_ops(&snap, "ns-uid", 2_000).is_none());
     // Not named, or named by a workload that owns it: nothing to anchor.
     snap["metadata"]["ownerReferences"] = json!([{"kind": "ControllerRevision", "uid": "cr-uid"}]);
     let bare = json!({"kind": "Deployment", "metadata": {"name": "bare", "namespace": "ns", "uid": "bare-uid"},
         "spec": {"template": {"spec": {"containers": [{"name": "c"}]}}}});
-    assert!(unanchored(&[&snap, &bare]).is_empty());
+    assert!(unkept(&[&snap, &bare]).is_empty());
     snap["metadata"]["ownerReferences"]
         .as_array_mut()
         .unwrap()
         .push(json!({"kind": "Deployment", "uid": "web-uid"}));
-    assert!(unanchored(&[&snap, &web]).is_empty());
+    assert!(unkept(&[&snap, &web]).is_empty());
     // A workload that no longer names it stops owning it.
     let mut other = web.clone();
     other["spec"]["template"] = json!({"spec": {"containers": [{"name": "c"}]}});
@@ -196,4 +198,31 @@ fn a_revision_adopts_what_it_references_and_does_not_own() {
             stored_as: None,
         }]
     );
+}
+
+/// A snapshot only the workload's own older revision owns (after a
+/// rollback, or a change back) is owned by the workload again, not
+/// anchored: its history limit still collects it.
+#[test]
+fn a_workloads_own_history_is_owned_again_not_anchored() {
+    let mut snap = snap("mine", 0);
+    snap["metadata"]["ownerReferences"] =
+        json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1", "uid": "rs-uid"}]);
+    let template = json!({"metadata": {"annotations": {"config-snapshot.io/snapshots": json!({"configmap/app": name(&snap)}).to_string()}},
+        "spec": {"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": name(&snap)}}]}]}});
+    let web = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "ns", "uid": "web-uid"},
+        "spec": {"template": template}});
+    let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "web-1", "namespace": "ns", "uid": "rs-uid",
+        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": "web-uid", "controller": true}]}});
+    assert_eq!(
+        unkept(&[&snap, &web, &rs]),
+        [Keep::Own {
+            snapshot: &snap,
+            workload: &web
+        }]
+    );
+    // Another workload's revision: anchored.
+    let mut theirs = rs.clone();
+    theirs["metadata"]["ownerReferences"][0]["uid"] = json!("other-uid");
+    assert_eq!(unkept(&[&snap, &web, &theirs]), [Keep::Anchor(&snap)]);
 }

@@ -12,8 +12,8 @@ use serde_json::{json, Value};
 use super::driver::Driver;
 use super::effect::Effect;
 use super::observe::Reason;
-use super::pass::{missing_adoptions, orphans, releases, renewals, unanchored, watched_sources};
-use super::verdict::anchor_ops;
+use super::pass::{missing_adoptions, orphans, releases, renewals, unkept, watched_sources, Keep};
+use super::verdict::{adopt_ops, anchor_ops};
 use crate::cluster::proof::digested;
 use crate::cluster::{self, key, Cluster, Selector};
 
@@ -134,7 +134,7 @@ impl Driver<'_> {
             host.submit(effect);
             pass.adoptions += 1;
         }
-        self.anchor_unanchored(&all);
+        self.keep_unkept(&all);
         for ((kind, ns, name), rv, ops) in releases(&all, &self.in_flight.targets()) {
             match self.cluster.patch(&kind, &ns, &name, &rv, ops) {
                 Ok(()) => self
@@ -180,27 +180,40 @@ impl Driver<'_> {
         pass
     }
 
-    /// Anchors the owned snapshots workloads name without owning them
-    /// ([`unanchored`]): one namespace read per namespace that has any.
-    fn anchor_unanchored(&self, all: &[&Value]) {
+    /// Keeps what workloads name without owning it ([`unkept`]): anchored,
+    /// with one namespace read per namespace that has any, or owned again
+    /// by the workload whose own history it is.
+    fn keep_unkept(&self, all: &[&Value]) {
         let mut uids: std::collections::HashMap<String, Option<String>> = std::collections::HashMap::new();
-        for snapshot in unanchored(all) {
-            let (kind, ns, name) = key(snapshot);
-            let uid = match uids.get(&ns) {
-                Some(uid) => uid.clone(),
-                None => match self.cluster.namespace_uid(&ns) {
-                    Ok(uid) => uids.entry(ns.clone()).or_insert(uid).clone(),
-                    Err(e) => {
-                        self.observer.note(format!("resync: namespace {ns}: {e}"));
-                        continue;
-                    }
-                },
+        for need in unkept(all) {
+            let (snapshot, ops) = match need {
+                Keep::Own { snapshot, workload } => (snapshot, adopt_ops(workload, snapshot)),
+                Keep::Anchor(snapshot) => {
+                    let ns = snapshot.namespace().unwrap_or_default().to_string();
+                    let uid = match uids.get(&ns) {
+                        Some(uid) => uid.clone(),
+                        None => match self.cluster.namespace_uid(&ns) {
+                            Ok(uid) => uids.entry(ns.clone()).or_insert(uid).clone(),
+                            Err(e) => {
+                                self.observer.note(format!("resync: namespace {ns}: {e}"));
+                                continue;
+                            }
+                        },
+                    };
+                    (
+                        snapshot,
+                        uid.and_then(|uid| anchor_ops(snapshot, &uid, self.cluster.now())),
+                    )
+                }
             };
-            let Some(ops) = uid.and_then(|uid| anchor_ops(snapshot, &uid, self.cluster.now())) else {
+            let Some(ops) = ops else {
                 continue;
             };
+            let (kind, ns, name) = key(snapshot);
             match self.cluster.patch(&kind, &ns, &name, snapshot.resource_version(), ops) {
-                Ok(()) => self.observer.note(format!("resync: {kind}/{name} anchored")),
+                Ok(()) => self
+                    .observer
+                    .note(format!("resync: {kind}/{name} kept (anchored or owned)")),
                 Err(e) => self.observer.note(format!("resync: {kind}/{name}: {e}")),
             }
         }

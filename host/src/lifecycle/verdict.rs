@@ -504,6 +504,24 @@ pub(crate) fn adopt_ops(owner: &Value, snapshot: &Value) -> Option<Vec<Value>> {
     ])
 }
 
+/// Whether one of `snapshot`'s owners is a revision of the workload whose
+/// uid is `workload`: a rollback, or a change back, names the workload's
+/// own history, which it owns again (a bridge, once) so that the history
+/// limit still collects it; a snapshot other workloads' revisions own is
+/// anchored instead (docs/design.md, "Garbage collection", Anchors).
+/// `revision` finds a revision by kind and name, from a cache or a list.
+pub(crate) fn own_history(snapshot: &Value, workload: &str, revision: &dyn Fn(&str, &str) -> Option<Value>) -> bool {
+    snapshot.owner_references().iter().any(|r| {
+        let (Some(kind), Some(name), Some(uid)) = (r["kind"].as_str(), r["name"].as_str(), r["uid"].as_str()) else {
+            return false;
+        };
+        config_snapshot_policy::model::kinds::find(kind).is_some_and(|k| k.is_revision())
+            && revision(kind, name).is_some_and(|rev| {
+                rev.uid() == Some(uid) && rev.controller().and_then(|c| c["uid"].as_str()) == Some(workload)
+            })
+    })
+}
+
 /// The mark a reuse of a snapshot the sweep may judge (unowned or
 /// anchored) writes, if the grace period has too little left to skip it
 /// (`must_mark_reuse`; docs/design.md, "Garbage collection", Reuse).

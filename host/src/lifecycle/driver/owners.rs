@@ -5,7 +5,7 @@
 use super::{Attempt, Driver, WriteFailed};
 use crate::cluster::{self, Cluster, Judged};
 use crate::lifecycle::effect::StoredAs;
-use crate::lifecycle::verdict::{adopt_ops, anchor_ops, mark_ops};
+use crate::lifecycle::verdict::{adopt_ops, anchor_ops, mark_ops, own_history};
 use config_snapshot_policy::host::contract::SnapshotRef;
 use config_snapshot_policy::model::kinds;
 use config_snapshot_policy::model::object::ObjectExt;
@@ -126,6 +126,17 @@ impl Driver<'_> {
                 }
                 if owns {
                     return Ok(Judged::Done(false));
+                }
+                let revision = |kind: &str, name: &str| self.cluster.get(kind, &ns, name).ok().flatten();
+                if workload.uid().is_some_and(|w| own_history(&found, w, &revision)) {
+                    return Ok(match adopt_ops(workload, &found) {
+                        None => Judged::Done(false),
+                        Some(ops) => Judged::Patch {
+                            ops,
+                            version: found.resource_version().to_string(),
+                            then: false,
+                        },
+                    });
                 }
                 if uid.is_none() {
                     uid = Some(
