@@ -58,8 +58,10 @@ pub struct KubeCluster {
     /// so it reports itself not ready and its Service stops sending it any.
     credentials_refused: AtomicBool,
     /// When [`KubeCluster::ask_about_credentials`] last asked (ms since
-    /// the Unix epoch): at most once a second, however often it is probed.
+    /// `started`, a monotonic clock a wall-clock step cannot move): at most
+    /// once a second, however often it is probed.
     credentials_asked_ms: AtomicI64,
+    started: std::time::Instant,
 }
 
 impl KubeCluster {
@@ -73,7 +75,8 @@ impl KubeCluster {
             fixed_now: AtomicI64::new(0),
             source_reads: SourceReads::default(),
             credentials_refused: AtomicBool::new(false),
-            credentials_asked_ms: AtomicI64::new(0),
+            credentials_asked_ms: AtomicI64::new(i64::MIN / 2),
+            started: std::time::Instant::now(),
         }
     }
 
@@ -91,9 +94,7 @@ impl KubeCluster {
         if !self.credentials_refused() {
             return;
         }
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let now = i64::try_from(self.started.elapsed().as_millis()).unwrap_or(i64::MAX);
         let last = self.credentials_asked_ms.load(Ordering::SeqCst);
         if now - last < 1000
             || self
@@ -114,12 +115,26 @@ impl KubeCluster {
             .inc();
     }
 
-    /// Notes what an answer says of serve's credentials: a 401 refuses
-    /// them, any other answer from the server accepted them, and no answer
-    /// (a timeout, a transport failure) says nothing.
+    /// Notes what a read's answer says of serve's credentials: a 401
+    /// refuses them, any other answer from the server accepted them, and no
+    /// answer (a timeout, a transport failure) says nothing.
     fn heard<T>(&self, result: cluster::Result<T>) -> cluster::Result<T> {
+        self.noted(result, true)
+    }
+
+    /// [`Self::heard`] for a write: its answer accepts the credentials, but
+    /// its 401 refuses nothing. A write passes admission, whose webhooks
+    /// and policies (the guest's own answer to serve's watch rollout
+    /// among them) may deny it with any code, 401 too; the next read
+    /// tells.
+    fn heard_write<T>(&self, result: cluster::Result<T>) -> cluster::Result<T> {
+        self.noted(result, false)
+    }
+
+    fn noted<T>(&self, result: cluster::Result<T>, read: bool) -> cluster::Result<T> {
         let refused = match &result {
-            Err(ApiError::Unauthorized(_)) => Some(true),
+            Err(ApiError::Unauthorized(_)) if read => Some(true),
+            Err(ApiError::Unauthorized(_)) => None,
             Err(ApiError::Timeout(_) | ApiError::Unavailable(_)) => None,
             _ => Some(false),
         };
@@ -229,7 +244,7 @@ impl KubeCluster {
             .block_on(async { tokio::time::timeout(API_TIMEOUT, call).await })
             .map_err(|_| ApiError::Timeout(format!("timeout: {what} took longer than {API_TIMEOUT:?}")))
             .and_then(|answer| answer);
-        self.heard(answer)
+        self.heard_write(answer)
     }
 }
 

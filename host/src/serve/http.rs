@@ -207,7 +207,13 @@ async fn evaluate(state: Arc<State>, body: Bytes, holds: impl Send + 'static) ->
 }
 
 async fn readyz(Extract(state): Extract<Arc<State>>) -> Response {
-    state.cluster.ask_about_credentials().await;
+    // Asked apart from this answer: the probe's own timeout (1 s by
+    // default) is shorter than an API call's, and a dropped probe must not
+    // cancel the read that clears the flag. A later probe sees its answer.
+    if state.cluster.credentials_refused() {
+        let cluster = state.cluster.clone();
+        tokio::spawn(async move { cluster.ask_about_credentials().await });
+    }
     if state.ready() {
         "ready".into_response()
     } else if state.shutting_down.load(Ordering::SeqCst) {
