@@ -20,7 +20,7 @@ pub mod snapshot {
     pub use crate::admit::revision::used_snapshots;
     pub use crate::admit::sweep::{
         add_references, anchor_reference, anchored, holder_masks, is_orphan, must_mark_reuse, only_owners_collect,
-        owned, REUSE_MARGIN_SECS,
+        owned, reusable_as_cached, REUSE_MARGIN_SECS,
     };
 }
 

@@ -904,6 +904,37 @@ async fn an_opted_in_admission_reads_its_sources_together_and_fresh() {
         "the sources alone, not their owned snapshots: {reads:?}"
     );
 
+    // That reuse anchored each snapshot in its namespace and marked it
+    // used (docs/design.md, "Garbage collection", Anchors). From then on a
+    // create reuses them on serve's cache: its sources are its only reads,
+    // and it writes nothing.
+    let mut during = Vec::new();
+    for attempt in 0..20 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let seen = api.log().len();
+        let name = format!("anchored-{attempt}");
+        let (response, anchored) = serve.admit(&name, "CREATE", &workload(&name), None, false).await;
+        assert_eq!(response["allowed"], true, "{response}");
+        assert_eq!(anchored["spec"]["template"]["spec"], web["spec"]["template"]["spec"]);
+        during = api.log()[seen..].to_vec();
+        let reads = during
+            .iter()
+            .filter(|l| l.starts_with(&format!("GET /api/v1/namespaces/{NS}/configmaps/")))
+            .count();
+        if reads == N && during.iter().all(|l| l.starts_with("GET")) {
+            break;
+        }
+    }
+    assert_eq!(
+        during.len(),
+        N,
+        "anchored and marked: the sources alone, and no write: {during:?}"
+    );
+    assert!(
+        during.iter().all(|l| l.starts_with("GET /api/v1/namespaces/")),
+        "{during:?}"
+    );
+
     // The next request reads again: nothing is kept between requests.
     api.put(source(3, "newer"));
     let (_, api_web) = serve.admit("create-api", "CREATE", &workload("api"), None, false).await;

@@ -97,6 +97,20 @@ pub fn only_owners_collect(object: &Value) -> bool {
     owned(object) && !anchored(object)
 }
 
+/// Whether a reuse may be decided on a cached copy of the snapshot, with
+/// no fresh read: only the garbage collector can take it
+/// ([`only_owners_collect`]), or it is anchored and the copy shows it used
+/// recently enough that it needs no mark ([`must_mark_reuse`]). An anchor
+/// is never taken off and a mark only moves forward, so a copy that lags
+/// can only show the snapshot used earlier than it was: if even that
+/// leaves the sweep a margin away, no sweep may have deleted it since, nor
+/// may before the reuse is stored. An unanchored, unowned copy is not
+/// enough: a revision may have adopted it since, and its reuse would then
+/// have to anchor it (docs/design.md, "Garbage collection", Anchors).
+pub fn reusable_as_cached(object: &Value, now: i64, grace: u64) -> bool {
+    only_owners_collect(object) || (anchored(object) && !must_mark_reuse(object, now, grace))
+}
+
 fn is_anchor(object: &Value, reference: &Value) -> bool {
     reference["apiVersion"] == "v1"
         && reference["kind"] == "Namespace"
@@ -244,6 +258,37 @@ mod tests {
             dry_run: false,
         };
         super::sweep(&ctx, &SourceId::new(SourceKind::ConfigMap, "app"), keep);
+    }
+
+    /// The one rule for deciding a reuse on serve's cache: owned and not
+    /// anchored, or anchored and used within the grace period less the
+    /// margin; never unowned and unanchored, however recent.
+    #[test]
+    fn a_reuse_is_decided_on_a_cached_copy_only_when_no_sweep_may_judge_it() {
+        let grace = 600;
+        let left = (grace - REUSE_MARGIN_SECS) as i64;
+        let anchored = |age: i64, also_owned: bool| {
+            let mut s = snap("a", age, also_owned);
+            let anchor = super::anchor_reference("default", "ns-uid");
+            match s["metadata"]["ownerReferences"].as_array_mut() {
+                Some(owners) => owners.push(anchor),
+                None => s["metadata"]["ownerReferences"] = json!([anchor]),
+            }
+            s
+        };
+        let cached = |s: &Value| super::reusable_as_cached(s, NOW, grace);
+        assert!(cached(&snap("owned", 3600, true)), "owned: only the collector takes it");
+        assert!(
+            !cached(&snap("unowned", 1, false)),
+            "unowned: a revision may have adopted it since"
+        );
+        assert!(cached(&anchored(1, false)), "anchored, used a second ago");
+        assert!(
+            cached(&anchored(left - 1, true)),
+            "anchored and owned, used within the margin"
+        );
+        assert!(!cached(&anchored(left, false)), "anchored, the sweep within the margin");
+        assert!(!cached(&anchored(3600, true)), "anchored, unused for the grace period");
     }
 
     #[test]

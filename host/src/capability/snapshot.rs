@@ -16,7 +16,7 @@ use config_snapshot_policy::model::object::ObjectExt;
 use config_snapshot_policy::model::selection::is_dns_subdomain;
 use config_snapshot_policy::model::source::SA_TOKEN;
 use config_snapshot_policy::model::source::{SourceId, SourceKind};
-use config_snapshot_policy::snapshot::only_owners_collect;
+use config_snapshot_policy::snapshot::{only_owners_collect, reusable_as_cached};
 use serde_json::{json, Value};
 
 use super::{failed, refused, Capability};
@@ -207,8 +207,14 @@ impl Capability {
             // read as fresh as the request: a cache could show one since
             // deleted (which only the write would catch), or one since
             // marked. serve has read it ahead, beside the policy.
-            // An anchored one is the sweep's to judge as well.
-            Some(found) if !only_owners_collect(&found) => {
+            // An anchored one is the sweep's to judge as well, unless the
+            // cache shows it used recently enough that no sweep may have
+            // judged it (`reusable_as_cached`, the rule the read-ahead
+            // follows too): a snapshot shared by many workloads is then
+            // reused with no request at all.
+            Some(found)
+                if !reusable_as_cached(&found, self.cluster.now(), self.rules.settings.orphan_grace_period_secs) =>
+            {
                 self.cluster.get_fresh(kind.kind(), &ns, &name).map_err(failed)?
             }
             Some(found) => Some(found),

@@ -23,6 +23,8 @@ pub(super) struct Recorder {
     pinned: Mutex<Option<Value>>,
     /// Says it gains by concurrent writes, as serve's API client does.
     concurrent: bool,
+    /// The names read past the cache (`get_fresh`), in order.
+    fresh_reads: Mutex<Vec<String>>,
 }
 
 impl Recorder {
@@ -55,6 +57,7 @@ impl Cluster for Recorder {
         self.cluster.get(kind, ns, name)
     }
     fn get_fresh(&self, kind: &str, ns: &str, name: &str) -> cluster::Result<Option<Value>> {
+        self.fresh_reads.lock().unwrap().push(name.to_string());
         self.cluster.get(kind, ns, name)
     }
     fn list(
@@ -576,6 +579,51 @@ fn a_running_snapshot_of_a_lost_key_is_an_alias_of_its_content() {
         ask(&content.hash(), &[])["aliases"],
         json!([]),
         "only what is asked about"
+    );
+}
+
+/// An anchored snapshot used recently is reused on the cache's word, with
+/// no request at all; once the sweep is within the margin, it is read
+/// fresh and marked, as an unowned one always is.
+#[test]
+fn an_anchored_snapshot_used_recently_is_reused_without_a_fresh_read() {
+    const T0: i64 = 1_800_000_000;
+    let margin = config_snapshot_policy::snapshot::REUSE_MARGIN_SECS as i64;
+    let name = name_of(&good_snapshot("team-a"));
+    let backend = Arc::new(Recorder::default());
+    backend.cluster.store().now = T0;
+    let cap = capability_on(backend.clone(), false);
+    let request = json!({"object": good_snapshot("team-a"), "owner": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}});
+    write(&cap, "create_snapshot", request.clone()).unwrap();
+    let mut made = backend.cluster.get("ConfigMap", "team-a", &name).unwrap().unwrap();
+    made["metadata"]["ownerReferences"] =
+        json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "other-1", "uid": "rs-other"}]);
+    backend.put(made);
+    write(&cap, "create_snapshot", request.clone()).unwrap();
+    let anchored = backend.cluster.get("ConfigMap", "team-a", &name).unwrap().unwrap();
+    assert!(config_snapshot_policy::snapshot::anchored(&anchored));
+    // Fresh reads of the snapshot (its source is read fresh on every reuse).
+    let fresh = |b: &Recorder| b.fresh_reads.lock().unwrap().iter().filter(|n| **n == name).count();
+    let writes = |b: &Recorder| b.writes.lock().unwrap().len();
+
+    let (reads, written) = (fresh(&backend), writes(&backend));
+    backend.cluster.store().now = T0 + 600 - margin - 1;
+    write(&cap, "create_snapshot", request.clone()).unwrap();
+    assert_eq!(
+        fresh(&backend),
+        reads,
+        "used within the margin: the cache's copy decides"
+    );
+    assert_eq!(writes(&backend), written, "and nothing is written");
+
+    backend.cluster.store().now = T0 + 600 - margin;
+    write(&cap, "create_snapshot", request).unwrap();
+    assert_eq!(fresh(&backend), reads + 1, "the sweep within the margin: read fresh");
+    assert_eq!(writes(&backend), written + 1, "and marked");
+    let marked = backend.cluster.get("ConfigMap", "team-a", &name).unwrap().unwrap();
+    assert_eq!(
+        marked["metadata"]["annotations"][keys::LAST_USED_AT],
+        format_rfc3339(T0 + 600 - margin)
     );
 }
 

@@ -373,12 +373,10 @@ fn capability(state: &State, head: &RequestHeader, request: &RawValue) -> Arc<Me
         state.cluster.clone(),
         head.namespace.as_deref().unwrap_or_default(),
     ));
-    scope.prefetch(prefetch::wanted(
-        &head.kind.kind,
-        &head.operation,
-        request,
-        &carry.rules.settings,
-    ));
+    scope.prefetch(
+        prefetch::wanted(&head.kind.kind, &head.operation, request, &carry.rules.settings),
+        carry.rules.settings.orphan_grace_period_secs,
+    );
     Arc::new(MeteredCapability {
         inner: Capability::new(
             scope,

@@ -30,9 +30,9 @@
 //! (`sweep::must_mark_reuse`): the reads of every source and snapshot run
 //! at once, where the writes would run one after another. The host waits
 //! for a snapshot's read only then: one its cache shows missing (a new
-//! content, created at once) or owned needs no fresh read, and one the
-//! cache shows owned is not read ahead at all (a snapshot shared by many
-//! workloads carries an ownerReference for each).
+//! content, created at once) needs no fresh read, and one the cache shows
+//! owned, or anchored and used recently (`reusable_as_cached`), is not read
+//! ahead at all: a snapshot many workloads share costs no read per create.
 
 use config_snapshot_policy::model::object::ObjectExt;
 use std::collections::hash_map::Entry;
@@ -150,6 +150,7 @@ pub(crate) async fn read_ahead(
     source: oneshot::Sender<cluster::Result<Option<Value>>>,
     pending: Arc<Mutex<Fetched>>,
     admission: Arc<Semaphore>,
+    grace: u64,
 ) {
     let read = {
         let (Ok(_one), Ok(_all)) = (admission.acquire().await, cluster.reads_ahead.acquire().await) else {
@@ -161,11 +162,10 @@ pub(crate) async fn read_ahead(
         Ok(Some(object)) => snapshot_of(&wanted, &namespace, object, cluster.cache.prover()),
         _ => None,
     };
-    // A snapshot the cache shows owned is reused from the cache: the host
-    // reads it fresh only when it is unowned (to judge the reuse mark),
-    // and a fresh read of a snapshot many workloads share carries all of
-    // their ownerReferences.
-    let snapshot = snapshot.filter(|name| !owned_in_cache(&cluster, wanted.kind, &namespace, name));
+    // A snapshot the cache shows owned, or anchored and recently used, is
+    // reused from the cache: the host reads it fresh only when the sweep
+    // may judge it (to judge the reuse mark).
+    let snapshot = snapshot.filter(|name| !reusable_in_cache(&cluster, wanted.kind, &namespace, name, grace));
     let snapshot = snapshot.and_then(|name| {
         let (tx, rx) = oneshot::channel();
         let mut pending = pending.lock().unwrap_or_else(|e| e.into_inner());
@@ -195,6 +195,7 @@ pub(crate) async fn read_listed(
     slots: Vec<(Wanted, oneshot::Sender<cluster::Result<Option<Value>>>)>,
     pending: Arc<Mutex<Fetched>>,
     admission: Arc<Semaphore>,
+    grace: u64,
 ) {
     let listed = {
         let (Ok(_one), Ok(_all)) = (admission.acquire().await, cluster.reads_ahead.acquire().await) else {
@@ -223,7 +224,7 @@ pub(crate) async fn read_listed(
         let snapshot = read
             .as_ref()
             .and_then(|object| snapshot_of(&wanted, &namespace, object, cluster.cache.prover()))
-            .filter(|name| !owned_in_cache(&cluster, kind, &namespace, name))
+            .filter(|name| !reusable_in_cache(&cluster, kind, &namespace, name, grace))
             .filter(|name| complete || by_name.contains_key(name.as_str()));
         if let Some(name) = snapshot {
             let (stx, srx) = oneshot::channel();
@@ -241,6 +242,7 @@ pub(crate) async fn read_listed(
             tx,
             pending.clone(),
             admission.clone(),
+            grace,
         )
         .await;
     }
@@ -256,19 +258,18 @@ pub(crate) fn worth_listing(cluster: &KubeCluster, kind: SourceKind, namespace: 
             .is_some_and(|n| n <= LIST_AT_MOST as usize)
 }
 
-/// Whether serve's cache has `name` with owners and no anchor: then
-/// `create_snapshot` reuses it from the cache and waits for no fresh read
-/// (`only_owners_collect`, the one rule for both).
-fn owned_in_cache(cluster: &KubeCluster, kind: SourceKind, namespace: &str, name: &str) -> bool {
+/// Whether serve's cache shows `name` so that `create_snapshot` reuses it
+/// from the cache and waits for no fresh read: owned and not anchored, or
+/// anchored and recently used (`reusable_as_cached`, the one rule for
+/// both; `grace` is the settings' orphan grace period).
+fn reusable_in_cache(cluster: &KubeCluster, kind: SourceKind, namespace: &str, name: &str, grace: u64) -> bool {
+    let now = cluster.now();
     cluster
         .cache
-        .inspect(
-            kind.kind(),
-            namespace,
-            name,
-            config_snapshot_policy::snapshot::only_owners_collect,
-        )
-        .is_ok_and(|owned| owned == Some(true))
+        .inspect(kind.kind(), namespace, name, |o| {
+            config_snapshot_policy::snapshot::reusable_as_cached(o, now, grace)
+        })
+        .is_ok_and(|reusable| reusable == Some(true))
 }
 
 #[cfg(test)]

@@ -37,8 +37,9 @@ impl RequestScope {
 
     /// Starts reading `wanted` sources of the request's namespace, and then
     /// their snapshots, all at once and beside the policy: a read the
-    /// policy takes waits for its own GET only.
-    pub fn prefetch(&self, wanted: Vec<Wanted>) {
+    /// policy takes waits for its own GET only. `grace` is the settings'
+    /// orphan grace period, which says which snapshots the cache answers.
+    pub fn prefetch(&self, wanted: Vec<Wanted>, grace: u64) {
         let reads = self.cluster.source_reads;
         if reads == SourceReads::None {
             return;
@@ -71,6 +72,7 @@ impl RequestScope {
                     listed,
                     self.prefetched.clone(),
                     self.permits.clone(),
+                    grace,
                 ));
             }
         }
@@ -82,6 +84,7 @@ impl RequestScope {
                 tx,
                 self.prefetched.clone(),
                 self.permits.clone(),
+                grace,
             ));
         }
     }
