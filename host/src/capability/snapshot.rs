@@ -211,9 +211,13 @@ impl Capability {
             // cache shows it used recently enough that no sweep may have
             // judged it (`reusable_as_cached`, the rule the read-ahead
             // follows too): a snapshot shared by many workloads is then
-            // reused with no request at all.
+            // reused with no request at all. A cached copy that does not
+            // prove to be this snapshot is judged again on a fresh read: a
+            // keyring rotated since the cache digested it is not a
+            // different snapshot.
             Some(found)
-                if !reusable_as_cached(&found, self.cluster.now(), self.rules.settings.orphan_grace_period_secs) =>
+                if !reusable_as_cached(&found, self.cluster.now(), self.rules.settings.orphan_grace_period_secs)
+                    || self.same_snapshot(kind, &found, &content, &name).is_err() =>
             {
                 self.cluster.get_fresh(kind.kind(), &ns, &name).map_err(failed)?
             }

@@ -627,6 +627,31 @@ fn an_anchored_snapshot_used_recently_is_reused_without_a_fresh_read() {
     );
 }
 
+/// A cached copy that does not prove to be the snapshot (as after a
+/// keyring rotation, before serve's cache has digested its sources again)
+/// is judged again on a fresh read, not refused as a different one.
+#[test]
+fn a_cached_copy_that_does_not_prove_is_judged_on_a_fresh_read() {
+    let name = name_of(&good_snapshot("team-a"));
+    let backend = Arc::new(Recorder::default());
+    let cap = capability_on(backend.clone(), false);
+    write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap();
+    let mut made = backend.cluster.get("ConfigMap", "team-a", &name).unwrap().unwrap();
+    made["metadata"]["ownerReferences"] =
+        json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1", "uid": "rs-web"}]);
+    backend.put(made.clone());
+    let mut unproven = made;
+    unproven["data"] = json!({"k": "what the cache digested with another key"});
+    *backend.pinned.lock().unwrap() = Some(unproven);
+    let request = json!({"object": good_snapshot("team-a"), "owner": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}});
+    let answer = write(&cap, "create_snapshot", request).unwrap();
+    assert_eq!(serde_json::from_slice::<Value>(&answer).unwrap()["created"], false);
+    assert!(
+        backend.fresh_reads.lock().unwrap().contains(&name),
+        "judged on a fresh read"
+    );
+}
+
 /// A snapshot others own, reused: anchored in its namespace by one write,
 /// which marks it used too; reused again, nothing is written, whoever
 /// reuses it (a bare Pod, with no owner to name, anchors it as well).
