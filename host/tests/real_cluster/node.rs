@@ -598,8 +598,15 @@ fn kustomize_story(cp: &ControlPlane) {
         before,
         "the key kept across the reinstall"
     );
-    cp.apply(ns, &app(cp, "Deployment", "web", 1));
-    assert_eq!(cp.get(ns, "deployment", "web").unwrap()["spec"]["template"], pinned);
+    // `rollout status` returns once the new pod is ready, which can be
+    // before the API server sends it admissions (its webhook configuration
+    // made again, its endpoints updated); until then the webhook fails
+    // open. So the re-apply is retried until it is pinned as before, as
+    // the install's first admission is above.
+    eventually("the reinstalled webhook to pin the re-apply as before", 120, || {
+        cp.apply(ns, &app(cp, "Deployment", "web", 1));
+        (cp.get(ns, "deployment", "web")?["spec"]["template"] == pinned).then_some(())
+    });
 }
 
 /// `to` as a path relative to the directory `from` (kustomize takes a base
