@@ -196,4 +196,23 @@ mod tests {
             assert!(!r.holds(), "{r:?}");
         }
     }
+
+    /// serve's writes in 200 creates whose snapshots exist, counted by the
+    /// short benchmark on the real control plane (docs/BENCHMARKS.md, "The
+    /// regression guard, shown failing"): with anchors, and on a build that
+    /// bridges (main before anchors, 0417dd7, with serve's request counter
+    /// added). The bound must pass the one and fail the other.
+    #[test]
+    fn the_writes_bound_passes_anchors_and_fails_the_bridge() {
+        // Anchors, 2026-11-28: 1 write in 200 creates (1 reference), 8 (8).
+        for (group, writes) in [(Group::OneExisting, 1.0), (Group::EightExisting, 8.0)] {
+            let r = writes_per_existing_create(group, writes, 200);
+            assert!(r.holds(), "{r:?}");
+        }
+        // Bridging, 2026-11-28 23:45 UTC: 1.75 and 7.92 writes per create.
+        for (group, writes) in [(Group::OneExisting, 350.0), (Group::EightExisting, 1584.0)] {
+            let r = writes_per_existing_create(group, writes, 200);
+            assert!(!r.holds(), "{r:?}");
+        }
+    }
 }
