@@ -488,6 +488,13 @@ pub async fn serve(
             },
             _ = stop.changed() => break,
         };
+        // An answer is written in more than one segment (TLS records, the
+        // head before the body): with Nagle's algorithm the last waits for
+        // the API server's delayed ACK, up to 40 ms, whenever a connection
+        // carries one call at a time. So no Nagle, as hyper and axum advise.
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(%peer, "TCP_NODELAY not set: {e}");
+        }
         while connections.try_join_next().is_some() {}
         let Ok(handshaking) = table.handshake(peer.ip()) else {
             tracing::debug!(%peer, "refused a connection: too many handshakes");
