@@ -768,6 +768,12 @@ fn numbered_source(i: usize, v: &str) -> Value {
            "data": {"k": format!("{v}-{i}")}})
 }
 
+/// Whether a line of the stand-in's log is a GET of one of the test
+/// namespace's ConfigMaps (a source or a snapshot).
+fn configmap_get(line: &str) -> bool {
+    line.starts_with(&format!("GET /api/v1/namespaces/{NS}/configmaps/"))
+}
+
 /// A Deployment `name` that snapshots everything and reads key `k` of
 /// `src-0` … `src-{n-1}` as `E0` … through env.
 fn reading_sources(name: &str, n: usize) -> Value {
@@ -859,10 +865,7 @@ async fn an_opted_in_admission_reads_its_sources_together_and_fresh() {
         "the same snapshots"
     );
     let during = api.log()[seen..].to_vec();
-    let reads = during
-        .iter()
-        .filter(|l| l.starts_with(&format!("GET /api/v1/namespaces/{NS}/configmaps/")))
-        .count();
+    let reads = during.iter().filter(|l| configmap_get(l)).count();
     assert_eq!(reads, 2 * N, "each source and its snapshot, once: {during:?}");
     assert!(
         during.iter().all(|l| l.starts_with("GET")),
@@ -889,11 +892,7 @@ async fn an_opted_in_admission_reads_its_sources_together_and_fresh() {
         let (response, owned) = serve.admit(&name, "CREATE", &workload(&name), None, false).await;
         assert_eq!(response["allowed"], true, "{response}");
         assert_eq!(owned["spec"]["template"]["spec"], web["spec"]["template"]["spec"]);
-        reads = api.log()[seen..]
-            .iter()
-            .filter(|l| l.starts_with(&format!("GET /api/v1/namespaces/{NS}/configmaps/")))
-            .cloned()
-            .collect();
+        reads = api.log()[seen..].iter().filter(|l| configmap_get(l)).cloned().collect();
         if reads.len() == N {
             break;
         }
@@ -917,10 +916,7 @@ async fn an_opted_in_admission_reads_its_sources_together_and_fresh() {
         assert_eq!(response["allowed"], true, "{response}");
         assert_eq!(anchored["spec"]["template"]["spec"], web["spec"]["template"]["spec"]);
         during = api.log()[seen..].to_vec();
-        let reads = during
-            .iter()
-            .filter(|l| l.starts_with(&format!("GET /api/v1/namespaces/{NS}/configmaps/")))
-            .count();
+        let reads = during.iter().filter(|l| configmap_get(l)).count();
         if reads == N && during.iter().all(|l| l.starts_with("GET")) {
             break;
         }
