@@ -328,6 +328,9 @@ fn racing_admissions_of_the_same_deployment_make_one_snapshot() {
         refused: AtomicUsize,
     }
     impl Cluster for Racing {
+        fn following(&self, kind: &str) -> bool {
+            self.inner.following(kind)
+        }
         fn get(&self, kind: &str, ns: &str, name: &str) -> cluster::Result<Option<Value>> {
             let found = self.inner.get(kind, ns, name)?;
             if kind == "ConfigMap" && name.starts_with("app-") && self.held.fetch_add(1, Ordering::SeqCst) < 2 {

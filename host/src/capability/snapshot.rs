@@ -202,7 +202,10 @@ impl Capability {
         };
         // A cached read first: most snapshots made are new, and most reused
         // ones are owned, and neither needs more.
-        let existing = match self.cluster.get(kind.kind(), &ns, &name).map_err(failed)? {
+        // `proven`: the copy `patch_judged` is first given was proved to be
+        // this snapshot already, so its first judgement need not prove it
+        // again (a digest and an HMAC, on the hot path of a shared reuse).
+        let (existing, proven) = match self.cluster.get(kind.kind(), &ns, &name).map_err(failed)? {
             // Whether an unowned snapshot must be marked is decided on a
             // read as fresh as the request: a cache could show one since
             // deleted (which only the write would catch), or one since
@@ -211,26 +214,32 @@ impl Capability {
             // cache shows it used recently enough that no sweep may have
             // judged it (`reusable_as_cached`, the rule the read-ahead
             // follows too): a snapshot shared by many workloads is then
-            // reused with no request at all. A cached copy that does not
-            // prove to be this snapshot is judged again on a fresh read: a
-            // keyring rotated since the cache digested it is not a
-            // different snapshot.
+            // reused with no request at all. That rests on the cache
+            // lagging by little, so not while its watch is failing
+            // (`Cluster::following`). A cached copy that does not prove to
+            // be this snapshot is judged again on a fresh read: a keyring
+            // rotated since the cache digested it is not a different
+            // snapshot.
             Some(found)
-                if !reusable_as_cached(&found, self.cluster.now(), self.rules.settings.orphan_grace_period_secs)
-                    || self.same_snapshot(kind, &found, &content, &name).is_err() =>
+                if self.cluster.following(kind.kind())
+                    && reusable_as_cached(&found, self.cluster.now(), self.rules.settings.orphan_grace_period_secs)
+                    && self.same_snapshot(kind, &found, &content, &name).is_ok() =>
             {
-                self.cluster.get_fresh(kind.kind(), &ns, &name).map_err(failed)?
+                (Some(found), true)
             }
-            Some(found) => Some(found),
+            Some(_) => (self.cluster.get_fresh(kind.kind(), &ns, &name).map_err(failed)?, false),
             None => match self.make(&object)? {
                 Ok(()) => return created(),
                 // Another replica (or a concurrent admission) created it
                 // first: content addressing makes that the same snapshot,
                 // if it is ours.
-                Err(ApiError::AlreadyExists(_)) => self.cluster.get_fresh(kind.kind(), &ns, &name).map_err(failed)?,
+                Err(ApiError::AlreadyExists(_)) => {
+                    (self.cluster.get_fresh(kind.kind(), &ns, &name).map_err(failed)?, false)
+                }
                 Err(e) => return Err(failed(e)),
             },
         };
+        let proven = std::cell::Cell::new(proven);
         // A reused snapshot must outlive this admission's reference to it:
         // - unowned or anchored, it is marked used, so a sweep that judged
         //   it unused a moment ago cannot delete it (its delete carries the
@@ -256,7 +265,9 @@ impl Capability {
                         Err(e) => Err(failed(e)),
                     };
                 };
-                self.same_snapshot(kind, &found, &content, &name)?;
+                if !proven.replace(false) {
+                    self.same_snapshot(kind, &found, &content, &name)?;
+                }
                 let reused = Created {
                     created: false,
                     sweeps: false,

@@ -25,6 +25,8 @@ pub(super) struct Recorder {
     concurrent: bool,
     /// The names read past the cache (`get_fresh`), in order.
     fresh_reads: Mutex<Vec<String>>,
+    /// Plays a cache whose watch is failing: its lag has no bound.
+    lagging: std::sync::atomic::AtomicBool,
 }
 
 impl Recorder {
@@ -55,6 +57,9 @@ impl Cluster for Recorder {
             return Ok(Some(pinned.clone()));
         }
         self.cluster.get(kind, ns, name)
+    }
+    fn following(&self, _kind: &str) -> bool {
+        !self.lagging.load(std::sync::atomic::Ordering::SeqCst)
     }
     fn get_fresh(&self, kind: &str, ns: &str, name: &str) -> cluster::Result<Option<Value>> {
         self.fresh_reads.lock().unwrap().push(name.to_string());
@@ -615,6 +620,15 @@ fn an_anchored_snapshot_used_recently_is_reused_without_a_fresh_read() {
         "used within the margin: the cache's copy decides"
     );
     assert_eq!(writes(&backend), written, "and nothing is written");
+
+    // The same, while the cache's watch is failing: its copy could lag
+    // without bound, so the snapshot is read fresh (and needs no mark).
+    backend.lagging.store(true, std::sync::atomic::Ordering::SeqCst);
+    write(&cap, "create_snapshot", request.clone()).unwrap();
+    backend.lagging.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(fresh(&backend), reads + 1, "a failing watch: read fresh");
+    assert_eq!(writes(&backend), written, "and still nothing is written");
+    let reads = reads + 1;
 
     backend.cluster.store().now = T0 + 600 - margin;
     write(&cap, "create_snapshot", request).unwrap();

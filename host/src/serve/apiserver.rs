@@ -257,6 +257,10 @@ impl Cluster for KubeCluster {
         self.runtime.block_on(self.fetch(kind, namespace, name))
     }
 
+    fn following(&self, kind: &str) -> bool {
+        self.cache.following(kind)
+    }
+
     fn list_referencing(
         &self,
         kind: &str,

@@ -94,6 +94,37 @@ struct KindCache {
     /// none of its objects to wait for. Its watcher keeps retrying with
     /// backoff, so installing the CRD later starts the cache.
     absent: AtomicBool,
+    /// Watchers of this kind whose last word was an error: until they hear
+    /// the API server again, what they hold may lag it without bound, so
+    /// no decision that rests on a bounded lag is made on it
+    /// ([`Cache::following`]).
+    failing: AtomicUsize,
+}
+
+/// One watcher's share of [`KindCache::failing`]: counted while its last
+/// word was an error, and given back however the watcher ends.
+struct Failing<'a> {
+    count: &'a AtomicUsize,
+    on: bool,
+}
+
+impl Failing<'_> {
+    fn set(&mut self, failing: bool) {
+        if failing != self.on {
+            self.on = failing;
+            if failing {
+                self.count.fetch_add(1, Ordering::SeqCst);
+            } else {
+                self.count.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+impl Drop for Failing<'_> {
+    fn drop(&mut self) {
+        self.set(false);
+    }
 }
 
 /// What [`Cache::on_workload_change`] tells of a stored workload change.
@@ -271,6 +302,27 @@ impl Cache {
         }
     }
 
+    /// A (re)list has ended: what it brought replaces what the cache held
+    /// of its scope, and a watcher's first list counts towards
+    /// [`Cache::synced`].
+    fn relisted(&self, kind: &'static str, namespace: &Option<String>, objects: Option<Objects>, listed: &mut bool) {
+        if let Some(objects) = objects {
+            let mut indexed = self.kinds[kind].objects.write().unwrap_or_else(|e| e.into_inner());
+            match namespace {
+                Some(ns) => indexed.replace_namespace(kind, ns, objects),
+                None => *indexed = Indexed::of(objects),
+            }
+            self.count(kind, &indexed);
+        }
+        self.kinds[kind].absent.store(false, Ordering::SeqCst);
+        if !std::mem::replace(listed, true) {
+            let synced = self.kinds[kind].synced.fetch_add(1, Ordering::SeqCst) + 1;
+            if synced == self.watchers() {
+                tracing::info!(kind, "cache synced");
+            }
+        }
+    }
+
     /// Applies one watch's events to the cache until it ends (`false`) or,
     /// for a source kind, the keyring changes (`true`: list again).
     async fn watch(
@@ -283,6 +335,10 @@ impl Cache {
         mut keyring: Option<&mut tokio::sync::watch::Receiver<u64>>,
     ) -> bool {
         let mut buffer: Option<Objects> = None;
+        let mut failing = Failing {
+            count: &self.kinds[kind].failing,
+            on: false,
+        };
         loop {
             let event = match keyring.as_mut() {
                 Some(keyring) => tokio::select! {
@@ -295,6 +351,7 @@ impl Cache {
                 None => events.next().await,
             };
             let Some(event) = event else { return false };
+            failing.set(event.is_err());
             match event {
                 Ok(Event::Init) => buffer = Some(Objects::new()),
                 Ok(Event::InitApply(o)) => {
@@ -303,23 +360,7 @@ impl Cache {
                         insert(buffer, object);
                     }
                 }
-                Ok(Event::InitDone) => {
-                    if let Some(objects) = buffer.take() {
-                        let mut indexed = self.kinds[kind].objects.write().unwrap_or_else(|e| e.into_inner());
-                        match &namespace {
-                            Some(ns) => indexed.replace_namespace(kind, ns, objects),
-                            None => *indexed = Indexed::of(objects),
-                        }
-                        self.count(kind, &indexed);
-                    }
-                    self.kinds[kind].absent.store(false, Ordering::SeqCst);
-                    if !std::mem::replace(listed, true) {
-                        let synced = self.kinds[kind].synced.fetch_add(1, Ordering::SeqCst) + 1;
-                        if synced == self.watchers() {
-                            tracing::info!(kind, "cache synced");
-                        }
-                    }
-                }
+                Ok(Event::InitDone) => self.relisted(kind, namespace, buffer.take(), listed),
                 Ok(Event::Apply(o)) => {
                     // What the cache has seen, for tracing a decision made
                     // on a view that lags the API server.
@@ -371,6 +412,17 @@ impl Cache {
         self.kinds
             .values()
             .all(|k| k.synced.load(Ordering::SeqCst) >= watchers || k.absent.load(Ordering::SeqCst))
+    }
+
+    /// Whether every watcher of `kind` has heard the API server since its
+    /// last error. A watch that fails is retried with backoff and, until
+    /// it is back, the cache's lag has no bound: a reuse decided on a
+    /// cached copy (`reusable_as_cached`) assumes one, so while this is
+    /// false it is decided on a fresh read instead.
+    pub fn following(&self, kind: &str) -> bool {
+        self.kinds
+            .get(kind)
+            .is_some_and(|k| k.failing.load(Ordering::SeqCst) == 0)
     }
 
     pub fn get(&self, kind: &str, namespace: &str, name: &str) -> cluster::Result<Option<Value>> {
@@ -669,5 +721,50 @@ mod tests {
         assert!(cache.get("ConfigMap", "a", "gone").unwrap().is_none());
         assert!(cache.get("ConfigMap", "a", "new").unwrap().is_some());
         assert!(cache.get("ConfigMap", "b", "kept").unwrap().is_some());
+    }
+
+    /// A watcher whose last word was an error leaves its kind not followed
+    /// (a reuse is then decided on a fresh read) until the API server is
+    /// heard again; other kinds stay followed, and a watcher that ends
+    /// gives its share back.
+    #[tokio::test]
+    async fn a_failing_watch_is_not_followed_until_it_is_heard_again() {
+        let cache = Arc::new(Cache::new());
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        let watching = {
+            let cache = cache.clone();
+            tokio::spawn(async move {
+                let ar = api_resource("ConfigMap").unwrap();
+                cache.watch("ConfigMap", &ar, &None, rx.boxed(), &mut false, None).await
+            })
+        };
+        let settled = |want: bool| {
+            let cache = cache.clone();
+            async move {
+                for _ in 0..100 {
+                    if cache.following("ConfigMap") == want {
+                        return true;
+                    }
+                    tokio::task::yield_now().await;
+                }
+                false
+            }
+        };
+        let applied = || {
+            let object: DynamicObject = serde_json::from_value(cm("a", "one", "1", "x")).unwrap();
+            Ok(Event::Apply(object))
+        };
+        assert!(cache.following("ConfigMap"));
+        tx.unbounded_send(Err(watcher::Error::NoResourceVersion)).unwrap();
+        assert!(settled(false).await, "an error: not followed");
+        assert!(cache.following("Secret"), "another kind is");
+        tx.unbounded_send(Err(watcher::Error::NoResourceVersion)).unwrap();
+        tx.unbounded_send(applied()).unwrap();
+        assert!(settled(true).await, "heard again: followed");
+        tx.unbounded_send(Err(watcher::Error::NoResourceVersion)).unwrap();
+        assert!(settled(false).await);
+        drop(tx);
+        assert!(!watching.await.unwrap(), "the watch ended");
+        assert!(cache.following("ConfigMap"), "an ended watcher counts no more");
     }
 }

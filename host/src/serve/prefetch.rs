@@ -261,15 +261,17 @@ pub(crate) fn worth_listing(cluster: &KubeCluster, kind: SourceKind, namespace: 
 /// Whether serve's cache shows `name` so that `create_snapshot` reuses it
 /// from the cache and waits for no fresh read: owned and not anchored, or
 /// anchored and recently used (`reusable_as_cached`, the one rule for
-/// both; `grace` is the settings' orphan grace period).
+/// both; `grace` is the settings' orphan grace period), and the cache's
+/// watch of the kind is not failing.
 fn reusable_in_cache(cluster: &KubeCluster, kind: SourceKind, namespace: &str, name: &str, grace: u64) -> bool {
     let now = cluster.now();
-    cluster
-        .cache
-        .inspect(kind.kind(), namespace, name, |o| {
-            config_snapshot_policy::snapshot::reusable_as_cached(o, now, grace)
-        })
-        .is_ok_and(|reusable| reusable == Some(true))
+    cluster.cache.following(kind.kind())
+        && cluster
+            .cache
+            .inspect(kind.kind(), namespace, name, |o| {
+                config_snapshot_policy::snapshot::reusable_as_cached(o, now, grace)
+            })
+            .is_ok_and(|reusable| reusable == Some(true))
 }
 
 #[cfg(test)]

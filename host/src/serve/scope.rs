@@ -117,6 +117,9 @@ impl Cluster for RequestScope {
             None => self.cluster.get_fresh(kind, namespace, name),
         }
     }
+    fn following(&self, kind: &str) -> bool {
+        self.cluster.following(kind)
+    }
     fn list(
         &self,
         kind: &str,

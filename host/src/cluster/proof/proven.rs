@@ -107,6 +107,10 @@ where
         Ok(self.inner.get_fresh(kind, namespace, name)?.map(|o| self.seen(o)))
     }
 
+    fn following(&self, kind: &str) -> bool {
+        self.inner.following(kind)
+    }
+
     fn list(
         &self,
         kind: &str,

@@ -28,6 +28,11 @@ fn internal(e: anyhow::Error) -> ApiError {
 }
 
 impl Cluster for Simulator {
+    /// The simulator is read as it is: it has no cache to lag.
+    fn following(&self, _kind: &str) -> bool {
+        true
+    }
+
     fn get(&self, kind: &str, namespace: &str, name: &str) -> cluster::Result<Option<Value>> {
         self.shared.get(kind, namespace, name)
     }

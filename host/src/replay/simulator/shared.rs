@@ -140,6 +140,11 @@ fn injected(error: HostError) -> ApiError {
 }
 
 impl Cluster for Shared {
+    /// The simulator is read as it is: it has no cache to lag.
+    fn following(&self, _kind: &str) -> bool {
+        true
+    }
+
     fn get(&self, kind: &str, namespace: &str, name: &str) -> cluster::Result<Option<Value>> {
         Ok(self.store().get(kind, namespace, name).cloned())
     }
