@@ -328,8 +328,8 @@ fn racing_admissions_of_the_same_deployment_make_one_snapshot() {
         refused: AtomicUsize,
     }
     impl Cluster for Racing {
-        fn following(&self, kind: &str) -> bool {
-            self.inner.following(kind)
+        fn following(&self, kind: &str, namespace: &str) -> bool {
+            self.inner.following(kind, namespace)
         }
         fn get(&self, kind: &str, ns: &str, name: &str) -> cluster::Result<Option<Value>> {
             let found = self.inner.get(kind, ns, name)?;

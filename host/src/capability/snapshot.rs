@@ -205,7 +205,10 @@ impl Capability {
         // `proven`: the copy `patch_judged` is first given was proved to be
         // this snapshot already, so its first judgement need not prove it
         // again (a digest and an HMAC, on the hot path of a shared reuse).
-        let (existing, proven) = match self.cluster.get(kind.kind(), &ns, &name).map_err(failed)? {
+        // Asked before the cached read: a copy read while the watch was
+        // heard, not one that was in the cache when it started to fail.
+        let following = self.cluster.following(kind.kind(), &ns);
+        let (existing, mut proven) = match self.cluster.get(kind.kind(), &ns, &name).map_err(failed)? {
             // Whether an unowned snapshot must be marked is decided on a
             // read as fresh as the request: a cache could show one since
             // deleted (which only the write would catch), or one since
@@ -214,14 +217,16 @@ impl Capability {
             // cache shows it used recently enough that no sweep may have
             // judged it (`reusable_as_cached`, the rule the read-ahead
             // follows too): a snapshot shared by many workloads is then
-            // reused with no request at all. That rests on the cache
-            // lagging by little, so not while its watch is failing
-            // (`Cluster::following`). A cached copy that does not prove to
+            // reused with no request at all. Not while the cache's watch is
+            // failing or listing again (`Cluster::following`): defence in
+            // depth, as only a deletion by hand could escape the cached
+            // word, and then only within the cache's lag, which a failing
+            // watch leaves unbounded. A cached copy that does not prove to
             // be this snapshot is judged again on a fresh read: a keyring
             // rotated since the cache digested it is not a different
             // snapshot.
             Some(found)
-                if self.cluster.following(kind.kind())
+                if following
                     && reusable_as_cached(&found, self.cluster.now(), self.rules.settings.orphan_grace_period_secs)
                     && self.same_snapshot(kind, &found, &content, &name).is_ok() =>
             {
@@ -239,7 +244,6 @@ impl Capability {
                 Err(e) => return Err(failed(e)),
             },
         };
-        let proven = std::cell::Cell::new(proven);
         // A reused snapshot must outlive this admission's reference to it:
         // - unowned or anchored, it is marked used, so a sweep that judged
         //   it unused a moment ago cannot delete it (its delete carries the
@@ -265,7 +269,7 @@ impl Capability {
                         Err(e) => Err(failed(e)),
                     };
                 };
-                if !proven.replace(false) {
+                if !std::mem::take(&mut proven) {
                     self.same_snapshot(kind, &found, &content, &name)?;
                 }
                 let reused = Created {

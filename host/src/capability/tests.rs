@@ -58,7 +58,7 @@ impl Cluster for Recorder {
         }
         self.cluster.get(kind, ns, name)
     }
-    fn following(&self, _kind: &str) -> bool {
+    fn following(&self, _kind: &str, _namespace: &str) -> bool {
         !self.lagging.load(std::sync::atomic::Ordering::SeqCst)
     }
     fn get_fresh(&self, kind: &str, ns: &str, name: &str) -> cluster::Result<Option<Value>> {
@@ -664,6 +664,38 @@ fn a_cached_copy_that_does_not_prove_is_judged_on_a_fresh_read() {
         backend.fresh_reads.lock().unwrap().contains(&name),
         "judged on a fresh read"
     );
+}
+
+/// A cached copy proved to be the snapshot spares only its own first
+/// judgement the proof: when the write made on it conflicts, the object
+/// read fresh is proved again, and one that is not the snapshot (another
+/// object under its name since) is refused, with nothing written.
+#[test]
+fn a_proved_cached_copy_vouches_for_itself_only() {
+    let name = name_of(&good_snapshot("team-a"));
+    let backend = Arc::new(Recorder::default());
+    let cap = capability_on(backend.clone(), false);
+    write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap();
+    let mut made = backend.cluster.get("ConfigMap", "team-a", &name).unwrap().unwrap();
+    made["metadata"]["ownerReferences"] =
+        json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "other-1", "uid": "rs-other"}]);
+    backend.put(made);
+    // The cache holds the snapshot as it was; the cluster holds another
+    // object under its name, at a later version.
+    let cached = backend.cluster.get("ConfigMap", "team-a", &name).unwrap().unwrap();
+    *backend.pinned.lock().unwrap() = Some(cached.clone());
+    let mut other = cached;
+    other["data"] = json!({"k": "not the snapshot's content"});
+    backend.put(other);
+    let writes = backend.writes.lock().unwrap().len();
+    let request = json!({"object": good_snapshot("team-a"), "owner": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}});
+    let refused = write(&cap, "create_snapshot", request).unwrap_err();
+    assert_eq!(refused.code, Code::Refused, "{refused}");
+    assert!(
+        backend.fresh_reads.lock().unwrap().contains(&name),
+        "the conflict was judged on a fresh read"
+    );
+    assert_eq!(backend.writes.lock().unwrap().len(), writes, "nothing written");
 }
 
 /// A snapshot others own, reused: anchored in its namespace by one write,

@@ -126,12 +126,13 @@ pub trait Cluster: Send + Sync {
     fn get_fresh(&self, kind: &str, namespace: &str, name: &str) -> Result<Option<Value>> {
         self.get(kind, namespace, name)
     }
-    /// Whether [`Cluster::get`] of `kind` follows the API server with a
-    /// bounded lag, so that a cached copy may decide a reuse
+    /// Whether [`Cluster::get`] of `kind` in `namespace` follows the API
+    /// server with a bounded lag, so that a cached copy may decide a reuse
     /// (`reusable_as_cached`). A host without a cache says yes; serve says
-    /// no while a watch of the kind is failing. No default: a wrapper that
-    /// forgot to ask what it wraps would vouch for a cache it cannot see.
-    fn following(&self, kind: &str) -> bool;
+    /// no while the watch that holds it is failing or listing again. No
+    /// default: a wrapper that forgot to ask what it wraps would vouch for
+    /// a cache it cannot see.
+    fn following(&self, kind: &str, namespace: &str) -> bool;
     /// Calls `visit` with each object of `kind` in `namespace` (every
     /// namespace: `None`) that `selector` matches, by reference: listing is
     /// the hot path of watch and sweep.

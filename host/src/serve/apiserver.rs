@@ -257,8 +257,8 @@ impl Cluster for KubeCluster {
         self.runtime.block_on(self.fetch(kind, namespace, name))
     }
 
-    fn following(&self, kind: &str) -> bool {
-        self.cache.following(kind)
+    fn following(&self, kind: &str, namespace: &str) -> bool {
+        self.cache.following(kind, namespace)
     }
 
     fn list_referencing(

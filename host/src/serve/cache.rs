@@ -94,36 +94,43 @@ struct KindCache {
     /// none of its objects to wait for. Its watcher keeps retrying with
     /// backoff, so installing the CRD later starts the cache.
     absent: AtomicBool,
-    /// Watchers of this kind whose last word was an error: until they hear
-    /// the API server again, what they hold may lag it without bound, so
-    /// no decision that rests on a bounded lag is made on it
-    /// ([`Cache::following`]).
-    failing: AtomicUsize,
+    /// The scopes (a namespace, or `None` for the cluster) whose watcher
+    /// of this kind is not following the API server: its last word was an
+    /// error, it is listing again, or it has ended. What they hold may lag
+    /// without bound, so no decision that rests on a bounded lag is made on
+    /// it there ([`Cache::following`]).
+    failing: std::sync::Mutex<std::collections::HashSet<Option<String>>>,
 }
 
-/// One watcher's share of [`KindCache::failing`]: counted while its last
-/// word was an error, and given back however the watcher ends.
-struct Failing<'a> {
-    count: &'a AtomicUsize,
-    on: bool,
+/// Whether one watcher follows the API server, kept in its kind's
+/// [`KindCache::failing`] for its scope.
+struct Following<'a> {
+    failing: &'a std::sync::Mutex<std::collections::HashSet<Option<String>>>,
+    scope: Option<String>,
+    now: bool,
 }
 
-impl Failing<'_> {
-    fn set(&mut self, failing: bool) {
-        if failing != self.on {
-            self.on = failing;
-            if failing {
-                self.count.fetch_add(1, Ordering::SeqCst);
+impl Following<'_> {
+    /// After `event`: following once a listing has ended or a change has
+    /// come, not after an error or while listing again (kube-runtime's
+    /// watcher starts a relist with `Init` before it has asked anything).
+    fn heard(&mut self, event: &watcher::Result<Event<DynamicObject>>) {
+        self.set(matches!(
+            event,
+            Ok(Event::InitDone | Event::Apply(_) | Event::Delete(_))
+        ));
+    }
+
+    fn set(&mut self, following: bool) {
+        if following != self.now {
+            self.now = following;
+            let mut failing = self.failing.lock().unwrap_or_else(|e| e.into_inner());
+            if following {
+                failing.remove(&self.scope);
             } else {
-                self.count.fetch_sub(1, Ordering::SeqCst);
+                failing.insert(self.scope.clone());
             }
         }
-    }
-}
-
-impl Drop for Failing<'_> {
-    fn drop(&mut self) {
-        self.set(false);
     }
 }
 
@@ -283,15 +290,18 @@ impl Cache {
         let source = SourceKind::from_kind(kind).is_some();
         let mut keyring = self.keyring.subscribe();
         let mut listed = false;
+        let mut following = Following {
+            failing: &self.kinds[kind].failing,
+            scope: namespace.clone(),
+            now: true,
+        };
         loop {
             let events = watcher::watcher(api.clone(), config.clone()).default_backoff().boxed();
             if !self
                 .watch(
-                    kind,
-                    &ar,
-                    &namespace,
+                    (kind, &ar, &namespace),
                     events,
-                    &mut listed,
+                    (&mut listed, &mut following),
                     source.then_some(&mut keyring),
                 )
                 .await
@@ -325,33 +335,35 @@ impl Cache {
 
     /// Applies one watch's events to the cache until it ends (`false`) or,
     /// for a source kind, the keyring changes (`true`: list again).
+    /// A watcher that ends stays counted as not following: it hears
+    /// nothing more.
     async fn watch(
         &self,
-        kind: &'static str,
-        ar: &ApiResource,
-        namespace: &Option<String>,
+        (kind, ar, namespace): (&'static str, &ApiResource, &Option<String>),
         mut events: futures::stream::BoxStream<'_, watcher::Result<Event<DynamicObject>>>,
-        listed: &mut bool,
+        (listed, following): (&mut bool, &mut Following<'_>),
         mut keyring: Option<&mut tokio::sync::watch::Receiver<u64>>,
     ) -> bool {
         let mut buffer: Option<Objects> = None;
-        let mut failing = Failing {
-            count: &self.kinds[kind].failing,
-            on: false,
-        };
         loop {
             let event = match keyring.as_mut() {
                 Some(keyring) => tokio::select! {
                     event = events.next() => event,
                     changed = keyring.changed() => match changed {
                         Ok(()) => return true,
-                        Err(_) => return false,
+                        Err(_) => {
+                            following.set(false);
+                            return false;
+                        }
                     },
                 },
                 None => events.next().await,
             };
-            let Some(event) = event else { return false };
-            failing.set(event.is_err());
+            let Some(event) = event else {
+                following.set(false);
+                return false;
+            };
+            following.heard(&event);
             match event {
                 Ok(Event::Init) => buffer = Some(Objects::new()),
                 Ok(Event::InitApply(o)) => {
@@ -414,15 +426,20 @@ impl Cache {
             .all(|k| k.synced.load(Ordering::SeqCst) >= watchers || k.absent.load(Ordering::SeqCst))
     }
 
-    /// Whether every watcher of `kind` has heard the API server since its
-    /// last error. A watch that fails is retried with backoff and, until
-    /// it is back, the cache's lag has no bound: a reuse decided on a
-    /// cached copy (`reusable_as_cached`) assumes one, so while this is
-    /// false it is decided on a fresh read instead.
-    pub fn following(&self, kind: &str) -> bool {
-        self.kinds
-            .get(kind)
-            .is_some_and(|k| k.failing.load(Ordering::SeqCst) == 0)
+    /// Whether the watcher of `kind` that holds `namespace` follows the API
+    /// server: its last word was neither an error nor the start of a
+    /// relist, and it has not ended. Until then what it holds may lag
+    /// without bound; a reuse decided on a cached copy
+    /// (`reusable_as_cached`) is then decided on a fresh read instead. A
+    /// namespace's failing watcher (a namespaced install's) says nothing of
+    /// the others.
+    pub fn following(&self, kind: &str, namespace: &str) -> bool {
+        self.kinds.get(kind).is_some_and(|k| {
+            let failing = k.failing.lock().unwrap_or_else(|e| e.into_inner());
+            !failing
+                .iter()
+                .any(|scope| scope.as_deref().is_none_or(|ns| ns == namespace))
+        })
     }
 
     pub fn get(&self, kind: &str, namespace: &str, name: &str) -> cluster::Result<Option<Value>> {
@@ -723,26 +740,36 @@ mod tests {
         assert!(cache.get("ConfigMap", "b", "kept").unwrap().is_some());
     }
 
-    /// A watcher whose last word was an error leaves its kind not followed
-    /// (a reuse is then decided on a fresh read) until the API server is
-    /// heard again; other kinds stay followed, and a watcher that ends
-    /// gives its share back.
+    /// A namespace's watcher whose last word was an error, or the start of
+    /// a relist, leaves that namespace not followed (a reuse there is then
+    /// decided on a fresh read) until a listing ends or a change comes;
+    /// other namespaces and kinds stay followed, and a watcher that ends
+    /// is not followed again.
     #[tokio::test]
     async fn a_failing_watch_is_not_followed_until_it_is_heard_again() {
-        let cache = Arc::new(Cache::new());
+        let cache = Arc::new(Cache::within(vec!["a".into(), "b".into()]));
         let (tx, rx) = futures::channel::mpsc::unbounded();
         let watching = {
             let cache = cache.clone();
             tokio::spawn(async move {
                 let ar = api_resource("ConfigMap").unwrap();
-                cache.watch("ConfigMap", &ar, &None, rx.boxed(), &mut false, None).await
+                let scope = Some("a".to_string());
+                let mut following = Following {
+                    failing: &cache.kinds["ConfigMap"].failing,
+                    scope: scope.clone(),
+                    now: true,
+                };
+                let listed = &mut false;
+                cache
+                    .watch(("ConfigMap", &ar, &scope), rx.boxed(), (listed, &mut following), None)
+                    .await
             })
         };
         let settled = |want: bool| {
             let cache = cache.clone();
             async move {
                 for _ in 0..100 {
-                    if cache.following("ConfigMap") == want {
+                    if cache.following("ConfigMap", "a") == want {
                         return true;
                     }
                     tokio::task::yield_now().await;
@@ -750,21 +777,28 @@ mod tests {
                 false
             }
         };
-        let applied = || {
-            let object: DynamicObject = serde_json::from_value(cm("a", "one", "1", "x")).unwrap();
-            Ok(Event::Apply(object))
-        };
-        assert!(cache.following("ConfigMap"));
-        tx.unbounded_send(Err(watcher::Error::NoResourceVersion)).unwrap();
+        let object = || serde_json::from_value::<DynamicObject>(cm("a", "one", "1", "x")).unwrap();
+        let error = || Err(watcher::Error::NoResourceVersion);
+        assert!(cache.following("ConfigMap", "a"));
+        tx.unbounded_send(error()).unwrap();
         assert!(settled(false).await, "an error: not followed");
-        assert!(cache.following("Secret"), "another kind is");
-        tx.unbounded_send(Err(watcher::Error::NoResourceVersion)).unwrap();
-        tx.unbounded_send(applied()).unwrap();
-        assert!(settled(true).await, "heard again: followed");
-        tx.unbounded_send(Err(watcher::Error::NoResourceVersion)).unwrap();
-        assert!(settled(false).await);
+        assert!(cache.following("ConfigMap", "b"), "another namespace is");
+        assert!(cache.following("Secret", "a"), "another kind is");
+        tx.unbounded_send(Ok(Event::Apply(object()))).unwrap();
+        assert!(settled(true).await, "a change heard: followed");
+        // A relist (after a 410) starts with Init before anything is asked.
+        tx.unbounded_send(error()).unwrap();
+        tx.unbounded_send(Ok(Event::Init)).unwrap();
+        tx.unbounded_send(Ok(Event::InitApply(object()))).unwrap();
+        assert!(settled(false).await, "listing again: not followed");
+        tx.unbounded_send(Ok(Event::InitDone)).unwrap();
+        assert!(settled(true).await, "listed: followed");
         drop(tx);
         assert!(!watching.await.unwrap(), "the watch ended");
-        assert!(cache.following("ConfigMap"), "an ended watcher counts no more");
+        assert!(
+            !cache.following("ConfigMap", "a"),
+            "an ended watcher hears nothing more"
+        );
+        assert!(cache.following("ConfigMap", "b"));
     }
 }

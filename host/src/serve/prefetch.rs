@@ -265,7 +265,7 @@ pub(crate) fn worth_listing(cluster: &KubeCluster, kind: SourceKind, namespace: 
 /// watch of the kind is not failing.
 fn reusable_in_cache(cluster: &KubeCluster, kind: SourceKind, namespace: &str, name: &str, grace: u64) -> bool {
     let now = cluster.now();
-    cluster.cache.following(kind.kind())
+    cluster.cache.following(kind.kind(), namespace)
         && cluster
             .cache
             .inspect(kind.kind(), namespace, name, |o| {

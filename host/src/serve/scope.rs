@@ -117,8 +117,8 @@ impl Cluster for RequestScope {
             None => self.cluster.get_fresh(kind, namespace, name),
         }
     }
-    fn following(&self, kind: &str) -> bool {
-        self.cluster.following(kind)
+    fn following(&self, kind: &str, namespace: &str) -> bool {
+        self.cluster.following(kind, namespace)
     }
     fn list(
         &self,

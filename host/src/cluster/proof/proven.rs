@@ -107,8 +107,8 @@ where
         Ok(self.inner.get_fresh(kind, namespace, name)?.map(|o| self.seen(o)))
     }
 
-    fn following(&self, kind: &str) -> bool {
-        self.inner.following(kind)
+    fn following(&self, kind: &str, namespace: &str) -> bool {
+        self.inner.following(kind, namespace)
     }
 
     fn list(

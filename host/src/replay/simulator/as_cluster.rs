@@ -29,7 +29,7 @@ fn internal(e: anyhow::Error) -> ApiError {
 
 impl Cluster for Simulator {
     /// The simulator is read as it is: it has no cache to lag.
-    fn following(&self, _kind: &str) -> bool {
+    fn following(&self, _kind: &str, _namespace: &str) -> bool {
         true
     }
 

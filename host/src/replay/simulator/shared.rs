@@ -141,7 +141,7 @@ fn injected(error: HostError) -> ApiError {
 
 impl Cluster for Shared {
     /// The simulator is read as it is: it has no cache to lag.
-    fn following(&self, _kind: &str) -> bool {
+    fn following(&self, _kind: &str, _namespace: &str) -> bool {
         true
     }
 
