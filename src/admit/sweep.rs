@@ -100,8 +100,8 @@ pub fn only_owners_collect(object: &Value) -> bool {
 /// Whether a reuse may be decided on a cached copy of the snapshot, with
 /// no fresh read: only the garbage collector can take it
 /// ([`only_owners_collect`]), or it is anchored and the copy shows it used
-/// recently enough that it needs no mark ([`must_mark_reuse`]). An anchor
-/// is never taken off and a mark only moves forward, so a copy that lags
+/// recently enough that it needs no mark ([`must_mark_reuse`]). No host
+/// takes an anchor off and a mark only moves forward, so a copy that lags
 /// can only show the snapshot used earlier than it was: if even that
 /// leaves the sweep a margin away, no sweep may have deleted it since, nor
 /// may before the reuse is stored. An unanchored, unowned copy is not

@@ -134,6 +134,14 @@ impl Following<'_> {
     }
 }
 
+/// However a watcher ends (its stream over, its task panicked or
+/// aborted), what its scope holds hears nothing more.
+impl Drop for Following<'_> {
+    fn drop(&mut self) {
+        self.set(false);
+    }
+}
+
 /// What [`Cache::on_workload_change`] tells of a stored workload change.
 type WorkloadChanged = Box<dyn Fn(&crate::cluster::Key) + Send + Sync>;
 
@@ -765,18 +773,7 @@ mod tests {
                     .await
             })
         };
-        let settled = |want: bool| {
-            let cache = cache.clone();
-            async move {
-                for _ in 0..100 {
-                    if cache.following("ConfigMap", "a") == want {
-                        return true;
-                    }
-                    tokio::task::yield_now().await;
-                }
-                false
-            }
-        };
+        let settled = |want: bool| until_following(&cache, "ConfigMap", "a", want);
         let object = || serde_json::from_value::<DynamicObject>(cm("a", "one", "1", "x")).unwrap();
         let error = || Err(watcher::Error::NoResourceVersion);
         assert!(cache.following("ConfigMap", "a"));
@@ -786,11 +783,12 @@ mod tests {
         assert!(cache.following("Secret", "a"), "another kind is");
         tx.unbounded_send(Ok(Event::Apply(object()))).unwrap();
         assert!(settled(true).await, "a change heard: followed");
-        // A relist (after a 410) starts with Init before anything is asked.
-        tx.unbounded_send(error()).unwrap();
+        // A relist (after a 410, or a keyring change) starts with Init
+        // before anything is asked.
         tx.unbounded_send(Ok(Event::Init)).unwrap();
-        tx.unbounded_send(Ok(Event::InitApply(object()))).unwrap();
         assert!(settled(false).await, "listing again: not followed");
+        tx.unbounded_send(Ok(Event::InitApply(object()))).unwrap();
+        assert!(!settled(true).await, "still listing");
         tx.unbounded_send(Ok(Event::InitDone)).unwrap();
         assert!(settled(true).await, "listed: followed");
         drop(tx);
@@ -800,5 +798,52 @@ mod tests {
             "an ended watcher hears nothing more"
         );
         assert!(cache.following("ConfigMap", "b"));
+    }
+
+    /// Yields to the watcher until `cache` says `want` of `kind` in
+    /// `namespace` (at most 100 turns); whether it did.
+    async fn until_following(cache: &Cache, kind: &str, namespace: &str, want: bool) -> bool {
+        for _ in 0..100 {
+            if cache.following(kind, namespace) == want {
+                return true;
+            }
+            tokio::task::yield_now().await;
+        }
+        false
+    }
+
+    /// A cluster-wide watcher (the default install) that is not following
+    /// speaks for every namespace, and however it ends (here, its task
+    /// aborted) it stays not following.
+    #[tokio::test]
+    async fn a_cluster_wide_watcher_speaks_for_every_namespace() {
+        let cache = Arc::new(Cache::new());
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        let watching = {
+            let cache = cache.clone();
+            tokio::spawn(async move {
+                let ar = api_resource("Secret").unwrap();
+                let mut following = Following {
+                    failing: &cache.kinds["Secret"].failing,
+                    scope: None,
+                    now: true,
+                };
+                cache
+                    .watch(("Secret", &ar, &None), rx.boxed(), (&mut false, &mut following), None)
+                    .await
+            })
+        };
+        tx.unbounded_send(Ok(Event::Init)).unwrap();
+        assert!(until_following(&cache, "Secret", "any", false).await);
+        assert!(!cache.following("Secret", "other"));
+        tx.unbounded_send(Ok(Event::InitDone)).unwrap();
+        assert!(until_following(&cache, "Secret", "any", true).await, "listed");
+        watching.abort();
+        assert!(watching.await.unwrap_err().is_cancelled());
+        assert!(
+            !cache.following("Secret", "any"),
+            "an aborted watcher hears nothing more"
+        );
+        drop(tx);
     }
 }

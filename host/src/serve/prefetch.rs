@@ -261,8 +261,9 @@ pub(crate) fn worth_listing(cluster: &KubeCluster, kind: SourceKind, namespace: 
 /// Whether serve's cache shows `name` so that `create_snapshot` reuses it
 /// from the cache and waits for no fresh read: owned and not anchored, or
 /// anchored and recently used (`reusable_as_cached`, the one rule for
-/// both; `grace` is the settings' orphan grace period), and the cache's
-/// watch of the kind is not failing.
+/// both; `grace` is the settings' orphan grace period), and the watch
+/// that holds the namespace follows the API server (not failing, not
+/// listing again: `Cache::following`).
 fn reusable_in_cache(cluster: &KubeCluster, kind: SourceKind, namespace: &str, name: &str, grace: u64) -> bool {
     let now = cluster.now();
     cluster.cache.following(kind.kind(), namespace)
