@@ -315,6 +315,16 @@ pub(super) fn name_of(object: &Value) -> String {
     object.meta_str("name").unwrap().to_string()
 }
 
+/// The snapshot `name` as another workload's revision (ReplicaSet
+/// `other-1`) would leave it: owned by that alone, and stored so.
+fn owned_by_another(backend: &Recorder, name: &str) -> Value {
+    let mut made = backend.cluster.get("ConfigMap", "team-a", name).unwrap().unwrap();
+    made["metadata"]["ownerReferences"] =
+        json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "other-1", "uid": "rs-other"}]);
+    backend.put(made);
+    backend.cluster.get("ConfigMap", "team-a", name).unwrap().unwrap()
+}
+
 #[test]
 fn losing_a_create_race_to_the_same_snapshot_is_not_an_error() {
     let backend = Arc::new(Recorder {
@@ -600,10 +610,7 @@ fn an_anchored_snapshot_used_recently_is_reused_without_a_fresh_read() {
     let cap = capability_on(backend.clone(), false);
     let request = json!({"object": good_snapshot("team-a"), "owner": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}});
     write(&cap, "create_snapshot", request.clone()).unwrap();
-    let mut made = backend.cluster.get("ConfigMap", "team-a", &name).unwrap().unwrap();
-    made["metadata"]["ownerReferences"] =
-        json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "other-1", "uid": "rs-other"}]);
-    backend.put(made);
+    owned_by_another(&backend, &name);
     write(&cap, "create_snapshot", request.clone()).unwrap();
     let anchored = backend.cluster.get("ConfigMap", "team-a", &name).unwrap().unwrap();
     assert!(config_snapshot_policy::snapshot::anchored(&anchored));
@@ -650,11 +657,7 @@ fn a_cached_copy_that_does_not_prove_is_judged_on_a_fresh_read() {
     let backend = Arc::new(Recorder::default());
     let cap = capability_on(backend.clone(), false);
     write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap();
-    let mut made = backend.cluster.get("ConfigMap", "team-a", &name).unwrap().unwrap();
-    made["metadata"]["ownerReferences"] =
-        json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1", "uid": "rs-web"}]);
-    backend.put(made.clone());
-    let mut unproven = made;
+    let mut unproven = owned_by_another(&backend, &name);
     unproven["data"] = json!({"k": "what the cache digested with another key"});
     *backend.pinned.lock().unwrap() = Some(unproven);
     let request = json!({"object": good_snapshot("team-a"), "owner": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}});
@@ -676,13 +679,9 @@ fn a_proved_cached_copy_vouches_for_itself_only() {
     let backend = Arc::new(Recorder::default());
     let cap = capability_on(backend.clone(), false);
     write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap();
-    let mut made = backend.cluster.get("ConfigMap", "team-a", &name).unwrap().unwrap();
-    made["metadata"]["ownerReferences"] =
-        json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "other-1", "uid": "rs-other"}]);
-    backend.put(made);
     // The cache holds the snapshot as it was; the cluster holds another
     // object under its name, at a later version.
-    let cached = backend.cluster.get("ConfigMap", "team-a", &name).unwrap().unwrap();
+    let cached = owned_by_another(&backend, &name);
     *backend.pinned.lock().unwrap() = Some(cached.clone());
     let mut other = cached;
     other["data"] = json!({"k": "not the snapshot's content"});
@@ -714,10 +713,7 @@ fn a_snapshot_others_own_is_anchored_once_then_reused_without_a_write() {
         backend.cluster.store().now = T0;
         let cap = capability_on(backend.clone(), false);
         write(&cap, "create_snapshot", json!({"object": good_snapshot("team-a")})).unwrap();
-        let mut made = backend.cluster.get("ConfigMap", "team-a", &name).unwrap().unwrap();
-        made["metadata"]["ownerReferences"] =
-            json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "other-1", "uid": "rs-other"}]);
-        backend.put(made);
+        owned_by_another(&backend, &name);
         backend.cluster.store().now = T0 + 60;
         let before = written(&backend).len();
         let request = json!({"object": good_snapshot("team-a"), "owner": owner});
