@@ -343,8 +343,8 @@ impl Cache {
 
     /// Applies one watch's events to the cache until it ends (`false`) or,
     /// for a source kind, the keyring changes (`true`: list again).
-    /// A watcher that ends stays counted as not following: it hears
-    /// nothing more.
+    /// `following` outlives it (a keyring change lists again in the same
+    /// scope); its `Drop` marks a watcher that ended.
     async fn watch(
         &self,
         (kind, ar, namespace): (&'static str, &ApiResource, &Option<String>),
@@ -359,18 +359,12 @@ impl Cache {
                     event = events.next() => event,
                     changed = keyring.changed() => match changed {
                         Ok(()) => return true,
-                        Err(_) => {
-                            following.set(false);
-                            return false;
-                        }
+                        Err(_) => return false,
                     },
                 },
                 None => events.next().await,
             };
-            let Some(event) = event else {
-                following.set(false);
-                return false;
-            };
+            let Some(event) = event else { return false };
             following.heard(&event);
             match event {
                 Ok(Event::Init) => buffer = Some(Objects::new()),
