@@ -142,16 +142,26 @@ fn faults_on_every_write_leave_nothing_half_done() {
 
         // adopt fails for good: no revision is admitted, the workload keeps
         // its snapshots (referenced, so no sweep takes them), nothing
-        // dangles. patch_workload fails: the source change is admitted with
-        // a warning, and the workload keeps what it runs.
+        // dangles. patch_workload fails: the source change is stored (no
+        // review of it waits on the host), the host's watch says why the
+        // watcher was not rolled, and the workload keeps what it runs.
         let yaml = format!(
-            "watchMinInterval: 0s\n{THREE_REFS}steps:\n  - fault: {{operation: adopt, code: {code}, error: {error:?}}}{}\n  - expect: {{allowed: true}}\n  - advanceTime: 11m\n  - assert:\n      - count: {{kind: ReplicaSet, equals: {}}}\n      - exists: {{kind: ConfigMap, name: one-db518a583c}}\n      - invariants: [nothingDangles]\n  - fault: {{operation: patch_workload, code: {code}, error: {error:?}}}\n  - edit: {{kind: ConfigMap, name: one, set: {{data: {{k: \"1b\"}}}}}}\n  - expect: {{allowed: true, warnings: [\"could not roll out Deployment web\"]}}\n  - assert:\n      - jsonPath: {{kind: Deployment, name: web, path: \"spec.template.spec.containers[0].envFrom[0].configMapRef.name\", equals: one-db518a583c}}\n      - invariants: [nothingDangles]\n",
+            "watchMinInterval: 0s\n{THREE_REFS}steps:\n  - fault: {{operation: adopt, code: {code}, error: {error:?}}}{}\n  - expect: {{allowed: true}}\n  - advanceTime: 11m\n  - assert:\n      - count: {{kind: ReplicaSet, equals: {}}}\n      - exists: {{kind: ConfigMap, name: one-db518a583c}}\n      - invariants: [nothingDangles]\n  - fault: {{operation: patch_workload, code: {code}, error: {error:?}}}\n  - edit: {{kind: ConfigMap, name: one, set: {{data: {{k: \"1b\"}}}}}}\n  - expect: {{allowed: true}}\n  - assert:\n      - jsonPath: {{kind: Deployment, name: web, path: \"spec.template.spec.containers[0].envFrom[0].configMapRef.name\", equals: one-db518a583c}}\n      - invariants: [nothingDangles]\n",
             web(""),
             // Stock Kubewarden adopts nothing, and refuses nothing for it.
             if unknown { 1 } else { 0 }
         );
         let result = run_scenario(&engine, &format!("adopt-patch-{i}"), &yaml);
         assert!(result.passed, "adopt/patch × {error}: {:?}", result.failure());
+        let told = result
+            .steps
+            .iter()
+            .flat_map(|s| &s.events)
+            .any(|e| e.contains("could not roll out Deployment web"));
+        assert!(
+            told || unknown,
+            "adopt/patch × {error}: the failed rollout was not told"
+        );
 
         // delete_snapshot fails during a sweep: the orphan stays, the admission succeeds.
         let yaml = format!(

@@ -7,7 +7,6 @@ use std::time::Instant;
 
 use config_snapshot_policy::host::host_error::{Code, HostError};
 use config_snapshot_policy::host::operation::Operation;
-use config_snapshot_policy::model::keys;
 use config_snapshot_policy::model::selection::{is_dns_label, is_dns_subdomain};
 use config_snapshot_policy::model::source::SourceKind;
 use serde::Deserialize;
@@ -19,8 +18,6 @@ use super::prefetch::{self, ObjectOnly};
 use super::scope::RequestScope;
 use super::state::State;
 use crate::capability::{Caller, Capability, Subject};
-use crate::cluster::proof::proven::Provenance;
-use crate::cluster::proof::Prover;
 use crate::cluster::shown;
 use crate::kubewarden::engine::{CallFailure, CallHandler};
 use config_snapshot_policy::model::settings::Settings;
@@ -239,49 +236,42 @@ const MAX_UID: usize = 128;
 /// serve's request parsing, screening and read-ahead through it.
 #[derive(Debug)]
 pub struct Preview {
-    /// `policy`, `ours` (a proven snapshot: untouched) or `unlabelled` (a
-    /// forged label: reviewed as a plain source).
-    pub provenance: &'static str,
+    /// `policy` (evaluated), or what answers it untouched before the
+    /// policy: `unnamed`, `source` (a ConfigMap's or Secret's review).
+    pub decision: &'static str,
     /// Sources serve would read ahead for the policy.
     pub read_ahead: usize,
 }
 
-pub fn preview(body: &[u8], prover: &Prover, settings: &Settings) -> Result<Preview, Failure> {
+pub fn preview(body: &[u8], settings: &Settings) -> Result<Preview, Failure> {
     let request = request_of(body)?;
     let head = head_of(request)?;
-    let (provenance_of, request) = match provenance(&head, request, prover) {
-        Provenance::Policy => ("policy", None),
-        Provenance::Ours => ("ours", None),
-        Provenance::Unlabel(raw) => ("unlabelled", Some(raw)),
+    let decision = if head.unnamed().is_some() {
+        "unnamed"
+    } else if reviews_no_source(&head, Origin::ApiServer) {
+        "source"
+    } else {
+        "policy"
     };
-    let request = request.as_deref().unwrap_or(request_of(body)?);
     Ok(Preview {
-        provenance: provenance_of,
-        read_ahead: prefetch::wanted(&head.kind.kind, &head.operation, request, settings).len(),
+        decision,
+        read_ahead: match decision {
+            "policy" => prefetch::wanted(&head.kind.kind, &head.operation, request, settings).len(),
+            _ => 0,
+        },
     })
 }
 
-/// Whose write a request is ([`Prover::provenance`]), with the request
-/// the policy reviews as raw text. Only a ConfigMap or Secret whose text
-/// names our label is parsed.
-fn provenance(head: &RequestHeader, request: &RawValue, prover: &Prover) -> Provenance<Box<RawValue>> {
-    if SourceKind::from_kind(&head.kind.kind).is_none() || !request.get().contains(keys::MANAGED_BY) {
-        return Provenance::Policy;
-    }
-    let Ok(parsed) = serde_json::from_str::<Value>(request.get()) else {
-        return Provenance::Policy;
-    };
-    match prover.provenance(&parsed) {
-        Provenance::Policy => Provenance::Policy,
-        Provenance::Ours => Provenance::Ours,
-        Provenance::Unlabel(unlabelled) => match serde_json::value::to_raw_value(&unlabelled) {
-            Ok(raw) => {
-                tracing::warn!(uid = %head.uid, "a {} carries config-snapshot's label without proof: reviewed as a source", head.kind.kind);
-                Provenance::Unlabel(raw)
-            }
-            Err(_) => Provenance::Policy,
-        },
-    }
+/// Whether the request is a ConfigMap's or Secret's review from outside
+/// serve: answered untouched, nothing of it parsed but its header. serve
+/// learns of a source's changes from its watch of what the API server
+/// stored (docs/design.md, "Watch"), so the webhook does not ask for these
+/// reviews, and one that comes anyway (a door-holder's, a configuration
+/// edited by hand) decides nothing and costs nothing: no tree of its
+/// object is built, however large it is. The host's own re-admissions
+/// of a source, read fresh, are the policy's.
+fn reviews_no_source(head: &RequestHeader, origin: Origin) -> bool {
+    origin == Origin::ApiServer && SourceKind::from_kind(&head.kind.kind).is_some()
 }
 
 /// The answer that allows a request untouched, without the policy.
@@ -323,11 +313,9 @@ pub(crate) fn admit_from(state: &State, request: &RawValue, origin: Origin) -> R
         namespace = head.namespace.as_deref().unwrap_or_default()
     )
     .entered();
-    let reviewed = match triage(state, &head, request) {
-        Ok(reviewed) => reviewed,
-        Err(answer) => return Ok(*answer),
-    };
-    let request: &RawValue = reviewed.as_deref().unwrap_or(request);
+    if let Err(answer) = triage(state, &head, origin) {
+        return Ok(*answer);
+    }
     let handler = capability(state, &head, request);
     let validation = evaluate(state, &head, request, handler.clone())?;
     let answer = respond(&head, request, &validation)?;
@@ -337,10 +325,9 @@ pub(crate) fn admit_from(state: &State, request: &RawValue, origin: Origin) -> R
 }
 
 /// What is answered without the policy: a request whose names are not
-/// names, one in a namespace the webhook excludes, a write of one of our
-/// snapshots. What passes goes on as the request the policy reviews: a
-/// forged label is taken off first (`Some`).
-fn triage(state: &State, head: &RequestHeader, request: &RawValue) -> Result<Option<Box<RawValue>>, Box<Answer>> {
+/// names, one in a namespace the webhook excludes, a ConfigMap's or
+/// Secret's review ([`reviews_no_source`]).
+fn triage(state: &State, head: &RequestHeader, origin: Origin) -> Result<(), Box<Answer>> {
     if let Some(why) = head.unnamed() {
         tracing::warn!(uid = %head.uid, "not reviewed: {why}");
         let warning = format!("config-snapshot: not reviewed: {why}");
@@ -357,12 +344,10 @@ fn triage(state: &State, head: &RequestHeader, request: &RawValue) -> Result<Opt
         let warning = format!("config-snapshot does not act in namespace {namespace}");
         return Err(untouched(state, &head.uid, "excluded", Some(warning)).into());
     }
-    match provenance(head, request, &rules.prover) {
-        Provenance::Policy => Ok(None),
-        // A write of one of our snapshots: nothing to decide.
-        Provenance::Ours => Err(untouched(state, &head.uid, "snapshot", None).into()),
-        Provenance::Unlabel(request) => Ok(Some(request)),
+    if reviews_no_source(head, origin) {
+        return Err(untouched(state, &head.uid, "source", None).into());
     }
+    Ok(())
 }
 
 /// The host capability this request's policy run calls, its reads begun

@@ -29,7 +29,10 @@ pub(crate) async fn every(state: Arc<State>, interval: Duration) {
             once(&state).await;
             state.metrics.resync_passes.inc();
         }
-        tokio::time::sleep(interval.max(Duration::from_secs(1))).await;
+        tokio::select! {
+            () = tokio::time::sleep(interval.max(Duration::from_secs(1))) => {}
+            () = state.leadership.acquired() => {}
+        }
     }
 }
 

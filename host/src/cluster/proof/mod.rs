@@ -46,8 +46,8 @@ pub const SIGNATURE: &str = "config-snapshot.io/signature";
 
 /// The field in place of a source's data in serve's cache
 /// ([`Prover::digested`]). Only the cache writes it: the API server stores
-/// no such field, and a review's objects are cleared of it before they are
-/// judged ([`Prover::screen`]).
+/// no such field (it drops unknown fields of a ConfigMap or Secret), and
+/// no review of a source is judged (docs/design.md, "Watch").
 pub(crate) const DIGESTED: &str = "$config-snapshot-digested";
 
 /// Whether `object` is a source as serve's cache keeps it, without its
