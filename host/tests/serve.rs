@@ -632,7 +632,11 @@ fn snapshot_of(mode: &str) -> String {
         &config_map(mode),
     )
     .unwrap();
-    config_snapshot_policy::model::content::snapshot_name("app-config", &content.hash())
+    config_snapshot::cluster::proof::Prover::new(&support::process::HARNESS_KEY).snapshot_name(
+        NS,
+        "app-config",
+        &content,
+    )
 }
 
 /// Edits app-config to `mode` as a user would: admitted, then persisted.

@@ -132,8 +132,24 @@ fn unconcerned_writes(cp: &ControlPlane, round: &str) -> Duration {
     let name = format!("plain-{round}");
     for args in [
         vec!["-n", NS, "set", "image", &format!("deployment/{name}"), "main=nginx:2"],
-        vec!["-n", NS, "patch", "configmap", &format!("cm-{round}"), "-p", r#"{"data":{"mode":"green"}}"#],
-        vec!["-n", NS, "patch", "secret", &format!("secret-{round}"), "-p", r#"{"stringData":{"password":"hunter3"}}"#],
+        vec![
+            "-n",
+            NS,
+            "patch",
+            "configmap",
+            &format!("cm-{round}"),
+            "-p",
+            r#"{"data":{"mode":"green"}}"#,
+        ],
+        vec![
+            "-n",
+            NS,
+            "patch",
+            "secret",
+            &format!("secret-{round}"),
+            "-p",
+            r#"{"stringData":{"password":"hunter3"}}"#,
+        ],
     ] {
         longest = longest.max(timed(cp, &args, None));
     }
@@ -154,19 +170,41 @@ fn unconcerned_writes(cp: &ControlPlane, round: &str) -> Duration {
 pub(crate) fn not_sent_story(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path) {
     cp.namespace(NS);
     // A tenant with `edit` in the namespace, through the real API server.
-    cp.kubectl(&["-n", NS, "create", "rolebinding", "tenant-edit", "--clusterrole=edit", "--user=tenant"]);
+    cp.kubectl(&[
+        "-n",
+        NS,
+        "create",
+        "rolebinding",
+        "tenant-edit",
+        "--clusterrole=edit",
+        "--user=tenant",
+    ]);
     let before = webhook_calls(cp);
     unconcerned_writes(cp, "up");
     // A tenant's server-side dry run of a labelled ConfigMap of 120,000
     // keys: the write that cost serve 40 MiB a review at eff3694.
     let big = big_labelled("big", 120_000);
     cp.try_kubectl(
-        &["create", "--dry-run=server", "--as=tenant", "-n", NS, "-f", "-", "-o", "name"],
+        &[
+            "create",
+            "--dry-run=server",
+            "--as=tenant",
+            "-n",
+            NS,
+            "-f",
+            "-",
+            "-o",
+            "name",
+        ],
         Some(&big.to_string()),
     )
     .unwrap_or_else(|e| panic!("{e}"));
     std::thread::sleep(Duration::from_secs(1));
-    assert_eq!(webhook_calls(cp), before, "writes that do not concern config-snapshot called its webhook");
+    assert_eq!(
+        webhook_calls(cp),
+        before,
+        "writes that do not concern config-snapshot called its webhook"
+    );
     // What does concern it is sent: the opted-in Deployment and its
     // ReplicaSet, which inherits the mapping.
     cp.apply(NS, &config_map("app", json!({"mode": "blue"})));
@@ -188,7 +226,12 @@ pub(crate) fn not_sent_story(cp: &ControlPlane, serve: &mut ServeProcess, kubeco
     // that were sent would take that long.
     serve.stop();
     let hole = BlackHole::open();
-    register_at(cp, hole.address, &serve.cert_pem, yaml("deploy/serve/webhook.yaml").remove(0));
+    register_at(
+        cp,
+        hole.address,
+        &serve.cert_pem,
+        yaml("deploy/serve/webhook.yaml").remove(0),
+    );
     std::thread::sleep(Duration::from_secs(2));
     let longest = unconcerned_writes(cp, "down");
     eprintln!("contained: with serve unreachable, the longest unconcerned write took {longest:?}");
@@ -203,7 +246,11 @@ pub(crate) fn not_sent_story(cp: &ControlPlane, serve: &mut ServeProcess, kubeco
         waited >= Duration::from_secs(8),
         "the black hole did not hold the webhook's call: an opted-in write took {waited:?}"
     );
-    assert_eq!(env_ref(&cp.get(NS, "deployment", "late").unwrap()), "app", "failed open");
+    assert_eq!(
+        env_ref(&cp.get(NS, "deployment", "late").unwrap()),
+        "app",
+        "failed open"
+    );
     drop(hole);
     serve.restart(kubeconfig, &serve_flags("{}"));
     serve.wait_ready();
@@ -284,9 +331,7 @@ pub(crate) fn busy_source_story(cp: &ControlPlane, serve: &ServeProcess, watcher
     }
     let pinned_to = |view: &Objects, value: &str| {
         (0..watchers)
-            .filter(|i| {
-                effective(view, "Deployment", &format!("w{i:04}"), ns, "configmap/busy") == json!({"n": value})
-            })
+            .filter(|i| effective(view, "Deployment", &format!("w{i:04}"), ns, "configmap/busy") == json!({"n": value}))
             .count()
     };
     eventually("every watcher pinned", 120, || {
@@ -337,7 +382,8 @@ pub(crate) fn busy_source_story(cp: &ControlPlane, serve: &ServeProcess, watcher
         for w in writers {
             w.join().unwrap();
         }
-        let last: Value = serde_json::from_str(&cp.kubectl(&["-n", ns, "get", "configmap", "busy", "-o", "json"])).unwrap();
+        let last: Value =
+            serde_json::from_str(&cp.kubectl(&["-n", ns, "get", "configmap", "busy", "-o", "json"])).unwrap();
         (creates, last["data"]["n"].as_str().unwrap().to_string())
     });
     let slowest = creates.iter().map(|(t, _)| *t).max().unwrap_or_default();
@@ -347,8 +393,14 @@ pub(crate) fn busy_source_story(cp: &ControlPlane, serve: &ServeProcess, watcher
         creates.len(),
         creates.iter().filter(|(_, p)| *p).count()
     );
-    assert!(creates.iter().all(|(_, pinned)| *pinned), "another namespace's create went unpinned");
-    assert!(slowest < Duration::from_secs(5), "another namespace's create took {slowest:?}");
+    assert!(
+        creates.iter().all(|(_, pinned)| *pinned),
+        "another namespace's create went unpinned"
+    );
+    assert!(
+        slowest < Duration::from_secs(5),
+        "another namespace's create took {slowest:?}"
+    );
     let converged = Instant::now();
     eventually_or(
         "every watcher on the last content",
@@ -361,7 +413,10 @@ pub(crate) fn busy_source_story(cp: &ControlPlane, serve: &ServeProcess, watcher
         "contained: every watcher on the last content {:?} after the edits stopped; serve's peak {peak:.0} MiB",
         converged.elapsed()
     );
-    assert!(peak < 512.0, "serve's peak memory {peak:.0} MiB passed the chart's limit");
+    assert!(
+        peak < 512.0,
+        "serve's peak memory {peak:.0} MiB passed the chart's limit"
+    );
     no_dangling(&cp.objects(ns), "after the busy source");
     cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
 }
