@@ -17,6 +17,9 @@
 //!   ConfigMap of 120,000 keys, eight at once, are answered untouched and
 //!   leave serve's peak memory near where it was (the parse into a tree
 //!   took it from 263 to 580 MiB at eff3694).
+//! - **Finding 8, a door-holder**: a dry run of a Deployment in a namespace
+//!   the caller cannot read is answered with a snapshot name that is not
+//!   the plain hash of its ConfigMap's content.
 //! - **Finding 2, a busy source**: a tenant's ConfigMap with many watchers,
 //!   edited by four writers at once, leaves another namespace's opted-in
 //!   creates pinned and answered, serve's memory within its limit, and
@@ -298,6 +301,88 @@ pub(crate) fn large_reviews_story(cp: &ControlPlane, serve: &ServeProcess) {
         "eight large reviews grew serve's peak memory by {:.0} MiB",
         after - before
     );
+    // The same bulk in an opted-in Deployment's template, which serve is
+    // sent: counted, refused with a message before any tree of it is
+    // built, through the API server and straight to the door alike.
+    let mut heavy = workload(
+        "Deployment",
+        "heavy",
+        json!({"config-snapshot.io/snapshot": "*"}),
+        "nginx:1",
+        json!([{"configMapRef": {"name": "app"}}]),
+        1,
+    );
+    heavy["metadata"]["namespace"] = json!(NS);
+    heavy["spec"]["template"]["metadata"]["annotations"] = big_labelled("x", 120_000)["data"].clone();
+    let refused = cp
+        .try_kubectl(
+            &["create", "--dry-run=server", "--as=tenant", "-n", NS, "-f", "-", "-o", "name"],
+            Some(&heavy.to_string()),
+        )
+        .expect_err("an object past the count is refused");
+    assert!(refused.contains("JSON values"), "{refused:.400}");
+    let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "heavy-1", "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
+                    "resource": {"group": "apps", "version": "v1", "resource": "deployments"},
+                    "name": "heavy", "namespace": NS, "operation": "CREATE",
+                    "userInfo": {"username": "tenant"}, "object": heavy, "oldObject": null, "dryRun": true}})
+    .to_string();
+    reset_peak(serve);
+    let before = peak_mib(serve);
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            s.spawn(|| super::security::post_to(cp, serve, &path, &review, None));
+        }
+    });
+    let after = peak_mib(serve);
+    eprintln!("contained: serve's peak memory {before:.0} -> {after:.0} MiB over eight heavy workload reviews at once");
+    assert!(
+        after - before < 64.0,
+        "eight heavy workload reviews grew serve's peak memory by {:.0} MiB",
+        after - before
+    );
+}
+
+/// Finding 8: whoever learned the door's path has serve review a dry run
+/// of a Deployment in a namespace they cannot read, naming its ConfigMap.
+/// The answer names a snapshot, but not by the plain SHA-256 of the
+/// content (at eff3694 `app-config-8994512f14`, the plain hash of
+/// payments' `{"DB_HOST":"db-7.internal.payments"}`): a guess of the
+/// content confirms nothing.
+pub(crate) fn door_holder_story(cp: &ControlPlane, serve: &ServeProcess) {
+    use config_snapshot_policy::model::content::{snapshot_name, Content};
+    use config_snapshot_policy::model::source::SourceKind;
+    let ns = "story-contained-payments";
+    cp.namespace(ns);
+    let config = config_map("app-config", json!({"DB_HOST": "db-7.internal.payments"}));
+    cp.apply(ns, &config);
+    let guess = Content::from_object(SourceKind::ConfigMap, &config).unwrap();
+    let plain = snapshot_name("app-config", &guess.hash());
+    let mut web = workload(
+        "Deployment",
+        "web",
+        json!({"config-snapshot.io/snapshot": "*"}),
+        "nginx:1",
+        json!([{"configMapRef": {"name": "app-config"}}]),
+        1,
+    );
+    web["metadata"]["namespace"] = json!(ns);
+    let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "door-1", "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
+                    "resource": {"group": "apps", "version": "v1", "resource": "deployments"},
+                    "name": "web", "namespace": ns, "operation": "CREATE",
+                    "userInfo": {"username": "system:serviceaccount:kube-system:generic-garbage-collector"},
+                    "object": web, "oldObject": null, "dryRun": true}})
+    .to_string();
+    let answer = super::security::post_to(cp, serve, &door_path(cp), &review, None).unwrap_or_else(|e| panic!("{e}"));
+    let review: Value = serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{e}: {answer:.300}"));
+    let patch = review["response"]["patch"].as_str().expect("the dry run is answered with the mutation");
+    let patch = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(patch).unwrap()).unwrap();
+    assert!(patch.contains("app-config-"), "a snapshot is named: {patch}");
+    assert!(!patch.contains(&plain), "the answer names the content by its plain hash: {patch}");
+    assert!(!patch.contains(&guess.hash()[..10]), "{patch}");
+    assert!(cp.get(ns, "deployment", "web").is_none(), "a dry run writes nothing");
+    cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
 }
 
 /// Finding 2: a tenant's busy ConfigMap. `watchers` Deployments watch it,
@@ -425,6 +510,7 @@ pub(crate) fn busy_source_story(cp: &ControlPlane, serve: &ServeProcess, watcher
 pub(crate) fn stories(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path) {
     not_sent_story(cp, serve, kubeconfig);
     large_reviews_story(cp, serve);
+    door_holder_story(cp, serve);
     let watchers = std::env::var("CONTAINED_WATCHERS")
         .ok()
         .and_then(|v| v.parse().ok())
