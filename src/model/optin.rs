@@ -69,7 +69,10 @@ impl OptIn {
         };
         let mut snapshot = list(keys::SNAPSHOT, true)?;
         let mut watch = list(keys::WATCH, true)?;
-        let exclude = list(keys::EXCLUDE, false)?;
+        // `exclude: "*"` is the workload's opt-out: it wins over the
+        // settings' defaults, as any exclusion does (docs/design.md,
+        // "Opting in").
+        let exclude = list(keys::EXCLUDE, true)?;
         if settings.snapshot_by_default && snapshot.is_empty() {
             snapshot = SourceList::all();
         }
@@ -208,14 +211,35 @@ mod tests {
             matches!(&e, OptInError::RenewTooShort { value, .. } if value == "5s"),
             "{e}"
         );
-        let e = opt(json!({keys::EXCLUDE: "*"}), &s).unwrap_err();
-        assert!(e.to_string().contains(keys::EXCLUDE), "{e}");
         let e = opt(json!({keys::WATCH: "configmap/"}), &s).unwrap_err().to_string();
         assert!(e.contains(keys::WATCH) && e.contains("configmap/"), "{e}");
         assert_eq!(
             opt(json!({keys::RENEW_DURATION: "1h30m"}), &s).unwrap().renew_secs,
             Some(5400)
         );
+    }
+
+    /// `exclude: "*"` is one workload's way out when the settings opt
+    /// every workload in (Reloader's `auto: "false"` under
+    /// `--auto-reload-all`): nothing is snapshot or watched, whatever the
+    /// defaults or its own lists say.
+    #[test]
+    fn exclude_everything_wins_over_the_defaults() {
+        let by_default = Settings::from_json(br#"{"snapshotByDefault":true,"watchByDefault":true}"#).unwrap();
+        let out = opt(json!({keys::EXCLUDE: "*", keys::WATCH: "configmap/app"}), &by_default).unwrap();
+        for id in [cm("app"), cm("other"), SourceId::new(SourceKind::Secret, "db")] {
+            assert!(
+                !out.snapshots(&id, &by_default) && !out.watches(&id, &by_default),
+                "{id}"
+            );
+        }
+        // Without it, the same workload snapshots and watches everything.
+        let ruled = opt(json!({}), &by_default).unwrap();
+        assert!(ruled.watches(&cm("other"), &by_default));
+        // A whole kind keeps the other kind in.
+        let no_secrets = opt(json!({keys::EXCLUDE: "secret/*"}), &by_default).unwrap();
+        assert!(!no_secrets.snapshots(&SourceId::new(SourceKind::Secret, "db"), &by_default));
+        assert!(no_secrets.watches(&cm("app"), &by_default));
     }
 
     #[test]

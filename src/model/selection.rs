@@ -1,5 +1,6 @@
 //! The source lists in workload annotations and settings:
-//! `*`, or a comma list of `configmap/NAME`, `secret/NAME` or bare `NAME`.
+//! `*`, or a comma list of `configmap/NAME`, `secret/NAME`, bare `NAME`,
+//! or a whole kind, `configmap/*` or `secret/*`.
 
 use crate::model::source::{SourceId, SourceKind};
 
@@ -8,6 +9,9 @@ use crate::model::source::{SourceId, SourceKind};
 pub enum Pattern {
     /// `*`: every source.
     All,
+    /// `configmap/*` or `secret/*`: every source of that kind (Reloader's
+    /// `configmap.reloader.stakater.com/auto`, its `ignoreSecrets`).
+    Kind(SourceKind),
     /// `configmap/NAME` or `secret/NAME`.
     Exact(SourceId),
     /// Bare `NAME`: a ConfigMap or a Secret of that name.
@@ -18,6 +22,7 @@ impl Pattern {
     pub(crate) fn matches(&self, id: &SourceId) -> bool {
         match self {
             Pattern::All => true,
+            Pattern::Kind(kind) => *kind == id.kind,
             Pattern::Exact(exact) => exact == id,
             Pattern::Named(name) => *name == id.name,
         }
@@ -94,6 +99,12 @@ fn parse_token(what: &str, token: &str, allow_wildcard: bool) -> Result<Pattern,
         }
         None => (None, token),
     };
+    // A whole kind is allowed wherever a name is, `*` or not: it is no
+    // wildcard over everything (`excludedSources: [secret/*]` keeps every
+    // Secret out, as Reloader's ignoreSecrets does).
+    if let (Some(kind), "*") = (kind, name) {
+        return Ok(Pattern::Kind(kind));
+    }
     if !is_dns_subdomain(name) {
         return Err(ListError::Name {
             what: what.to_string(),
@@ -176,6 +187,24 @@ mod tests {
         assert!(list.matches(&cm("db")) && list.matches(&secret("db")));
         assert!(!list.matches(&cm("other")));
         assert!(SourceList::parse("a", "*", true).unwrap().matches(&secret("x")));
+    }
+
+    /// `configmap/*` and `secret/*` take every source of one kind and no
+    /// other, in every list (the exclusions' too, where `*` is refused).
+    #[test]
+    fn a_whole_kind_is_every_source_of_it() {
+        for allow_wildcard in [true, false] {
+            let configmaps = SourceList::parse("a", "configmap/*", allow_wildcard).unwrap();
+            assert_eq!(configmaps, SourceList(vec![Pattern::Kind(SourceKind::ConfigMap)]));
+            assert!(configmaps.matches(&cm("app")) && configmaps.matches(&cm("kube-root-ca.crt")));
+            assert!(!configmaps.matches(&secret("app")));
+            let secrets = SourceList::parse("a", " secret/* ", allow_wildcard).unwrap();
+            assert!(secrets.matches(&secret("db")) && !secrets.matches(&cm("db")));
+        }
+        // Another kind, or a pattern inside a name, is still refused.
+        for bad in ["volume/*", "configmap/app*", "configmap/**", "*/app"] {
+            assert!(SourceList::parse("a", bad, true).is_err(), "{bad}");
+        }
     }
 
     #[test]
