@@ -27,6 +27,14 @@ impl Pattern {
             Pattern::Named(name) => *name == id.name,
         }
     }
+
+    /// Whether this entry names `id` itself, by its name: a word about
+    /// that one source, where `*` and a whole kind are words about all of
+    /// them (docs/design.md, "The source decides": a source's own word
+    /// overrides the general ones, never a name).
+    fn names(&self, id: &SourceId) -> bool {
+        matches!(self, Pattern::Exact(_) | Pattern::Named(_)) && self.matches(id)
+    }
 }
 
 /// Why a source list was refused: each names the annotation or setting
@@ -54,6 +62,11 @@ impl SourceList {
 
     pub(crate) fn matches(&self, id: &SourceId) -> bool {
         self.0.iter().any(|p| p.matches(id))
+    }
+
+    /// Whether an entry names `id` by its name ([`Pattern::names`]).
+    pub(crate) fn names(&self, id: &SourceId) -> bool {
+        self.0.iter().any(|p| p.names(id))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -190,9 +203,11 @@ mod tests {
     }
 
     /// `configmap/*` and `secret/*` take every source of one kind and no
-    /// other, in every list (the exclusions' too, where `*` is refused).
+    /// other, in every list (the exclusions' too, where `*` is refused);
+    /// neither names a source, as `*` does not: only a name is a word
+    /// about one source.
     #[test]
-    fn a_whole_kind_is_every_source_of_it() {
+    fn a_whole_kind_is_every_source_of_it_and_names_none() {
         for allow_wildcard in [true, false] {
             let configmaps = SourceList::parse("a", "configmap/*", allow_wildcard).unwrap();
             assert_eq!(configmaps, SourceList(vec![Pattern::Kind(SourceKind::ConfigMap)]));
@@ -200,7 +215,14 @@ mod tests {
             assert!(!configmaps.matches(&secret("app")));
             let secrets = SourceList::parse("a", " secret/* ", allow_wildcard).unwrap();
             assert!(secrets.matches(&secret("db")) && !secrets.matches(&cm("db")));
+            assert!(!configmaps.names(&cm("app")) && !secrets.names(&secret("db")));
         }
+        let list = SourceList::parse("a", "*, configmap/app, db", true).unwrap();
+        assert!(list.names(&cm("app")) && list.names(&cm("db")) && list.names(&secret("db")));
+        assert!(
+            !list.names(&secret("app")) && list.matches(&secret("app")),
+            "`*` matches, names nothing"
+        );
         // Another kind, or a pattern inside a name, is still refused.
         for bad in ["volume/*", "configmap/app*", "configmap/**", "*/app"] {
             assert!(SourceList::parse("a", bad, true).is_err(), "{bad}");

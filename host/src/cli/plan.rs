@@ -80,15 +80,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             )?
         }
         None => {
-            let settings = match &args.settings {
-                Some(path) => {
-                    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-                    let value: Value = serde_yaml_ng::from_str(&text)
-                        .with_context(|| format!("{}: not YAML or JSON", path.display()))?;
-                    Settings::from_json(value.to_string().as_bytes()).map_err(|e| anyhow!("{}: {e}", path.display()))?
-                }
-                None => Settings::default(),
-            };
+            let settings = super::settings_file(args.settings.as_ref())?;
             super::runtime()?.block_on(online(&args, &new, kind.kind(), &name, &settings))?
         }
     };
