@@ -213,7 +213,7 @@ pub fn door_story(cp: &ControlPlane, serve: &ServeProcess, kubeconfig: &Path) {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && err.contains("config-snapshot-no-tokens"),
+        !out.status.success() && err.contains("config-snapshot-identity"),
         "serve's account made a token: {err}"
     );
 
