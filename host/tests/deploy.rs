@@ -293,15 +293,22 @@ fn the_lease_is_the_only_namespaced_grant_and_stays_in_serves_namespace() {
     let namespace = find("Namespace")["metadata"]["name"].as_str().unwrap().to_string();
     assert_eq!(role.metadata.namespace.as_deref(), Some(namespace.as_str()));
     let rules = role.rules.unwrap();
-    assert_eq!(rules.len(), 1);
+    assert_eq!(rules.len(), 2);
+    for rule in &rules {
+        assert_eq!(
+            rule.api_groups.as_deref(),
+            Some(&["coordination.k8s.io".to_string()][..])
+        );
+        assert_eq!(rule.resources.as_deref(), Some(&["leases".to_string()][..]));
+    }
+    // `create` cannot name its object; what can is the Lease serve holds.
+    assert_eq!(rules[0].verbs, ["create"]);
+    assert_eq!(rules[0].resource_names, None);
+    assert_eq!(rules[1].verbs, ["get", "patch"]);
     assert_eq!(
-        rules[0].api_groups.as_deref(),
-        Some(&["coordination.k8s.io".to_string()][..])
+        rules[1].resource_names.as_deref(),
+        Some(&[deployed_serve_options().lease_name][..])
     );
-    assert_eq!(rules[0].resources.as_deref(), Some(&["leases".to_string()][..]));
-    let mut verbs = rules[0].verbs.clone();
-    verbs.sort();
-    assert_eq!(verbs, ["create", "get", "patch"]);
     let binding: RoleBinding = typed(&find("RoleBinding"));
     assert_eq!(binding.metadata.namespace.as_deref(), Some(namespace.as_str()));
     assert_eq!(binding.role_ref.name, role.metadata.name.unwrap());
