@@ -264,14 +264,17 @@ fn yaml(path: &str) -> Vec<Value> {
         .collect()
 }
 
-/// serve with the shipped RBAC and settings, registered from the shipped
-/// webhook configuration with only its clientConfig pointed at loopback.
+/// serve with the shipped RBAC, guards and settings (so every story runs
+/// under the identity guard: a write of serve's the guard refused would
+/// fail it), registered from the shipped webhook configuration with only
+/// its clientConfig pointed at loopback.
 fn start_serve(cp: &ControlPlane) -> (ServeProcess, PathBuf) {
     for object in yaml("deploy/serve/namespace.yaml")
         .into_iter()
         .chain(yaml("deploy/serve/rbac.yaml"))
         .chain(yaml("deploy/serve/keyguard.yaml"))
         .chain(yaml("deploy/serve/webhookguard.yaml"))
+        .chain(yaml("deploy/serve/identityguard.yaml"))
         .chain(yaml("deploy/serve/settings.yaml"))
     {
         cp.apply("config-snapshot", &object);
@@ -1347,6 +1350,8 @@ mod held;
 mod helm;
 #[path = "real_cluster/histories.rs"]
 mod histories;
+#[path = "real_cluster/identity.rs"]
+mod identity;
 #[path = "real_cluster/install.rs"]
 mod install;
 #[path = "real_cluster/jobs.rs"]
@@ -1491,6 +1496,10 @@ fn serve_on_a_real_control_plane() {
     }
     if part == "outage" {
         outage_story(&cp, &mut serve, &kubeconfig);
+        return;
+    }
+    if part == "identity" {
+        identity::stolen_token_story(&cp);
         return;
     }
     if part == "attacks" {
