@@ -1331,6 +1331,8 @@ fn scenarios_agree_with_replay(cp: &ControlPlane, serve: &mut ServeProcess, kube
 
 #[path = "real_cluster/bench.rs"]
 mod bench;
+#[path = "real_cluster/cached.rs"]
+mod cached;
 #[path = "real_cluster/door.rs"]
 mod door;
 #[path = "real_cluster/drift.rs"]
@@ -1491,6 +1493,10 @@ fn serve_on_a_real_control_plane() {
     }
     if part == "outage" {
         outage_story(&cp, &mut serve, &kubeconfig);
+        return;
+    }
+    if part == "trust" {
+        cached::cached_secret_story(&cp);
         return;
     }
     if part == "attacks" {
