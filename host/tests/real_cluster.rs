@@ -1497,6 +1497,7 @@ fn serve_on_a_real_control_plane() {
     }
     if part == "trust" {
         cached::cached_secret_story(&cp);
+        keys::unguarded_key_story(&cp, &serve);
         return;
     }
     if part == "attacks" {
