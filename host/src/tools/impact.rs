@@ -26,6 +26,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::tools::history::{KeyChanges, Values};
+use crate::tools::printable;
 
 /// What applying one source would do.
 #[derive(Debug, Serialize)]
@@ -334,19 +335,23 @@ pub fn render(impact: &Impact) -> String {
     let verb = if impact.exists { "applying" } else { "creating" };
     out.push_str(&format!(
         "{verb} {} in namespace {}: {}\n",
-        impact.source,
-        impact.namespace,
-        impact.keys.describe()
+        printable(&impact.source),
+        printable(&impact.namespace),
+        printable(&impact.keys.describe())
     ));
     if impact.workloads.is_empty() {
         out.push_str("no workload references it\n");
     }
     for w in &impact.workloads {
         let mark = if w.rolls { "ROLLS" } else { "stays" };
-        out.push_str(&format!("\n{mark}  {}: {}\n", w.workload, w.why));
-        out.push_str(&format!("       through {}\n", w.references.join(", ")));
+        out.push_str(&format!(
+            "\n{mark}  {}: {}\n",
+            printable(&w.workload),
+            printable(&w.why)
+        ));
+        out.push_str(&format!("       through {}\n", printable(&w.references.join(", "))));
         for line in &w.diff {
-            out.push_str(&format!("       {line}\n"));
+            out.push_str(&format!("       {}\n", printable(line)));
         }
     }
     let rolls = impact.workloads.iter().filter(|w| w.rolls).count();
