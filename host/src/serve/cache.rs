@@ -4,6 +4,9 @@
 //!
 //! Objects are kept as JSON without `managedFields` and `status` (the policy
 //! reads neither), so a get or a masked list serialises straight from here.
+//! A ConfigMap or Secret is kept without its data and with only the metadata
+//! its readers use (cluster/proof/cached.rs); anything else without the
+//! manifest a client-side apply leaves in it (`Cache::kept`).
 
 use config_snapshot_policy::model::object::ObjectExt;
 use std::collections::{BTreeMap, HashMap};

@@ -18,7 +18,10 @@
 //! lets only serve's ServiceAccount and the key administrators write it,
 //! and serve trusts the Secret only while that guard is in force and only
 //! if the Secret was created after the guard was (a Secret older than its
-//! guard may have been planted before it). See [`Guard`].
+//! guard may have been planted before it). See [`Guard`]. Every later
+//! version is judged again while serve runs, by the rule the CA's Secret is
+//! judged by too (serve/guarded.rs): one written while the guard was away
+//! is not taken, and the door does not move.
 
 use std::collections::BTreeMap;
 use std::path::Path;
