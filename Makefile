@@ -97,6 +97,9 @@ bench: policy.wasm
 bench-cluster: policy.wasm
 	CI=true REAL_CLUSTER_PART=bench BENCH_WRITE_DOCS=1 \
 	  cargo test --profile bench -p config-snapshot --test real_cluster -- --nocapture
+	# A tenant's busy source at the issue's size: 1,000 watchers, four writers for a minute.
+	CI=true REAL_CLUSTER_PART=contained CONTAINED_WATCHERS=$${CONTAINED_WATCHERS:-1000} CONTAINED_SECONDS=$${CONTAINED_SECONDS:-60} \
+	  cargo test --profile bench -p config-snapshot --test real_cluster serve_on_a_real_control_plane -- --nocapture
 
 ## tools: the load generator oha, pinned, built once into a cache keyed by its version
 ## and linked under target/tools (for `load` and the suite's smoke)

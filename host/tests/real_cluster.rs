@@ -1333,6 +1333,8 @@ fn scenarios_agree_with_replay(cp: &ControlPlane, serve: &mut ServeProcess, kube
 mod bench;
 #[path = "real_cluster/cached.rs"]
 mod cached;
+#[path = "real_cluster/contained.rs"]
+mod contained;
 #[path = "real_cluster/door.rs"]
 mod door;
 #[path = "real_cluster/drift.rs"]
@@ -1505,6 +1507,10 @@ fn serve_on_a_real_control_plane() {
         security::namespaced_story(&cp, &mut serve, &kubeconfig);
         return;
     }
+    if part == "contained" {
+        contained::stories(&cp, &mut serve, &kubeconfig);
+        return;
+    }
     // Each story's time, printed as it ends: where the run's time goes.
     let mut lap = Instant::now();
     let mut timed = |name: &str| {
@@ -1533,6 +1539,8 @@ fn serve_on_a_real_control_plane() {
         serve.restart(&kubeconfig, &serve_flags("{}"));
         serve.wait_ready();
         timed("the attacks");
+        contained::stories(&cp, &mut serve, &kubeconfig);
+        timed("contained");
     }
     if part == "stories" {
         return;

@@ -264,15 +264,20 @@ async fn serve_admits_snapshots_adopts_and_rolls_out_over_https() {
         .await;
     }
 
-    // 4. Editing the watched ConfigMap: nothing is written at admission
-    //    (the new content is not stored yet); once the edit is persisted,
-    //    the rollout makes the snapshot from the stored source and patches.
-    // As the API server sends it: the object read back, edited.
+    // 4. Editing the watched ConfigMap: the webhook is not asked (its
+    //    rules leave sources out), and a review of the edit sent anyway is
+    //    answered untouched and decides nothing. Once the edit is stored,
+    //    serve's watch sees it: the rollout makes the snapshot from the
+    //    stored source and patches.
     let stored = api.get("ConfigMap", NS, "app-config").unwrap();
     let mut edit = stored.clone();
     edit["data"] = config_map("green")["data"].clone();
     let (response, green_cm) = serve.admit("edit-cm", "UPDATE", &edit, Some(&stored), false).await;
     assert_eq!(response["allowed"], true, "{response}");
+    assert!(
+        response.get("patch").is_none(),
+        "a source's review is answered untouched: {response}"
+    );
     let green = snapshot_of("green");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let unchanged = api.get("Deployment", NS, "web").unwrap();
@@ -308,7 +313,7 @@ async fn serve_admits_snapshots_adopts_and_rolls_out_over_https() {
         api.log()
     );
 
-    // 5. A Secret edit passes through the webhook (no watcher), carrying the canary.
+    // 5. A Secret edit's review, carrying the canary, is answered untouched.
     let mut edited = secret.clone();
     edited["data"]["token"] = json!(base64::engine::general_purpose::STANDARD.encode(format!("{CANARY}-2")));
     let (response, _) = serve
@@ -630,7 +635,11 @@ fn snapshot_of(mode: &str) -> String {
         &config_map(mode),
     )
     .unwrap();
-    config_snapshot_policy::model::content::snapshot_name("app-config", &content.hash())
+    config_snapshot::cluster::proof::Prover::new(&support::process::HARNESS_KEY).snapshot_name(
+        NS,
+        "app-config",
+        &content,
+    )
 }
 
 /// Edits app-config to `mode` as a user would: admitted, then persisted.

@@ -11,6 +11,7 @@ pub mod cache;
 pub mod certificates;
 pub mod door;
 pub mod events;
+mod fair;
 pub(crate) mod guarded;
 mod http;
 #[cfg(test)]
@@ -28,6 +29,7 @@ mod report;
 pub mod resync_timer;
 pub mod scope;
 pub mod signing;
+pub(crate) mod source_changes;
 pub(crate) mod source_reads;
 mod state;
 

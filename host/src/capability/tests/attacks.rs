@@ -173,7 +173,7 @@ fn snapshot_creation_past_the_budget_is_refused() {
     for v in ["1", "2"] {
         backend.put(source(v));
         let content = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"k": v}})).unwrap();
-        let proposal = plain_snapshot(&SourceId::new(SourceKind::ConfigMap, "app"), "team-a", "1", &content).1;
+        let proposal = proposal(&SourceId::new(SourceKind::ConfigMap, "app"), "team-a", &content);
         write(&cap, "create_snapshot", json!({"object": proposal})).unwrap();
     }
     backend.put(source("v"));
@@ -191,14 +191,14 @@ fn snapshot_creation_past_the_budget_is_refused() {
 fn a_snapshot_is_made_only_of_stored_content() {
     let (backend, cap) = capability(false);
     let forged = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"k": "never written"}})).unwrap();
-    let proposal = plain_snapshot(&SourceId::new(SourceKind::ConfigMap, "app"), "team-a", "1", &forged).1;
+    let never_stored = proposal(&SourceId::new(SourceKind::ConfigMap, "app"), "team-a", &forged);
     assert_refused(
-        write(&cap, "create_snapshot", json!({"object": proposal})),
+        write(&cap, "create_snapshot", json!({"object": never_stored})),
         &backend,
         &cap,
         "content never stored",
     );
-    let missing = plain_snapshot(&SourceId::new(SourceKind::ConfigMap, "ghost"), "team-a", "1", &forged).1;
+    let missing = proposal(&SourceId::new(SourceKind::ConfigMap, "ghost"), "team-a", &forged);
     assert_refused(
         write(&cap, "create_snapshot", json!({"object": missing})),
         &backend,
