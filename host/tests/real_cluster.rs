@@ -974,15 +974,77 @@ fn settle(cp: &ControlPlane, ns: &str) {
 
 /// Objects as the scenario's checks name them: in `default`.
 fn as_default(view: Objects) -> Objects {
+    let renamed = default_names(&view);
     Objects(
         view.0
             .into_iter()
             .map(|mut o| {
                 o["metadata"]["namespace"] = json!("default");
-                o
+                if renamed.is_empty() {
+                    return o;
+                }
+                let mut text = o.to_string();
+                for (here, there) in &renamed {
+                    text = text.replace(here.as_str(), there);
+                }
+                serde_json::from_str(&text).unwrap()
             })
             .collect(),
     )
+}
+
+/// A snapshot's name is keyed per namespace (docs/hash-spec.md): the name
+/// each snapshot of `view`, and each snapshot a live source's content (of
+/// any of its keys) would get, has here → the name it has in `default`,
+/// where replay runs the scenario and its checks name them. Both names are
+/// replay's key's, which serve is given for the scenarios.
+fn default_names(view: &Objects) -> Vec<(String, String)> {
+    use config_snapshot::cluster::proof::Prover;
+    use config_snapshot_policy::model::content::Content;
+    use config_snapshot_policy::model::keys;
+    use config_snapshot_policy::model::source::SourceKind;
+    let prover = Prover::replay();
+    let mut renamed = std::collections::BTreeMap::new();
+    for o in &view.0 {
+        let Some(kind) = o["kind"].as_str().and_then(SourceKind::from_kind) else {
+            continue;
+        };
+        let Some(ns) = o["metadata"]["namespace"].as_str() else {
+            continue;
+        };
+        let Ok(content) = Content::from_object(kind, o) else {
+            continue;
+        };
+        if keys::is_snapshot(o) {
+            let Some(source) = keys::snapshot_source(o) else {
+                continue;
+            };
+            renamed.insert(
+                o["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+                prover.snapshot_name("default", source, &content),
+            );
+            continue;
+        }
+        let source = o["metadata"]["name"].as_str().unwrap_or_default();
+        let names: Vec<String> = content.data.keys().chain(content.binary_data.keys()).cloned().collect();
+        if names.len() > 8 {
+            continue;
+        }
+        for mask in 0..(1u32 << names.len()) {
+            let subset: std::collections::BTreeSet<String> = names
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| mask & (1 << i) != 0)
+                .map(|(_, k)| k.clone())
+                .collect();
+            let part = content.subset(Some(&subset));
+            renamed.insert(
+                prover.snapshot_name(ns, source, &part),
+                prover.snapshot_name("default", source, &part),
+            );
+        }
+    }
+    renamed.into_iter().filter(|(here, there)| here != there).collect()
 }
 
 /// Runs one write through kubectl, as the admission outcome a scenario's
