@@ -1349,6 +1349,8 @@ mod helm;
 mod histories;
 #[path = "real_cluster/install.rs"]
 mod install;
+#[path = "real_cluster/intake.rs"]
+mod intake;
 #[path = "real_cluster/jobs.rs"]
 mod jobs;
 #[path = "real_cluster/keys.rs"]
@@ -1498,6 +1500,10 @@ fn serve_on_a_real_control_plane() {
         security::namespaced_story(&cp, &mut serve, &kubeconfig);
         return;
     }
+    if part == "intake" {
+        intake::tenant_story(&cp, &serve);
+        return;
+    }
     // Each story's time, printed as it ends: where the run's time goes.
     let mut lap = Instant::now();
     let mut timed = |name: &str| {
@@ -1526,6 +1532,8 @@ fn serve_on_a_real_control_plane() {
         serve.restart(&kubeconfig, &serve_flags("{}"));
         serve.wait_ready();
         timed("the attacks");
+        intake::tenant_story(&cp, &serve);
+        timed("a tenant's large reviews");
     }
     if part == "stories" {
         return;
