@@ -358,6 +358,95 @@ async fn a_planted_signing_key_is_not_trusted() {
     assert!(snapshots(&api).is_empty());
 }
 
+/// The door's path at this hour for the current key of `key` (the key
+/// Secret, as stored).
+fn door_of(key: &Value) -> String {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(key["data"]["key"].as_str().unwrap())
+        .unwrap();
+    let ring = config_snapshot::cluster::proof::Keyring::of(&bytes).unwrap();
+    config_snapshot::serve::door::path_of(&ring, unix_now()).to_string()
+}
+
+/// Finding 7 of eff3694's review: with the key's guard deleted, a patch of
+/// the key Secret was taken at once, and within seconds the door opened
+/// for a path derived from the planted key, which its planter knows. Every
+/// version of the Secret is trusted only under its guard: serve keeps the
+/// ring it holds, its door stays where it was, and it says why. A guard
+/// made again afterwards does not vouch for what was written before it;
+/// the Secret deleted, serve writes its own ring again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_planted_while_its_guard_is_away_is_not_taken() {
+    let _serial = SERIAL.lock().await;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let api = ApiServer::start().await;
+    api.put(secret("shop"));
+    api.guard_signing_key(&keyguard(), "config-snapshot");
+    let mut serve = ServeProcess::start(&api.kubeconfig(), &KEY_FLAGS);
+    serve.wait_ready();
+    const KEY: &str = "config-snapshot-signing-key";
+    let held = api.get("Secret", "config-snapshot", KEY).expect("made on first start");
+    let door = door_of(&held);
+    assert!(api.remove("ValidatingAdmissionPolicyBinding", "", KEY), "the binding");
+    let mut planted = held.clone();
+    planted["data"]["key"] = json!("a25vd24tdG8tdGhlLWF0dGFja2VyLWFuZC0zMi1ieXRlcw==");
+    api.put(planted.clone());
+    let planted_door = door_of(&planted);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let said = loop {
+        let logs = serve.logs();
+        if logs.contains("new version is not trusted") || logs.contains("the signing keyring changed; using it") {
+            break logs;
+        }
+        assert!(Instant::now() < deadline, "serve said nothing of the new key:\n{logs}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(!said.contains("using it"), "the planted key was taken:\n{said}");
+    assert!(said.contains("guard is not in force"), "{said}");
+    const UNTRUSTED: &str = "config_snapshot_untrusted_secret_version{secret=\"signing-key\"}";
+    assert_eq!(serve.metric(UNTRUSTED), 1.0);
+    let ordinary = review("shop", opted_in("shop"));
+    let answers = |path: String| {
+        let (serve, body) = (&serve, ordinary.clone());
+        std::thread::scope(|s| {
+            s.spawn(|| post_to(serve, &path, None, &body).unwrap().0)
+                .join()
+                .unwrap()
+        })
+    };
+    assert_eq!(
+        answers(planted_door.clone()),
+        404,
+        "the door opened for the planted key"
+    );
+    assert_eq!(answers(door.clone()), 200, "the door moved");
+    assert!(
+        matches!(serve.ops_get("/readyz"), Some((200, _))),
+        "still ready: it serves the ring it holds, as the CA path serves its certificate"
+    );
+    // The guard made again, after the planted version: it vouches for
+    // nothing written before it.
+    api.guard_signing_key(&keyguard(), "config-snapshot");
+    let mut touched = planted.clone();
+    touched["metadata"]["labels"]["touched"] = json!("again");
+    touched["metadata"].as_object_mut().unwrap().remove("resourceVersion");
+    api.put(touched);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(answers(planted_door), 404, "taken under a guard made after it");
+    assert!(!serve.logs().contains("using it"), "{}", serve.logs());
+    // The way back: the Secret deleted, serve writes its own ring again.
+    assert!(api.remove("Secret", "config-snapshot", KEY));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while api.get("Secret", "config-snapshot", KEY).is_none() {
+        assert!(Instant::now() < deadline, "not written again:\n{}", serve.logs());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let again = api.get("Secret", "config-snapshot", KEY).unwrap();
+    assert_eq!(again["data"], held["data"], "the ring serve held");
+    assert_eq!(serve.metric(UNTRUSTED), 0.0);
+    assert_eq!(answers(door), 200);
+}
+
 /// Finding 2 of docs/security.md: a forged review whose namespace or name
 /// is not one (here a path into kube-system) is answered untouched, with a
 /// warning, and serve reads nothing for it: the API server sees no request

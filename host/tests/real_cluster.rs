@@ -1331,6 +1331,10 @@ fn scenarios_agree_with_replay(cp: &ControlPlane, serve: &mut ServeProcess, kube
 
 #[path = "real_cluster/bench.rs"]
 mod bench;
+#[path = "real_cluster/cached.rs"]
+mod cached;
+#[path = "real_cluster/contained.rs"]
+mod contained;
 #[path = "real_cluster/door.rs"]
 mod door;
 #[path = "real_cluster/drift.rs"]
@@ -1495,6 +1499,11 @@ fn serve_on_a_real_control_plane() {
         outage_story(&cp, &mut serve, &kubeconfig);
         return;
     }
+    if part == "trust" {
+        cached::cached_secret_story(&cp);
+        keys::unguarded_key_story(&cp, &serve);
+        return;
+    }
     if part == "attacks" {
         security::attack_stories(&cp, &mut serve, &kubeconfig);
         security::namespaced_story(&cp, &mut serve, &kubeconfig);
@@ -1502,6 +1511,10 @@ fn serve_on_a_real_control_plane() {
     }
     if part == "intake" {
         intake::tenant_story(&cp, &serve);
+        return;
+    }
+    if part == "contained" {
+        contained::stories(&cp, &mut serve, &kubeconfig);
         return;
     }
     // Each story's time, printed as it ends: where the run's time goes.
@@ -1534,6 +1547,8 @@ fn serve_on_a_real_control_plane() {
         timed("the attacks");
         intake::tenant_story(&cp, &serve);
         timed("a tenant's large reviews");
+        contained::stories(&cp, &mut serve, &kubeconfig);
+        timed("contained");
     }
     if part == "stories" {
         return;

@@ -67,6 +67,19 @@ pub struct RefusedLabels {
     pub reason: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SecretLabels {
+    /// One of [`GUARDED_SECRETS`].
+    pub secret: &'static str,
+}
+
+/// The signing key's Secret, as a label.
+pub(crate) const SIGNING_KEY: &str = "signing-key";
+/// serve's own webhook CA's Secret, as a label.
+pub(crate) const WEBHOOK_CA: &str = "webhook-ca";
+/// The Secrets the key's guard guards (serve/guarded.rs).
+pub(crate) const GUARDED_SECRETS: [&str; 2] = [SIGNING_KEY, WEBHOOK_CA];
+
 type HistogramFamily = Family<RequestLabels, Histogram, fn() -> Histogram>;
 
 /// The webhook listener's connections (serve/listener.rs).
@@ -128,6 +141,9 @@ pub struct Metrics {
     /// as fresh as a request, and every write), by verb: what one
     /// admission costs the API server, apart from what others do.
     pub api_requests: Family<VerbLabels, Counter>,
+    /// 1 while a guarded Secret holds a version serve did not take (written
+    /// while its guard was not in force): serve keeps what it holds.
+    pub untrusted_secrets: Family<SecretLabels, Gauge>,
 }
 
 fn host_call_buckets() -> Histogram {
@@ -267,6 +283,15 @@ impl Default for Metrics {
             "Requests serve made to the API server outside its watches, by verb",
             api_requests.clone(),
         );
+        let untrusted_secrets = Family::<SecretLabels, Gauge>::default();
+        for secret in GUARDED_SECRETS {
+            let _ = untrusted_secrets.get_or_create(&SecretLabels { secret });
+        }
+        registry.register(
+            "untrusted_secret_version",
+            "1 while a guarded Secret (the signing key's, the webhook CA's) holds a version written while its guard was not in force, which serve did not take",
+            untrusted_secrets.clone(),
+        );
         let connections = ConnectionMetrics::default();
         registry.register(
             "webhook_connections",
@@ -322,6 +347,7 @@ impl Default for Metrics {
             held,
             oldest_held,
             api_requests,
+            untrusted_secrets,
         }
     }
 }
@@ -351,6 +377,12 @@ impl Metrics {
 
     pub fn effect(&self, effect: &'static str, outcome: &'static str) {
         self.effects.get_or_create(&EffectLabels { effect, outcome }).inc();
+    }
+
+    /// The gauge that says whether guarded Secret `secret` (one of
+    /// [`GUARDED_SECRETS`]) holds a version serve did not take.
+    pub(crate) fn untrusted(&self, secret: &'static str) -> Gauge {
+        self.untrusted_secrets.get_or_create(&SecretLabels { secret }).clone()
     }
 }
 

@@ -138,13 +138,12 @@ pub fn build_with_engine(
             ..QueueSettings::default()
         },
     );
-    let waker = queue.clone();
-    cache.on_workload_change(move |workload| waker.wake(workload));
     let leadership = Arc::new(if options.leader_elect {
         leader::Leadership::contender(metrics.clone())
     } else {
         leader::Leadership::alone(metrics.clone())
     });
+    told_by_the_watch(&cache, &queue, &leadership);
     let state = Arc::new(State {
         leadership,
         engine,
@@ -159,5 +158,31 @@ pub fn build_with_engine(
         registered: AtomicBool::new(true),
         ids: AtomicU64::new(0),
     });
+    let judge: Arc<dyn super::source_changes::Judge> = state.clone();
+    state.queue.sources.judged_by(Arc::downgrade(&judge));
     Ok((state, worker))
+}
+
+/// What the watches tell the queue: a stored write of a workload wakes the
+/// rollouts it holds; a stored change of a source's content is judged by
+/// the leader, as it runs the pass: one replica's rollouts, not one per
+/// replica. A change told while no replica leads is found by the next
+/// leader's first pass.
+fn told_by_the_watch(cache: &Cache, queue: &Queue, leadership: &Arc<leader::Leadership>) {
+    let waker = queue.clone();
+    cache.on_workload_change(move |workload| waker.wake(workload));
+    let (sources, leading) = (queue.sources.clone(), leadership.clone());
+    cache.on_source_change(move |source| {
+        if leading.leading() {
+            sources.changed(source.clone());
+        }
+    });
+}
+
+/// A changed source is judged as the periodic pass judges a watched one:
+/// re-admitted through the webhook's own path.
+impl super::source_changes::Judge for State {
+    fn source_changed(&self, key: &crate::cluster::Key) {
+        self.context.driver().source_changed(self, key);
+    }
 }

@@ -17,7 +17,7 @@ use super::security::post_to;
 use super::*;
 
 /// The path the webhook configuration calls now.
-fn configured_path(cp: &ControlPlane) -> String {
+pub(crate) fn configured_path(cp: &ControlPlane) -> String {
     let config: Value =
         serde_json::from_str(&cp.kubectl(&["get", "mutatingwebhookconfiguration", "config-snapshot", "-o", "json"]))
             .unwrap();

@@ -182,6 +182,19 @@ impl ApiServer {
         self.inner.shared.store().persist(object)
     }
 
+    /// Deletes `kind` `namespace`/`name` (`""`: cluster-scoped) as a user
+    /// would, whatever its version: `false` if there was none.
+    pub fn remove(&self, kind: &str, namespace: &str, name: &str) -> bool {
+        let Ok(Some(current)) = self.inner.shared.get(kind, namespace, name) else {
+            return false;
+        };
+        let pre = Preconditions {
+            uid: current.uid().unwrap_or_default().to_string(),
+            resource_version: None,
+        };
+        self.inner.delete(&current, &pre).is_ok()
+    }
+
     /// Puts the signing key's guard as deploy/serve/keyguard.yaml ships it
     /// (`manifest`, its text), for serve in namespace `namespace`. The
     /// stand-in stores it; it does not enforce it.
