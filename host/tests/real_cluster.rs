@@ -1415,6 +1415,8 @@ mod helm;
 mod histories;
 #[path = "real_cluster/install.rs"]
 mod install;
+#[path = "real_cluster/intake.rs"]
+mod intake;
 #[path = "real_cluster/jobs.rs"]
 mod jobs;
 #[path = "real_cluster/keys.rs"]
@@ -1569,6 +1571,10 @@ fn serve_on_a_real_control_plane() {
         security::namespaced_story(&cp, &mut serve, &kubeconfig);
         return;
     }
+    if part == "intake" {
+        intake::tenant_story(&cp, &serve);
+        return;
+    }
     if part == "contained" {
         contained::stories(&cp, &mut serve, &kubeconfig);
         return;
@@ -1601,6 +1607,8 @@ fn serve_on_a_real_control_plane() {
         serve.restart(&kubeconfig, &serve_flags("{}"));
         serve.wait_ready();
         timed("the attacks");
+        intake::tenant_story(&cp, &serve);
+        timed("a tenant's large reviews");
         contained::stories(&cp, &mut serve, &kubeconfig);
         timed("contained");
     }

@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use super::apiserver::KubeCluster;
 use super::cache::Cache;
+use super::evaluations::Evaluations;
 use super::metrics::Metrics;
 use super::options::Options;
 use super::queue::{self, Queue, QueueSettings, WorkerContext};
@@ -35,10 +36,11 @@ pub struct State {
     pub shutting_down: AtomicBool,
     /// Whether this replica runs the periodic pass (see `leader`).
     pub leadership: Arc<leader::Leadership>,
-    /// Admissions evaluating at once. The wasm pool has a fixed number of
+    /// Admissions evaluating at once, shared between namespaces
+    /// (serve/evaluations.rs). The wasm pool has a fixed number of
     /// instance slots; past it a request would fail, so it waits here
     /// instead. One slot stays free for the resync.
-    pub evaluations: tokio::sync::Semaphore,
+    pub(crate) evaluations: Arc<Evaluations>,
     /// Snapshot creations per namespace per minute.
     pub budget: Arc<Budget>,
     /// Whether the webhook configuration calls the door's path (or serve
@@ -151,7 +153,7 @@ pub fn build_with_engine(
         queue,
         metrics,
         shutting_down: AtomicBool::new(false),
-        evaluations: tokio::sync::Semaphore::new(engine_instances.saturating_sub(1).max(1)),
+        evaluations: Evaluations::new(engine_instances.saturating_sub(1)),
         budget,
         registered: AtomicBool::new(true),
         ids: AtomicU64::new(0),
