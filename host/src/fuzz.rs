@@ -137,18 +137,20 @@ pub fn capability_call(operation: u8, payload: &[u8]) {
 }
 
 /// serve's parsing of a request body (header, screening, read-ahead).
-/// Promises: no panic; a body is refused or previewed, and a forged label
-/// is never taken for a snapshot of ours.
+/// Promises: no panic; a body is refused or previewed, and a ConfigMap's or
+/// Secret's review is never the policy's to evaluate (serve learns of
+/// sources from its watch) nor read ahead for.
 pub fn admission_request(body: &[u8]) {
-    let prover = prover();
-    if let Ok(preview) = crate::serve::admission::preview(body, &prover, &Settings::default()) {
-        if preview.provenance == "ours" {
-            // Only a body that carries an object this key signed gets here.
-            let object: Value = serde_json::from_slice::<Value>(body)
-                .ok()
-                .map(|v| v["request"]["object"].clone())
-                .unwrap_or(Value::Null);
-            assert!(prover.ours(&object), "taken for ours without proof");
+    if let Ok(preview) = crate::serve::admission::preview(body, &Settings::default()) {
+        let kind = serde_json::from_slice::<Value>(body)
+            .ok()
+            .and_then(|v| v["request"]["kind"]["kind"].as_str().map(str::to_string))
+            .unwrap_or_default();
+        if matches!(kind.as_str(), "ConfigMap" | "Secret") && preview.decision == "policy" {
+            panic!("a {kind}'s review would be evaluated");
+        }
+        if preview.decision != "policy" {
+            assert_eq!(preview.read_ahead, 0, "read ahead for a review answered untouched");
         }
     }
 }

@@ -306,3 +306,35 @@ fn the_cert_manager_component_serves_a_certificate_of_a_ca_the_webhook_trusts() 
     assert_eq!(ca["spec"]["duration"], "87600h");
     assert_eq!(serving["spec"]["duration"], "2160h");
 }
+
+/// With `snapshotByDefault` or `watchByDefault` every workload is serve's:
+/// the component takes away the matchCondition that sends only workloads
+/// carrying config-snapshot's annotations, and nothing else.
+#[test]
+fn by_default_sends_every_workload_and_changes_nothing_else() {
+    let component = kustomization("components/by-default");
+    let webhook = objects(&deploy().join("serve/webhook.yaml")).remove(0);
+    let mut patched = webhook.clone();
+    let ops: json_patch::Patch =
+        serde_json::from_value(Value::Array(ops(&component, "MutatingWebhookConfiguration"))).unwrap();
+    json_patch::patch(&mut patched, &ops).expect("the component's patch applies to the shipped webhook");
+    let names = |o: &Value| -> Vec<String> {
+        o["webhooks"][0]["matchConditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        names(&webhook),
+        [config_snapshot::kubewarden::rules::MARKED, "not-a-controllers-pod"]
+    );
+    assert_eq!(names(&patched), ["not-a-controllers-pod"]);
+    let mut without = webhook.clone();
+    without["webhooks"][0]["matchConditions"]
+        .as_array_mut()
+        .unwrap()
+        .remove(0);
+    assert_eq!(patched, without, "only the condition goes");
+}

@@ -11,7 +11,7 @@ use std::time::Duration;
 use config_snapshot::cluster::proof::Prover;
 use config_snapshot::cluster::Cluster;
 use config_snapshot::lifecycle::resync::{PassHost, ReadmitError};
-use config_snapshot::lifecycle::{Driver, Effect, Ending, InFlight, Next, PatchIntent, Rules, Silent};
+use config_snapshot::lifecycle::{Begun, Driver, Effect, Ending, InFlight, Next, PatchIntent, Rules, Silent};
 use config_snapshot::replay::simulator::Shared;
 use config_snapshot::serve::apiserver::KubeCluster;
 use config_snapshot::serve::cache::Cache;
@@ -112,7 +112,7 @@ impl PassHost for Pass<'_> {
         Ok(None)
     }
     fn submit(&self, effect: Effect) {
-        if self.0.in_flight.begin(&effect) {
+        if self.0.in_flight.begin(&effect) == Begun::New {
             self.0.step(&effect, false, 0);
         }
     }
@@ -129,7 +129,7 @@ fn drive(cluster: &dyn Cluster, effects: &[Effect]) -> Vec<Next> {
     let endings = effects
         .iter()
         .map(|e| {
-            assert!(in_flight.begin(e));
+            assert_eq!(in_flight.begin(e), Begun::New);
             driver.step(e, false, 0)
         })
         .collect();
@@ -262,7 +262,7 @@ async fn a_watch_rollout_keeps_the_snapshot_before_it_names_it() {
         let in_flight = InFlight::default();
         let driver = Driver::new(c, &rules, &in_flight, &Silent);
         let (_, effects) = cluster();
-        assert!(in_flight.begin(&effects[1]));
+        assert_eq!(in_flight.begin(&effects[1]), Begun::New);
         driver.step(&effects[1], false, 0)
     })
     .await;
@@ -305,12 +305,12 @@ async fn the_sweep_after_a_new_snapshot_takes_only_the_sources_unused_versions()
         };
         // Kept as the one just made, the hour-old version stays.
         let spared = sweep(&objects[5]);
-        assert!(in_flight.begin(&spared));
+        assert_eq!(in_flight.begin(&spared), Begun::New);
         let first = driver.step(&spared, false, 0);
         let kept = c.get("ConfigMap", "shop", objects[5]["metadata"]["name"].as_str().unwrap());
         assert!(kept.unwrap().is_some(), "the snapshot kept is never swept");
         let swept = sweep(&objects[4]);
-        assert!(in_flight.begin(&swept));
+        assert_eq!(in_flight.begin(&swept), Begun::New);
         (first, driver.step(&swept, false, 0))
     })
     .await;

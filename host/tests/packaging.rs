@@ -57,11 +57,13 @@ fn kinds_named(rules: &Value) -> BTreeSet<String> {
         .collect()
 }
 
-fn handled() -> BTreeSet<(String, String, String)> {
+/// What the webhook asks for: what the policy handles, but sources, whose
+/// changes the host learns from its watch (docs/design.md, "Watch").
+fn reviewed() -> BTreeSet<(String, String, String)> {
     config_snapshot_policy::model::kinds::KINDS
         .iter()
         .flat_map(|k| {
-            k.handled()
+            k.reviewed()
                 .iter()
                 .map(move |o| (k.group().to_string(), k.plural.to_string(), o.to_string()))
         })
@@ -69,14 +71,19 @@ fn handled() -> BTreeSet<(String, String, String)> {
 }
 
 #[test]
-fn metadata_rules_are_exactly_what_the_policy_handles() {
+fn metadata_rules_are_exactly_what_the_webhook_reviews() {
     let metadata = yaml("policy-metadata.yml");
-    assert_eq!(expand(&metadata["rules"]), handled(), "rules and kinds::KINDS differ");
+    assert_eq!(expand(&metadata["rules"]), reviewed(), "rules and kinds::KINDS differ");
     // The host's own reading of the rules agrees.
     let rules = WebhookRules::embedded();
     for k in config_snapshot_policy::model::kinds::KINDS.iter() {
-        for o in k.handled() {
+        for o in k.reviewed() {
             assert!(rules.matches(k.api_version, k.plural, o), "{} {o}", k.api_version);
+        }
+    }
+    for source in ["configmaps", "secrets"] {
+        for o in ["CREATE", "UPDATE"] {
+            assert!(!rules.matches("v1", source, o), "no {source} {o} waits on the webhook");
         }
     }
     assert!(!rules.matches("v1", "pods", "UPDATE"));

@@ -126,7 +126,7 @@ fn faults_on_every_write_leave_nothing_half_done() {
         // the garbage collector take its snapshots when an older revision is
         // pruned), the controller retries, and then it owns them.
         let yaml = format!(
-            "watchMinInterval: 0s\n{THREE_REFS}steps:\n  - fault: {{operation: adopt, code: {code}, error: {error:?}, times: 1}}{}\n  - expect: {{allowed: true}}\n  - advanceTime: 1m\n  - assert:\n      - effectiveConfig: {{kind: Deployment, name: web, source: configmap/one, data: {{k: \"1\"}}}}\n      - count: {{kind: ReplicaSet, equals: 1}}\n      - jsonPath: {{kind: ConfigMap, name: one-db518a583c, path: \"metadata.ownerReferences[*].kind\", equals: [Deployment, ReplicaSet]}}\n",
+            "watchMinInterval: 0s\n{THREE_REFS}steps:\n  - fault: {{operation: adopt, code: {code}, error: {error:?}, times: 1}}{}\n  - expect: {{allowed: true}}\n  - advanceTime: 1m\n  - assert:\n      - effectiveConfig: {{kind: Deployment, name: web, source: configmap/one, data: {{k: \"1\"}}}}\n      - count: {{kind: ReplicaSet, equals: 1}}\n      - jsonPath: {{kind: ConfigMap, name: one-0c2d435361, path: \"metadata.ownerReferences[*].kind\", equals: [Deployment, ReplicaSet]}}\n",
             web("")
         );
         let result = run_scenario(&engine, &format!("adopt-once-{i}"), &yaml);
@@ -142,16 +142,26 @@ fn faults_on_every_write_leave_nothing_half_done() {
 
         // adopt fails for good: no revision is admitted, the workload keeps
         // its snapshots (referenced, so no sweep takes them), nothing
-        // dangles. patch_workload fails: the source change is admitted with
-        // a warning, and the workload keeps what it runs.
+        // dangles. patch_workload fails: the source change is stored (no
+        // review of it waits on the host), the host's watch says why the
+        // watcher was not rolled, and the workload keeps what it runs.
         let yaml = format!(
-            "watchMinInterval: 0s\n{THREE_REFS}steps:\n  - fault: {{operation: adopt, code: {code}, error: {error:?}}}{}\n  - expect: {{allowed: true}}\n  - advanceTime: 11m\n  - assert:\n      - count: {{kind: ReplicaSet, equals: {}}}\n      - exists: {{kind: ConfigMap, name: one-db518a583c}}\n      - invariants: [nothingDangles]\n  - fault: {{operation: patch_workload, code: {code}, error: {error:?}}}\n  - edit: {{kind: ConfigMap, name: one, set: {{data: {{k: \"1b\"}}}}}}\n  - expect: {{allowed: true, warnings: [\"could not roll out Deployment web\"]}}\n  - assert:\n      - jsonPath: {{kind: Deployment, name: web, path: \"spec.template.spec.containers[0].envFrom[0].configMapRef.name\", equals: one-db518a583c}}\n      - invariants: [nothingDangles]\n",
+            "watchMinInterval: 0s\n{THREE_REFS}steps:\n  - fault: {{operation: adopt, code: {code}, error: {error:?}}}{}\n  - expect: {{allowed: true}}\n  - advanceTime: 11m\n  - assert:\n      - count: {{kind: ReplicaSet, equals: {}}}\n      - exists: {{kind: ConfigMap, name: one-0c2d435361}}\n      - invariants: [nothingDangles]\n  - fault: {{operation: patch_workload, code: {code}, error: {error:?}}}\n  - edit: {{kind: ConfigMap, name: one, set: {{data: {{k: \"1b\"}}}}}}\n  - expect: {{allowed: true}}\n  - assert:\n      - jsonPath: {{kind: Deployment, name: web, path: \"spec.template.spec.containers[0].envFrom[0].configMapRef.name\", equals: one-0c2d435361}}\n      - invariants: [nothingDangles]\n",
             web(""),
             // Stock Kubewarden adopts nothing, and refuses nothing for it.
             if unknown { 1 } else { 0 }
         );
         let result = run_scenario(&engine, &format!("adopt-patch-{i}"), &yaml);
         assert!(result.passed, "adopt/patch × {error}: {:?}", result.failure());
+        let told = result
+            .steps
+            .iter()
+            .flat_map(|s| &s.events)
+            .any(|e| e.contains("could not roll out Deployment web"));
+        assert!(
+            told || unknown,
+            "adopt/patch × {error}: the failed rollout was not told"
+        );
 
         // delete_snapshot fails during a sweep: the orphan stays, the admission succeeds.
         let yaml = format!(
@@ -321,6 +331,8 @@ fn racing_admissions_of_the_same_deployment_make_one_snapshot() {
 
     struct Racing {
         inner: Arc<Shared>,
+        /// The snapshot both race to create.
+        name: String,
         barrier: Barrier,
         /// The existence checks held at the barrier so far (the first two).
         held: AtomicUsize,
@@ -333,7 +345,7 @@ fn racing_admissions_of_the_same_deployment_make_one_snapshot() {
         }
         fn get(&self, kind: &str, ns: &str, name: &str) -> cluster::Result<Option<Value>> {
             let found = self.inner.get(kind, ns, name)?;
-            if kind == "ConfigMap" && name.starts_with("app-") && self.held.fetch_add(1, Ordering::SeqCst) < 2 {
+            if kind == "ConfigMap" && name == self.name && self.held.fetch_add(1, Ordering::SeqCst) < 2 {
                 self.barrier.wait();
             }
             Ok(found)
@@ -367,8 +379,10 @@ fn racing_admissions_of_the_same_deployment_make_one_snapshot() {
     let engine = engine();
     let shared = Arc::new(Shared::default());
     shared.store().persist(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app", "namespace": "default"}, "data": {"k": "v"}}));
+    let content = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"k": "v"}})).unwrap();
     let racing = Arc::new(Racing {
         inner: shared.clone(),
+        name: Prover::replay().snapshot_name("default", "app", &content),
         barrier: Barrier::new(2),
         held: AtomicUsize::new(0),
         landed: AtomicUsize::new(0),
@@ -588,7 +602,6 @@ fn a_seeded_random_walk_keeps_every_invariant() {
 /// (the control) lands; every hostile call leaves the store unchanged.
 #[test]
 fn a_hostile_wasm_guest_cannot_break_the_host_invariants() {
-    use config_snapshot_policy::model::content::plain_snapshot;
     use config_snapshot_policy::model::source::SourceId;
 
     fn guest(operation: &str, payload: &Value) -> String {
@@ -614,7 +627,17 @@ fn a_hostile_wasm_guest_cannot_break_the_host_invariants() {
     }
 
     let content = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"k": "v"}})).unwrap();
-    let (_, good) = plain_snapshot(&SourceId::new(SourceKind::ConfigMap, "app"), "team-a", "1", &content);
+    let proposed = |content: &Content| {
+        let name = Prover::replay().snapshot_name("team-a", "app", content);
+        config_snapshot_policy::model::content::snapshot_object(
+            &SourceId::new(SourceKind::ConfigMap, "app"),
+            "team-a",
+            &name,
+            "1",
+            content,
+        )
+    };
+    let good = proposed(&content);
     let mut other_ns = good.clone();
     other_ns["metadata"]["namespace"] = json!("kube-system");
     let token = {
@@ -636,7 +659,7 @@ fn a_hostile_wasm_guest_cannot_break_the_host_invariants() {
     wrong_hash["data"]["k"] = json!("tampered");
     let never_stored = {
         let content = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"k": "never written"}})).unwrap();
-        plain_snapshot(&SourceId::new(SourceKind::ConfigMap, "app"), "team-a", "1", &content).1
+        proposed(&content)
     };
     let plain = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "plain", "namespace": "team-a"}, "data": {"a": "1"}});
     let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "team-a"}, "spec": {"replicas": 1}});

@@ -264,15 +264,20 @@ async fn serve_admits_snapshots_adopts_and_rolls_out_over_https() {
         .await;
     }
 
-    // 4. Editing the watched ConfigMap: nothing is written at admission
-    //    (the new content is not stored yet); once the edit is persisted,
-    //    the rollout makes the snapshot from the stored source and patches.
-    // As the API server sends it: the object read back, edited.
+    // 4. Editing the watched ConfigMap: the webhook is not asked (its
+    //    rules leave sources out), and a review of the edit sent anyway is
+    //    answered untouched and decides nothing. Once the edit is stored,
+    //    serve's watch sees it: the rollout makes the snapshot from the
+    //    stored source and patches.
     let stored = api.get("ConfigMap", NS, "app-config").unwrap();
     let mut edit = stored.clone();
     edit["data"] = config_map("green")["data"].clone();
     let (response, green_cm) = serve.admit("edit-cm", "UPDATE", &edit, Some(&stored), false).await;
     assert_eq!(response["allowed"], true, "{response}");
+    assert!(
+        response.get("patch").is_none(),
+        "a source's review is answered untouched: {response}"
+    );
     let green = snapshot_of("green");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let unchanged = api.get("Deployment", NS, "web").unwrap();
@@ -308,7 +313,7 @@ async fn serve_admits_snapshots_adopts_and_rolls_out_over_https() {
         api.log()
     );
 
-    // 5. A Secret edit passes through the webhook (no watcher), carrying the canary.
+    // 5. A Secret edit's review, carrying the canary, is answered untouched.
     let mut edited = secret.clone();
     edited["data"]["token"] = json!(base64::engine::general_purpose::STANDARD.encode(format!("{CANARY}-2")));
     let (response, _) = serve
@@ -518,7 +523,7 @@ async fn the_resync_renews_a_workload_whose_renewal_is_due() {
 }
 
 /// RBAC that lost `create` on Secrets: the Deployment is refused with the
-/// API server's reason, no reference points at a snapshot that was never
+/// API server's status (its message is not kept of a Secret's write), no reference points at a snapshot that was never
 /// made, the error is counted, and the Secret's data appears nowhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forbidden_secret_snapshot_is_refused_clearly_and_leaks_nothing() {
@@ -536,9 +541,12 @@ async fn a_forbidden_secret_snapshot_is_refused_clearly_and_leaks_nothing() {
     assert!(
         message.contains("could not create snapshot")
             && message.contains("app-secret")
-            && message.contains("forbidden"),
+            && message.contains("403 Forbidden"),
         "{message}"
     );
+    // Of a Secret's failed write the status alone: the API server's message
+    // may quote what an admission denied (eff3694's review, finding 9).
+    assert!(!message.contains("cannot create"), "{message}");
     assert!(response.get("patch").is_none(), "{response}");
     assert!(
         api.list("Secret").iter().all(|s| s["metadata"]["name"] == "app-secret"),
@@ -627,7 +635,11 @@ fn snapshot_of(mode: &str) -> String {
         &config_map(mode),
     )
     .unwrap();
-    config_snapshot_policy::model::content::snapshot_name("app-config", &content.hash())
+    config_snapshot::cluster::proof::Prover::new(&support::process::HARNESS_KEY).snapshot_name(
+        NS,
+        "app-config",
+        &content,
+    )
 }
 
 /// Edits app-config to `mode` as a user would: admitted, then persisted.
@@ -740,9 +752,14 @@ async fn an_effect_given_up_is_a_warning_event_and_leaves_no_snapshot() {
     assert_eq!(failed["action"], "GiveUp");
     let note = failed["note"].as_str().unwrap();
     assert!(
-        note.starts_with("gave up on patch_workload after ") && note.contains("forbidden"),
+        note.starts_with("gave up on patch_workload after ") && note.contains("403 Forbidden"),
         "{note}"
     );
+    // Finding 9 of eff3694's review: the Event relayed the API server's
+    // message, which an admission that denies a write fills as it likes.
+    // It says what failed and the status; the log keeps the message.
+    assert!(!note.contains("cannot patch"), "the API server's words: {note}");
+    assert!(serve.logs().contains("cannot patch"), "{}", serve.logs());
     // The worker counts the ending after the Event is told.
     const FAILED: &str = "config_snapshot_deferred_effects_total{effect=\"patch_workload\",outcome=\"failed\"";
     eventually("the failure to be counted", &serve, || {

@@ -58,7 +58,7 @@ fn a_content_change_rolls_out_every_watcher_through_a_deferred_patch() {
         &json!({"data": {"mode": "green", "other": "x"}}),
     )
     .unwrap();
-    let snap = crate::model::content::snapshot_name("app", &green.hash());
+    let snap = FakeHost::keyed_name("app", &green.hash());
     let patches = host.ops("patch_workload");
     assert_eq!(patches.len(), 1);
     let p = &patches[0];
@@ -205,10 +205,7 @@ fn an_edit_outside_the_key_subset_rolls_nothing() {
         &json!({"data": {"mode": "green"}}),
     )
     .unwrap();
-    assert_eq!(
-        patches[0]["snapshot"],
-        crate::model::content::snapshot_name("app", &green.hash())
-    );
+    assert_eq!(patches[0]["snapshot"], FakeHost::keyed_name("app", &green.hash()));
 }
 
 #[test]
@@ -276,7 +273,7 @@ mod rollback_tests {
             &json!({ "data": data }),
         )
         .unwrap();
-        crate::model::content::snapshot_name("app", &c.hash())
+        FakeHost::keyed_name("app", &c.hash())
     }
 
     #[test]

@@ -684,7 +684,8 @@ fn snapshot_of_cm(source: &str, data: Value) -> (String, Value) {
     )
     .unwrap();
     let id = crate::model::source::SourceId::new(crate::model::source::SourceKind::ConfigMap, source);
-    let (name, mut object) = crate::model::content::plain_snapshot(&id, "default", "7", &content);
+    let name = FakeHost::keyed_name(source, &content.hash());
+    let mut object = crate::model::content::snapshot_object(&id, "default", &name, "7", &content);
     object["metadata"]["uid"] = json!(format!("uid-{name}"));
     object["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
     (name, object)
@@ -858,7 +859,7 @@ fn a_rollback_records_the_watched_content_it_declined_until_references_move() {
     undo["spec"]["template"] = v1["spec"]["template"].clone();
     let undone = update(&host, &v2, &undo).mutated.unwrap();
     let record = crate::model::records::Rollback::of(&undone).unwrap();
-    let green = crate::model::content::snapshot_name(
+    let green = FakeHost::keyed_name(
         "app",
         &crate::model::content::Content::from_object(
             crate::model::source::SourceKind::ConfigMap,

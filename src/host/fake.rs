@@ -35,6 +35,15 @@ pub struct FakeHost {
 }
 
 impl FakeHost {
+    /// The name this host gives the snapshot of `source` whose content has
+    /// the hash `content_hash`: keyed (by a fixed test key), as our hosts
+    /// key every snapshot's name.
+    pub fn keyed_name(source: &str, content_hash: &str) -> String {
+        use sha2::Digest as _;
+        let keyed = sha2::Sha256::digest(format!("fake key:{content_hash}"));
+        crate::model::content::snapshot_name(source, &crate::model::content::hex(&keyed))
+    }
+
     pub fn with(objects: Vec<Value>) -> Self {
         FakeHost {
             objects: RefCell::new(objects),
@@ -226,14 +235,16 @@ impl Host for FakeHost {
                 json!({"items": items})
             }
             "now" => json!({"unix": self.now}),
-            // A Secret snapshot's name, keyed as a host keys it (here by a
-            // fixed test key): not the plain content hash's.
+            // A snapshot's name, keyed as a host keys it (here by a fixed
+            // test key): not the plain content hash's. A snapshot of the
+            // content under the plain name (an earlier scheme's) is an alias.
             "snapshot_name" => {
-                use sha2::Digest as _;
                 let source = req["source"]["name"].as_str().unwrap_or_default();
-                let keyed =
-                    sha2::Sha256::digest(format!("fake key:{}", req["contentHash"].as_str().unwrap_or_default()));
-                json!({"name": crate::model::content::snapshot_name(source, &crate::model::content::hex(&keyed))})
+                let hash = req["contentHash"].as_str().unwrap_or_default();
+                let kind = req["source"]["kind"].as_str().unwrap_or_default();
+                let plain = crate::model::content::snapshot_name(source, hash);
+                let aliases: Vec<String> = self.find(kind, &plain).map(|_| plain).into_iter().collect();
+                json!({"name": FakeHost::keyed_name(source, hash), "aliases": aliases})
             }
             "create_snapshot" => {
                 let mut object = req["object"].clone();

@@ -206,11 +206,11 @@ impl<'h> HostApi<'h> {
         items(list, Operation::ListReferencing)
     }
 
-    /// The name the snapshot of `content` from `id` gets. A ConfigMap's is
-    /// the plain content hash's; a Secret's is keyed by the host, so that it
-    /// reveals nothing about the value to whoever can read a pod template.
-    /// A host without our capability makes no snapshots (checksum mode): it
-    /// gets the plain name, never written anywhere.
+    /// The name the snapshot of `content` from `id` gets: keyed by the host,
+    /// so that it reveals nothing about the content to whoever can read a
+    /// pod template or learned the host's door. A host without our
+    /// capability makes no snapshots (checksum mode): it gets the plain
+    /// name, never written anywhere.
     pub(crate) fn snapshot_name(
         &self,
         id: &SourceId,
@@ -236,9 +236,6 @@ impl<'h> HostApi<'h> {
             name: crate::model::content::snapshot_name(&id.name, &hash),
             aliases: Vec::new(),
         };
-        if id.kind == crate::model::source::SourceKind::ConfigMap {
-            return Ok(plain());
-        }
         let request = contract::SnapshotName {
             source: contract::NamedSource {
                 kind: id.kind,

@@ -7,6 +7,7 @@
 //! tests. Adding a kind is one row; `policy-metadata.yml`'s rules are
 //! checked against it (`host/tests/packaging.rs`).
 
+use crate::model::keys;
 use crate::model::object::ObjectExt;
 use crate::model::source::SourceKind;
 
@@ -82,6 +83,18 @@ impl Kind {
         match self.role {
             Role::Source(_) | Role::Workload { .. } => WRITES,
             Role::Revision { .. } | Role::Run => CREATES,
+        }
+    }
+
+    /// The admissions the webhook asks for (policy-metadata.yml's rules):
+    /// what the policy handles, but a source's writes. The host learns of
+    /// those from its watch of what the API server stored, and re-admits a
+    /// changed source itself (docs/design.md, "Watch"): no ConfigMap or
+    /// Secret write in the cluster waits on the webhook.
+    pub fn reviewed(&self) -> &'static [&'static str] {
+        match self.role {
+            Role::Source(_) => &[],
+            _ => self.handled(),
         }
     }
 
@@ -244,6 +257,53 @@ pub(crate) fn controlled(object: &serde_json::Value) -> bool {
     object.controller().is_some()
 }
 
+/// Where an object of a reviewed kind carries annotations that concern
+/// config-snapshot: its own, and its pod template's (a revision's, a
+/// CronJob's job template's, a ControllerRevision's data), one JSON
+/// pointer each.
+pub fn marked_annotation_paths() -> Vec<String> {
+    let mut paths = vec!["/metadata/annotations".to_string()];
+    for kind in KINDS.iter().filter(|k| !k.reviewed().is_empty()) {
+        let path = format!("{}/metadata/annotations", kind.template.unwrap_or_default());
+        if !paths.contains(&path) {
+            paths.push(path);
+        }
+    }
+    paths
+}
+
+/// Whether `object` carries an annotation of config-snapshot's
+/// ([`keys::PREFIX`]) on itself or its pod template: an opt-in, the records,
+/// the mapping, a checksum. With the settings' defaults off, a write whose
+/// new and old objects carry none is none of the policy's business, and
+/// the webhook is not called for it ([`marked_condition`]): the policy
+/// would answer it untouched.
+pub fn marked(object: &serde_json::Value) -> bool {
+    marked_annotation_paths().iter().any(|path| {
+        object
+            .pointer(path)
+            .and_then(serde_json::Value::as_object)
+            .is_some_and(|annotations| annotations.keys().any(|k| k.starts_with(keys::PREFIX)))
+    })
+}
+
+/// [`marked`] of the object or the old object, as a CEL expression for a
+/// webhook's `matchConditions`: kube-apiserver evaluates it and calls the
+/// webhook only when it holds. The deploy manifests and the chart carry
+/// exactly this text (host/tests/deploy.rs, chart.rs).
+pub fn marked_condition() -> String {
+    let one = |path: &str| {
+        let fields: String = path
+            .trim_start_matches('/')
+            .split('/')
+            .map(|field| format!(".?{field}"))
+            .collect();
+        format!("o{fields}.orValue({{}}).exists(k, k.startsWith('{}'))", keys::PREFIX)
+    };
+    let any: Vec<String> = marked_annotation_paths().iter().map(|p| one(p)).collect();
+    format!("[object, oldObject].exists(o, o != null && ({}))", any.join(" || "))
+}
+
 /// The row for a kind name.
 pub fn find(kind: &str) -> Option<&'static Kind> {
     KINDS.iter().find(|k| k.kind == kind)
@@ -393,6 +453,62 @@ pub fn running_template(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    /// What the webhook is sent is what carries config-snapshot's
+    /// annotations, on the object or its pod template, in every place a
+    /// reviewed kind keeps one; nothing else, whatever its labels say.
+    #[test]
+    fn only_an_object_marked_for_config_snapshot_is_sent() {
+        let with = |path: &str, key: &str| {
+            let mut object = json!({"metadata": {"name": "x"}});
+            let mut at = json!({key: "1"});
+            for segment in path.trim_start_matches('/').rsplit('/') {
+                at = json!({ segment: at });
+            }
+            json_merge(&mut object, at);
+            object
+        };
+        for path in marked_annotation_paths() {
+            assert!(marked(&with(&path, "config-snapshot.io/watch")), "{path}");
+            assert!(!marked(&with(&path, "reloader.stakater.com/auto")), "{path}");
+        }
+        for template in [
+            "/spec/template",
+            "/spec/jobTemplate/spec/template",
+            "/data/spec/template",
+        ] {
+            let path = format!("{template}/metadata/annotations");
+            assert!(marked(&with(&path, keys::SNAPSHOTS)), "a revision's mapping at {path}");
+        }
+        let labelled = json!({"metadata": {"labels": {keys::MANAGED_BY: keys::MANAGED_BY_VALUE}}});
+        assert!(!marked(&labelled), "a label is not an annotation of ours");
+        assert!(!marked(&json!({"metadata": {"annotations": "not a map"}})));
+        let condition = marked_condition();
+        for path in marked_annotation_paths() {
+            let fields: String = path
+                .trim_start_matches('/')
+                .split('/')
+                .map(|f| format!(".?{f}"))
+                .collect();
+            assert!(
+                condition.contains(&format!("o{fields}.orValue")),
+                "{path} in {condition}"
+            );
+        }
+        assert!(condition.starts_with("[object, oldObject].exists(o, o != null && ("));
+    }
+
+    fn json_merge(into: &mut serde_json::Value, from: serde_json::Value) {
+        match (into, from) {
+            (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+                for (k, v) in b {
+                    json_merge(a.entry(k).or_insert(serde_json::Value::Null), v);
+                }
+            }
+            (slot, value) => *slot = value,
+        }
+    }
 
     #[test]
     fn groups_and_versions_split_the_api_version() {

@@ -137,7 +137,14 @@ pub(super) fn capability_on(backend: Arc<Recorder>, dry_run: bool) -> Capability
 
 pub(super) fn good_snapshot(ns: &str) -> Value {
     let content = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"k": "v"}})).unwrap();
-    plain_snapshot(&SourceId::new(SourceKind::ConfigMap, "app"), ns, "1", &content).1
+    proposal(&SourceId::new(SourceKind::ConfigMap, "app"), ns, &content)
+}
+
+/// The snapshot of `content` a guest proposes, under the name the host
+/// (replay's key) gives it.
+pub(super) fn proposal(source: &SourceId, ns: &str, content: &Content) -> Value {
+    let name = crate::cluster::proof::Prover::replay().snapshot_name(ns, &source.name, content);
+    config_snapshot_policy::model::content::snapshot_object(source, ns, &name, "1", content)
 }
 
 /// `snapshot` as the host signs what it creates (replay's key).

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{anyhow, Result};
 use config_snapshot::tools::history::Target;
+use config_snapshot::tools::printable;
 use config_snapshot::tools::status::{approval, render, status};
 use config_snapshot_policy::model::duration::unix_now;
 use config_snapshot_policy::model::keys;
@@ -78,7 +79,7 @@ pub fn approve_command(args: ApproveArgs) -> Result<ExitCode> {
         let approved = match approval(&target, &workload, &args.snapshots) {
             Ok(approved) => approved,
             Err(refused) => {
-                eprintln!("config-snapshot: refused: {refused}");
+                eprintln!("config-snapshot: refused: {}", printable(&refused.to_string()));
                 return Ok(ExitCode::from(1));
             }
         };
@@ -97,7 +98,8 @@ pub fn approve_command(args: ApproveArgs) -> Result<ExitCode> {
             .await
             .map_err(|e| anyhow!("approving on {target}: {e}"))?;
         println!(
-            "approved on {target}: {approved}; it rolls out within seconds (see `config-snapshot status {target}`)"
+            "approved on {target}: {}; it rolls out within seconds (see `config-snapshot status {target}`)",
+            printable(&approved.to_string())
         );
         Ok(ExitCode::SUCCESS)
     })

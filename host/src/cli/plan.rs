@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::{anyhow, Context as _, Result};
 use config_snapshot::tools::impact::{impact, render, stored_form, Impact, Judging};
 use config_snapshot_policy::model::duration::parse_go_duration;
+use config_snapshot_policy::model::keys;
 use config_snapshot_policy::model::kinds::WorkloadKind;
 use config_snapshot_policy::model::settings::Settings;
 use serde_json::Value;
@@ -59,6 +60,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 .cloned()
                 .collect();
             let live = sim.get(kind.kind(), &namespace, &name);
+            let snapshots: Vec<Value> = objects
+                .iter()
+                .filter(|o| o.namespace() == Some(namespace.as_str()) && o["kind"] == "ConfigMap")
+                .filter(|o| keys::is_snapshot(o))
+                .cloned()
+                .collect();
             impact(
                 &new,
                 live.as_ref(),
@@ -66,6 +73,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 &namespace,
                 &Judging {
                     settings: &sim.effect_rules.settings,
+                    snapshots: &snapshots,
                     watch_min_interval: sim.effect_rules.watch_min_interval,
                     now: sim.now(),
                 },
@@ -125,6 +133,15 @@ async fn online(args: &Args, new: &Value, kind: &str, name: &str, settings: &Set
             Err(e) => return Err(anyhow!("listing {}s in {namespace}: {e}", workload.kind())),
         }
     }
+    let (configmaps, resource) = api("ConfigMap")?;
+    let snapshots: Vec<Value> = configmaps
+        .list(&ListParams::default().labels(&format!("{}={}", keys::MANAGED_BY, keys::MANAGED_BY_VALUE)))
+        .await
+        .map_err(|e| anyhow!("listing the snapshots in {namespace}: {e}"))?
+        .items
+        .into_iter()
+        .map(|o| trim(o, &resource))
+        .collect();
     impact(
         new,
         live.as_ref(),
@@ -132,6 +149,7 @@ async fn online(args: &Args, new: &Value, kind: &str, name: &str, settings: &Set
         &namespace,
         &Judging {
             settings,
+            snapshots: &snapshots,
             watch_min_interval: args.watch_min_interval.as_secs() as i64,
             now: config_snapshot_policy::model::duration::unix_now(),
         },

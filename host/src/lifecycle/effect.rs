@@ -149,7 +149,7 @@ impl Effect {
 }
 
 /// What identifies the object an admission reviewed once it is stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct StoredAs {
     /// Its uid, if the review carried one (an UPDATE's).
     pub uid: Option<String>,

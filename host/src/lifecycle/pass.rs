@@ -359,10 +359,14 @@ impl<'s> Watchers<'s> {
         ) else {
             return false;
         };
-        let id = SourceId::new(kind, name);
+        self.watches(ns, &SourceId::new(kind, name))
+    }
+
+    /// Whether a workload of `namespace` watches the source `id`.
+    pub fn watches(&self, namespace: &str, id: &SourceId) -> bool {
         self.by_namespace
-            .get(ns)
-            .is_some_and(|opt_ins| opt_ins.iter().any(|o| o.watches(&id, self.settings)))
+            .get(namespace)
+            .is_some_and(|opt_ins| opt_ins.iter().any(|o| o.watches(id, self.settings)))
     }
 }
 

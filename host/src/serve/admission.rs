@@ -7,7 +7,6 @@ use std::time::Instant;
 
 use config_snapshot_policy::host::host_error::{Code, HostError};
 use config_snapshot_policy::host::operation::Operation;
-use config_snapshot_policy::model::keys;
 use config_snapshot_policy::model::selection::{is_dns_label, is_dns_subdomain};
 use config_snapshot_policy::model::source::SourceKind;
 use serde::Deserialize;
@@ -19,8 +18,6 @@ use super::prefetch::{self, ObjectOnly};
 use super::scope::RequestScope;
 use super::state::State;
 use crate::capability::{Caller, Capability, Subject};
-use crate::cluster::proof::proven::Provenance;
-use crate::cluster::proof::Prover;
 use crate::cluster::shown;
 use crate::kubewarden::engine::{CallFailure, CallHandler};
 use config_snapshot_policy::model::settings::Settings;
@@ -239,49 +236,42 @@ const MAX_UID: usize = 128;
 /// serve's request parsing, screening and read-ahead through it.
 #[derive(Debug)]
 pub struct Preview {
-    /// `policy`, `ours` (a proven snapshot: untouched) or `unlabelled` (a
-    /// forged label: reviewed as a plain source).
-    pub provenance: &'static str,
+    /// `policy` (evaluated), or what answers it untouched before the
+    /// policy: `unnamed`, `source` (a ConfigMap's or Secret's review).
+    pub decision: &'static str,
     /// Sources serve would read ahead for the policy.
     pub read_ahead: usize,
 }
 
-pub fn preview(body: &[u8], prover: &Prover, settings: &Settings) -> Result<Preview, Failure> {
+pub fn preview(body: &[u8], settings: &Settings) -> Result<Preview, Failure> {
     let request = request_of(body)?;
     let head = head_of(request)?;
-    let (provenance_of, request) = match provenance(&head, request, prover) {
-        Provenance::Policy => ("policy", None),
-        Provenance::Ours => ("ours", None),
-        Provenance::Unlabel(raw) => ("unlabelled", Some(raw)),
+    let decision = if head.unnamed().is_some() {
+        "unnamed"
+    } else if reviews_no_source(&head, Origin::ApiServer) {
+        "source"
+    } else {
+        "policy"
     };
-    let request = request.as_deref().unwrap_or(request_of(body)?);
     Ok(Preview {
-        provenance: provenance_of,
-        read_ahead: prefetch::wanted(&head.kind.kind, &head.operation, request, settings).len(),
+        decision,
+        read_ahead: match decision {
+            "policy" => prefetch::wanted(&head.kind.kind, &head.operation, request, settings).len(),
+            _ => 0,
+        },
     })
 }
 
-/// Whose write a request is ([`Prover::provenance`]), with the request
-/// the policy reviews as raw text. Only a ConfigMap or Secret whose text
-/// names our label is parsed.
-fn provenance(head: &RequestHeader, request: &RawValue, prover: &Prover) -> Provenance<Box<RawValue>> {
-    if SourceKind::from_kind(&head.kind.kind).is_none() || !request.get().contains(keys::MANAGED_BY) {
-        return Provenance::Policy;
-    }
-    let Ok(parsed) = serde_json::from_str::<Value>(request.get()) else {
-        return Provenance::Policy;
-    };
-    match prover.provenance(&parsed) {
-        Provenance::Policy => Provenance::Policy,
-        Provenance::Ours => Provenance::Ours,
-        Provenance::Unlabel(unlabelled) => match serde_json::value::to_raw_value(&unlabelled) {
-            Ok(raw) => {
-                tracing::warn!(uid = %head.uid, "a {} carries config-snapshot's label without proof: reviewed as a source", head.kind.kind);
-                Provenance::Unlabel(raw)
-            }
-            Err(_) => Provenance::Policy,
-        },
-    }
+/// Whether the request is a ConfigMap's or Secret's review from outside
+/// serve: answered untouched, nothing of it parsed but its header. serve
+/// learns of a source's changes from its watch of what the API server
+/// stored (docs/design.md, "Watch"), so the webhook does not ask for these
+/// reviews, and one that comes anyway (a door-holder's, a configuration
+/// edited by hand) decides nothing and costs nothing: no tree of its
+/// object is built, however large it is. The host's own re-admissions
+/// of a source, read fresh, are the policy's.
+fn reviews_no_source(head: &RequestHeader, origin: Origin) -> bool {
+    origin == Origin::ApiServer && SourceKind::from_kind(&head.kind.kind).is_some()
 }
 
 /// The answer that allows a request untouched, without the policy.
@@ -323,24 +313,24 @@ pub(crate) fn admit_from(state: &State, request: &RawValue, origin: Origin) -> R
         namespace = head.namespace.as_deref().unwrap_or_default()
     )
     .entered();
-    let reviewed = match triage(state, &head, request) {
-        Ok(reviewed) => reviewed,
-        Err(answer) => return Ok(*answer),
-    };
-    let request: &RawValue = reviewed.as_deref().unwrap_or(request);
+    if let Err(answer) = triage(state, &head, origin) {
+        return Ok(*answer);
+    }
+    if let Err(values) = within_values(request) {
+        return Ok(too_many_values(state, &head, values));
+    }
     let handler = capability(state, &head, request);
-    let validation = evaluate(state, &head, request, handler.clone())?;
-    let answer = respond(&head, request, &validation)?;
+    let mut validation = evaluate(state, &head, request, handler.clone())?;
+    let answer = respond(&head, request, &mut validation)?;
     release(state, &handler, &answer);
     log_admission(origin, &head, &labels, &answer, &validation);
     Ok(answer)
 }
 
 /// What is answered without the policy: a request whose names are not
-/// names, one in a namespace the webhook excludes, a write of one of our
-/// snapshots. What passes goes on as the request the policy reviews: a
-/// forged label is taken off first (`Some`).
-fn triage(state: &State, head: &RequestHeader, request: &RawValue) -> Result<Option<Box<RawValue>>, Box<Answer>> {
+/// names, one in a namespace the webhook excludes, a ConfigMap's or
+/// Secret's review ([`reviews_no_source`]).
+fn triage(state: &State, head: &RequestHeader, origin: Origin) -> Result<(), Box<Answer>> {
     if let Some(why) = head.unnamed() {
         tracing::warn!(uid = %head.uid, "not reviewed: {why}");
         let warning = format!("config-snapshot: not reviewed: {why}");
@@ -357,12 +347,10 @@ fn triage(state: &State, head: &RequestHeader, request: &RawValue) -> Result<Opt
         let warning = format!("config-snapshot does not act in namespace {namespace}");
         return Err(untouched(state, &head.uid, "excluded", Some(warning)).into());
     }
-    match provenance(head, request, &rules.prover) {
-        Provenance::Policy => Ok(None),
-        // A write of one of our snapshots: nothing to decide.
-        Provenance::Ours => Err(untouched(state, &head.uid, "snapshot", None).into()),
-        Provenance::Unlabel(request) => Ok(Some(request)),
+    if reviews_no_source(head, origin) {
+        return Err(untouched(state, &head.uid, "source", None).into());
     }
+    Ok(())
 }
 
 /// The host capability this request's policy run calls, its reads begun
@@ -421,10 +409,15 @@ fn evaluate(
 }
 
 /// The AdmissionReview answer to the policy's validation: a mutation
-/// becomes a JSON Patch against the request's object.
-fn respond(head: &RequestHeader, request: &RawValue, validation: &Value) -> Result<Answer, Failure> {
+/// becomes a JSON Patch against the request's object. The mutated object
+/// is taken out of the validation, not copied: with the request's object,
+/// the two trees serve holds of a review.
+fn respond(head: &RequestHeader, request: &RawValue, validation: &mut Value) -> Result<Answer, Failure> {
     let allowed = validation["accepted"].as_bool().unwrap_or(false);
-    let mutated = validation.get("mutated_object").filter(|v| !v.is_null()).cloned();
+    let mutated = validation
+        .as_object_mut()
+        .and_then(|v| v.remove("mutated_object"))
+        .filter(|v| !v.is_null());
     let original = match (&mutated, allowed) {
         (Some(_), true) => serde_json::from_str::<ObjectOnly>(request.get())
             .map(|o| o.object)
@@ -442,6 +435,116 @@ fn respond(head: &RequestHeader, request: &RawValue, validation: &Value) -> Resu
         allowed,
         mutated,
     })
+}
+
+/// The most JSON values (objects, arrays, strings, numbers and the rest)
+/// serve takes in a request's object. Its trees of a review (the object and
+/// the mutated one, and the policy's own within its memory limit) grow with
+/// the count of values, not with the bytes: 120,000 keys of a few bytes
+/// each are 1.2 MiB on the wire and ten times that as a tree. A Deployment
+/// holds a few thousand; one of more than this is refused with a message,
+/// never half done, whatever its bytes.
+pub(crate) const MAX_VALUES: usize = 100_000;
+
+/// `Ok` when the request's object holds at most [`MAX_VALUES`] values,
+/// counted in one pass that builds nothing; else how many it holds. A
+/// request that does not parse is the policy's to refuse.
+fn within_values(request: &RawValue) -> Result<(), usize> {
+    #[derive(Deserialize)]
+    struct Counting {
+        #[serde(default)]
+        object: Option<count::Values>,
+    }
+    match serde_json::from_str::<Counting>(request.get()) {
+        Ok(Counting { object: Some(values) }) if values.0 > MAX_VALUES => Err(values.0),
+        _ => Ok(()),
+    }
+}
+
+/// The answer to an object of more values than serve takes.
+fn too_many_values(state: &State, head: &RequestHeader, values: usize) -> Answer {
+    state.metrics.decided("denied");
+    let message = format!(
+        "config-snapshot: this {} holds {values} JSON values, more than the {MAX_VALUES} config-snapshot reviews: take its config-snapshot.io/ annotations off, or make it smaller",
+        head.kind.kind
+    );
+    tracing::warn!(uid = %head.uid, values, "refused: {}", message);
+    Answer {
+        review: json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "response": {"uid": head.uid, "allowed": false, "status": {"code": 413, "message": message}}}),
+        allowed: false,
+        mutated: None,
+    }
+}
+
+/// Counting a JSON document's values without keeping any of them.
+mod count {
+    use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+    use std::cell::Cell;
+
+    /// How many values a document holds (it, and every one inside it).
+    pub(super) struct Values(pub usize);
+
+    impl<'de> Deserialize<'de> for Values {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            let counted = Cell::new(0);
+            deserializer.deserialize_any(Counter(&counted))?;
+            Ok(Values(counted.get()))
+        }
+    }
+
+    struct Counter<'c>(&'c Cell<usize>);
+
+    impl Counter<'_> {
+        fn one<E: serde::de::Error>(&self) -> Result<(), E> {
+            self.0.set(self.0.get().saturating_add(1));
+            Ok(())
+        }
+    }
+
+    impl<'de> serde::de::DeserializeSeed<'de> for Counter<'_> {
+        type Value = ();
+        fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+            deserializer.deserialize_any(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Counter<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("any JSON")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            self.one()?;
+            while map.next_key::<IgnoredAny>()?.is_some() {
+                map.next_value_seed(Counter(self.0))?;
+            }
+            Ok(())
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            self.one()?;
+            while seq.next_element_seed(Counter(self.0))?.is_some() {}
+            Ok(())
+        }
+        fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<(), E> {
+            self.one()
+        }
+        fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<(), E> {
+            self.one()
+        }
+        fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<(), E> {
+            self.one()
+        }
+        fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<(), E> {
+            self.one()
+        }
+        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<(), E> {
+            self.one()
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+            self.one()
+        }
+    }
 }
 
 /// The request's effects wait for the webhook's answer: a refused request
@@ -548,4 +651,34 @@ fn item_errors(answer: &[u8]) -> Vec<HostError> {
     serde_json::from_slice::<Batch>(answer)
         .map(|b| b.results.into_iter().filter_map(|i| i.error).collect())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(object: Value) -> Box<RawValue> {
+        serde_json::value::to_raw_value(&json!({"uid": "u", "kind": {"kind": "Deployment"}, "object": object})).unwrap()
+    }
+
+    /// A review's trees grow with its values, not its bytes: the count is
+    /// made in one pass, and an object past the bound is refused before any
+    /// tree of it is built, however few bytes it takes.
+    #[test]
+    fn an_object_of_too_many_values_is_told_apart_by_counting_alone() {
+        let keys = |n: usize| -> Value {
+            let map: serde_json::Map<String, Value> = (0..n).map(|i| (format!("k{i}"), json!(""))).collect();
+            json!({"metadata": {"name": "web", "annotations": map}})
+        };
+        // The object, its metadata, the name, the annotations, and each key.
+        assert_eq!(within_values(&request(keys(MAX_VALUES - 4))), Ok(()));
+        assert_eq!(within_values(&request(keys(MAX_VALUES - 3))), Err(MAX_VALUES + 1));
+        let deep = json!({"spec": {"template": {"spec": {"containers": [{"env": [1, 2.5, true, null, "x"]}]}}}});
+        assert_eq!(within_values(&request(deep)), Ok(()));
+        // Not a document the count can read: the policy's to refuse.
+        let broken = RawValue::from_string(r#"{"object": {"a": }"#.to_string());
+        assert!(broken.is_err() || within_values(&broken.unwrap()).is_ok());
+        let noobject = RawValue::from_string(r#"{"uid": "u"}"#.to_string()).unwrap();
+        assert_eq!(within_values(&noobject), Ok(()));
+    }
 }

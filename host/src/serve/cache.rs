@@ -4,6 +4,9 @@
 //!
 //! Objects are kept as JSON without `managedFields` and `status` (the policy
 //! reads neither), so a get or a masked list serialises straight from here.
+//! A ConfigMap or Secret is kept without its data and with only the metadata
+//! its readers use (cluster/proof/cached.rs); anything else without the
+//! manifest a client-side apply leaves in it (`Cache::kept`).
 
 use config_snapshot_policy::model::object::ObjectExt;
 use std::collections::{BTreeMap, HashMap};
@@ -19,11 +22,12 @@ use kube::Client;
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
+use config_snapshot_policy::model::keys;
 use config_snapshot_policy::model::kinds::{self, WorkloadKind};
 use config_snapshot_policy::model::source::{SourceId, SourceKind};
 
 use super::metrics::KindLabels;
-use crate::cluster::proof::Prover;
+use crate::cluster::proof::{Prover, DIGESTED};
 use crate::cluster::referrers::Referrers;
 use crate::cluster::{self, ApiError, Selector};
 use prometheus_client::metrics::family::Family;
@@ -142,8 +146,20 @@ impl Drop for Following<'_> {
     }
 }
 
-/// What [`Cache::on_workload_change`] tells of a stored workload change.
-type WorkloadChanged = Box<dyn Fn(&crate::cluster::Key) + Send + Sync>;
+/// One watcher's state, which outlives a keyring relist (it lists again in
+/// the same scope): whether it has listed once, whether its next list is
+/// for a new keyring, and whether it follows the API server (its `Drop`
+/// marks a watcher that ended).
+struct Watcher<'a> {
+    kind: &'static str,
+    listed: bool,
+    rekeyed: bool,
+    following: Following<'a>,
+}
+
+/// What [`Cache::on_workload_change`] tells of a stored workload change,
+/// and [`Cache::on_source_change`] of a stored change of a source's content.
+type Changed = Box<dyn Fn(&crate::cluster::Key) + Send + Sync>;
 
 #[derive(Default)]
 pub struct Cache {
@@ -167,7 +183,12 @@ pub struct Cache {
     /// Told of every stored change of a workload (kind, namespace, name),
     /// as the watch brings it: the effect queue wakes the rollouts held
     /// for what its users write.
-    on_workload: std::sync::OnceLock<WorkloadChanged>,
+    on_workload: std::sync::OnceLock<Changed>,
+    /// Told of every stored change of a source's content (not of its
+    /// metadata alone, not of a snapshot of ours), as the watch brings it
+    /// or a relist finds it: the watchers' rollouts start there
+    /// (docs/design.md, "Watch").
+    on_source: std::sync::OnceLock<Changed>,
 }
 
 impl Cache {
@@ -185,8 +206,14 @@ impl Cache {
         let _ = self.on_workload.set(Box::new(tell));
     }
 
+    /// Tells `tell` of every stored change of a source's content (once;
+    /// later calls are ignored).
+    pub(crate) fn on_source_change(&self, tell: impl Fn(&crate::cluster::Key) + Send + Sync + 'static) {
+        let _ = self.on_source.set(Box::new(tell));
+    }
+
     /// The same cache, keeping sources digested by `prover`.
-    pub(crate) fn digesting(self, prover: Arc<Prover>) -> Cache {
+    pub fn digesting(self, prover: Arc<Prover>) -> Cache {
         Cache {
             prover: Some(prover),
             ..self
@@ -221,14 +248,59 @@ impl Cache {
         self.keyring.send_modify(|generation| *generation += 1);
     }
 
-    /// An object as the cache keeps it: a source digested.
-    fn kept(&self, object: Value) -> Value {
+    /// An object as the cache keeps it: a source digested (its data and
+    /// every annotation but config-snapshot's own gone, by allow-list:
+    /// `Prover::digested`); anything else without the manifest a
+    /// client-side apply left in it ([`keys::LAST_APPLIED`]). A workload's
+    /// annotations are the policy's input (its opt-in, the controllers'
+    /// revision numbers, its records), so only that one goes: it holds no
+    /// Secret data (a workload names its Secrets), but it is the workload
+    /// over again, which would double what the cache holds of every
+    /// workload applied client-side, and no reader of the cache reads it.
+    fn kept(&self, mut object: Value) -> Value {
         match &self.prover {
             Some(prover) if object["kind"].as_str().and_then(SourceKind::from_kind).is_some() => {
                 prover.digested(&object)
             }
-            _ => object,
+            _ => {
+                if object.has_annotation(keys::LAST_APPLIED) {
+                    if let Some(annotations) = object.annotations_mut() {
+                        annotations.remove(keys::LAST_APPLIED);
+                    }
+                }
+                object
+            }
         }
+    }
+
+    /// A new watcher of `kind` in `scope` (a namespace, or the cluster).
+    fn watcher(&self, kind: &'static str, scope: Option<String>) -> Watcher<'_> {
+        Watcher {
+            kind,
+            listed: false,
+            rekeyed: false,
+            following: Following {
+                failing: &self.kinds[kind].failing,
+                scope,
+                now: true,
+            },
+        }
+    }
+
+    /// Whether `kept` (a source as the cache keeps it) holds other content
+    /// than `held`, what the cache held of it (`None`: new to the cache),
+    /// and is not a snapshot of ours. Compared by the keyed digests, both
+    /// made with the ring of this listing; a cache that keeps sources
+    /// whole (tests) compares their data.
+    fn content_changed(&self, held: Option<&Value>, kept: &Value) -> bool {
+        if self.prover.as_ref().is_some_and(|p| p.proves(kept)) {
+            return false;
+        }
+        let content = |o: &Value| match o.get(DIGESTED) {
+            Some(digested) => digested["digest"].clone(),
+            None => serde_json::json!([o.get("data"), o.get("binaryData"), o.get("type")]),
+        };
+        held.is_none_or(|held| content(held) != content(kept))
     }
 
     /// A cache of the whole cluster but `namespaces`.
@@ -297,43 +369,53 @@ impl Cache {
         };
         let source = SourceKind::from_kind(kind).is_some();
         let mut keyring = self.keyring.subscribe();
-        let mut listed = false;
-        let mut following = Following {
-            failing: &self.kinds[kind].failing,
-            scope: namespace.clone(),
-            now: true,
-        };
+        let mut watcher = self.watcher(kind, namespace.clone());
         loop {
             let events = watcher::watcher(api.clone(), config.clone()).default_backoff().boxed();
             if !self
-                .watch(
-                    (kind, &ar, &namespace),
-                    events,
-                    (&mut listed, &mut following),
-                    source.then_some(&mut keyring),
-                )
+                .watch((&ar, &namespace), events, &mut watcher, source.then_some(&mut keyring))
                 .await
             {
                 return;
             }
             tracing::info!(kind, "the keyring changed: listing again");
+            watcher.rekeyed = true;
         }
     }
 
     /// A (re)list has ended: what it brought replaces what the cache held
     /// of its scope, and a watcher's first list counts towards
-    /// [`Cache::synced`].
-    fn relisted(&self, kind: &'static str, namespace: &Option<String>, objects: Option<Objects>, listed: &mut bool) {
+    /// [`Cache::synced`]. A relist of sources after the first (an error, a 410) tells what
+    /// changed while the watch was away, unless it lists again for a new
+    /// keyring (`rekeyed`): digests made with another key compare unequal,
+    /// and the periodic pass re-admits every watched source anyway.
+    fn relisted(&self, namespace: &Option<String>, objects: Option<Objects>, watcher: &mut Watcher<'_>) {
+        let kind = watcher.kind;
+        let mut changed = Vec::new();
         if let Some(objects) = objects {
             let mut indexed = self.kinds[kind].objects.write().unwrap_or_else(|e| e.into_inner());
+            if watcher.listed && !watcher.rekeyed && SourceKind::from_kind(kind).is_some() {
+                for (ns, names) in &objects {
+                    for (name, object) in names {
+                        let held = indexed.objects.get(ns).and_then(|n| n.get(name));
+                        if self.content_changed(held, object) {
+                            changed.push((kind.to_string(), ns.clone(), name.clone()));
+                        }
+                    }
+                }
+            }
             match namespace {
                 Some(ns) => indexed.replace_namespace(kind, ns, objects),
                 None => *indexed = Indexed::of(objects),
             }
             self.count(kind, &indexed);
         }
+        watcher.rekeyed = false;
+        if let Some(tell) = self.on_source.get() {
+            changed.iter().for_each(tell);
+        }
         self.kinds[kind].absent.store(false, Ordering::SeqCst);
-        if !std::mem::replace(listed, true) {
+        if !std::mem::replace(&mut watcher.listed, true) {
             let synced = self.kinds[kind].synced.fetch_add(1, Ordering::SeqCst) + 1;
             if synced == self.watchers() {
                 tracing::info!(kind, "cache synced");
@@ -343,15 +425,17 @@ impl Cache {
 
     /// Applies one watch's events to the cache until it ends (`false`) or,
     /// for a source kind, the keyring changes (`true`: list again).
-    /// `following` outlives it (a keyring change lists again in the same
+    /// `watcher` outlives it (a keyring change lists again in the same
     /// scope); its `Drop` marks a watcher that ended.
     async fn watch(
         &self,
-        (kind, ar, namespace): (&'static str, &ApiResource, &Option<String>),
+        (ar, namespace): (&ApiResource, &Option<String>),
         mut events: futures::stream::BoxStream<'_, watcher::Result<Event<DynamicObject>>>,
-        (listed, following): (&mut bool, &mut Following<'_>),
+        watcher: &mut Watcher<'_>,
         mut keyring: Option<&mut tokio::sync::watch::Receiver<u64>>,
     ) -> bool {
+        let kind = watcher.kind;
+        let source = SourceKind::from_kind(kind).is_some();
         let mut buffer: Option<Objects> = None;
         loop {
             let event = match keyring.as_mut() {
@@ -365,7 +449,7 @@ impl Cache {
                 None => events.next().await,
             };
             let Some(event) = event else { return false };
-            following.heard(&event);
+            watcher.following.heard(&event);
             match event {
                 Ok(Event::Init) => buffer = Some(Objects::new()),
                 Ok(Event::InitApply(o)) => {
@@ -374,7 +458,7 @@ impl Cache {
                         insert(buffer, object);
                     }
                 }
-                Ok(Event::InitDone) => self.relisted(kind, namespace, buffer.take(), listed),
+                Ok(Event::InitDone) => self.relisted(namespace, buffer.take(), watcher),
                 Ok(Event::Apply(o)) => {
                     // What the cache has seen, for tracing a decision made
                     // on a view that lags the API server.
@@ -386,17 +470,25 @@ impl Cache {
                         "cache applied"
                     );
                     let kept = self.kept(trim(o, ar));
-                    let workload = WorkloadKind::from_kind(kind).map(|_| {
-                        let text = |p: &str| kept.pointer(p).and_then(Value::as_str).unwrap_or_default().to_string();
-                        (kind.to_string(), text("/metadata/namespace"), text("/metadata/name"))
-                    });
-                    {
+                    let text = |p: &str| kept.pointer(p).and_then(Value::as_str).unwrap_or_default().to_string();
+                    let key = (kind.to_string(), text("/metadata/namespace"), text("/metadata/name"));
+                    let changed = {
                         let mut indexed = self.kinds[kind].objects.write().unwrap_or_else(|e| e.into_inner());
+                        let held = indexed.objects.get(&key.1).and_then(|n| n.get(&key.2));
+                        let changed = source && self.content_changed(held, &kept);
                         indexed.insert(kept);
                         self.count(kind, &indexed);
-                    }
-                    if let (Some(workload), Some(tell)) = (workload, self.on_workload.get()) {
-                        tell(&workload);
+                        changed
+                    };
+                    let tell = if changed {
+                        self.on_source.get()
+                    } else if WorkloadKind::from_kind(kind).is_some() {
+                        self.on_workload.get()
+                    } else {
+                        None
+                    };
+                    if let Some(tell) = tell {
+                        tell(&key);
                     }
                 }
                 Ok(Event::Delete(o)) => {
@@ -614,6 +706,8 @@ fn not_served(e: &watcher::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use config_snapshot_policy::model::content::Content;
+    use config_snapshot_policy::model::keys;
     use serde_json::json;
 
     fn cm(ns: &str, name: &str, rv: &str, label: &str) -> Value {
@@ -725,6 +819,39 @@ mod tests {
         );
     }
 
+    /// A client-side apply leaves the manifest it applied in an annotation:
+    /// a Secret's `stringData` in plain text, a workload over again. The
+    /// cache keeps neither: a source only config-snapshot's own annotations,
+    /// a workload every annotation but that one (the policy reads the
+    /// others).
+    #[test]
+    fn a_client_side_apply_leaves_its_manifest_out_of_the_cache() {
+        let prover = Arc::new(Prover::new(b"the cache tests' key, 32 bytes..."));
+        let cache = Cache::new().digesting(prover);
+        let applied = |object: &Value| json!({keys::LAST_APPLIED: object.to_string(), "example.com/team": "shop"});
+        let manifest = json!({"apiVersion": "v1", "kind": "Secret", "stringData": {"password": "hunter2"}});
+        cache.observe(json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"namespace": "a", "name": "db", "uid": "u", "resourceVersion": "1",
+                         "annotations": applied(&manifest)},
+            "data": {"password": "aHVudGVyMg=="}}));
+        let kept = cache.get("Secret", "a", "db").unwrap().unwrap();
+        assert!(!kept.to_string().contains("hunter2"), "{kept}");
+        assert!(kept["metadata"].get("annotations").is_none(), "{kept}");
+        let web = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "a", "uid": "w", "resourceVersion": "1"}});
+        let mut annotations = applied(&web);
+        annotations[keys::WATCH] = json!("app");
+        cache.observe(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"namespace": "a", "name": "web", "uid": "w", "resourceVersion": "1",
+                         "annotations": annotations}}));
+        let kept = cache.get("Deployment", "a", "web").unwrap().unwrap();
+        assert_eq!(
+            kept["metadata"]["annotations"],
+            json!({"example.com/team": "shop", keys::WATCH: "app"}),
+            "only the manifest goes"
+        );
+    }
+
     #[test]
     fn a_namespace_relisted_leaves_the_others_alone() {
         let cache = Cache::within(vec!["a".into(), "b".into()]);
@@ -756,15 +883,8 @@ mod tests {
             tokio::spawn(async move {
                 let ar = api_resource("ConfigMap").unwrap();
                 let scope = Some("a".to_string());
-                let mut following = Following {
-                    failing: &cache.kinds["ConfigMap"].failing,
-                    scope: scope.clone(),
-                    now: true,
-                };
-                let listed = &mut false;
-                cache
-                    .watch(("ConfigMap", &ar, &scope), rx.boxed(), (listed, &mut following), None)
-                    .await
+                let mut watcher = cache.watcher("ConfigMap", scope.clone());
+                cache.watch((&ar, &scope), rx.boxed(), &mut watcher, None).await
             })
         };
         let settled = |want: bool| until_following(&cache, "ConfigMap", "a", want);
@@ -794,6 +914,72 @@ mod tests {
         assert!(cache.following("ConfigMap", "b"));
     }
 
+    /// serve learns of a source's change from its watch, not from a review
+    /// (docs/design.md, "Watch"): each stored change of content is told
+    /// once, a change of metadata alone and a snapshot of ours never, and a
+    /// relist tells what changed while the watch was away, except the one
+    /// a new keyring asks for.
+    #[tokio::test]
+    async fn a_source_change_is_told_once_per_content_from_the_watch_and_relists() {
+        let prover = Arc::new(Prover::replay());
+        let cache = Arc::new(Cache::within(vec!["a".into()]).digesting(prover.clone()));
+        let told = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        {
+            let told = told.clone();
+            cache.on_source_change(move |(_, _, name)| told.lock().unwrap().push(name.clone()));
+        }
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        let watching = {
+            let cache = cache.clone();
+            tokio::spawn(async move {
+                let ar = api_resource("ConfigMap").unwrap();
+                let scope = Some("a".to_string());
+                let mut watcher = cache.watcher("ConfigMap", scope.clone());
+                let listed = |w: &mut Watcher<'_>| w.listed;
+                let watched = cache.watch((&ar, &scope), rx.boxed(), &mut watcher, None).await;
+                (watched, listed(&mut watcher))
+            })
+        };
+        let source = |name: &str, rv: &str, data: &str| {
+            json!({"apiVersion": "v1", "kind": "ConfigMap",
+                   "metadata": {"namespace": "a", "name": name, "uid": "u1", "resourceVersion": rv,
+                                "labels": {"rv": rv}},
+                   "data": {"k": data}})
+        };
+        let object =
+            |name: &str, rv: &str, data: &str| serde_json::from_value::<DynamicObject>(source(name, rv, data)).unwrap();
+        let send = |e: Event<DynamicObject>| tx.unbounded_send(Ok(e)).unwrap();
+        send(Event::Init);
+        send(Event::InitApply(object("app", "1", "one")));
+        send(Event::InitDone);
+        send(Event::Apply(object("app", "2", "one")));
+        send(Event::Apply(object("app", "3", "two")));
+        send(Event::Apply(object("new", "4", "x")));
+        let mut ours = source("app", "5", "two");
+        let content = Content::from_object(SourceKind::ConfigMap, &ours).unwrap();
+        ours["metadata"]["name"] = json!(prover.snapshot_name("a", "app", &content));
+        ours["metadata"]["labels"] = json!({keys::MANAGED_BY: keys::MANAGED_BY_VALUE});
+        ours["metadata"]["annotations"] = json!({keys::SOURCE_NAME: "app", keys::CONTENT_HASH: content.hash()});
+        ours["immutable"] = json!(true);
+        prover.sign(&mut ours);
+        assert!(prover.proves(&ours));
+        send(Event::Apply(serde_json::from_value(ours).unwrap()));
+        // The watch was away: a relist brings one change and one new source.
+        send(Event::Init);
+        send(Event::InitApply(object("app", "7", "three")));
+        send(Event::InitApply(object("new", "4", "x")));
+        send(Event::InitApply(object("later", "8", "y")));
+        send(Event::InitDone);
+        drop(tx);
+        let (watched, listed) = watching.await.unwrap();
+        assert!(!watched && listed);
+        assert_eq!(
+            *told.lock().unwrap(),
+            ["app", "new", "app", "later"],
+            "the first list tells nothing (the pass at start re-admits); a metadata change nothing; our snapshot nothing"
+        );
+    }
+
     /// Yields to the watcher until `cache` says `want` of `kind` in
     /// `namespace` (at most 100 turns); whether it did.
     async fn until_following(cache: &Cache, kind: &str, namespace: &str, want: bool) -> bool {
@@ -817,14 +1003,8 @@ mod tests {
             let cache = cache.clone();
             tokio::spawn(async move {
                 let ar = api_resource("Secret").unwrap();
-                let mut following = Following {
-                    failing: &cache.kinds["Secret"].failing,
-                    scope: None,
-                    now: true,
-                };
-                cache
-                    .watch(("Secret", &ar, &None), rx.boxed(), (&mut false, &mut following), None)
-                    .await
+                let mut watcher = cache.watcher("Secret", None);
+                cache.watch((&ar, &None), rx.boxed(), &mut watcher, None).await
             })
         };
         tx.unbounded_send(Ok(Event::Init)).unwrap();

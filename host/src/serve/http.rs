@@ -2,178 +2,23 @@
 //! plain HTTP for the kubelet and Prometheus (which should not need the
 //! webhook's CA).
 
-use std::collections::HashMap;
-use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context as _, Result};
-use axum::body::Bytes;
-use axum::extract::{Request, State as Extract};
-use axum::http::{header, Method, StatusCode, Version};
+use axum::extract::State as Extract;
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use tokio::sync::Semaphore;
-use tokio::time::{timeout_at, Instant};
 
-use super::admission;
 use super::door::Door;
+use super::intake::{webhook_router, Webhook};
 use super::listener::{self, server_config, Table, Tls};
-use super::metrics::RefusedLabels;
 use super::options::Options;
-use super::refusal::{refusal, Connection, Peer, Refusal};
 use super::state::State;
-
-/// An AdmissionReview carries the object and the old object; the API
-/// server caps each at about 3 MiB.
-pub(crate) const MAX_BODY: usize = 8 << 20;
-
-/// The budget of request bodies is counted in KiB.
-const BUDGET_UNIT: usize = 1024;
-
-/// A body larger than this is large: large ones take their part of the
-/// budget from a pool of their own, half of it.
-const LARGE: usize = 1 << 20;
-
-/// What the webhook's one route needs.
-#[derive(Clone)]
-pub(crate) struct Webhook {
-    pub state: Arc<State>,
-    pub door: Arc<Door>,
-    /// The budget of request bodies being read or evaluated at once, in
-    /// [`BUDGET_UNIT`]s, in two pools: bodies up to [`LARGE`] and larger
-    /// ones, half each. A body takes its declared size (or [`MAX_BODY`] when
-    /// it declares none) from its pool before a byte of it is read. Apart,
-    /// a large body waiting never holds up the API server's usual reviews
-    /// (a few KiB to a few hundred) queued behind it.
-    small: Arc<Semaphore>,
-    large: Arc<Semaphore>,
-    /// Of the budget, what each peer holds: one peer may hold half of it at
-    /// most, so that one address cannot take it all.
-    shares: Arc<Mutex<HashMap<IpAddr, u32>>>,
-    share: u32,
-    /// From a request's headers to its whole body: one deadline, not one
-    /// per frame, so that a body trickled a byte at a time is cut off.
-    pub body_deadline: Duration,
-}
-
-/// A peer's part of the budget, given back when the request ends.
-struct Share {
-    shares: Arc<Mutex<HashMap<IpAddr, u32>>>,
-    peer: IpAddr,
-    units: u32,
-}
-
-impl Drop for Share {
-    fn drop(&mut self) {
-        let mut shares = self.shares.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(held) = shares.get_mut(&self.peer) {
-            *held = held.saturating_sub(self.units);
-            if *held == 0 {
-                shares.remove(&self.peer);
-            }
-        }
-    }
-}
-
-impl Webhook {
-    /// `budget_bytes` of bodies at once, never less than two bodies at
-    /// most (so that each pool, and one peer's half, holds one).
-    pub fn new(state: Arc<State>, door: Arc<Door>, budget_bytes: usize, body_deadline: Duration) -> Webhook {
-        let units = u32::try_from(budget_bytes.max(2 * MAX_BODY) / BUDGET_UNIT).unwrap_or(u32::MAX >> 4);
-        Webhook {
-            state,
-            door,
-            small: Arc::new(Semaphore::new((units / 2) as usize)),
-            large: Arc::new(Semaphore::new((units / 2) as usize)),
-            shares: Arc::default(),
-            share: units / 2,
-            body_deadline,
-        }
-    }
-
-    /// `units` of the peer's share, if it has them left.
-    fn share(&self, peer: IpAddr, units: u32) -> Option<Share> {
-        let mut shares = self.shares.lock().unwrap_or_else(|e| e.into_inner());
-        let held = shares.entry(peer).or_default();
-        if held.saturating_add(units) > self.share {
-            return None;
-        }
-        *held += units;
-        Some(Share {
-            shares: self.shares.clone(),
-            peer,
-            units,
-        })
-    }
-
-    fn refuse(&self, version: Version, why: Refusal) -> Response {
-        self.state
-            .metrics
-            .connections
-            .requests_refused
-            .get_or_create(&RefusedLabels { reason: why.label() })
-            .inc();
-        refusal(version, why)
-    }
-}
-
-/// The webhook: one handler for every method and path, so that what is
-/// not the door's path is refused the same way, before its body is read.
-pub(crate) fn webhook_router(webhook: Webhook) -> Router {
-    Router::new().fallback(intake).with_state(webhook)
-}
-
-/// Lets a request in, or not: the door's path first, then its body's size
-/// against the budget, then the body itself by the deadline. Only then is
-/// it evaluated. A request refused at the door also closes its connection
-/// (a GOAWAY on HTTP/2): whoever does not know the path keeps no place.
-async fn intake(Extract(hook): Extract<Webhook>, request: Request) -> Response {
-    let version = request.version();
-    let connection = request.extensions().get::<Connection>().cloned();
-    let now = config_snapshot_policy::model::duration::unix_now();
-    if request.method() != Method::POST || !hook.door.opens(request.uri().path(), now) {
-        if let Some(c) = &connection {
-            c.close.notify_one();
-        }
-        return hook.refuse(version, Refusal::Door);
-    }
-    let deadline = Instant::now() + hook.body_deadline;
-    let declared = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    if declared.is_some_and(|n| n > MAX_BODY) {
-        return hook.refuse(version, Refusal::TooLarge);
-    }
-    let limit = declared.unwrap_or(MAX_BODY);
-    let units = u32::try_from(limit.div_ceil(BUDGET_UNIT).max(1)).unwrap_or(u32::MAX);
-    let peer = request
-        .extensions()
-        .get::<Peer>()
-        .map_or(IpAddr::from([0, 0, 0, 0]), |p| p.0);
-    let Some(share) = hook.share(peer, units) else {
-        return hook.refuse(version, Refusal::Budget);
-    };
-    let pool = if limit > LARGE { &hook.large } else { &hook.small };
-    let Ok(Ok(held)) = timeout_at(deadline, pool.clone().acquire_many_owned(units)).await else {
-        return hook.refuse(version, Refusal::Budget);
-    };
-    let body = match timeout_at(deadline, axum::body::to_bytes(request.into_body(), limit)).await {
-        Ok(Ok(body)) => body,
-        Ok(Err(_)) => return hook.refuse(version, Refusal::TooLarge),
-        Err(_) => return hook.refuse(version, Refusal::Deadline),
-    };
-    // Everything the request holds goes with its evaluation, which runs to
-    // its end even if the caller goes: a caller that resets its stream
-    // after sending the body frees nothing the evaluation still uses.
-    let holds = (held, share, connection.map(|c| c.in_flight));
-    evaluate(hook.state, body, holds).await
-}
 
 pub(crate) fn ops_router(state: Arc<State>) -> Router {
     Router::new()
@@ -181,29 +26,6 @@ pub(crate) fn ops_router(state: Arc<State>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .with_state(state)
-}
-
-/// Evaluates `body` on a task of its own, which keeps `holds` (the
-/// request's budget and place) until the evaluation is over, whether or not
-/// the caller waits for its answer.
-async fn evaluate(state: Arc<State>, body: Bytes, holds: impl Send + 'static) -> Response {
-    let task = tokio::spawn(async move {
-        let _holds = holds;
-        let Ok(permit) = state.evaluations.acquire().await else {
-            return (StatusCode::SERVICE_UNAVAILABLE, "config-snapshot: shutting down").into_response();
-        };
-        let evaluating = state.clone();
-        let result = tokio::task::spawn_blocking(move || admission::review(&evaluating, &body)).await;
-        drop(permit);
-        match result {
-            Ok(Ok(answer)) => axum::Json(answer.review).into_response(),
-            Ok(Err(admission::Failure::BadRequest(m))) => (StatusCode::BAD_REQUEST, m).into_response(),
-            Ok(Err(admission::Failure::Policy(m))) => (StatusCode::INTERNAL_SERVER_ERROR, m).into_response(),
-            Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("config-snapshot: {e}")).into_response(),
-        }
-    });
-    task.await
-        .unwrap_or_else(|e| (StatusCode::INTERNAL_SERVER_ERROR, format!("config-snapshot: {e}")).into_response())
 }
 
 async fn readyz(Extract(state): Extract<Arc<State>>) -> Response {
@@ -247,6 +69,7 @@ pub async fn serve(state: Arc<State>, door: Arc<Door>, tls: Tls, options: &Optio
     let limits = options.listener_limits()?;
     let body_deadline = options.body_read_timeout.max(Duration::from_secs(1));
     let budget = usize::try_from(options.body_bytes_in_flight.get()).unwrap_or(usize::MAX);
+    let requests_per_namespace = options.max_requests_per_namespace;
     let grace = options.shutdown_grace;
     let ops = tokio::net::TcpListener::bind(options.metrics_listen)
         .await
@@ -278,7 +101,7 @@ pub async fn serve(state: Arc<State>, door: Arc<Door>, tls: Tls, options: &Optio
     listener::serve(
         webhook,
         tls,
-        webhook_router(Webhook::new(state, door, budget, body_deadline)),
+        webhook_router(Webhook::new(state, door, budget, requests_per_namespace, body_deadline)),
         table,
         stopping,
         grace,

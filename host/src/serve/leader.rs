@@ -25,6 +25,10 @@ use super::metrics::Metrics;
 pub struct Leadership {
     leading: AtomicBool,
     metrics: Arc<Metrics>,
+    /// Told when this replica comes to lead: its first pass runs then, not
+    /// an interval later (what the watch of sources told while another led,
+    /// or none did, is found there).
+    acquired: tokio::sync::Notify,
 }
 
 impl Leadership {
@@ -34,6 +38,7 @@ impl Leadership {
         Leadership {
             leading: AtomicBool::new(true),
             metrics,
+            acquired: tokio::sync::Notify::new(),
         }
     }
 
@@ -43,6 +48,7 @@ impl Leadership {
         Leadership {
             leading: AtomicBool::new(false),
             metrics,
+            acquired: tokio::sync::Notify::new(),
         }
     }
 
@@ -50,11 +56,17 @@ impl Leadership {
         self.leading.load(Ordering::SeqCst)
     }
 
+    /// Waits until this replica comes to lead (again).
+    pub(crate) async fn acquired(&self) {
+        self.acquired.notified().await;
+    }
+
     fn set(&self, leading: bool) {
         let was = self.leading.swap(leading, Ordering::SeqCst);
         self.metrics.leader.set(i64::from(leading));
         if was != leading {
             if leading {
+                self.acquired.notify_one();
                 tracing::info!("leading: this replica now runs the resync and the sweep");
             } else {
                 tracing::info!("following: another replica runs the resync and the sweep");

@@ -10,8 +10,12 @@ pub mod apiserver;
 pub mod cache;
 pub mod certificates;
 pub mod door;
+mod evaluations;
 pub mod events;
+mod fair;
+pub(crate) mod guarded;
 mod http;
+mod intake;
 #[cfg(test)]
 mod layering_tests;
 pub mod leader;
@@ -25,8 +29,11 @@ mod refusal;
 pub(crate) mod registration;
 mod report;
 pub mod resync_timer;
+mod review_namespace;
 pub mod scope;
+mod shares;
 pub mod signing;
+pub(crate) mod source_changes;
 pub(crate) mod source_reads;
 mod state;
 
@@ -55,10 +62,12 @@ pub fn key_secret(options: &Options, client: Client) -> signing::KeySecret {
     }
 }
 
-/// The signing keyring, from `--signing-key-file` or the key Secret.
-pub async fn keyring(options: &Options, client: Client) -> Result<Keyring> {
+/// The signing keyring, from `--signing-key-file` or the key Secret; with
+/// the guard the Secret was judged under (none for a file), which its later
+/// versions are judged against.
+pub async fn keyring(options: &Options, client: Client) -> Result<(Keyring, Option<signing::Guard>)> {
     match &options.signing_key_file {
-        Some(path) => signing::from_file(path),
+        Some(path) => Ok((signing::from_file(path)?, None)),
         None => key_secret(options, client).load().await,
     }
 }
@@ -73,7 +82,7 @@ pub async fn run(options: Options) -> Result<()> {
     let client = Client::try_default()
         .await
         .context("connecting to the API server (in-cluster config or KUBECONFIG)")?;
-    let ring = keyring(&options, client.clone()).await?;
+    let (ring, guard) = keyring(&options, client.clone()).await?;
     tracing::info!(keys = ?ring.ids(), "signing keyring ready");
     let door = Arc::new(door::Door::new(&ring));
     let (state, worker) = build(&options, client.clone(), &module, Prover::with(&ring))?;
@@ -93,10 +102,13 @@ pub async fn run(options: Options) -> Result<()> {
         let prover = state.context.rules.prover.clone();
         let cache = state.cluster.cache.clone();
         let rekeyed = door.clone();
-        tokio::spawn(key_secret(&options, client.clone()).keep(ring, prover, move |ring| {
-            cache.keyring_changed();
-            rekeyed.rekey(ring);
-        }));
+        let untrusted = state.metrics.untrusted(metrics::SIGNING_KEY);
+        tokio::spawn(
+            key_secret(&options, client.clone()).keep((ring, guard), prover, untrusted, move |ring| {
+                cache.keyring_changed();
+                rekeyed.rekey(ring);
+            }),
+        );
     }
     state.cluster.cache.start(client.clone());
     tokio::spawn(worker.run());
@@ -160,6 +172,7 @@ async fn webhook_tls(
         },
         client_ca: options.client_ca.clone(),
         trust,
+        untrusted: state.metrics.untrusted(metrics::WEBHOOK_CA),
     };
     let (material, guard) = own.load().await?;
     let tls = listener::Tls::new(own.tls_config(&material)?);

@@ -16,7 +16,9 @@
 //! on none. Every replica is ready only while the configuration calls a
 //! path its own door opens: a replica that has not seen a rotated key yet
 //! takes no calls it would refuse, and an install that cannot write the
-//! configuration (missing rights) shows it at once. The token never appears
+//! configuration (missing rights) shows it at once. What each replica sees
+//! the configuration call also closes the door to earlier keys' paths once
+//! it calls the current key's (`Door::configured`). The token never appears
 //! in a log line.
 
 use std::sync::atomic::Ordering;
@@ -255,8 +257,10 @@ impl Registration {
             tracing::info!(configuration = %name, "the webhook configuration now calls the door's path and trusts serve's CA");
         }
         // Ready while the API server calls a path the door opens, and
-        // trusts the CA of what this replica serves.
+        // trusts the CA of what this replica serves. Once it calls the
+        // current key's path, the earlier keys' paths close (finding 8).
         let calls = path.as_ref().map_or(calling.as_str(), |p| p.as_str());
+        self.door.configured(calls, now);
         let trusted =
             own.is_none_or(|trust| pem_blocks(bundle.as_deref().unwrap_or(&held)).contains(&trust.serving_ca.trim()));
         Ok(if self.door.opens(calls, now) && trusted {

@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use super::apiserver::KubeCluster;
 use super::cache::Cache;
+use super::evaluations::Evaluations;
 use super::metrics::Metrics;
 use super::options::Options;
 use super::queue::{self, Queue, QueueSettings, WorkerContext};
@@ -35,10 +36,11 @@ pub struct State {
     pub shutting_down: AtomicBool,
     /// Whether this replica runs the periodic pass (see `leader`).
     pub leadership: Arc<leader::Leadership>,
-    /// Admissions evaluating at once. The wasm pool has a fixed number of
+    /// Admissions evaluating at once, shared between namespaces
+    /// (serve/evaluations.rs). The wasm pool has a fixed number of
     /// instance slots; past it a request would fail, so it waits here
     /// instead. One slot stays free for the resync.
-    pub evaluations: tokio::sync::Semaphore,
+    pub(crate) evaluations: Arc<Evaluations>,
     /// Snapshot creations per namespace per minute.
     pub budget: Arc<Budget>,
     /// Whether the webhook configuration calls the door's path (or serve
@@ -136,13 +138,12 @@ pub fn build_with_engine(
             ..QueueSettings::default()
         },
     );
-    let waker = queue.clone();
-    cache.on_workload_change(move |workload| waker.wake(workload));
     let leadership = Arc::new(if options.leader_elect {
         leader::Leadership::contender(metrics.clone())
     } else {
         leader::Leadership::alone(metrics.clone())
     });
+    told_by_the_watch(&cache, &queue, &leadership);
     let state = Arc::new(State {
         leadership,
         engine,
@@ -152,10 +153,36 @@ pub fn build_with_engine(
         queue,
         metrics,
         shutting_down: AtomicBool::new(false),
-        evaluations: tokio::sync::Semaphore::new(engine_instances.saturating_sub(1).max(1)),
+        evaluations: Evaluations::new(engine_instances.saturating_sub(1)),
         budget,
         registered: AtomicBool::new(true),
         ids: AtomicU64::new(0),
     });
+    let judge: Arc<dyn super::source_changes::Judge> = state.clone();
+    state.queue.sources.judged_by(Arc::downgrade(&judge));
     Ok((state, worker))
+}
+
+/// What the watches tell the queue: a stored write of a workload wakes the
+/// rollouts it holds; a stored change of a source's content is judged by
+/// the leader, as it runs the pass: one replica's rollouts, not one per
+/// replica. A change told while no replica leads is found by the next
+/// leader's first pass.
+fn told_by_the_watch(cache: &Cache, queue: &Queue, leadership: &Arc<leader::Leadership>) {
+    let waker = queue.clone();
+    cache.on_workload_change(move |workload| waker.wake(workload));
+    let (sources, leading) = (queue.sources.clone(), leadership.clone());
+    cache.on_source_change(move |source| {
+        if leading.leading() {
+            sources.changed(source.clone());
+        }
+    });
+}
+
+/// A changed source is judged as the periodic pass judges a watched one:
+/// re-admitted through the webhook's own path.
+impl super::source_changes::Judge for State {
+    fn source_changed(&self, key: &crate::cluster::Key) {
+        self.context.driver().source_changed(self, key);
+    }
 }

@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 
 use anyhow::{anyhow, bail, Result};
 use config_snapshot_policy::model::approval::WatchMode;
-use config_snapshot_policy::model::content::{snapshot_name, Content};
+use config_snapshot_policy::model::content::Content;
 use config_snapshot_policy::model::keys;
 use config_snapshot_policy::model::kinds::WorkloadKind;
 use config_snapshot_policy::model::optin::OptIn;
@@ -26,6 +26,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::tools::history::{KeyChanges, Values};
+use crate::tools::printable;
 
 /// What applying one source would do.
 #[derive(Debug, Serialize)]
@@ -53,10 +54,10 @@ pub struct WorkloadImpact {
     /// The keys it reads (`None`: all of them).
     pub reads: Option<BTreeSet<String>>,
     pub rolls: bool,
-    /// The snapshot it would roll to: a ConfigMap's, named by its content.
-    /// A Secret's name is keyed by the installation's signing key, which
-    /// plan does not hold (nor should: a name anyone could compute from a
-    /// guess would confirm the guess).
+    /// The snapshot it would roll to. Never named: a snapshot's name is
+    /// keyed by the installation's signing key, which plan does not hold
+    /// (nor should: a name anyone could compute from a guess would confirm
+    /// the guess). Kept in the JSON's shape for its readers.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,
     /// Why it rolls (and to what), or why not.
@@ -90,6 +91,9 @@ pub fn stored_form(mut manifest: Value) -> Result<(SourceKind, Value)> {
 pub struct Judging<'a> {
     /// The policy's settings as installed.
     pub settings: &'a Settings,
+    /// The namespace's ConfigMap snapshots: a workload whose snapshot holds
+    /// the content applied (its content hash says so) already runs it.
+    pub snapshots: &'a [Value],
     /// serve's storm guard, in seconds.
     pub watch_min_interval: i64,
     /// The clock, unix seconds.
@@ -185,6 +189,7 @@ fn decide(
 ) -> (bool, Option<String>, String) {
     let Judging {
         settings,
+        snapshots,
         watch_min_interval,
         now,
     } = *judging;
@@ -214,17 +219,10 @@ fn decide(
     if changes.is_empty() {
         return stays("none of the keys it reads changes".to_string());
     }
-    // A ConfigMap's snapshot is named by its content; a Secret's is keyed.
-    let reads = group.key_subset();
-    let snapshot =
-        (id.kind == SourceKind::ConfigMap).then(|| snapshot_name(&id.name, &content.subset(reads.as_ref()).hash()));
-    if let Some(name) = snapshot
-        .as_ref()
-        .filter(|name| group.refs.iter().all(|r| &r.name == *name))
-    {
+    if let Some(name) = runs_already(id, group, content, snapshots) {
         return stays(format!("it already runs this content ({name})"));
     }
-    let to = snapshot.clone().unwrap_or_else(|| format!("a new snapshot of {id}"));
+    let (snapshot, to) = (None, format!("a new snapshot of {id}"));
     match WatchMode::of(annotations) {
         WatchMode::Roll => {}
         WatchMode::Notify => {
@@ -262,6 +260,28 @@ fn decide(
         );
     }
     (true, snapshot, format!("rolls to {to}"))
+}
+
+/// The snapshot a workload reading `id` through `group` runs, if it holds
+/// `content` already (of the keys it reads). A ConfigMap snapshot says its
+/// content's hash; a Secret's says none, so of a Secret plan cannot tell.
+fn runs_already(id: &SourceId, group: &SourceRefs, content: &Content, snapshots: &[Value]) -> Option<String> {
+    if id.kind != SourceKind::ConfigMap {
+        return None;
+    }
+    let hash = content.subset(group.key_subset().as_ref()).hash();
+    let holds = |name: &str| {
+        snapshots.iter().any(|s| {
+            s.name() == name
+                && keys::snapshot_source(s) == Some(id.name.as_str())
+                && s.annotation(keys::CONTENT_HASH) == Some(hash.as_str())
+        })
+    };
+    group
+        .refs
+        .iter()
+        .all(|r| holds(&r.name))
+        .then(|| group.refs[0].name.clone())
 }
 
 /// A reference as a user finds it in the manifest.
@@ -334,19 +354,23 @@ pub fn render(impact: &Impact) -> String {
     let verb = if impact.exists { "applying" } else { "creating" };
     out.push_str(&format!(
         "{verb} {} in namespace {}: {}\n",
-        impact.source,
-        impact.namespace,
-        impact.keys.describe()
+        printable(&impact.source),
+        printable(&impact.namespace),
+        printable(&impact.keys.describe())
     ));
     if impact.workloads.is_empty() {
         out.push_str("no workload references it\n");
     }
     for w in &impact.workloads {
         let mark = if w.rolls { "ROLLS" } else { "stays" };
-        out.push_str(&format!("\n{mark}  {}: {}\n", w.workload, w.why));
-        out.push_str(&format!("       through {}\n", w.references.join(", ")));
+        out.push_str(&format!(
+            "\n{mark}  {}: {}\n",
+            printable(&w.workload),
+            printable(&w.why)
+        ));
+        out.push_str(&format!("       through {}\n", printable(&w.references.join(", "))));
         for line in &w.diff {
-            out.push_str(&format!("       {line}\n"));
+            out.push_str(&format!("       {}\n", printable(line)));
         }
     }
     let rolls = impact.workloads.iter().filter(|w| w.rolls).count();

@@ -251,6 +251,10 @@ pub fn attack_stories(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &
     // The third: the door, and what it leaves bounded; it rotates the key.
     super::door::door_story(cp, serve, kubeconfig);
     super::keys::key_lifecycle_story(cp, serve, kubeconfig);
+    // eff3694's review: what the cache holds of a Secret, and a key planted
+    // while its guard is away.
+    super::cached::cached_secret_story(cp);
+    super::keys::unguarded_key_story(cp, serve);
     // The fourth: serve's own token, stolen (the identity guard).
     super::identity::stolen_token_story(cp);
 }

@@ -40,6 +40,10 @@ pub fn capture_logs(child: &mut Child) -> Arc<Mutex<String>> {
     logs
 }
 
+/// The signing key the harness gives serve (`--signing-key-file`) unless
+/// a test asks for another: snapshots' names are keyed by it.
+pub const HARNESS_KEY: [u8; 32] = [42; 32];
+
 pub struct ServeProcess {
     pub child: Child,
     pub webhook: SocketAddr,
@@ -119,7 +123,7 @@ impl ServeProcess {
             vec![]
         } else {
             let key = dir.join("signing.key");
-            std::fs::write(&key, [42u8; 32]).unwrap();
+            std::fs::write(&key, HARNESS_KEY).unwrap();
             vec!["--signing-key-file".into(), key.into_os_string()]
         };
         // The harness registers serve itself (or has no webhook

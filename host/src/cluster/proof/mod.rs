@@ -9,14 +9,13 @@
 //! current key signs and names; every key of the ring still verifies, so a
 //! rotated or restored key leaves what it signed proven.
 //!
-//! A Secret snapshot's name is keyed too (docs/hash-spec.md): its hash part
-//! is an HMAC of the namespace, the source's name and the content hash, so
-//! a name reveals nothing about a Secret's value to someone without the
-//! key, and a name read in one namespace is no oracle in another. Names
-//! given by earlier schemes (unkeyed, then keyed without the namespace)
+//! A snapshot's name is keyed too (docs/hash-spec.md): its hash part is an
+//! HMAC of the kind, the namespace, the source's name and the content hash,
+//! so a name reveals nothing about the content to someone without the key
+//! (a reader of pod templates, whoever learned the door's path), and a
+//! name read in one namespace is no oracle in another. Names given by
+//! earlier schemes (unkeyed, then for a Secret keyed without the namespace)
 //! stay valid for what carries them: upgrading renames nothing.
-//! ConfigMaps keep the plain SHA-256: anyone who can read the name can
-//! read the ConfigMap.
 //!
 //! Nothing is ours because of when it was made: an unsigned object is
 //! unproven, whatever its age. An installation upgraded from a version
@@ -34,6 +33,7 @@ use ring::hmac;
 use serde_json::Value;
 use zeroize::Zeroizing;
 
+mod cached;
 mod keyring;
 pub mod proven;
 
@@ -45,9 +45,10 @@ pub(crate) use keyring::MIN_KEY_BYTES;
 pub const SIGNATURE: &str = "config-snapshot.io/signature";
 
 /// The field in place of a source's data in serve's cache
-/// ([`Prover::digested`]). Only the cache writes it: the API server stores
-/// no such field, and a review's objects are cleared of it before they are
-/// judged ([`Prover::screen`]).
+/// ([`Prover::digested`], with what else the cache keeps of a source).
+/// Only the cache writes it: the API server stores
+/// no such field (it drops unknown fields of a ConfigMap or Secret), and
+/// no review of a source is judged (docs/design.md, "Watch").
 pub(crate) const DIGESTED: &str = "$config-snapshot-digested";
 
 /// Whether `object` is a source as serve's cache keeps it, without its
@@ -64,6 +65,10 @@ const SIGNED: &str = "config-snapshot/snapshot/v1";
 /// and without it (v1, the names made until it was added).
 const SECRET_NAME_V2: &str = "config-snapshot/secret-name/v2";
 const SECRET_NAME_V1: &str = "config-snapshot/secret-name/v1";
+
+/// The purpose of a ConfigMap snapshot name's MAC (before it, ConfigMap
+/// snapshots had the plain hash's name).
+const CONFIGMAP_NAME_V1: &str = "config-snapshot/configmap-name/v1";
 
 /// The purpose of a content's keyed digest, which serve's cache keeps of a
 /// Secret instead of its data.
@@ -170,14 +175,16 @@ impl Prover {
     /// Secret snapshots as the scenarios pin them. Never a cluster's.
     pub const REPLAY_KEY: &'static [u8] = b"config-snapshot replay: a public key for offline scenarios";
 
-    /// The hash part of a Secret snapshot's name: keyed, per namespace and
-    /// source, so that the same value of a Secret of the same name in two
-    /// namespaces gets two unrelated names.
-    pub(crate) fn secret_digest(&self, namespace: &str, source: &str, content_hash: &str) -> String {
-        mac_with(
-            self.ring().current(),
-            &[SECRET_NAME_V2, namespace, source, content_hash],
-        )
+    /// The hash part of a snapshot's name under `key`: keyed, per kind,
+    /// namespace and source, so that the same content of a source of the
+    /// same name in two namespaces gets two unrelated names, and a name
+    /// tells nothing of the content to whoever lacks the key.
+    fn name_digest(key: &hmac::Key, kind: SourceKind, namespace: &str, source: &str, content_hash: &str) -> String {
+        let purpose = match kind {
+            SourceKind::ConfigMap => CONFIGMAP_NAME_V1,
+            SourceKind::Secret => SECRET_NAME_V2,
+        };
+        mac_with(key, &[purpose, namespace, source, content_hash])
     }
 
     /// The name the snapshot of `content` from `source` in `namespace`
@@ -187,35 +194,38 @@ impl Prover {
     }
 
     /// The name a snapshot of `kind` from `source` in `namespace` gets for
-    /// content whose hash is `content_hash`: plain for a ConfigMap, keyed
-    /// for a Secret (docs/hash-spec.md).
+    /// content whose hash is `content_hash`: keyed under the current key
+    /// (docs/hash-spec.md). A ConfigMap's too: whoever learned the door's
+    /// path can have serve name the snapshot of any namespace's ConfigMap,
+    /// and anyone may be allowed to read Deployments but not ConfigMaps; a
+    /// plain hash would let either test guesses of the content.
     pub(crate) fn name_for(&self, kind: SourceKind, namespace: &str, source: &str, content_hash: &str) -> String {
-        match kind {
-            SourceKind::ConfigMap => snapshot_name(source, content_hash),
-            SourceKind::Secret => snapshot_name(source, &self.secret_digest(namespace, source, content_hash)),
-        }
+        let digest = Prover::name_digest(self.ring().current(), kind, namespace, source, content_hash);
+        snapshot_name(source, &digest)
     }
 
     /// Every name this installation may have given the snapshot of this
-    /// content: [`Prover::name_for`]'s first, then for a Secret the names
-    /// of every key of the ring and of the earlier schemes (keyed without
-    /// the namespace, and unkeyed, from before names were keyed). A
-    /// snapshot keeps the name it was made with: upgrading or rotating
-    /// renames nothing.
+    /// content: [`Prover::name_for`]'s first, then the names under every
+    /// key of the ring and of the earlier schemes (for a Secret keyed
+    /// without the namespace; for both kinds the plain hash's, from before
+    /// names were keyed). A snapshot keeps the name it was made with:
+    /// upgrading or rotating renames nothing.
     pub(crate) fn names_for(&self, kind: SourceKind, namespace: &str, source: &str, content_hash: &str) -> Vec<String> {
         let mut names = vec![self.name_for(kind, namespace, source, content_hash)];
-        if kind == SourceKind::Secret {
-            let ring = self.ring();
-            for key in &ring.macs {
-                for digest in [
-                    mac_with(key, &[SECRET_NAME_V2, namespace, source, content_hash]),
-                    mac_with(key, &[SECRET_NAME_V1, source, content_hash]),
-                ] {
-                    names.push(snapshot_name(source, &digest));
-                }
+        let ring = self.ring();
+        for key in &ring.macs {
+            names.push(snapshot_name(
+                source,
+                &Prover::name_digest(key, kind, namespace, source, content_hash),
+            ));
+            if kind == SourceKind::Secret {
+                names.push(snapshot_name(
+                    source,
+                    &mac_with(key, &[SECRET_NAME_V1, source, content_hash]),
+                ));
             }
-            names.push(snapshot_name(source, content_hash));
         }
+        names.push(snapshot_name(source, content_hash));
         let mut seen = std::collections::HashSet::new();
         names.retain(|n| seen.insert(n.clone()));
         names
@@ -330,36 +340,6 @@ impl Prover {
 
     pub fn proves(&self, object: &Value) -> bool {
         self.verify(object).is_ok()
-    }
-
-    /// `object` (a ConfigMap or Secret as read) as serve's cache keeps it:
-    /// its metadata, its type, and in place of its data a keyed digest of
-    /// its content and the verdict on its proof, both made now. A cache of
-    /// every Secret's data would hold the cluster's credentials in serve's
-    /// memory for nothing: the policy reads sources fresh, a rollout's
-    /// snapshot is made from a fresh read, and a reuse compares digests.
-    /// A changed keyring makes both stale: the cache lists sources again.
-    pub(crate) fn digested(&self, object: &Value) -> Value {
-        let kind = object["kind"].as_str().and_then(SourceKind::from_kind);
-        let digest = kind
-            .and_then(|k| Content::from_object(k, object).ok())
-            .map(|c| self.content_digest(&c.hash()))
-            .unwrap_or_default();
-        let unproven = match self.verify(object) {
-            Ok(()) => Value::Null,
-            Err(why) => Value::String(why.to_string()),
-        };
-        let mut kept = serde_json::Map::new();
-        for field in ["apiVersion", "kind", "metadata", "type", "immutable"] {
-            if let Some(value) = object.get(field) {
-                kept.insert(field.to_string(), value.clone());
-            }
-        }
-        kept.insert(
-            DIGESTED.to_string(),
-            serde_json::json!({"digest": digest, "unproven": unproven}),
-        );
-        Value::Object(kept)
     }
 
     /// Whether `object`, as read or as the cache keeps it, holds `content`.

@@ -1,6 +1,8 @@
-//! What a host does with what carries our label: a write of a ConfigMap
-//! or Secret judged by its proof (`Provenance`), and a cluster that shows
-//! the host's decisions only what is proven (`Proven`).
+//! What a host does with what carries our label: a cluster that shows the
+//! host's decisions only what is proven (`Proven`). No review of a
+//! ConfigMap or Secret is judged any more: the host learns of sources from
+//! its watch of what the API server stored (docs/design.md, "Watch"), and
+//! sees them through this cluster.
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -8,61 +10,8 @@ use std::sync::Arc;
 use config_snapshot_policy::model::keys;
 use serde_json::Value;
 
-use super::{Prover, DIGESTED};
+use super::Prover;
 use crate::cluster::{self, Cluster, Preconditions, Selector};
-
-/// Whose a write of a ConfigMap or Secret is, as its proof says, and so
-/// what a host does with it. `T` is the request the policy then reviews:
-/// JSON here, raw text in serve (`serve::admission`).
-#[derive(Debug, PartialEq)]
-pub(crate) enum Provenance<T = Value> {
-    /// Not labelled, or not a source: the policy decides as usual.
-    Policy,
-    /// A write of a proven snapshot (the host's own, or metadata on one):
-    /// nothing to decide, allowed untouched.
-    Ours,
-    /// Labelled but not ours: the policy sees it as the plain ConfigMap or
-    /// Secret it is, without the label that would make it skip it.
-    Unlabel(T),
-}
-
-impl Prover {
-    /// Whose write an admission request (JSON) is: the webhook's "skip our
-    /// own writes", on proof rather than on the label (an objectSelector
-    /// would let anyone's labelled write through unreviewed).
-    pub(crate) fn provenance(&self, request: &Value) -> Provenance {
-        // A review's objects never speak for the cache.
-        if ["object", "oldObject"]
-            .iter()
-            .any(|f| request[f].get(DIGESTED).is_some())
-        {
-            let mut cleared = request.clone();
-            for field in ["object", "oldObject"] {
-                if let Some(object) = cleared.get_mut(field).and_then(Value::as_object_mut) {
-                    object.remove(DIGESTED);
-                }
-            }
-            return match self.provenance(&cleared) {
-                Provenance::Policy => Provenance::Unlabel(cleared),
-                other => other,
-            };
-        }
-        let object = &request["object"];
-        if !keys::is_snapshot(object) {
-            return Provenance::Policy;
-        }
-        if self.ours(object) {
-            return Provenance::Ours;
-        }
-        let mut request = request.clone();
-        for field in ["object", "oldObject"] {
-            if let Some(shown) = self.shown(&request[field]) {
-                request[field] = shown;
-            }
-        }
-        Provenance::Unlabel(request)
-    }
-}
 
 /// A cluster as the host acts on it: objects that carry our label without
 /// proof are seen without it, so no decision of the host (sweep, adopt,

@@ -1,6 +1,6 @@
 use super::keyring::KeyringError;
-use super::proven::Provenance;
 use super::*;
+use base64::Engine as _;
 use config_snapshot_policy::model::content::snapshot_object;
 use config_snapshot_policy::model::source::SourceId;
 use serde_json::json;
@@ -44,16 +44,16 @@ fn what_the_host_signed_verifies_and_nothing_forged_does() {
     let other = Prover::new(OTHER);
     assert_eq!(
         other.verify(&good),
-        Err(Unproven::Signature),
-        "another installation's snapshot"
+        Err(Unproven::Name),
+        "another installation's snapshot: named by another key"
     );
     let mut copied = good.clone();
     copied["metadata"]["annotations"][SIGNATURE] = json!(other.signature_of("ConfigMap", "shop", "x", "app", "y"));
     assert_eq!(p.verify(&copied), Err(Unproven::Signature));
-    // The signature bound to one namespace fails in another.
+    // The name (and the signature) bound to one namespace fail in another.
     let mut moved = good.clone();
     moved["metadata"]["namespace"] = json!("kube-system");
-    assert_eq!(p.verify(&moved), Err(Unproven::Signature));
+    assert_eq!(p.verify(&moved), Err(Unproven::Name));
     // Data that is not what the hash says.
     let mut tampered = good.clone();
     tampered["data"]["mode"] = json!("green");
@@ -66,12 +66,12 @@ fn what_the_host_signed_verifies_and_nothing_forged_does() {
     assert_eq!(p.verify(&unsigned), Err(Unproven::Unsigned));
 }
 
-/// A Secret snapshot's name is keyed: the same content gets another
-/// name under another key, for another source, or in another
-/// namespace (a name read in `prod` is no oracle in `dev`), and the
-/// plain SHA-256 of its content appears nowhere on it.
+/// A snapshot's name is keyed: the same content gets another name under
+/// another key, for another source, or in another namespace (a name read
+/// in `prod` is no oracle in `dev`), and the plain SHA-256 of a Secret's
+/// content appears nowhere on it.
 #[test]
-fn secret_names_are_keyed_per_namespace_and_carry_no_plain_hash() {
+fn names_are_keyed_per_namespace_and_a_secret_carries_no_plain_hash() {
     let p = prover();
     let content = Content::from_object(SourceKind::Secret, &json!({"data": {"pw": "aHVudGVyMg=="}})).unwrap();
     let name = p.snapshot_name("prod", "db", &content);
@@ -85,10 +85,50 @@ fn secret_names_are_keyed_per_namespace_and_carry_no_plain_hash() {
     let text = secret.to_string();
     assert!(!text.contains(&content.hash()), "no unkeyed hash on it: {text}");
     assert!(!secret.has_annotation(keys::CONTENT_HASH));
-    // ConfigMaps keep the plain, reproducible name and hash.
+    // A ConfigMap's too (whoever learned the door could otherwise have
+    // serve name any namespace's content by its plain hash), the same
+    // content of a Secret and a ConfigMap of one name apart.
     let cm = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"a": "1"}})).unwrap();
-    assert_eq!(p.snapshot_name("prod", "app", &cm), snapshot_name("app", &cm.hash()));
-    assert_eq!(p.snapshot_name("dev", "app", &cm), snapshot_name("app", &cm.hash()));
+    let named = p.snapshot_name("prod", "app", &cm);
+    assert_ne!(named, snapshot_name("app", &cm.hash()), "not the plain hash's");
+    assert_ne!(p.snapshot_name("dev", "app", &cm), named, "per namespace");
+    assert_ne!(Prover::new(OTHER).snapshot_name("prod", "app", &cm), named, "per key");
+    let as_secret = Content {
+        kind: SourceKind::Secret,
+        type_: "Opaque".into(),
+        ..cm.clone()
+    };
+    assert_ne!(
+        p.name_for(SourceKind::Secret, "prod", "app", &cm.hash()),
+        named,
+        "per kind ({as_secret:?})"
+    );
+    // The full content hash stays on a ConfigMap snapshot, for whoever may
+    // read it: they can read its data anyway.
+    let made = made_in(&p, "prod", SourceKind::ConfigMap, json!({"a": "1"}));
+    assert_eq!(made.annotation(keys::CONTENT_HASH), Some(cm.hash().as_str()));
+}
+
+/// ConfigMap snapshots named by the plain hash (before their names were
+/// keyed) stay proven, and the host names them as aliases of the content:
+/// upgrading renames nothing, so no template changes.
+#[test]
+fn plain_configmap_names_of_earlier_versions_stay_valid() {
+    let p = prover();
+    let content = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"mode": "blue"}})).unwrap();
+    let plain = snapshot_name("app", &content.hash());
+    let names = p.names_for(SourceKind::ConfigMap, "shop", "app", &content.hash());
+    assert_eq!(names[0], p.snapshot_name("shop", "app", &content));
+    assert!(names.contains(&plain), "{names:?}");
+    let mut old = snapshot_object(
+        &SourceId::new(SourceKind::ConfigMap, "app"),
+        "shop",
+        &plain,
+        "7",
+        &content,
+    );
+    p.sign(&mut old);
+    assert_eq!(p.verify(&old), Ok(()));
 }
 
 /// Secret snapshots named by earlier schemes stay proven: keyed without
@@ -184,11 +224,71 @@ fn a_digested_source_keeps_no_data_and_stands_for_it() {
     assert!(p.forged(&p.digested(&forged)), "a forgery stays one");
     let plain = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db"}, "data": {"pw": "eA=="}});
     assert!(!keys::is_snapshot(&p.digested(&plain)) && p.verify(&p.digested(&plain)).is_err());
-    // A review cannot pass a forgery off as the cache's verdict.
-    let mut pretend = forged.clone();
-    pretend[DIGESTED] = json!({"digest": "", "unproven": null});
-    let review = json!({"object": pretend, "oldObject": null});
-    assert!(matches!(p.provenance(&review), Provenance::Unlabel(_)));
+}
+
+/// Finding 6 of eff3694's review: a Secret applied client-side (`kubectl
+/// apply`, Argo CD's default sync) carries its whole manifest, its
+/// `stringData` in plain text, in an annotation, which the cache kept with
+/// the rest of its metadata. Its cached copy keeps what its readers need,
+/// config-snapshot's own annotations among it, and nothing else.
+#[test]
+fn a_digested_source_keeps_only_what_its_readers_need() {
+    const CANARY: &str = "digested-canary-7f1c";
+    let p = prover();
+    let encoded = base64::engine::general_purpose::STANDARD.encode(CANARY);
+    let manifest = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "app"},
+                          "stringData": {"password": CANARY}})
+    .to_string();
+    let mut secret = made(&p, SourceKind::Secret, json!({"password": encoded}));
+    let owner = json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1", "uid": "r"}]);
+    let metadata = secret["metadata"].as_object_mut().unwrap();
+    metadata.insert("uid".into(), json!("u"));
+    metadata.insert("creationTimestamp".into(), json!("2030-01-01T00:00:00Z"));
+    metadata.insert("ownerReferences".into(), owner.clone());
+    metadata.insert("finalizers".into(), json!([format!("example.com/{CANARY}")]));
+    metadata.insert(
+        "managedFields".into(),
+        json!([{"manager": "kubectl", "fieldsV1": {CANARY: {}}}]),
+    );
+    let annotations = metadata["annotations"].as_object_mut().unwrap();
+    annotations.insert(keys::LAST_APPLIED.into(), json!(manifest));
+    annotations.insert("example.com/copy".into(), json!(encoded));
+    let mut said: Vec<String> = annotations
+        .keys()
+        .filter(|k| k.starts_with(keys::PREFIX))
+        .cloned()
+        .collect();
+    said.sort();
+    assert!(said.len() >= 3, "a snapshot's own annotations: {said:?}");
+    let kept = p.digested(&secret);
+    let text = kept.to_string();
+    assert!(
+        !text.contains(CANARY) && !text.contains(&encoded),
+        "the cache holds the Secret's value: {kept}"
+    );
+    let annotations = kept["metadata"]["annotations"].as_object().unwrap();
+    let mut names: Vec<&String> = annotations.keys().collect();
+    names.sort();
+    assert_eq!(
+        names,
+        said.iter().collect::<Vec<_>>(),
+        "config-snapshot's own, and only those"
+    );
+    for field in [
+        "name",
+        "namespace",
+        "uid",
+        "resourceVersion",
+        "creationTimestamp",
+        "labels",
+    ] {
+        assert_eq!(kept["metadata"][field], secret["metadata"][field], "{field}");
+    }
+    assert_eq!(kept["metadata"]["ownerReferences"], owner);
+    assert_eq!(p.verify(&kept), Ok(()), "still proven");
+    let content = Content::from_object(SourceKind::Secret, &secret).unwrap();
+    assert!(p.holds(&kept, &content));
+    assert!(keys::snapshot_source(&kept).is_some(), "still a snapshot of its source");
 }
 
 #[test]

@@ -40,7 +40,7 @@ use crate::cluster::proof::Prover;
 use crate::cluster::Key;
 use crate::kubewarden::engine::Engine;
 use crate::kubewarden::rules::WebhookRules;
-use crate::lifecycle::{Effect, InFlight, Rules};
+use crate::lifecycle::{Effect, InFlight, Rules, Slot};
 pub(crate) use defaulting::{fold_string_data, prepare};
 use shared::lock;
 pub use shared::{Fault, Rollout, Shared};
@@ -85,7 +85,12 @@ pub type Webhook = Arc<dyn Fn(&Value) -> Result<Value> + Send + Sync>;
 /// A deferred effect on its way, with its schedule.
 #[derive(Debug, Clone)]
 pub struct Job {
-    pub effect: Effect,
+    /// What it works on: the effect it runs is its slot's newest
+    /// ([`crate::lifecycle::InFlight::take`]).
+    pub slot: Slot,
+    /// The effect it ran last: another one taken is a newer effect of the
+    /// slot, whose attempts count afresh.
+    pub ran: Option<Effect>,
     pub attempts: u32,
     /// Held back (storm guard) until this time.
     pub not_before: i64,

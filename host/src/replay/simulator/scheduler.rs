@@ -24,24 +24,38 @@ use serde_json::Value;
 use super::shared::lock;
 use super::{Job, Simulator, HOST_USER};
 use crate::lifecycle::resync::{PassHost, ReadmitError};
-use crate::lifecycle::{Driver, Effect, Next};
+use crate::lifecycle::{Begun, Driver, Effect, Next, Slot};
 
 impl Simulator {
-    fn driver(&self) -> Driver<'_> {
+    pub(super) fn driver(&self) -> Driver<'_> {
         Driver::new(self, &self.effect_rules, &self.in_flight, self.shared.as_ref())
     }
 
     /// Queues an effect whose admission is persisted, unless the same work
-    /// is on its way already.
+    /// is on its way already. A watch rollout for newer content takes the
+    /// place of the one its workload and source have waiting, and is judged
+    /// as a change that just came, behind what was queued before it (as in
+    /// serve's queue).
     pub(crate) fn submit(&self, effect: Effect) {
-        if self.in_flight.begin(&effect) {
-            lock(&self.jobs).push(Job {
-                effect,
+        let slot = Slot::of(&effect);
+        let seq = self.queued.fetch_add(1, Ordering::SeqCst);
+        match self.in_flight.begin(&effect) {
+            Begun::New => lock(&self.jobs).push(Job {
+                slot,
+                ran: None,
                 attempts: 0,
                 not_before: i64::MIN,
                 pends: false,
-                seq: self.queued.fetch_add(1, Ordering::SeqCst),
-            });
+                seq,
+            }),
+            Begun::Same => {}
+            Begun::Replaced => {
+                if let Some(job) = lock(&self.jobs).iter_mut().find(|j| j.slot == slot) {
+                    job.not_before = i64::MIN;
+                    job.pends = false;
+                    job.seq = seq;
+                }
+            }
         }
     }
 
@@ -76,7 +90,7 @@ impl Simulator {
         };
         let workload = (kind.to_string(), text("/metadata/namespace"), text("/metadata/name"));
         for job in lock(&self.jobs).iter_mut() {
-            if job.pends && job.effect.rolls(&workload) {
+            if job.pends && matches!(&job.slot, Slot::Patch(rolled, _) if *rolled == workload) {
                 job.not_before = i64::MIN;
             }
         }
@@ -121,15 +135,35 @@ impl Simulator {
             let mut progressed = false;
             let mut keep = Vec::new();
             for mut job in ready {
-                match driver.step(&job.effect, false, job.attempts) {
-                    Next::Over(_) => progressed = true,
+                // Nothing waits in its slot: another job of it ran it.
+                let Some(effect) = self.in_flight.take(&job.slot) else {
+                    continue;
+                };
+                if job.ran.as_ref() != Some(&effect) {
+                    job.attempts = 0;
+                    job.ran = Some(effect.clone());
+                }
+                match driver.step(&effect, false, job.attempts) {
+                    Next::Over(_) => {
+                        progressed = true;
+                        if self.in_flight.waiting(&job.slot) {
+                            job.not_before = i64::MIN;
+                            keep.push(job);
+                        }
+                    }
                     Next::Again => {
-                        job.attempts += 1;
+                        if !self.in_flight.put_back(&effect) {
+                            job.attempts += 1;
+                        }
                         keep.push(job);
                     }
                     Next::Park(at, hold) => {
-                        job.not_before = at;
-                        job.pends = hold.pends();
+                        if self.in_flight.put_back(&effect) {
+                            job.not_before = i64::MIN;
+                        } else {
+                            job.not_before = at;
+                            job.pends = hold.pends();
+                        }
                         keep.push(job);
                     }
                 }

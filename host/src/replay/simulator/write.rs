@@ -7,15 +7,15 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use anyhow::Result;
-use config_snapshot_policy::model::keys;
+use config_snapshot_policy::model::content::Content;
 use config_snapshot_policy::model::kinds;
+use config_snapshot_policy::model::source::SourceKind;
 use serde_json::{json, Value};
 
 use super::shared::lock;
 use super::store::key_of;
-use super::{timeline, Admission, Recorded, Simulator, HOST_USER};
+use super::{timeline, Admission, Recorded, Simulator};
 use crate::capability::{Caller, Capability};
-use crate::cluster::proof::proven::Provenance;
 
 impl Simulator {
     fn next_request_uid(&self) -> String {
@@ -127,44 +127,12 @@ impl Simulator {
         Ok((admission, mutated))
     }
 
-    /// The webhook's answer to `request` (for `object`, as it is). Without
-    /// a webhook in front, the simulator screens as serve does: a proven
-    /// snapshot of ours passes untouched, and a forged label is taken off
-    /// before the policy reviews the write, its mutation then applied to
-    /// the object as it is.
-    fn review_by_provenance(&self, request: &Value, object: &Value) -> Result<(Admission, Option<Value>)> {
-        let webhook = self.webhook.read().unwrap_or_else(|e| e.into_inner()).is_some();
-        match self.effect_rules.prover.provenance(request) {
-            Provenance::Ours if !webhook => Ok((
-                Admission {
-                    allowed: true,
-                    ..Default::default()
-                },
-                None,
-            )),
-            Provenance::Unlabel(unlabelled) if !webhook => {
-                let (kind, _, name) = key_of(object);
-                self.note(format!(
-                    "{kind}/{name} carries config-snapshot's label without proof: reviewed as a source"
-                ));
-                let (a, mutated) = self.review(&unlabelled)?;
-                let mutated = mutated
-                    .map(|m| {
-                        let diff = json_patch::diff(&unlabelled["object"], &m);
-                        let mut kept = object.clone();
-                        json_patch::patch(&mut kept, &diff).map(|()| kept)
-                    })
-                    .transpose()?;
-                Ok((a, mutated))
-            }
-            _ => self.review(request),
-        }
-    }
-
     /// The API server's write path: validation it does itself, admission,
-    /// persistence, then the controllers that watch what changed. The
-    /// host's own writes of labelled objects skip admission, as the
-    /// webhook's matchConditions make them.
+    /// persistence, then what watches what changed (the controllers, and
+    /// for a source the host's watch). Admission is asked for as the
+    /// shipped webhook configuration asks for it: its rules, which leave
+    /// sources out, and its matchConditions, which leave out what carries
+    /// none of config-snapshot's annotations.
     pub(crate) fn write(&self, object: Value, old: Option<Value>, dry_run: bool, actor: &str) -> Result<Admission> {
         let (kind, _, name) = key_of(&object);
         let operation = if old.is_some() { "UPDATE" } else { "CREATE" };
@@ -182,14 +150,11 @@ impl Simulator {
         let mut object = object;
         let mut uid = None;
         let plural = kinds::find(&kind).map_or("", |k| k.plural);
-        // The webhook's matchConditions skip the host's own writes of
-        // labelled objects; anyone else's are reviewed, and screened on
-        // proof, not on the label (serve screens its own).
-        let own = actor == HOST_USER && keys::is_snapshot(&object);
-        if self.webhook_rules.matches(&api_version, plural, operation) && !own {
+        let called = crate::kubewarden::rules::called_for(&object, old.as_ref(), &self.effect_rules.settings);
+        if self.webhook_rules.matches(&api_version, plural, operation) && called {
             let request = self.admission_request(operation, &object, old.as_ref(), dry_run, actor);
             uid = request["uid"].as_str().map(str::to_string);
-            let (a, mutated) = self.review_by_provenance(&request, &object)?;
+            let (a, mutated) = self.review(&request)?;
             admission = a;
             for w in &admission.warnings {
                 self.note(format!("warning: {w}"));
@@ -224,10 +189,31 @@ impl Simulator {
         if let Some(uid) = uid {
             self.release(&uid);
         }
+        self.watch_source(old.as_ref(), &stored);
         self.wake(&stored);
         self.reconcile(&stored)?;
         self.settle()?;
         Ok(admission)
+    }
+}
+
+impl Simulator {
+    /// What serve's watch of sources does once a write of one is stored
+    /// (docs/design.md, "Watch"): a change of its content is judged, its
+    /// watchers rolled. With serve as the webhook, serve's own watch of the
+    /// served cluster does it.
+    fn watch_source(&self, old: Option<&Value>, stored: &Value) {
+        let Some(kind) = stored["kind"].as_str().and_then(SourceKind::from_kind) else {
+            return;
+        };
+        if self.webhook.read().unwrap_or_else(|e| e.into_inner()).is_some() {
+            return;
+        }
+        let content = |o: &Value| Content::from_object(kind, o).ok().map(|c| c.hash());
+        if old.is_some_and(|old| content(old) == content(stored)) {
+            return;
+        }
+        self.driver().source_changed(self, &key_of(stored));
     }
 }
 
