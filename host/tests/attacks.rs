@@ -282,7 +282,7 @@ async fn the_signing_key_is_made_once_and_shared() {
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(key["data"]["key"].as_str().unwrap())
             .unwrap();
-        config_snapshot::serve::door::path_of(
+        config_snapshot::serve::intake::door::path_of(
             &config_snapshot::cluster::proof::Keyring::of(&bytes).unwrap(),
             unix_now(),
         )
@@ -365,7 +365,7 @@ fn door_of(key: &Value) -> String {
         .decode(key["data"]["key"].as_str().unwrap())
         .unwrap();
     let ring = config_snapshot::cluster::proof::Keyring::of(&bytes).unwrap();
-    config_snapshot::serve::door::path_of(&ring, unix_now()).to_string()
+    config_snapshot::serve::intake::door::path_of(&ring, unix_now()).to_string()
 }
 
 /// Finding 7 of eff3694's review: with the key's guard deleted, a patch of
@@ -549,7 +549,7 @@ async fn keys_rotate_closes_the_old_path_within_seconds() {
     serve.wait_ready();
     let old = configured_path(&api);
     assert!(
-        config_snapshot::serve::door::shaped(&old),
+        config_snapshot::serve::intake::door::shaped(&old),
         "serve wrote its path: {old}"
     );
     let body = review("shop", opted_in("shop"));
@@ -581,7 +581,7 @@ async fn keys_rotate_closes_the_old_path_within_seconds() {
             );
             std::thread::sleep(Duration::from_millis(200));
         };
-        assert!(config_snapshot::serve::door::shaped(&new));
+        assert!(config_snapshot::serve::intake::door::shaped(&new));
         assert_eq!(post_to(&serve, &new, None, &body).unwrap().0, 200, "the new path opens");
         let moved = Instant::now();
         loop {

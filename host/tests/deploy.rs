@@ -454,7 +454,7 @@ fn the_identity_guard_holds_serves_account_to_the_webhooks_namespaces() {
     let secrets = format!(
         "['{}', '{}']",
         options.signing_key_secret,
-        config_snapshot::serve::certificates::SECRET
+        config_snapshot::serve::trust::certificates::SECRET
     );
     assert!(scope.contains(&secrets), "{scope}");
     assert!(
@@ -541,7 +541,7 @@ fn rbac_grants_exactly_what_serve_uses() {
         }
     }
     // The serve cache watches exactly these kinds.
-    let cached: BTreeSet<String> = config_snapshot::serve::cache::KINDS
+    let cached: BTreeSet<String> = config_snapshot::serve::view::cache::KINDS
         .iter()
         .map(|k| format!("{}/{}:watch", k.group(), k.plural))
         .collect();

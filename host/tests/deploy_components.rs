@@ -176,7 +176,7 @@ fn the_namespaced_component_names_one_list_and_grants_no_more_than_the_cluster_r
             // name, create them once, renew and replace the CA alone.
             assert_eq!(role["metadata"]["name"], "config-snapshot-signing-key");
             let rules = role["rules"].as_array().unwrap();
-            let ca = config_snapshot::serve::certificates::SECRET;
+            let ca = config_snapshot::serve::trust::certificates::SECRET;
             assert_eq!(
                 rules[0]["resourceNames"],
                 serde_json::json!([options.signing_key_secret.as_str(), ca])

@@ -316,10 +316,10 @@ fn door_paths(cp: &ControlPlane) -> Vec<String> {
         .unwrap();
     let ring = config_snapshot::cluster::proof::Keyring::of(&key).unwrap();
     let now = config_snapshot_policy::model::duration::unix_now();
-    let hour = config_snapshot::serve::door::PERIOD_SECS;
+    let hour = config_snapshot::serve::intake::door::PERIOD_SECS;
     [now - hour, now, now + hour]
         .iter()
-        .map(|t| config_snapshot::serve::door::path_of(&ring, *t).to_string())
+        .map(|t| config_snapshot::serve::intake::door::path_of(&ring, *t).to_string())
         .collect()
 }
 

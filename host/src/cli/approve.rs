@@ -107,7 +107,7 @@ pub fn approve_command(args: ApproveArgs) -> Result<ExitCode> {
 
 fn api(client: &kube::Client, target: &Target, namespace: &str) -> kube::Api<kube::api::DynamicObject> {
     let resource =
-        config_snapshot::serve::cache::api_resource(target.kind.kind()).expect("a workload kind of the table");
+        config_snapshot::serve::view::cache::api_resource(target.kind.kind()).expect("a workload kind of the table");
     kube::Api::namespaced_with(client.clone(), namespace, &resource)
 }
 

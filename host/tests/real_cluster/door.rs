@@ -141,7 +141,7 @@ pub fn door_story(cp: &ControlPlane, serve: &ServeProcess, kubeconfig: &Path) {
         let configured = configured_path(cp);
         super::door_paths(cp).contains(&configured).then_some(configured)
     });
-    assert!(config_snapshot::serve::door::shaped(&door), "{door}");
+    assert!(config_snapshot::serve::intake::door::shaped(&door), "{door}");
     // The path is one kube-apiserver takes for a Service webhook too (as the
     // chart and deploy/serve name it): its segments must be DNS labels.
     let mut shipped = super::yaml("deploy/serve/webhook.yaml").remove(0);
@@ -230,7 +230,10 @@ pub fn door_story(cp: &ControlPlane, serve: &ServeProcess, kubeconfig: &Path) {
         "oldObject": null, "dryRun": true, "options": {}}})
     .to_string();
     let from = serve.logs().len();
-    let wrong = format!("/mutate/{}", "a".repeat(config_snapshot::serve::door::TOKEN_LEN));
+    let wrong = format!(
+        "/mutate/{}",
+        "a".repeat(config_snapshot::serve::intake::door::TOKEN_LEN)
+    );
     for path in ["/mutate", "/", "/mutate/", wrong.as_str()] {
         let answer = post_to(cp, serve, path, &forged, None).expect("an HTTP answer");
         assert_eq!(answer.trim(), "not found", "{path}: {answer}");
@@ -302,7 +305,7 @@ pub fn door_story(cp: &ControlPlane, serve: &ServeProcess, kubeconfig: &Path) {
         let now = configured_path(cp);
         (now != door && super::door_paths(cp).contains(&now)).then_some(now)
     });
-    assert!(config_snapshot::serve::door::shaped(&moved));
+    assert!(config_snapshot::serve::intake::door::shaped(&moved));
     let mut let_through = Vec::new();
     for i in 0..5 {
         let name = format!("rotated-{i}");

@@ -10,7 +10,7 @@
 //! the other namespace's 20 creates were refused and went through
 //! unmutated (`failurePolicy: Ignore`).
 //!
-//! It also holds the field-order claim of serve/review_namespace.rs to the
+//! It also holds the field-order claim of serve/intake/review_namespace.rs to the
 //! real API server: no review it sent, 7.5 MiB or small, lacked its
 //! namespace in its first 4 KiB (`webhook_reviews_unsorted_total` stays 0).
 

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// Whom a review's holdings are charged to: the namespace it names, read
-/// from its first bytes (serve/review_namespace.rs), or, when they name
+/// from its first bytes (serve/intake/review_namespace.rs), or, when they name
 /// none, one share that all such reviews have together. The API server's
 /// reviews always name theirs (every kind the webhook reviews is
 /// namespaced), so only other callers' land in the one left over.

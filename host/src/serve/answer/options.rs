@@ -8,7 +8,11 @@ use std::time::Duration;
 use anyhow::{anyhow, Result};
 use config_snapshot_policy::model::duration::parse_go_duration;
 
-use super::{listener, signing, source_reads};
+use crate::serve::view::source_reads;
+
+/// The ValidatingAdmissionPolicy that guards the signing key's Secret
+/// (deploy/serve/keyguard.yaml): `--signing-key-guard`'s default.
+pub(crate) const SIGNING_KEY_GUARD: &str = "config-snapshot-signing-key";
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Options {
@@ -185,7 +189,7 @@ pub struct Options {
     pub service_account: String,
     /// The name of the signing key's guard: a ValidatingAdmissionPolicy and
     /// its binding (deploy/serve/keyguard.yaml, the chart).
-    #[arg(long, default_value = signing::GUARD)]
+    #[arg(long, default_value = SIGNING_KEY_GUARD)]
     pub signing_key_guard: String,
     /// Trust the key Secret, and serve's own CA Secret, without their guard
     /// (the ValidatingAdmissionPolicy of deploy/serve/keyguard.yaml).
@@ -270,23 +274,6 @@ impl Options {
         Ok(Some(only))
     }
 
-    /// The webhook listener's bounds from the flags.
-    pub(crate) fn listener_limits(&self) -> Result<listener::Limits> {
-        if self.max_connections_per_peer == 0 || self.max_connections == 0 || self.max_requests_per_namespace == 0 {
-            return Err(anyhow!(
-                "--max-connections, --max-connections-per-peer and --max-requests-per-namespace: at least 1"
-            ));
-        }
-        Ok(listener::Limits {
-            connections: self.max_connections,
-            per_peer: self.max_connections_per_peer.min(self.max_connections),
-            first_byte_timeout: at_least_a_second(self.first_byte_timeout),
-            idle_timeout: at_least_a_second(self.idle_timeout),
-            header_read_timeout: at_least_a_second(self.header_read_timeout),
-            ..listener::Limits::default()
-        })
-    }
-
     /// The engine's limits from `--policy-instances` and
     /// `--policy-memory-mib`.
     pub(crate) fn engine_limits(&self) -> Result<crate::kubewarden::engine::Limits> {
@@ -336,7 +323,7 @@ fn go_duration(text: &str) -> Result<Duration, config_snapshot_policy::model::du
 }
 
 /// A duration no shorter than a second: a timer of zero would fire at once.
-pub(super) fn at_least_a_second(d: Duration) -> Duration {
+pub(crate) fn at_least_a_second(d: Duration) -> Duration {
     d.max(Duration::from_secs(1))
 }
 

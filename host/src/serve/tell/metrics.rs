@@ -63,7 +63,8 @@ pub struct EffectLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RefusedLabels {
-    /// One of [`Refusal::LABELS`](crate::serve::refusal::Refusal).
+    /// Why a request was refused before any work (the intake's `Refusal`
+    /// labels, each started at zero by the intake).
     pub reason: &'static str,
 }
 
@@ -77,12 +78,12 @@ pub struct SecretLabels {
 pub(crate) const SIGNING_KEY: &str = "signing-key";
 /// serve's own webhook CA's Secret, as a label.
 pub(crate) const WEBHOOK_CA: &str = "webhook-ca";
-/// The Secrets the key's guard guards (serve/guarded.rs).
+/// The Secrets the key's guard guards (serve/trust/guarded.rs).
 pub(crate) const GUARDED_SECRETS: [&str; 2] = [SIGNING_KEY, WEBHOOK_CA];
 
 type HistogramFamily = Family<RequestLabels, Histogram, fn() -> Histogram>;
 
-/// The webhook listener's connections (serve/listener.rs).
+/// The webhook listener's connections (serve/intake/listener.rs).
 #[derive(Clone, Default)]
 pub struct ConnectionMetrics {
     /// Open now, their TLS handshakes done.
@@ -98,7 +99,7 @@ pub struct ConnectionMetrics {
     /// budget of bodies, or too slow.
     pub requests_refused: Family<RefusedLabels, Counter>,
     /// Reviews whose first bytes named no namespace, charged to the share
-    /// such reviews have together (serve/shares.rs): never the API
+    /// such reviews have together (serve/intake/shares.rs): never the API
     /// server's, which name it first.
     pub unsorted: Counter,
 }
@@ -308,9 +309,6 @@ impl Default for Metrics {
             "Idle connections to the webhook that had not passed the door, closed to give their place to a new one",
             connections.evicted.clone(),
         );
-        for reason in crate::serve::refusal::Refusal::LABELS {
-            let _ = connections.requests_refused.get_or_create(&RefusedLabels { reason });
-        }
         registry.register(
             "webhook_requests_refused",
             "Requests to the webhook answered with an error before any work, by why",

@@ -1,6 +1,6 @@
 //! The namespace a review names, read from its first bytes before the rest
 //! of its body is: what the body and its evaluation are charged to
-//! (serve/shares.rs), so that one namespace's large reviews fill its own
+//! (serve/intake/shares.rs), so that one namespace's large reviews fill its own
 //! share and not the API server's.
 //!
 //! The API server writes an AdmissionReview with Go's encoding/json

@@ -12,7 +12,7 @@
 //! - At most `--max-connections` connections are open, and at most
 //!   `--max-connections-per-peer` from one address.
 //! - A connection is *proven* once one of its requests has passed the door
-//!   (the webhook marks it, serve/intake.rs): it called the path only the
+//!   (the webhook marks it, serve/intake/entry.rs): it called the path only the
 //!   webhook configuration names. A pod cannot tell itself apart from the
 //!   API server by its address, but it cannot prove a connection.
 //! - When every place is taken, a new connection takes the place of an
@@ -32,7 +32,7 @@
 //!   HTTP/2 connection carries at most [`STREAMS`] requests at once.
 //! - What a request may do before it is answered (the door's path, its
 //!   body's size, deadline and budget, its namespace's share) is the
-//!   webhook's (serve/intake.rs). The listener counts nothing per address
+//!   webhook's (serve/intake/entry.rs). The listener counts nothing per address
 //!   past the connection: the API server is one address carrying every
 //!   namespace's reviews, so a bound per address on requests would let one
 //!   namespace's load refuse the others'.
@@ -57,7 +57,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
 use tower::ServiceExt as _;
 
-use super::metrics::ConnectionMetrics;
+use crate::serve::answer::options::Options;
+use crate::serve::tell::metrics::ConnectionMetrics;
 
 /// The TLS configuration for `cert` and `key`; with `client_ca`, a client
 /// must present a certificate that CA signed, or the handshake fails.
@@ -128,7 +129,7 @@ impl Tls {
 
 /// Bytes a connection takes in before its request's handler reads them:
 /// hyper's HTTP/1 read buffer and HTTP/2 flow-control windows. Also the
-/// most one read of a body brings (serve/intake.rs).
+/// most one read of a body brings (serve/intake/entry.rs).
 pub(crate) const WINDOW: u32 = 64 << 10;
 
 /// Requests one HTTP/2 connection carries at once. The API server's HTTP/2
@@ -657,6 +658,28 @@ async fn connection(
     }
 }
 
+impl Limits {
+    /// The webhook listener's bounds from serve's flags.
+    pub(crate) fn of(options: &Options) -> anyhow::Result<Limits> {
+        if options.max_connections_per_peer == 0
+            || options.max_connections == 0
+            || options.max_requests_per_namespace == 0
+        {
+            return Err(anyhow::anyhow!(
+                "--max-connections, --max-connections-per-peer and --max-requests-per-namespace: at least 1"
+            ));
+        }
+        Ok(Limits {
+            connections: options.max_connections,
+            per_peer: options.max_connections_per_peer.min(options.max_connections),
+            first_byte_timeout: crate::serve::answer::options::at_least_a_second(options.first_byte_timeout),
+            idle_timeout: crate::serve::answer::options::at_least_a_second(options.idle_timeout),
+            header_read_timeout: crate::serve::answer::options::at_least_a_second(options.header_read_timeout),
+            ..Limits::default()
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -817,3 +840,4 @@ mod tests {
         assert!(!working.expired(), "served, and idle less than the idle timeout");
     }
 }
+

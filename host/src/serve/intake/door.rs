@@ -23,7 +23,7 @@
 //!
 //! After a rotation the key that was current keeps its tokens only while
 //! the API server may still call them: until this replica sees the webhook
-//! configuration call the new key's path (serve/registration.rs moves it
+//! configuration call the new key's path (serve/trust/registration.rs moves it
 //! five seconds after the rotation, and every replica reads it every five
 //! seconds), then for [`AFTER_MOVE`], the time the API servers' informers
 //! take to read the move. Only where nothing is seen to move it (serve told

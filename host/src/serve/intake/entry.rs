@@ -1,20 +1,20 @@
 //! The webhook's way in (docs/security.md, "serve's port"): what a request
 //! passes before it is evaluated, each step before the next costs anything.
 //!
-//! 1. The door: a POST to the door's path (serve/door.rs), else a bare 404
+//! 1. The door: a POST to the door's path (serve/intake/door.rs), else a bare 404
 //!    and its connection closed before a byte of its body is read. A
-//!    request that passes proves its connection (serve/listener.rs).
+//!    request that passes proves its connection (serve/intake/listener.rs).
 //! 2. Its declared size: at most [`MAX_BODY`].
 //! 3. Its first bytes: [`FIRST_UNITS`] of the budget of bodies, then the
 //!    body's first [`review_namespace::WITHIN`] bytes, which name the
-//!    review's namespace (serve/review_namespace.rs).
-//! 4. Its namespace's shares (serve/shares.rs): one of the namespace's
+//!    review's namespace (serve/intake/review_namespace.rs).
+//! 4. Its namespace's shares (serve/intake/shares.rs): one of the namespace's
 //!    `--max-requests-per-namespace` requests in flight, and its declared
 //!    size of the namespace's quarter of the budget; refused at once past
 //!    either.
 //! 5. The rest of its declared size from the budget, waited for until the
 //!    request's deadline; then the rest of its body by the same deadline.
-//! 6. A slot to evaluate in (serve/evaluations.rs), by namespace as well.
+//! 6. A slot to evaluate in (serve/intake/evaluations.rs), by namespace as well.
 //!
 //! Nothing here is counted by address. The API server is one address that
 //! carries every namespace's reviews: a share per address (eff3694 gave one
@@ -37,14 +37,15 @@ use futures::StreamExt as _;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{timeout_at, Instant};
 
-use super::admission;
 use super::door::Door;
+use super::evaluations::Evaluations;
 use super::listener::WINDOW;
-use super::metrics::RefusedLabels;
 use super::refusal::{refusal, Connection, Refusal};
 use super::review_namespace;
 use super::shares::{ChargedTo, Share, Shares};
-use super::state::State;
+use crate::serve::answer::admission;
+use crate::serve::answer::state::State;
+use crate::serve::tell::metrics::RefusedLabels;
 
 /// An AdmissionReview carries the object and the old object; the API
 /// server caps each at about 3 MiB.
@@ -68,6 +69,9 @@ const FIRST_UNITS: u32 = (review_namespace::WITHIN + WINDOW as usize).div_ceil(B
 pub(crate) struct Webhook {
     pub state: Arc<State>,
     pub door: Arc<Door>,
+    /// Admissions evaluating at once, shared between namespaces
+    /// ([`Evaluations`]).
+    evaluations: Arc<Evaluations>,
     /// The budget of request bodies being read or evaluated at once, in
     /// [`BUDGET_UNIT`]s, in two pools: bodies up to [`LARGE`] and larger
     /// ones, half each. Apart, a large body waiting never holds up the API
@@ -106,7 +110,21 @@ impl Webhook {
         body_deadline: Duration,
     ) -> Webhook {
         let units = u32::try_from(budget_bytes.max(4 * MAX_BODY) / BUDGET_UNIT).unwrap_or(u32::MAX >> 4);
+        // The wasm pool has a fixed number of instance slots; past it a
+        // request would fail, so it waits for a slot instead. One stays
+        // free for the host's own admissions (the pass, the watch).
+        let instances = state.engine.limits().instances as usize;
+        // Every refusal's counter starts at zero, so that an alert on the
+        // first sees a counter move from 0 to 1.
+        for reason in Refusal::LABELS {
+            let _ = state
+                .metrics
+                .connections
+                .requests_refused
+                .get_or_create(&RefusedLabels { reason });
+        }
         Webhook {
+            evaluations: Evaluations::new(instances.saturating_sub(1)),
             state,
             door,
             small: Arc::new(Semaphore::new((units / 2) as usize)),
@@ -265,7 +283,16 @@ async fn intake(Extract(hook): Extract<Webhook>, request: Request) -> Response {
         // runs to its end even if the caller goes: a caller that resets
         // its stream after sending the body frees nothing the evaluation
         // still uses.
-        Ok((to, body, holds)) => evaluate(hook.state, to, body, (holds, connection.map(|c| c.in_flight))).await,
+        Ok((to, body, holds)) => {
+            evaluate(
+                hook.state,
+                hook.evaluations,
+                to,
+                body,
+                (holds, connection.map(|c| c.in_flight)),
+            )
+            .await
+        }
         Err(why) => hook.refuse(version, why),
     }
 }
@@ -273,10 +300,16 @@ async fn intake(Extract(hook): Extract<Webhook>, request: Request) -> Response {
 /// Evaluates `body` on a task of its own, in a slot charged to `to`, which
 /// keeps `holds` (the request's budget and place) until the evaluation is
 /// over, whether or not the caller waits for its answer.
-async fn evaluate(state: Arc<State>, to: ChargedTo, body: Bytes, holds: impl Send + 'static) -> Response {
+async fn evaluate(
+    state: Arc<State>,
+    evaluations: Arc<Evaluations>,
+    to: ChargedTo,
+    body: Bytes,
+    holds: impl Send + 'static,
+) -> Response {
     let task = tokio::spawn(async move {
         let _holds = holds;
-        let Some(slot) = state.evaluations.take(to).await else {
+        let Some(slot) = evaluations.take(to).await else {
             return (StatusCode::SERVICE_UNAVAILABLE, "config-snapshot: shutting down").into_response();
         };
         let evaluating = state.clone();

@@ -1,4 +1,4 @@
-//! Keeps the webhook configuration calling the door's path (serve/door.rs).
+//! Keeps the webhook configuration calling the door's path (serve/intake/door.rs).
 //!
 //! The install ships the MutatingWebhookConfiguration without a path: the
 //! path carries a secret that only serve knows, so serve writes it, and
@@ -32,8 +32,8 @@ use kube::Client;
 use serde_json::{json, Value};
 
 use super::certificates::{pem_blocks, wanted_bundle, Trust};
-use super::door::{self, Door};
-use super::state::State;
+use crate::serve::answer::state::State;
+use crate::serve::intake::door::{self, Door};
 
 /// How often serve reads the configuration again when nothing told it to:
 /// a write that took the path away is repaired within this.
@@ -60,7 +60,7 @@ pub(crate) struct Registration {
     pub door: Arc<Door>,
     pub state: Arc<State>,
     /// With serve's own certificate: the CA bundle the webhook must name
-    /// (serve/own_certificate.rs). `None`: the install keeps `caBundle`
+    /// (serve/trust/own_certificate.rs). `None`: the install keeps `caBundle`
     /// (cert-manager's injector, or you).
     pub bundle: Option<tokio::sync::watch::Receiver<Option<Trust>>>,
 }
@@ -315,7 +315,7 @@ impl Registration {
                 }
             }
             last = now;
-            // A new CA bundle is written at once (serve/certificates.rs
+            // A new CA bundle is written at once (serve/trust/certificates.rs
             // counts on it within its settle); one receiver held across
             // passes, so that a change wakes one pass, not every one.
             let trust_changed = async {

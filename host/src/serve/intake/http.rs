@@ -15,10 +15,10 @@ use axum::routing::get;
 use axum::Router;
 
 use super::door::Door;
-use super::intake::{webhook_router, Webhook};
+use super::entry::{webhook_router, Webhook};
 use super::listener::{self, server_config, Table, Tls};
-use super::options::Options;
-use super::state::State;
+use crate::serve::answer::options::Options;
+use crate::serve::answer::state::State;
 
 pub(crate) fn ops_router(state: Arc<State>) -> Router {
     Router::new()
@@ -66,7 +66,7 @@ pub async fn serve(state: Arc<State>, door: Arc<Door>, tls: Tls, options: &Optio
     if options.client_ca.is_some() {
         tracing::info!("the webhook answers only callers with a client certificate from --client-ca");
     }
-    let limits = options.listener_limits()?;
+    let limits = super::listener::Limits::of(options)?;
     let body_deadline = options.body_read_timeout.max(Duration::from_secs(1));
     let budget = usize::try_from(options.body_bytes_in_flight.get()).unwrap_or(usize::MAX);
     let requests_per_namespace = options.max_requests_per_namespace;
