@@ -840,4 +840,3 @@ mod tests {
         assert!(!working.expired(), "served, and idle less than the idle timeout");
     }
 }
-
