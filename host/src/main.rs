@@ -82,7 +82,12 @@ fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("config-snapshot: {e:#}");
+            // An error may quote the cluster (an API server's message, an
+            // annotation): escaped as everything the commands print.
+            eprintln!(
+                "config-snapshot: {}",
+                config_snapshot::tools::printable(&format!("{e:#}"))
+            );
             ExitCode::from(2)
         }
     }

@@ -282,7 +282,7 @@ async fn the_signing_key_is_made_once_and_shared() {
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(key["data"]["key"].as_str().unwrap())
             .unwrap();
-        config_snapshot::serve::door::path_of(
+        config_snapshot::serve::intake::door::path_of(
             &config_snapshot::cluster::proof::Keyring::of(&bytes).unwrap(),
             unix_now(),
         )
@@ -358,6 +358,95 @@ async fn a_planted_signing_key_is_not_trusted() {
     assert!(snapshots(&api).is_empty());
 }
 
+/// The door's path at this hour for the current key of `key` (the key
+/// Secret, as stored).
+fn door_of(key: &Value) -> String {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(key["data"]["key"].as_str().unwrap())
+        .unwrap();
+    let ring = config_snapshot::cluster::proof::Keyring::of(&bytes).unwrap();
+    config_snapshot::serve::intake::door::path_of(&ring, unix_now()).to_string()
+}
+
+/// Finding 7 of eff3694's review: with the key's guard deleted, a patch of
+/// the key Secret was taken at once, and within seconds the door opened
+/// for a path derived from the planted key, which its planter knows. Every
+/// version of the Secret is trusted only under its guard: serve keeps the
+/// ring it holds, its door stays where it was, and it says why. A guard
+/// made again afterwards does not vouch for what was written before it;
+/// the Secret deleted, serve writes its own ring again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_planted_while_its_guard_is_away_is_not_taken() {
+    let _serial = SERIAL.lock().await;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let api = ApiServer::start().await;
+    api.put(secret("shop"));
+    api.guard_signing_key(&keyguard(), "config-snapshot");
+    let mut serve = ServeProcess::start(&api.kubeconfig(), &KEY_FLAGS);
+    serve.wait_ready();
+    const KEY: &str = "config-snapshot-signing-key";
+    let held = api.get("Secret", "config-snapshot", KEY).expect("made on first start");
+    let door = door_of(&held);
+    assert!(api.remove("ValidatingAdmissionPolicyBinding", "", KEY), "the binding");
+    let mut planted = held.clone();
+    planted["data"]["key"] = json!("a25vd24tdG8tdGhlLWF0dGFja2VyLWFuZC0zMi1ieXRlcw==");
+    api.put(planted.clone());
+    let planted_door = door_of(&planted);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let said = loop {
+        let logs = serve.logs();
+        if logs.contains("new version is not trusted") || logs.contains("the signing keyring changed; using it") {
+            break logs;
+        }
+        assert!(Instant::now() < deadline, "serve said nothing of the new key:\n{logs}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(!said.contains("using it"), "the planted key was taken:\n{said}");
+    assert!(said.contains("guard is not in force"), "{said}");
+    const UNTRUSTED: &str = "config_snapshot_untrusted_secret_version{secret=\"signing-key\"}";
+    assert_eq!(serve.metric(UNTRUSTED), 1.0);
+    let ordinary = review("shop", opted_in("shop"));
+    let answers = |path: String| {
+        let (serve, body) = (&serve, ordinary.clone());
+        std::thread::scope(|s| {
+            s.spawn(|| post_to(serve, &path, None, &body).unwrap().0)
+                .join()
+                .unwrap()
+        })
+    };
+    assert_eq!(
+        answers(planted_door.clone()),
+        404,
+        "the door opened for the planted key"
+    );
+    assert_eq!(answers(door.clone()), 200, "the door moved");
+    assert!(
+        matches!(serve.ops_get("/readyz"), Some((200, _))),
+        "still ready: it serves the ring it holds, as the CA path serves its certificate"
+    );
+    // The guard made again, after the planted version: it vouches for
+    // nothing written before it.
+    api.guard_signing_key(&keyguard(), "config-snapshot");
+    let mut touched = planted.clone();
+    touched["metadata"]["labels"]["touched"] = json!("again");
+    touched["metadata"].as_object_mut().unwrap().remove("resourceVersion");
+    api.put(touched);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(answers(planted_door), 404, "taken under a guard made after it");
+    assert!(!serve.logs().contains("using it"), "{}", serve.logs());
+    // The way back: the Secret deleted, serve writes its own ring again.
+    assert!(api.remove("Secret", "config-snapshot", KEY));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while api.get("Secret", "config-snapshot", KEY).is_none() {
+        assert!(Instant::now() < deadline, "not written again:\n{}", serve.logs());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let again = api.get("Secret", "config-snapshot", KEY).unwrap();
+    assert_eq!(again["data"], held["data"], "the ring serve held");
+    assert_eq!(serve.metric(UNTRUSTED), 0.0);
+    assert_eq!(answers(door), 200);
+}
+
 /// Finding 2 of docs/security.md: a forged review whose namespace or name
 /// is not one (here a path into kube-system) is answered untouched, with a
 /// warning, and serve reads nothing for it: the API server sees no request
@@ -419,4 +508,107 @@ async fn a_review_whose_names_are_not_names_reads_nothing() {
     assert!(made.is_empty(), "serve read for a forged review: {made:?}");
     assert!(serve.logs().contains("not reviewed"), "said why");
     drop(serve);
+}
+
+/// The webhook configuration serve keeps on the door's path, as the
+/// install ships it (no path), calling a URL: nothing calls it here, the
+/// test posts to serve itself.
+fn webhook_configuration() -> Value {
+    json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "config-snapshot", "namespace": ""},
+        "webhooks": [{"name": "config-snapshot.config-snapshot.io",
+            "clientConfig": {"url": "https://127.0.0.1:1/mutate"},
+            "admissionReviewVersions": ["v1"], "sideEffects": "NoneOnDryRun"}]})
+}
+
+/// The path the webhook configuration calls now.
+fn configured_path(api: &ApiServer) -> String {
+    let configuration = api
+        .get("MutatingWebhookConfiguration", "", "config-snapshot")
+        .expect("the webhook configuration");
+    let url = configuration["webhooks"][0]["clientConfig"]["url"].as_str().unwrap();
+    url.strip_prefix("https://127.0.0.1:1").unwrap().to_string()
+}
+
+/// Finding 8 (the door): `keys rotate` closes the old path within seconds,
+/// as docs/security.md says, and the API server's calls never meet a
+/// closed door: the new path opens as the key changes, serve moves the
+/// configuration to it, and only then does the old path close. On eff3694
+/// the old path stayed open for ten minutes after the move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_rotate_closes_the_old_path_within_seconds() {
+    let _serial = SERIAL.lock().await;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let api = ApiServer::start().await;
+    api.put(secret("shop"));
+    api.guard_signing_key(&keyguard(), "config-snapshot");
+    api.put(webhook_configuration());
+    let mut flags = KEY_FLAGS.to_vec();
+    flags.extend(["--webhook-configuration", "config-snapshot"]);
+    let mut serve = ServeProcess::start(&api.kubeconfig(), &flags);
+    serve.wait_ready();
+    let old = configured_path(&api);
+    assert!(
+        config_snapshot::serve::intake::door::shaped(&old),
+        "serve wrote its path: {old}"
+    );
+    let body = review("shop", opted_in("shop"));
+    let kubeconfig = api.kubeconfig();
+    let (serve, api, old, new, closed_after) = tokio::task::spawn_blocking(move || {
+        assert_eq!(post_to(&serve, &old, None, &body).unwrap().0, 200, "the path opens");
+        let rotate = std::process::Command::new(ServeProcess::this_build())
+            .args(["keys", "rotate", "-n", "config-snapshot"])
+            .env("KUBECONFIG", &kubeconfig)
+            .output()
+            .unwrap();
+        assert!(rotate.status.success(), "{}", String::from_utf8_lossy(&rotate.stderr));
+        let rotated = Instant::now();
+        // Until the configuration moves, the old path is what the API
+        // server calls: it stays open.
+        let new = loop {
+            let now = configured_path(&api);
+            if now != old {
+                break now;
+            }
+            assert_eq!(
+                post_to(&serve, &old, None, &body).unwrap().0,
+                200,
+                "closed before the move"
+            );
+            assert!(
+                rotated.elapsed() < Duration::from_secs(30),
+                "the configuration never moved"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert!(config_snapshot::serve::intake::door::shaped(&new));
+        assert_eq!(post_to(&serve, &new, None, &body).unwrap().0, 200, "the new path opens");
+        let moved = Instant::now();
+        loop {
+            let (status, _) = post_to(&serve, &old, None, &body).unwrap();
+            if status == 404 {
+                break;
+            }
+            assert_eq!(status, 200);
+            assert!(
+                moved.elapsed() < Duration::from_secs(15),
+                "the old path still opens {:?} after the move",
+                moved.elapsed()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        (serve, api, old, new, rotated.elapsed())
+    })
+    .await
+    .unwrap();
+    eprintln!("keys rotate: the old path closed {closed_after:?} after the rotation");
+    assert_ne!(old, new);
+    assert_eq!(
+        post_to(&serve, &new, None, &review("shop", opted_in("shop")))
+            .unwrap()
+            .0,
+        200,
+        "the new path stays open"
+    );
+    drop((serve, api));
 }

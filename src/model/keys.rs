@@ -52,6 +52,12 @@ pub const SOURCE_RESOURCE_VERSION: &str = "config-snapshot.io/source-resource-ve
 /// the sweep counts a snapshot's age from its last use, not its creation.
 pub const LAST_USED_AT: &str = "config-snapshot.io/last-used-at";
 
+/// Where a client-side `kubectl apply` (and Argo CD's default sync) keeps
+/// the whole manifest it applied: a Secret's `stringData` in plain text
+/// among it. Not config-snapshot's; named here because the host keeps it
+/// out of serve's cache, and controllers do not copy it.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
 /// Added by the Deployment controller to ReplicaSet templates; never part of
 /// what the user wrote, so it is ignored when comparing templates.
 pub(crate) const POD_TEMPLATE_HASH: &str = "pod-template-hash";

@@ -78,7 +78,17 @@ impl Capability {
             .map_err(failed)?
             .ok_or_else(|| HostError::new(Code::NotFound, format!("{kind} {name:?} not found")))?;
         let preconditions = Preconditions { uid, resource_version };
-        guard::delete_snapshot(&self.cluster, &self.in_flight, self.prover(), &existing, &preconditions)?;
+        // What the namespace names, listed by the host, not taken from the
+        // guest: whatever it asks, a snapshot in use stays.
+        let named = guard::Named::listed(&self.cluster, ns).map_err(failed)?;
+        guard::delete_snapshot(
+            &self.cluster,
+            &self.in_flight,
+            self.prover(),
+            &existing,
+            &preconditions,
+            &named,
+        )?;
         self.observer.note(format!("snapshot {kind}/{name} swept"));
         Ok(Deleted { deleted: true })
     }

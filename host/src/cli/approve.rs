@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{anyhow, Result};
 use config_snapshot::tools::history::Target;
+use config_snapshot::tools::printable;
 use config_snapshot::tools::status::{approval, pinned, render, status, Around};
 use config_snapshot_policy::model::duration::unix_now;
 use config_snapshot_policy::model::keys;
@@ -104,7 +105,7 @@ pub fn approve_command(args: ApproveArgs) -> Result<ExitCode> {
         let approved = match approval(&target, &workload, &args.snapshots) {
             Ok(approved) => approved,
             Err(refused) => {
-                eprintln!("config-snapshot: refused: {refused}");
+                eprintln!("config-snapshot: refused: {}", printable(&refused.to_string()));
                 return Ok(ExitCode::from(1));
             }
         };
@@ -123,7 +124,8 @@ pub fn approve_command(args: ApproveArgs) -> Result<ExitCode> {
             .await
             .map_err(|e| anyhow!("approving on {target}: {e}"))?;
         println!(
-            "approved on {target}: {approved}; it rolls out within seconds (see `config-snapshot status {target}`)"
+            "approved on {target}: {}; it rolls out within seconds (see `config-snapshot status {target}`)",
+            printable(&approved.to_string())
         );
         Ok(ExitCode::SUCCESS)
     })
@@ -131,7 +133,7 @@ pub fn approve_command(args: ApproveArgs) -> Result<ExitCode> {
 
 fn api(client: &kube::Client, target: &Target, namespace: &str) -> kube::Api<kube::api::DynamicObject> {
     let resource =
-        config_snapshot::serve::cache::api_resource(target.kind.kind()).expect("a workload kind of the table");
+        config_snapshot::serve::view::cache::api_resource(target.kind.kind()).expect("a workload kind of the table");
     kube::Api::namespaced_with(client.clone(), namespace, &resource)
 }
 
@@ -141,7 +143,7 @@ fn api(client: &kube::Client, target: &Target, namespace: &str) -> kube::Api<kub
 async fn read_pinned(client: &kube::Client, namespace: &str, ids: &[SourceId]) -> (Vec<Value>, Vec<SourceId>) {
     let (mut read, mut unread) = (Vec::new(), Vec::new());
     for id in ids {
-        let resource = config_snapshot::serve::cache::api_resource(id.kind.kind()).expect("a source kind of the table");
+        let resource = config_snapshot::serve::view::cache::api_resource(id.kind.kind()).expect("a source kind of the table");
         let api: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(client.clone(), namespace, &resource);
         match api.get_metadata_opt(&id.name).await {
             Ok(Some(meta)) => read.push(serde_json::json!({"kind": id.kind.kind(), "metadata": meta.metadata})),

@@ -27,7 +27,8 @@ use kube::Client;
 use serde_json::{json, Value};
 
 use config_snapshot::cluster::proof::{Keyring, Prover, SIGNATURE};
-use config_snapshot::serve::signing::{ring_of, KeySecret};
+use config_snapshot::serve::trust::signing::{ring_of, KeySecret};
+use config_snapshot::tools::printable;
 
 #[derive(ClapArgs)]
 pub struct Args {
@@ -235,7 +236,7 @@ async fn sign_unsigned(
             };
             match result {
                 Ok(()) => println!("  signed"),
-                Err(e) => println!("  not signed: {e}"),
+                Err(e) => println!("  not signed: {}", printable(&e.to_string())),
             }
         }
     }

@@ -101,7 +101,7 @@ fn namespace_of(new: &Value, flag: Option<String>, default: &str) -> String {
 
 /// Reads the namespace's workloads and the object as it is, with kube-rs.
 async fn online(args: &Args, new: &Value, kind: &str, name: &str, settings: &Settings) -> Result<Impact> {
-    use config_snapshot::serve::cache::{api_resource, trim};
+    use config_snapshot::serve::view::cache::{api_resource, trim};
     use kube::api::{Api, DynamicObject, ListParams};
     let client = super::client().await?;
     let namespace = namespace_of(new, args.from.namespace.clone(), client.default_namespace());

@@ -80,7 +80,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             .context("connecting to the API server (KUBECONFIG or in-cluster)")?;
         let mut out = String::new();
         let result = release(client, &settings, &mut out).await;
-        print!("{out}");
+        print!("{}", config_snapshot::tools::printable_lines(&out));
         let outcome = result?;
         println!(
             "{}: {} workloads pointed back, {} revisions pruned, {} snapshots deleted, {} kept{}",

@@ -62,10 +62,9 @@ impl ApiError {
         }
     }
 
-    /// The API server's answer for this error: a `Status` body and its
-    /// HTTP code, as a stand-in server writes it.
-    pub fn status(&self) -> (u16, Value) {
-        let (code, reason) = match self {
+    /// Its HTTP code and status reason, as the API server answers it.
+    fn code_and_reason(&self) -> (u16, &'static str) {
+        match self {
             ApiError::NotFound(_) => (404, "NotFound"),
             ApiError::AlreadyExists(_) => (409, "AlreadyExists"),
             ApiError::Conflict(_) => (409, "Conflict"),
@@ -74,10 +73,37 @@ impl ApiError {
             ApiError::Timeout(_) => (504, "Timeout"),
             ApiError::Invalid(_) => (422, "Invalid"),
             ApiError::Unavailable(_) => (503, "ServiceUnavailable"),
-        };
+        }
+    }
+
+    /// The API server's answer for this error: a `Status` body and its
+    /// HTTP code, as a stand-in server writes it.
+    pub fn status(&self) -> (u16, Value) {
+        let (code, reason) = self.code_and_reason();
         let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                           "message": self.to_string(), "reason": reason, "code": code});
         (code, body)
+    }
+
+    /// The same failure with its status alone in place of its message
+    /// (`403 Forbidden`): what an Event may say of it, and all that is kept
+    /// of a failed write of a Secret (docs/security.md). The API server's
+    /// message is its own words or an admission's: another webhook, or a
+    /// ValidatingAdmissionPolicy's `messageExpression`, may quote the
+    /// object it denied, a Secret's data among it.
+    pub fn without_message(&self) -> ApiError {
+        let (code, reason) = self.code_and_reason();
+        let status = format!("{code} {reason}");
+        match self {
+            ApiError::NotFound(_) => ApiError::NotFound(status),
+            ApiError::AlreadyExists(_) => ApiError::AlreadyExists(status),
+            ApiError::Conflict(_) => ApiError::Conflict(status),
+            ApiError::Forbidden(_) => ApiError::Forbidden(status),
+            ApiError::Unauthorized(_) => ApiError::Unauthorized(status),
+            ApiError::Timeout(_) => ApiError::Timeout(status),
+            ApiError::Invalid(_) => ApiError::Invalid(status),
+            ApiError::Unavailable(_) => ApiError::Unavailable(status),
+        }
     }
 
     /// Reads an API server's failure by its status: the code, and for a

@@ -266,7 +266,7 @@ impl Driver<'_> {
         let all: Vec<&Value> = objects.iter().collect();
         let grace = self.rules.settings.orphan_grace_period_secs;
         let doomed = orphans(&all, &self.in_flight.targets(), self.cluster.now(), grace);
-        self.delete_doomed(&doomed, grace)
+        self.delete_doomed(&doomed, grace, &super::guard::Named::among(&all, None))
     }
 }
 

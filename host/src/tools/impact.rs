@@ -27,6 +27,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::tools::history::{KeyChanges, Values};
+use crate::tools::printable;
 
 /// What applying one source would do.
 #[derive(Debug, Serialize)]
@@ -408,9 +409,9 @@ pub fn render(impact: &Impact) -> String {
     let verb = if impact.exists { "applying" } else { "creating" };
     out.push_str(&format!(
         "{verb} {} in namespace {}: {}\n",
-        impact.source,
-        impact.namespace,
-        impact.keys.describe()
+        printable(&impact.source),
+        printable(&impact.namespace),
+        printable(&impact.keys.describe())
     ));
     if let Some(word) = impact.readers {
         out.push_str(&format!("it says {}: {word}\n", keys::READERS));
@@ -423,10 +424,14 @@ pub fn render(impact: &Impact) -> String {
     }
     for w in &impact.workloads {
         let mark = if w.rolls { "ROLLS" } else { "stays" };
-        out.push_str(&format!("\n{mark}  {}: {}\n", w.workload, w.why));
-        out.push_str(&format!("       through {}\n", w.references.join(", ")));
+        out.push_str(&format!(
+            "\n{mark}  {}: {}\n",
+            printable(&w.workload),
+            printable(&w.why)
+        ));
+        out.push_str(&format!("       through {}\n", printable(&w.references.join(", "))));
         for line in &w.diff {
-            out.push_str(&format!("       {line}\n"));
+            out.push_str(&format!("       {}\n", printable(line)));
         }
     }
     let rolls = impact.workloads.iter().filter(|w| w.rolls).count();

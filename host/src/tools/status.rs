@@ -20,6 +20,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::tools::history::Target;
+use crate::tools::printable;
 
 /// What a workload's watched changes wait for.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -162,30 +163,32 @@ pub fn status(target: &Target, workload: &Value, around: &Around, now: i64) -> S
     }
 }
 
-/// The text users read.
+/// The text users read. Every value read off the workload is written
+/// [`printable`]: its annotations are whatever their writer put there.
 pub fn render(status: &Status, now: i64) -> String {
     let ago = |at: i64| format!("{}s ago", (now - at).max(0));
-    let mut out = format!("{} in namespace {}\n", status.workload, status.namespace);
+    let p = |text: &str| printable(text).into_owned();
+    let mut out = format!("{} in namespace {}\n", p(&status.workload), p(&status.namespace));
     let mut line = |label: &str, value: String| out.push_str(&format!("  {label:<19}{value}\n"));
-    line("watches", status.watch.clone().unwrap_or_else(|| "nothing".into()));
+    line("watches", status.watch.as_deref().map_or_else(|| "nothing".into(), p));
     line("watch mode", status.watch_mode.to_string());
     if let Some((settle, until)) = &status.settle {
         let state = match until {
             Some(t) if *t > now => format!(": settling, {}s to go", t - now),
             _ => String::new(),
         };
-        line("settle", format!("{settle}{state}"));
+        line("settle", format!("{}{state}", p(settle)));
     }
     if let Some(w) = &status.rollout_window {
-        let state = w.held.clone().unwrap_or_else(|| "open now".into());
-        line("rollout window", format!("{:?} ({}): {state}", w.schedule, w.zone));
+        let state = w.held.as_deref().map_or_else(|| "open now".into(), p);
+        line("rollout window", format!("{:?} ({}): {state}", w.schedule, p(&w.zone)));
     }
     if status.pending.is_empty() {
         line("pending", "nothing".into());
     }
     for (source, snapshot) in &status.pending {
         let next = match status.watch_mode {
-            "approve" => format!("awaits `config-snapshot approve {}`", status.workload),
+            "approve" => format!("awaits `config-snapshot approve {}`", p(&status.workload)),
             "notify" => "announced; notify mode rolls nothing".to_string(),
             _ if status.rollout_window.as_ref().is_some_and(|w| w.held.is_some()) => {
                 "waits for its rollout window".to_string()
@@ -193,13 +196,16 @@ pub fn render(status: &Status, now: i64) -> String {
             _ if status.settle.is_some() => "rolls with the others once its sources settle".to_string(),
             _ => "rolls at its next look".to_string(),
         };
-        line("pending", format!("{source} -> {snapshot} ({next})"));
+        line("pending", format!("{} -> {} ({next})", p(source), p(snapshot)));
     }
     for (source, snapshot) in &status.approved {
-        line("approved", format!("{source} -> {snapshot}"));
+        line("approved", format!("{} -> {}", p(source), p(snapshot)));
     }
     if let Some((at, source, snapshot)) = &status.last_watch_rollout {
-        line("last watch rollout", format!("{source} -> {snapshot}, {}", ago(*at)));
+        line(
+            "last watch rollout",
+            format!("{} -> {}, {}", p(source), p(snapshot), ago(*at)),
+        );
     }
     if let Some((at, count)) = status.last_rollback {
         line("last rollback", format!("{} (rollback {count})", ago(at)));
@@ -312,6 +318,32 @@ mod tests {
             approval(&t, &w, &[]),
             Err(ApproveError::NothingPending { .. })
         ));
+    }
+
+    /// Finding 9 of eff3694's review: `status` printed annotations raw, so
+    /// whoever may annotate a workload could clear its reader's screen, or
+    /// print a line of `status`'s own (an approval that is not there).
+    #[test]
+    fn status_prints_what_the_workload_says_escaped() {
+        let now = 1_795_780_800;
+        let (t, w) = web(json!({
+            keys::WATCH: "configmap/app\u{1b}[2J",
+            keys::SETTLE: "10s\n  approved           configmap/app -> app-forged",
+            keys::ROLLOUT_WINDOW_ZONE: "UTC\u{9b}31m",
+            keys::ROLLOUT_WINDOW: "0 22 * * 1-5 for 8h",
+        }));
+        let around = Around {
+            settings: &Settings::default(),
+            sources: &[],
+            unread: &[],
+        };
+        let text = render(&status(&t, &w, &around, now), now);
+        assert!(text.chars().all(|c| c == '\n' || !c.is_control()), "{text:?}");
+        assert!(
+            !text.lines().any(|l| l.trim_start().starts_with("approved")),
+            "a line of its own: {text}"
+        );
+        assert!(text.contains("configmap/app\\u{1b}[2J"), "{text}");
     }
 
     #[test]

@@ -316,7 +316,17 @@ pub(crate) fn large_reviews_story(cp: &ControlPlane, serve: &ServeProcess) {
     heavy["spec"]["template"]["metadata"]["annotations"] = big_labelled("x", 120_000)["data"].clone();
     let refused = cp
         .try_kubectl(
-            &["create", "--dry-run=server", "--as=tenant", "-n", NS, "-f", "-", "-o", "name"],
+            &[
+                "create",
+                "--dry-run=server",
+                "--as=tenant",
+                "-n",
+                NS,
+                "-f",
+                "-",
+                "-o",
+                "name",
+            ],
             Some(&heavy.to_string()),
         )
         .expect_err("an object past the count is refused");
@@ -376,10 +386,15 @@ pub(crate) fn door_holder_story(cp: &ControlPlane, serve: &ServeProcess) {
     .to_string();
     let answer = super::security::post_to(cp, serve, &door_path(cp), &review, None).unwrap_or_else(|e| panic!("{e}"));
     let review: Value = serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{e}: {answer:.300}"));
-    let patch = review["response"]["patch"].as_str().expect("the dry run is answered with the mutation");
+    let patch = review["response"]["patch"]
+        .as_str()
+        .expect("the dry run is answered with the mutation");
     let patch = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(patch).unwrap()).unwrap();
     assert!(patch.contains("app-config-"), "a snapshot is named: {patch}");
-    assert!(!patch.contains(&plain), "the answer names the content by its plain hash: {patch}");
+    assert!(
+        !patch.contains(&plain),
+        "the answer names the content by its plain hash: {patch}"
+    );
     assert!(!patch.contains(&guess.hash()[..10]), "{patch}");
     assert!(cp.get(ns, "deployment", "web").is_none(), "a dry run writes nothing");
     cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);

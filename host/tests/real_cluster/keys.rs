@@ -238,3 +238,93 @@ pub fn key_lifecycle_story(cp: &ControlPlane, serve: &mut ServeProcess, kubeconf
     as_mallory(&["delete", "secret", "mallorys-own"]).unwrap();
     cp.kubectl(&["-n", KEY_NS, "delete", "rolebinding", "mallory-edit"]);
 }
+
+/// Finding 7 of eff3694's review: with the guard's binding deleted, a
+/// patch of the key Secret was taken at once, and within 15 s the webhook's
+/// path moved to one derived from the planted key. A version written while
+/// the guard is away is not taken: serve keeps its ring, the webhook's path
+/// stays, and serve says why. The guard made again vouches for nothing
+/// written before it; the Secret deleted then, serve writes its own ring
+/// again, under the new guard.
+pub fn unguarded_key_story(cp: &ControlPlane, serve: &ServeProcess) {
+    let held = cp.get(KEY_NS, "secret", KEY).expect("the key Secret");
+    // The paths of the hour before, this hour and the next: an hour may
+    // turn during the story.
+    let paths = door_paths(cp);
+    let calls_held = || paths.contains(&super::door::configured_path(cp));
+    assert!(calls_held(), "the webhook calls the current key's path");
+    let taken = || serve.logs().matches("the signing keyring changed").count();
+    let taken_before = taken();
+    // The guard's binding is named as the Secret.
+    cp.kubectl(&["delete", "validatingadmissionpolicybinding", KEY]);
+    cp.kubectl(&[
+        "-n",
+        KEY_NS,
+        "create",
+        "rolebinding",
+        "mallory-edit",
+        "--clusterrole=edit",
+        "--user=mallory",
+    ]);
+    // Mallory, who may edit Secrets in serve's namespace, plants a key she
+    // knows once the API server has let go of the guard.
+    let planted = r#"{"data":{"key":"cGxhbnRlZC1rZXktb2YtMzItYnl0ZXMtLS0tLS0tLS0t"}}"#;
+    eventually("the API server to let the guard go", 30, || {
+        cp.try_kubectl(
+            &[
+                "--as=mallory",
+                "-n",
+                KEY_NS,
+                "patch",
+                "secret",
+                KEY,
+                "--type=merge",
+                "-p",
+                planted,
+            ],
+            None,
+        )
+        .ok()
+    });
+    let planted_paths = door_paths(cp);
+    assert!(planted_paths.iter().all(|p| !paths.contains(p)));
+    // serve judges it: taken (as on eff3694) or not.
+    eventually("serve to judge the planted version", 30, || {
+        (serve.logs().contains("new version is not trusted") || taken() > taken_before).then_some(())
+    });
+    // Longer than the registration takes to move the path (5 s).
+    std::thread::sleep(Duration::from_secs(15));
+    assert!(
+        calls_held(),
+        "the webhook's path moved to {}",
+        super::door::configured_path(cp)
+    );
+    assert_eq!(
+        taken(),
+        taken_before,
+        "the planted keyring was taken:\n{}",
+        serve.logs()
+    );
+    const UNTRUSTED: &str = "config_snapshot_untrusted_secret_version{secret=\"signing-key\"}";
+    assert_eq!(serve.metric(UNTRUSTED), 1.0);
+    // The guard made again: the planted version is older than it.
+    for object in yaml("deploy/serve/keyguard.yaml") {
+        cp.apply(KEY_NS, &object);
+    }
+    cp.kubectl(&["-n", KEY_NS, "annotate", "secret", KEY, "touched=after-the-guard"]);
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(serve.metric(UNTRUSTED), 1.0, "taken under a guard made after it");
+    assert_eq!(taken(), taken_before);
+    assert!(calls_held());
+    // The way back: past the new guard's settling, the Secret deleted;
+    // serve writes the ring it held, trusted at its next start.
+    std::thread::sleep(Duration::from_secs(7));
+    cp.kubectl(&["-n", KEY_NS, "delete", "secret", KEY]);
+    let again = eventually("the key Secret written again", 30, || cp.get(KEY_NS, "secret", KEY));
+    assert_eq!(again["data"], held["data"], "the ring serve held");
+    eventually("serve to trust its Secret again", 30, || {
+        (serve.metric(UNTRUSTED) == 0.0).then_some(())
+    });
+    assert!(calls_held());
+    cp.kubectl(&["-n", KEY_NS, "delete", "rolebinding", "mallory-edit"]);
+}

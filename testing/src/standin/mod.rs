@@ -3,6 +3,10 @@
 //! resourceVersion precondition, delete with uid and resourceVersion
 //! preconditions), over the simulator's store ([`Shared`]).
 //!
+//! Strategic merge patches are taken as merge patches whose lists of named
+//! objects merge by `name` (the merge key of every list serve patches so:
+//! a webhook configuration's `webhooks`).
+//!
 //! - [`ApiServer::start`]: a plain API server. Writes persist as the
 //!   registry stores them; tests write to it directly (`put`) the way a
 //!   user or a controller would, and read back what serve did.
@@ -34,9 +38,9 @@ use config_snapshot_policy::model::keys;
 use config_snapshot_policy::model::kinds::KINDS;
 use serde_json::{json, Value};
 
-/// Kinds serve uses beyond the policy's table: its Lease, its Events and
-/// its signing key's guard (cluster-scoped).
-const SERVE_KINDS: [(&str, &str, &str); 4] = [
+/// Kinds serve uses beyond the policy's table: its Lease, its Events, its
+/// signing key's guard and its webhook configuration (cluster-scoped).
+const SERVE_KINDS: [(&str, &str, &str); 5] = [
     ("leases", "coordination.k8s.io/v1", "Lease"),
     ("events", "events.k8s.io/v1", "Event"),
     (
@@ -48,6 +52,11 @@ const SERVE_KINDS: [(&str, &str, &str); 4] = [
         "validatingadmissionpolicybindings",
         "admissionregistration.k8s.io/v1",
         "ValidatingAdmissionPolicyBinding",
+    ),
+    (
+        "mutatingwebhookconfigurations",
+        "admissionregistration.k8s.io/v1",
+        "MutatingWebhookConfiguration",
     ),
 ];
 
@@ -171,6 +180,19 @@ impl ApiServer {
     pub fn put(&self, object: Value) -> Value {
         self.inner.stamp_clock();
         self.inner.shared.store().persist(object)
+    }
+
+    /// Deletes `kind` `namespace`/`name` (`""`: cluster-scoped) as a user
+    /// would, whatever its version: `false` if there was none.
+    pub fn remove(&self, kind: &str, namespace: &str, name: &str) -> bool {
+        let Ok(Some(current)) = self.inner.shared.get(kind, namespace, name) else {
+            return false;
+        };
+        let pre = Preconditions {
+            uid: current.uid().unwrap_or_default().to_string(),
+            resource_version: None,
+        };
+        self.inner.delete(&current, &pre).is_ok()
     }
 
     /// Puts the signing key's guard as deploy/serve/keyguard.yaml ships it

@@ -365,3 +365,65 @@ fn a_patch_never_saw_more_rollbacks_than_the_workload_had() {
         assert_eq!(intent.rollbacks, kept, "{name} claimed {claimed}");
     }
 }
+
+/// Finding 9 of eff3694's review: the host deleted whatever proven
+/// snapshot a guest asked it to, named or not. Whatever the guest asks, a
+/// snapshot a workload, a revision or a Pod of its namespace names stays;
+/// an unused one may still go.
+#[test]
+fn a_snapshot_in_use_is_never_deleted_whatever_the_guest_asks() {
+    let (backend, cap) = capability(false);
+    let template = |snapshot: &str| json!({"spec": {"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": snapshot}}]}]}});
+    let snapshot = |n: u32| {
+        let content = Content::from_object(SourceKind::ConfigMap, &json!({"data": {"k": format!("v{n}")}})).unwrap();
+        let name = Prover::replay().snapshot_name("team-a", "app", &content);
+        let mut object = snapshot_object(
+            &SourceId::new(SourceKind::ConfigMap, "app"),
+            "team-a",
+            &name,
+            "1",
+            &content,
+        );
+        object["metadata"]["uid"] = json!(format!("snap-{n}"));
+        let object = signed(object);
+        backend.put(object.clone());
+        (name, format!("snap-{n}"))
+    };
+    let holders = [
+        ("apps/v1", "Deployment", true),
+        ("apps/v1", "ReplicaSet", true),
+        ("v1", "Pod", false),
+    ];
+    for (i, (api_version, kind, templated)) in holders.into_iter().enumerate() {
+        let (name, uid) = snapshot(u32::try_from(i).unwrap());
+        let spec = if templated {
+            json!({"template": template(&name)})
+        } else {
+            template(&name)["spec"].clone()
+        };
+        backend.put(json!({"apiVersion": api_version, "kind": kind,
+            "metadata": {"name": format!("holder-{i}"), "namespace": "team-a", "uid": format!("h{i}")},
+            "spec": spec}));
+        let err = write(
+            &cap,
+            "delete_snapshot",
+            json!({"kind": "ConfigMap", "name": name, "uid": uid}),
+        )
+        .unwrap_err();
+        assert_eq!(err.code, Code::Refused, "named by a {kind}: {err}");
+        assert!(err.message.contains("is named by"), "{err}");
+        assert!(
+            backend.cluster.get("ConfigMap", "team-a", &name).unwrap().is_some(),
+            "{kind}"
+        );
+    }
+    assert!(backend.writes.lock().unwrap().is_empty());
+    let (unused, uid) = snapshot(9);
+    write(
+        &cap,
+        "delete_snapshot",
+        json!({"kind": "ConfigMap", "name": unused, "uid": uid}),
+    )
+    .expect("an unused snapshot goes");
+    assert!(backend.cluster.get("ConfigMap", "team-a", &unused).unwrap().is_none());
+}

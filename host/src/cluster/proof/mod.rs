@@ -33,6 +33,7 @@ use ring::hmac;
 use serde_json::Value;
 use zeroize::Zeroizing;
 
+mod cached;
 mod keyring;
 pub mod proven;
 
@@ -44,7 +45,8 @@ pub(crate) use keyring::MIN_KEY_BYTES;
 pub const SIGNATURE: &str = "config-snapshot.io/signature";
 
 /// The field in place of a source's data in serve's cache
-/// ([`Prover::digested`]). Only the cache writes it: the API server stores
+/// ([`Prover::digested`], with what else the cache keeps of a source).
+/// Only the cache writes it: the API server stores
 /// no such field (it drops unknown fields of a ConfigMap or Secret), and
 /// no review of a source is judged (docs/design.md, "Watch").
 pub(crate) const DIGESTED: &str = "$config-snapshot-digested";
@@ -338,36 +340,6 @@ impl Prover {
 
     pub fn proves(&self, object: &Value) -> bool {
         self.verify(object).is_ok()
-    }
-
-    /// `object` (a ConfigMap or Secret as read) as serve's cache keeps it:
-    /// its metadata, its type, and in place of its data a keyed digest of
-    /// its content and the verdict on its proof, both made now. A cache of
-    /// every Secret's data would hold the cluster's credentials in serve's
-    /// memory for nothing: the policy reads sources fresh, a rollout's
-    /// snapshot is made from a fresh read, and a reuse compares digests.
-    /// A changed keyring makes both stale: the cache lists sources again.
-    pub(crate) fn digested(&self, object: &Value) -> Value {
-        let kind = object["kind"].as_str().and_then(SourceKind::from_kind);
-        let digest = kind
-            .and_then(|k| Content::from_object(k, object).ok())
-            .map(|c| self.content_digest(&c.hash()))
-            .unwrap_or_default();
-        let unproven = match self.verify(object) {
-            Ok(()) => Value::Null,
-            Err(why) => Value::String(why.to_string()),
-        };
-        let mut kept = serde_json::Map::new();
-        for field in ["apiVersion", "kind", "metadata", "type", "immutable"] {
-            if let Some(value) = object.get(field) {
-                kept.insert(field.to_string(), value.clone());
-            }
-        }
-        kept.insert(
-            DIGESTED.to_string(),
-            serde_json::json!({"digest": digest, "unproven": unproven}),
-        );
-        Value::Object(kept)
     }
 
     /// Whether `object`, as read or as the cache keeps it, holds `content`.

@@ -1,5 +1,6 @@
 use super::keyring::KeyringError;
 use super::*;
+use base64::Engine as _;
 use config_snapshot_policy::model::content::snapshot_object;
 use config_snapshot_policy::model::source::SourceId;
 use serde_json::json;
@@ -223,6 +224,71 @@ fn a_digested_source_keeps_no_data_and_stands_for_it() {
     assert!(p.forged(&p.digested(&forged)), "a forgery stays one");
     let plain = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db"}, "data": {"pw": "eA=="}});
     assert!(!keys::is_snapshot(&p.digested(&plain)) && p.verify(&p.digested(&plain)).is_err());
+}
+
+/// Finding 6 of eff3694's review: a Secret applied client-side (`kubectl
+/// apply`, Argo CD's default sync) carries its whole manifest, its
+/// `stringData` in plain text, in an annotation, which the cache kept with
+/// the rest of its metadata. Its cached copy keeps what its readers need,
+/// config-snapshot's own annotations among it, and nothing else.
+#[test]
+fn a_digested_source_keeps_only_what_its_readers_need() {
+    const CANARY: &str = "digested-canary-7f1c";
+    let p = prover();
+    let encoded = base64::engine::general_purpose::STANDARD.encode(CANARY);
+    let manifest = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "app"},
+                          "stringData": {"password": CANARY}})
+    .to_string();
+    let mut secret = made(&p, SourceKind::Secret, json!({"password": encoded}));
+    let owner = json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1", "uid": "r"}]);
+    let metadata = secret["metadata"].as_object_mut().unwrap();
+    metadata.insert("uid".into(), json!("u"));
+    metadata.insert("creationTimestamp".into(), json!("2030-01-01T00:00:00Z"));
+    metadata.insert("ownerReferences".into(), owner.clone());
+    metadata.insert("finalizers".into(), json!([format!("example.com/{CANARY}")]));
+    metadata.insert(
+        "managedFields".into(),
+        json!([{"manager": "kubectl", "fieldsV1": {CANARY: {}}}]),
+    );
+    let annotations = metadata["annotations"].as_object_mut().unwrap();
+    annotations.insert(keys::LAST_APPLIED.into(), json!(manifest));
+    annotations.insert("example.com/copy".into(), json!(encoded));
+    let mut said: Vec<String> = annotations
+        .keys()
+        .filter(|k| k.starts_with(keys::PREFIX))
+        .cloned()
+        .collect();
+    said.sort();
+    assert!(said.len() >= 3, "a snapshot's own annotations: {said:?}");
+    let kept = p.digested(&secret);
+    let text = kept.to_string();
+    assert!(
+        !text.contains(CANARY) && !text.contains(&encoded),
+        "the cache holds the Secret's value: {kept}"
+    );
+    let annotations = kept["metadata"]["annotations"].as_object().unwrap();
+    let mut names: Vec<&String> = annotations.keys().collect();
+    names.sort();
+    assert_eq!(
+        names,
+        said.iter().collect::<Vec<_>>(),
+        "config-snapshot's own, and only those"
+    );
+    for field in [
+        "name",
+        "namespace",
+        "uid",
+        "resourceVersion",
+        "creationTimestamp",
+        "labels",
+    ] {
+        assert_eq!(kept["metadata"][field], secret["metadata"][field], "{field}");
+    }
+    assert_eq!(kept["metadata"]["ownerReferences"], owner);
+    assert_eq!(p.verify(&kept), Ok(()), "still proven");
+    let content = Content::from_object(SourceKind::Secret, &secret).unwrap();
+    assert!(p.holds(&kept, &content));
+    assert!(keys::snapshot_source(&kept).is_some(), "still a snapshot of its source");
 }
 
 #[test]

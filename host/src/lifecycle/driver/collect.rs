@@ -4,15 +4,14 @@
 
 use super::{Attempt, Driver, SWEEP_EVERY_SECS};
 use crate::cluster::{Cluster, Key, Preconditions, Selector};
-use crate::lifecycle::guard;
-use crate::lifecycle::pass::{add_references, controller_of, doomed, orphans, releases, Doomed};
+use crate::lifecycle::guard::{self, Named};
+use crate::lifecycle::pass::{controller_of, doomed, orphans, releases, Doomed};
 use config_snapshot_policy::model::keys;
 use config_snapshot_policy::model::kinds;
 use config_snapshot_policy::model::object::ObjectExt;
 use config_snapshot_policy::model::source::SourceId;
 use config_snapshot_policy::snapshot::{self};
 use serde_json::Value;
-use std::collections::HashSet;
 
 impl Driver<'_> {
     /// The sweep after a new snapshot of `source`: every other snapshot of
@@ -27,7 +26,7 @@ impl Driver<'_> {
         // of a busy source are young or owned, and then nothing else is
         // read.
         let mut candidates = Vec::new();
-        let mut listed = self
+        let listed = self
             .cluster
             .list(source.kind.kind(), Some(ns), &Selector::managed(), &mut |o| {
                 if keys::snapshot_source(o) == Some(source.name.as_str())
@@ -41,24 +40,19 @@ impl Driver<'_> {
             return Attempt::Done;
         }
         // What the namespace's holders reference, read in place.
-        let mut referenced = HashSet::new();
-        for holder in kinds::holders() {
-            listed = listed.and_then(|()| {
-                self.cluster
-                    .list(holder.kind, Some(ns), &Selector::default(), &mut |o| {
-                        add_references(&mut referenced, o)
-                    })
-            });
-        }
-        if let Err(e) = listed {
-            return Attempt::Dropped {
-                why: format!("not sweeping {source}'s snapshots, could not list: {e}"),
-                collect: None,
-            };
-        }
+        let named = listed.and_then(|()| Named::listed(&self.cluster, ns));
+        let named = match named {
+            Ok(named) => named,
+            Err(e) => {
+                return Attempt::Dropped {
+                    why: format!("not sweeping {source}'s snapshots, could not list: {e}"),
+                    collect: None,
+                }
+            }
+        };
         let candidates: Vec<&Value> = candidates.iter().collect();
-        let doomed = doomed(&candidates, &referenced, &self.in_flight.targets(), now, grace);
-        self.delete_doomed(&doomed, grace);
+        let doomed = doomed(&candidates, named.keys(), &self.in_flight.targets(), now, grace);
+        self.delete_doomed(&doomed, grace, &named);
         Attempt::Done
     }
 
@@ -76,7 +70,7 @@ impl Driver<'_> {
     /// Deletes what a sweep judged, unused for `grace` seconds, each under
     /// the guard with the uid and version it was judged at: a snapshot
     /// reused since is kept. How many went.
-    pub(crate) fn delete_doomed(&self, doomed: &[Doomed], grace: u64) -> usize {
+    pub(crate) fn delete_doomed(&self, doomed: &[Doomed], grace: u64, named: &Named) -> usize {
         let mut deleted = 0;
         for d in doomed {
             let preconditions = Preconditions {
@@ -89,6 +83,7 @@ impl Driver<'_> {
                 &self.rules.prover,
                 d.snapshot,
                 &preconditions,
+                named,
             ) {
                 Ok(()) => {
                     deleted += 1;
@@ -154,6 +149,7 @@ impl Driver<'_> {
         }
         objects.push(snapshot.clone());
         let all: Vec<&Value> = objects.iter().collect();
+        let named = Named::among(&all, Some(ns));
         let grace = self.rules.settings.orphan_grace_period_secs;
         let doomed = orphans(&all, &self.in_flight.targets(), self.cluster.now(), grace);
         let Some(d) = doomed
@@ -172,6 +168,7 @@ impl Driver<'_> {
             &self.rules.prover,
             &snapshot,
             &preconditions,
+            &named,
         ) {
             Ok(()) => self.observer.note(format!(
                 "{kind}/{name} collected: made for a rollout that did not happen"

@@ -81,6 +81,30 @@ pub enum Retry {
     Ops(#[from] PatchError),
 }
 
+impl Retry {
+    /// The same failure with every API server's message left out, its
+    /// status in its place: what the `EffectFailed` Event says of it. A
+    /// write is denied by admission as well as by the API server, and
+    /// another webhook or policy may quote in its message the object it
+    /// denied (docs/security.md). serve's log keeps the whole failure.
+    pub(crate) fn told(self) -> Retry {
+        match self {
+            Retry::Cluster(e) => Retry::Cluster(e.without_message()),
+            Retry::Write(w) => Retry::Write(w.told()),
+            Retry::Conflict(e) => Retry::Conflict(e.without_message()),
+            Retry::Patch { who, source } => Retry::Patch {
+                who,
+                source: source.without_message(),
+            },
+            Retry::Create { snapshot, source } => Retry::Create {
+                snapshot,
+                source: source.without_message(),
+            },
+            Retry::CameAndWent(_) | Retry::WentWhileJudged | Retry::Budget(_) | Retry::Ops(_) => self,
+        }
+    }
+}
+
 /// Why one of a watch rollout's preparatory writes did not land: it is
 /// retried ([`Retry::Write`]).
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +121,23 @@ pub enum WriteFailed {
     /// Every write was refused for a version that had moved on.
     #[error("{0} kept changing while it was anchored")]
     KeptChanging(String),
+}
+
+impl WriteFailed {
+    /// The same failure without the API server's message ([`Retry::told`]).
+    fn told(self) -> WriteFailed {
+        match self {
+            WriteFailed::Pending { who, source } => WriteFailed::Pending {
+                who,
+                source: source.without_message(),
+            },
+            WriteFailed::Anchor { snapshot, source } => WriteFailed::Anchor {
+                snapshot,
+                source: source.without_message(),
+            },
+            WriteFailed::Gone(_) | WriteFailed::KeptChanging(_) => self,
+        }
+    }
 }
 
 /// What the host's scheduler does with the effect next.
@@ -201,11 +242,14 @@ impl Driver<'_> {
                 self.give_up(effect, Ending::Dropped)
             }
             Attempt::Retry(why) => {
-                let message = format!("gave up on {label} after {} attempts: {why}", attempts + 1);
+                let gave_up = format!("gave up on {label} after {} attempts", attempts + 1);
+                // The whole failure for the log; for the Event, what it is
+                // without the API server's words ([`Retry::told`]).
+                self.observer.note(format!("{} {gave_up}: {why}", effect.describe()));
                 let (kind, ns, name) = effect.subject();
-                match self.cluster.get_fresh(&kind, &ns, &name) {
-                    Ok(Some(subject)) => self.observer.tell(&subject, Reason::EffectFailed, message),
-                    _ => self.observer.note(message),
+                if let Ok(Some(subject)) = self.cluster.get_fresh(&kind, &ns, &name) {
+                    self.observer
+                        .tell(&subject, Reason::EffectFailed, format!("{gave_up}: {}", why.told()));
                 }
                 self.give_up(effect, Ending::Failed)
             }
@@ -266,5 +310,53 @@ impl Driver<'_> {
             })?;
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Finding 9 of eff3694's review: the `EffectFailed` Event relayed the
+    /// API server's message, which another admission policy fills as it
+    /// likes, with the object it denied among it. What the Event says of a
+    /// failure names what failed and the status, no word of the server's.
+    #[test]
+    fn an_event_says_a_failure_without_the_api_servers_words() {
+        let quoted = "admission webhook \"audit\" denied the request: password=hunter2".to_string();
+        let failures = [
+            Retry::Cluster(ApiError::Unavailable(quoted.clone())),
+            Retry::Conflict(ApiError::Conflict(quoted.clone())),
+            Retry::Patch {
+                who: "deployment/web".into(),
+                source: ApiError::Forbidden(quoted.clone()),
+            },
+            Retry::Create {
+                snapshot: "db-k-1".into(),
+                source: ApiError::Invalid(quoted.clone()),
+            },
+            Retry::Write(WriteFailed::Pending {
+                who: "deployment/web".into(),
+                source: ApiError::Forbidden(quoted.clone()),
+            }),
+            Retry::Write(WriteFailed::Anchor {
+                snapshot: "db-k-1".into(),
+                source: ApiError::Timeout(quoted.clone()),
+            }),
+        ];
+        for failure in failures {
+            let whole = failure.to_string();
+            assert!(whole.contains("hunter2"), "the log keeps it: {whole}");
+            let told = failure.told().to_string();
+            assert!(!told.contains("hunter2") && !told.contains("denied"), "{told}");
+            assert!(told.chars().any(|c| c.is_ascii_digit()), "its status: {told}");
+        }
+        let told = Retry::Patch {
+            who: "deployment/web".into(),
+            source: ApiError::Forbidden(quoted),
+        }
+        .told()
+        .to_string();
+        assert_eq!(told, "patching deployment/web: 403 Forbidden");
     }
 }

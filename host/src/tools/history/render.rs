@@ -1,7 +1,9 @@
-//! The text `history` and `diff` print.
+//! The text `history` and `diff` print: what they read off the cluster
+//! (names, images, config values) written [`printable`], before any colour.
 
 use super::diff::Diff;
 use super::kept::{History, State};
+use crate::tools::printable;
 
 /// Colour, when the output is a terminal and NO_COLOR is not set.
 #[derive(Debug, Clone, Copy)]
@@ -54,7 +56,12 @@ pub fn render_history(history: &History, style: Style) -> String {
                 }
                 note.push_str(&format!("rollback to revision {}'s template", was.join(", ")));
             }
-            [r.revision.to_string(), age(r.age_seconds), r.images.join(", "), note]
+            [
+                r.revision.to_string(),
+                age(r.age_seconds),
+                printable(&r.images.join(", ")).into_owned(),
+                note,
+            ]
         })
         .collect();
     let header = ["REVISION", "AGE", "IMAGES", ""];
@@ -68,8 +75,8 @@ pub fn render_history(history: &History, style: Style) -> String {
     let (w0, w1, w2) = (width(0), width(1), width(2));
     let mut out = format!(
         "{} in {}: {} revision(s) kept\n",
-        history.workload,
-        history.namespace,
+        printable(&history.workload),
+        printable(&history.namespace),
         history.revisions.len()
     );
     out.push_str(format!("{:w0$}  {:w1$}  {:w2$}", header[0], header[1], header[2]).trim_end());
@@ -83,11 +90,11 @@ pub fn render_history(history: &History, style: Style) -> String {
             line.to_string()
         });
         out.push('\n');
-        let sw = r.sources.iter().map(|s| s.source.len()).max().unwrap_or(0);
+        let sw = r.sources.iter().map(|s| printable(&s.source).len()).max().unwrap_or(0);
         for s in &r.sources {
-            let mut detail = s.state.to_string();
+            let mut detail = printable(&s.state.to_string()).into_owned();
             if let Some(k) = s.keys.as_ref() {
-                detail.push_str(&format!(" ({})", k.describe()));
+                detail.push_str(&format!(" ({})", printable(&k.describe())));
             } else if matches!(s.state, State::Snapshot { .. }) && r.revision != history.revisions[0].revision {
                 detail.push_str(" (new source)");
             }
@@ -96,7 +103,7 @@ pub fn render_history(history: &History, style: Style) -> String {
                 _ if s.keys.as_ref().is_some_and(|k| !k.is_empty()) => style.paint("36", &detail),
                 _ => detail,
             };
-            out.push_str(&format!("{:w0$}  {:sw$}  {detail}\n", "", s.source));
+            out.push_str(&format!("{:w0$}  {:sw$}  {detail}\n", "", printable(&s.source)));
         }
     }
     out
@@ -105,10 +112,11 @@ pub fn render_history(history: &History, style: Style) -> String {
 pub fn render_diff(diff: &Diff, style: Style) -> String {
     let mut out = String::new();
     for (source, why) in &diff.unknown {
-        out.push_str(&format!("# {source}: {why}\n"));
+        out.push_str(&format!("# {}: {}\n", printable(source), printable(why)));
     }
     for text in diff.sources.values().chain(diff.template.as_ref()) {
         for line in text.lines() {
+            let line = &printable(line);
             let painted = match line.chars().next() {
                 Some('+') if !line.starts_with("+++") => style.paint("32", line),
                 Some('-') if !line.starts_with("---") => style.paint("31", line),
@@ -126,4 +134,48 @@ pub fn render_diff(diff: &Diff, style: Style) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::kept::{Revision, SourceConfig};
+    use super::*;
+
+    /// Finding 9 of eff3694's review: what `history` reads off the cluster
+    /// (here an image and a snapshot name, as a template may carry them) is
+    /// printed escaped, and its own colour still paints the current row.
+    #[test]
+    fn history_prints_what_the_revisions_say_escaped() {
+        let source = SourceConfig {
+            source: "configmap/app".into(),
+            state: State::Snapshot {
+                snapshot: "app-1\r\u{1b}[2Kapp-forged".into(),
+            },
+            keys: None,
+            values: None,
+        };
+        let history = History {
+            workload: "deployment/web".into(),
+            namespace: "shop".into(),
+            revisions: vec![Revision {
+                revision: 1,
+                name: "web-1".into(),
+                age_seconds: Some(5),
+                current: true,
+                rollback_of: Vec::new(),
+                images: vec!["nginx:1\u{1b}]0;owned\u{7}".into()],
+                sources: vec![source],
+                template: serde_json::Value::Null,
+            }],
+        };
+        let plain = render_history(&history, Style { colour: false });
+        assert!(plain.chars().all(|c| c == '\n' || !c.is_control()), "{plain:?}");
+        assert!(plain.contains("nginx:1\\u{1b}]0;owned\\u{7}"), "{plain}");
+        let painted = render_history(&history, Style { colour: true });
+        assert_eq!(
+            painted.matches('\u{1b}').count(),
+            2,
+            "only the bold row's own: {painted:?}"
+        );
+    }
 }

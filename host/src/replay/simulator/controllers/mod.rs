@@ -35,7 +35,7 @@ pub(crate) const REVISION_HISTORY_ANNOTATION: &str = "deployment.kubernetes.io/r
 /// and `kubectl rollout undo` does not copy back (kubectl's
 /// `annotationsToSkip`, the controller's `skipCopyAnnotation`).
 pub(crate) const NOT_COPIED: [&str; 6] = [
-    "kubectl.kubernetes.io/last-applied-configuration",
+    config_snapshot_policy::model::keys::LAST_APPLIED,
     REVISION_ANNOTATION,
     REVISION_HISTORY_ANNOTATION,
     "deployment.kubernetes.io/desired-replicas",

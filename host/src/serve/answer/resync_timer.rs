@@ -88,6 +88,11 @@ impl PassHost for State {
         let raw = RawValue::from_string(request.to_string()).map_err(|e| failed(e.to_string()))?;
         let answer =
             admission::admit_from(self, &raw, admission::Origin::Resync).map_err(|e| failed(format!("{e:?}")))?;
+        // Nobody reads a warning of the host's own admission: what it says
+        // (a watcher not rolled, a list that failed) goes to the log.
+        for warning in answer.review["response"]["warnings"].as_array().into_iter().flatten() {
+            tracing::warn!(kind, name = object.name(), "{}", warning.as_str().unwrap_or_default());
+        }
         Ok(answer.mutated.filter(|_| answer.allowed))
     }
 

@@ -1,17 +1,18 @@
-//! serve's own certificate at work (serve/certificates.rs decides): loaded
+//! serve's own certificate at work (serve/trust/certificates.rs decides): loaded
 //! from its Secret at start (made there when there is none, made anew when
 //! the Secret is older than its guard, as after a reinstall), served by
 //! every replica and reloaded the moment the Secret changes, and renewed by
 //! the leader, one step at a time. What the webhook configuration must
-//! trust is published for the registration (serve/registration.rs), which
+//! trust is published for the registration (serve/trust/registration.rs), which
 //! keeps it there.
 //!
 //! The Secret is guarded as the signing key is (deploy/serve/keyguard.yaml
 //! names both): only serve's ServiceAccount and the key administrators write
 //! it, so a CA someone else planted is never served or trusted. Every
-//! version of it is judged against the guard, not only the first: while the
-//! guard is not in force, or for a Secret made again before it, serve keeps
-//! what it serves and says why.
+//! version of it is judged against the guard, not only the first, by the
+//! signing key's rule (serve/trust/guarded.rs): while the guard is not in force,
+//! or for a Secret older than a guard made anew, serve keeps what it serves
+//! and says why.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -27,10 +28,11 @@ use kube::Client;
 use tokio::sync::watch;
 
 use super::certificates::{apply, next_step, pem_blocks, Lifetimes, Material, Step, Trust, SECRET};
-use super::leader::Leadership;
-use super::listener::{server_config_pem, Tls};
+use super::guarded::Untaken;
 use super::registration::{without_message, WEBHOOK};
 use super::signing::{settle, Guard, KeySecret};
+use crate::serve::intake::listener::{server_config_pem, Tls};
+use crate::serve::work::leader::Leadership;
 
 /// How often the leader looks whether the certificate needs a step: a
 /// third of a settle, at most 20 s.
@@ -59,6 +61,9 @@ pub(crate) struct OwnCertificate {
     pub webhook_configuration: String,
     /// What the webhook configuration must trust.
     pub trust: watch::Sender<Option<Trust>>,
+    /// 1 while the Secret holds a version serve does not serve
+    /// (`untrusted_secret_version{secret="webhook-ca"}`).
+    pub untrusted: prometheus_client::metrics::gauge::Gauge,
 }
 
 /// What the leader knows between its looks.
@@ -159,19 +164,12 @@ impl OwnCertificate {
     }
 
     /// Whether `secret`, a later version of the Secret, may be served: the
-    /// guard still in force (the one judged at load, or a newer one the
-    /// Secret is younger than).
-    async fn may_serve(&self, secret: &Secret, loaded: Option<&Guard>) -> bool {
-        if self.guard.trust_unguarded {
-            return true;
-        }
-        let Ok(now) = self.guard.guard().await else {
-            return false;
-        };
-        // The guard judged at load has been in force since: every write
-        // was serve's or an administrator's. A guard made anew since
-        // covers only a Secret made after it.
-        loaded.is_some_and(|l| l.since == now.since) || self.guard.trusted(secret, Some(&now)).is_ok()
+    /// signing key's rule (serve/trust/guarded.rs), under the guard judged at
+    /// load; `untrusted` says whether the Secret holds a version it may not.
+    async fn may_serve(&self, secret: &Secret, loaded: Option<&Guard>) -> Result<(), Untaken> {
+        let judged = self.guard.may_take(secret, loaded).await;
+        self.untrusted.set(i64::from(judged.is_err()));
+        judged
     }
 
     /// Serves the Secret's certificate while serve runs: every trusted
@@ -192,9 +190,14 @@ impl OwnCertificate {
                             continue;
                         }
                         match Material::from_secret(&secret) {
-                            Ok(m) if m.leaf == held.leaf && m.bundle == held.bundle => held = m,
-                            Ok(m) if self.may_serve(&secret, guard.as_ref()).await => self.serve(&tls, &mut held, m),
-                            Ok(_) => tracing::error!(secret = SECRET, "serve's certificate Secret changed while its guard is not in force: keeping the certificate served"),
+                            Ok(m) if m.leaf == held.leaf && m.bundle == held.bundle => {
+                                self.untrusted.set(0);
+                                held = m;
+                            }
+                            Ok(m) => match self.may_serve(&secret, guard.as_ref()).await {
+                                Ok(()) => self.serve(&tls, &mut held, m),
+                                Err(why) => tracing::error!(secret = SECRET, "serve's certificate Secret changed, and its new version is not trusted: {why}; keeping the certificate served"),
+                            },
                             Err(e) => tracing::error!(secret = SECRET, "serve's certificate Secret cannot be read ({e}): keeping the certificate served"),
                         }
                     }
@@ -293,7 +296,7 @@ impl OwnCertificate {
         let moved_on = current
             .as_ref()
             .is_some_and(|c| c.leaf != held.leaf || c.bundle != held.bundle);
-        if current.is_none() || (moved_on && !self.may_serve(&live, guard).await) {
+        if current.is_none() || (moved_on && self.may_serve(&live, guard).await.is_err()) {
             // Unreadable, or written while its guard was not in force: what
             // is served goes back in.
             self.api()

@@ -16,16 +16,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use config_snapshot_policy::model::selection::{is_dns_label, is_dns_subdomain};
-use config_snapshot_policy::model::source::SourceId;
+use config_snapshot_policy::model::source::{SourceId, SourceKind};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::Value;
 use tokio::runtime::Handle;
 
 use super::cache::{api_resource, trim, Cache};
-use super::metrics::Metrics;
 use super::source_reads::{self, SourceReads};
 use crate::cluster::{self, pin, shown, ApiError, Cluster, Preconditions, Selector};
+use crate::serve::tell::metrics::Metrics;
 
 /// One API call's deadline. The webhook answers within `timeoutSeconds`
 /// (10 s in deploy/serve), and an admission makes a few calls at most.
@@ -111,7 +111,7 @@ impl KubeCluster {
     fn counted(&self, verb: &'static str) {
         self.metrics
             .api_requests
-            .get_or_create(&super::metrics::VerbLabels { verb })
+            .get_or_create(&crate::serve::tell::metrics::VerbLabels { verb })
             .inc();
     }
 
@@ -248,6 +248,22 @@ impl KubeCluster {
     }
 }
 
+/// A failed write of `kind` as serve keeps it, and so as its logs, its
+/// Events and the guest read it: the API server's message, but of a
+/// Secret's write its status alone ([`ApiError::without_message`]). A write
+/// passes admission, and a webhook or a ValidatingAdmissionPolicy that
+/// denies it may quote the object in its message; a Secret's object is its
+/// data. (Reads pass no admission: their messages are the API server's own,
+/// and name only the object.)
+fn written(kind: &str, error: kube::Error) -> ApiError {
+    let error = ApiError::from(error);
+    if kind == SourceKind::Secret.kind() {
+        error.without_message()
+    } else {
+        error
+    }
+}
+
 impl Cluster for KubeCluster {
     fn get(&self, kind: &str, namespace: &str, name: &str) -> cluster::Result<Option<Value>> {
         self.cache.get(kind, namespace, name)
@@ -290,7 +306,9 @@ impl Cluster for KubeCluster {
             serde_json::from_value(object).map_err(|e| ApiError::Invalid(format!("invalid object: {e}")))?;
         self.counted("create");
         let created = self.block("create", async {
-            api.create(&PostParams::default(), &typed).await.map_err(ApiError::from)
+            api.create(&PostParams::default(), &typed)
+                .await
+                .map_err(|e| written(&kind, e))
         })?;
         self.metrics.snapshots_created.inc();
         self.cache.observe(trim(created, &ar));
@@ -312,7 +330,7 @@ impl Cluster for KubeCluster {
         };
         self.counted("delete");
         self.block("delete", async {
-            api.delete(name, &params).await.map_err(ApiError::from)
+            api.delete(name, &params).await.map_err(|e| written(kind, e))
         })?;
         self.metrics.deletions.inc();
         self.cache.forget(kind, namespace, name);
@@ -332,7 +350,7 @@ impl Cluster for KubeCluster {
         let patched = self.block("patch", async {
             api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
                 .await
-                .map_err(ApiError::from)
+                .map_err(|e| written(kind, e))
         })?;
         self.cache.observe(trim(patched, &ar));
         Ok(())
@@ -357,5 +375,38 @@ impl Cluster for KubeCluster {
             api.get_opt(namespace).await.map_err(ApiError::from)
         })?;
         Ok(read.and_then(|ns| ns.metadata.uid))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A denial as another admission policy may write it, quoting the
+    /// object it denied.
+    fn denied(message: &str) -> kube::Error {
+        let status: kube::core::Status = serde_json::from_value(serde_json::json!({
+            "status": "Failure", "code": 403, "reason": "Forbidden", "message": message
+        }))
+        .unwrap();
+        kube::Error::Api(Box::new(status))
+    }
+
+    /// Finding 9 of eff3694's review: a failed write's message went to the
+    /// logs, the Events and the guest as the API server gave it, and an
+    /// admission denying a Secret's write may quote its data. Of a Secret's
+    /// write serve keeps the status alone; of anything else, the message.
+    #[test]
+    fn a_failed_write_of_a_secret_keeps_its_status_alone() {
+        let quoted = r#"ValidatingAdmissionPolicy 'audit' denied request: data {"password":"aHVudGVyMg=="}"#;
+        let secret = written("Secret", denied(quoted));
+        assert_eq!(secret, ApiError::Forbidden("403 Forbidden".into()));
+        assert_eq!(secret.code(), config_snapshot_policy::host::host_error::Code::Forbidden);
+        let other = written("ConfigMap", denied(quoted));
+        assert_eq!(
+            other,
+            ApiError::Forbidden(quoted.into()),
+            "a ConfigMap holds no Secret data"
+        );
     }
 }

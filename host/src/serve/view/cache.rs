@@ -4,6 +4,9 @@
 //!
 //! Objects are kept as JSON without `managedFields` and `status` (the policy
 //! reads neither), so a get or a masked list serialises straight from here.
+//! A ConfigMap or Secret is kept without its data and with only the metadata
+//! its readers use (cluster/proof/cached.rs); anything else without the
+//! manifest a client-side apply leaves in it (`Cache::kept`).
 
 use config_snapshot_policy::model::object::ObjectExt;
 use std::collections::{BTreeMap, HashMap};
@@ -19,13 +22,14 @@ use kube::Client;
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
+use config_snapshot_policy::model::keys;
 use config_snapshot_policy::model::kinds::{self, WorkloadKind};
 use config_snapshot_policy::model::source::{SourceId, SourceKind};
 
-use super::metrics::KindLabels;
 use crate::cluster::proof::{Prover, DIGESTED};
 use crate::cluster::referrers::Referrers;
 use crate::cluster::{self, ApiError, Selector};
+use crate::serve::tell::metrics::KindLabels;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 
@@ -209,7 +213,7 @@ impl Cache {
     }
 
     /// The same cache, keeping sources digested by `prover`.
-    pub(crate) fn digesting(self, prover: Arc<Prover>) -> Cache {
+    pub fn digesting(self, prover: Arc<Prover>) -> Cache {
         Cache {
             prover: Some(prover),
             ..self
@@ -244,13 +248,28 @@ impl Cache {
         self.keyring.send_modify(|generation| *generation += 1);
     }
 
-    /// An object as the cache keeps it: a source digested.
-    fn kept(&self, object: Value) -> Value {
+    /// An object as the cache keeps it: a source digested (its data and
+    /// every annotation but config-snapshot's own gone, by allow-list:
+    /// `Prover::digested`); anything else without the manifest a
+    /// client-side apply left in it ([`keys::LAST_APPLIED`]). A workload's
+    /// annotations are the policy's input (its opt-in, the controllers'
+    /// revision numbers, its records), so only that one goes: it holds no
+    /// Secret data (a workload names its Secrets), but it is the workload
+    /// over again, which would double what the cache holds of every
+    /// workload applied client-side, and no reader of the cache reads it.
+    fn kept(&self, mut object: Value) -> Value {
         match &self.prover {
             Some(prover) if object["kind"].as_str().and_then(SourceKind::from_kind).is_some() => {
                 prover.digested(&object)
             }
-            _ => object,
+            _ => {
+                if object.has_annotation(keys::LAST_APPLIED) {
+                    if let Some(annotations) = object.annotations_mut() {
+                        annotations.remove(keys::LAST_APPLIED);
+                    }
+                }
+                object
+            }
         }
     }
 
@@ -797,6 +816,39 @@ mod tests {
         assert_eq!(
             cache.get("Deployment", "a", "web").unwrap().unwrap()["spec"]["replicas"],
             2
+        );
+    }
+
+    /// A client-side apply leaves the manifest it applied in an annotation:
+    /// a Secret's `stringData` in plain text, a workload over again. The
+    /// cache keeps neither: a source only config-snapshot's own annotations,
+    /// a workload every annotation but that one (the policy reads the
+    /// others).
+    #[test]
+    fn a_client_side_apply_leaves_its_manifest_out_of_the_cache() {
+        let prover = Arc::new(Prover::new(b"the cache tests' key, 32 bytes..."));
+        let cache = Cache::new().digesting(prover);
+        let applied = |object: &Value| json!({keys::LAST_APPLIED: object.to_string(), "example.com/team": "shop"});
+        let manifest = json!({"apiVersion": "v1", "kind": "Secret", "stringData": {"password": "hunter2"}});
+        cache.observe(json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"namespace": "a", "name": "db", "uid": "u", "resourceVersion": "1",
+                         "annotations": applied(&manifest)},
+            "data": {"password": "aHVudGVyMg=="}}));
+        let kept = cache.get("Secret", "a", "db").unwrap().unwrap();
+        assert!(!kept.to_string().contains("hunter2"), "{kept}");
+        assert!(kept["metadata"].get("annotations").is_none(), "{kept}");
+        let web = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "a", "uid": "w", "resourceVersion": "1"}});
+        let mut annotations = applied(&web);
+        annotations[keys::WATCH] = json!("app");
+        cache.observe(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"namespace": "a", "name": "web", "uid": "w", "resourceVersion": "1",
+                         "annotations": annotations}}));
+        let kept = cache.get("Deployment", "a", "web").unwrap().unwrap();
+        assert_eq!(
+            kept["metadata"]["annotations"],
+            json!({"example.com/team": "shop", keys::WATCH: "app"}),
+            "only the manifest goes"
         );
     }
 

@@ -18,7 +18,10 @@
 //! lets only serve's ServiceAccount and the key administrators write it,
 //! and serve trusts the Secret only while that guard is in force and only
 //! if the Secret was created after the guard was (a Secret older than its
-//! guard may have been planted before it). See [`Guard`].
+//! guard may have been planted before it). See [`Guard`]. Every later
+//! version is judged again while serve runs, by the rule the CA's Secret is
+//! judged by too (serve/trust/guarded.rs): one written while the guard was away
+//! is not taken, and the door does not move.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -35,19 +38,24 @@ use k8s_openapi::ByteString;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 use kube::Client;
+use prometheus_client::metrics::gauge::Gauge;
 use zeroize::Zeroizing;
 
 use crate::cluster::proof::{Keyring, Prover, MIN_KEY_BYTES};
+use crate::cluster::ApiError;
+
+/// A failed write of a key Secret as serve says it: its status alone, never
+/// the API server's message, which an admission denying the write may have
+/// filled with the object, keys and all.
+fn without_message(error: kube::Error) -> ApiError {
+    ApiError::from(error).without_message()
+}
 
 /// The current key within the Secret.
 pub(crate) const CURRENT: &str = "key";
 
 /// The prefix of an earlier key's field (`key-<id>`).
 const EARLIER: &str = "key-";
-
-/// The name of the guard's ValidatingAdmissionPolicy and its binding, as
-/// deploy/serve ships them (`--signing-key-guard`).
-pub(crate) const GUARD: &str = "config-snapshot-signing-key";
 
 /// How long after the guard was made the API server may still let a write
 /// through unguarded (its policy informer's lag): a key Secret created
@@ -116,11 +124,16 @@ pub(crate) fn secret_of(ring: &Keyring, namespace: &str, name: &str) -> Secret {
 }
 
 /// The guard that makes the key Secret trustworthy: a
-/// ValidatingAdmissionPolicy named [`GUARD`] with failure policy `Fail`,
+/// ValidatingAdmissionPolicy named [`SIGNING_KEY_GUARD`](crate::serve::answer::options::SIGNING_KEY_GUARD) with failure policy `Fail`,
 /// whose validation names serve's ServiceAccount and the Secret, bound
-/// with `Deny`. Since when it has been in force.
+/// with `Deny`. Since when it has been in force, and which objects it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Guard {
     pub since: i64,
+    /// The uids of its binding and its policy: a guard deleted and made
+    /// anew is another guard, even within the second its creation time
+    /// counts in ([`super::guarded`]).
+    pub(crate) uids: (String, String),
 }
 
 /// Returns once a Secret created now is trusted under `guard`.
@@ -149,6 +162,13 @@ pub struct KeySecret {
 
 fn unix(time: Option<&Time>) -> Option<i64> {
     time.map(|t| t.0.as_second())
+}
+
+/// Whether `secret` was made once `guard` was in force (its informer's lag
+/// past, [`GUARD_SETTLES`]): then every version of it was written under the
+/// guard, by serve or a key administrator.
+pub(crate) fn made_under(secret: &Secret, guard: &Guard) -> bool {
+    unix(secret.metadata.creation_timestamp.as_ref()).is_some_and(|created| created >= guard.since + GUARD_SETTLES)
 }
 
 impl KeySecret {
@@ -200,13 +220,19 @@ impl KeySecret {
         let since = unix(binding.metadata.creation_timestamp.as_ref())
             .max(unix(policy.metadata.creation_timestamp.as_ref()))
             .ok_or_else(|| missing("the guard has no creation time"))?;
-        Ok(Guard { since })
+        let uid = |meta: &kube::api::ObjectMeta| meta.uid.clone().unwrap_or_default();
+        Ok(Guard {
+            since,
+            uids: (uid(&binding.metadata), uid(&policy.metadata)),
+        })
     }
 
     /// The keyring: the Secret's, if it is trusted, else a new one written
-    /// to it. Waits for the guard to be in force (an install may create
-    /// serve before it), unless trusting without it.
-    pub async fn load(&self) -> Result<Keyring> {
+    /// to it; with the guard it was judged under, which every later version
+    /// is judged against ([`KeySecret::keep`]). Waits for the guard to be in
+    /// force (an install may create serve before it), unless trusting
+    /// without it.
+    pub async fn load(&self) -> Result<(Keyring, Option<Guard>)> {
         let guard = loop {
             match self.guard().await {
                 Ok(guard) => break Some(guard),
@@ -229,7 +255,7 @@ impl KeySecret {
                 .with_context(|| format!("reading Secret {namespace}/{name}"))?
             {
                 self.trusted(&secret, guard.as_ref())?;
-                return ring_of(&secret);
+                return Ok((ring_of(&secret)?, guard));
             }
             settle(guard.as_ref()).await;
             let ring = Keyring::new(vec![Keyring::generate_key()]).map_err(|e| anyhow!("{e}"))?;
@@ -239,11 +265,13 @@ impl KeySecret {
             {
                 Ok(_) => {
                     tracing::info!(secret = %name, namespace = %namespace, key = %ring.ids()[0], "created the signing key");
-                    return Ok(ring);
+                    return Ok((ring, guard));
                 }
                 // Another replica made it first: read theirs.
                 Err(kube::Error::Api(status)) if status.code == 409 => continue,
-                Err(e) => return Err(anyhow!(e).context(format!("creating Secret {namespace}/{name}"))),
+                // Its code and reason only: a denial's message may quote the
+                // object, and this one holds the key.
+                Err(e) => return Err(anyhow!("creating Secret {namespace}/{name}: {}", without_message(e))),
             }
         }
         Err(anyhow!(
@@ -257,8 +285,7 @@ impl KeySecret {
         let Some(guard) = guard else {
             return Ok(());
         };
-        let created = unix(secret.metadata.creation_timestamp.as_ref()).unwrap_or(i64::MIN);
-        if created >= guard.since + GUARD_SETTLES {
+        if made_under(secret, guard) {
             return Ok(());
         }
         Err(anyhow!(
@@ -272,37 +299,67 @@ impl KeySecret {
     }
 
     /// Keeps `prover` on the Secret's ring while serve runs: a rotated or
-    /// restored ring is used at once; a deleted Secret is written again
+    /// restored ring is used at once, if that version of the Secret was
+    /// written under the guard (`started_under`: the one [`KeySecret::load`]
+    /// judged; the rule is the CA Secret's too, [`KeySecret::may_take`]).
+    /// One written while the guard was not in force would let its writer
+    /// forge snapshots and open the door: serve keeps the ring it holds, and
+    /// so the door's path, says why and sets `untrusted` to 1 until the
+    /// Secret holds a version it takes. A deleted Secret is written again
     /// from the ring held, so that no key is lost while serve runs.
-    pub async fn keep(self, ring: Keyring, prover: Arc<Prover>, changed: impl Fn(&Keyring) + Send + 'static) {
+    pub async fn keep(
+        self,
+        (ring, started_under): (Keyring, Option<Guard>),
+        prover: Arc<Prover>,
+        untrusted: Gauge,
+        changed: impl Fn(&Keyring) + Send + 'static,
+    ) {
         let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
         let config = watcher::Config::default().fields(&format!("metadata.name={}", self.name));
         let mut events = watcher::watcher(api.clone(), config).boxed();
         let mut held = ring;
         while let Some(event) = events.next().await {
             match event {
-                Ok(Event::Apply(secret) | Event::InitApply(secret)) => match ring_of(&secret) {
-                    Ok(ring) if ring.ids() != held.ids() => {
-                        tracing::info!(keys = ?ring.ids(), "the signing keyring changed; using it");
-                        prover.replace(&ring);
-                        changed(&ring);
-                        held = ring;
+                Ok(Event::Apply(secret) | Event::InitApply(secret))
+                    if secret.metadata.name.as_deref() == Some(self.name.as_str()) =>
+                {
+                    match ring_of(&secret) {
+                        Ok(ring) if ring.ids() == held.ids() => {
+                            untrusted.set(0);
+                        }
+                        Ok(ring) => match self.may_take(&secret, started_under.as_ref()).await {
+                            Ok(()) => {
+                                tracing::info!(keys = ?ring.ids(), "the signing keyring changed; using it");
+                                prover.replace(&ring);
+                                changed(&ring);
+                                held = ring;
+                                untrusted.set(0);
+                            }
+                            Err(why) => {
+                                tracing::error!(
+                                    secret = %self.name,
+                                    "the signing key Secret changed, and its new version is not trusted: {why}; keeping the keyring held (and the webhook's path)"
+                                );
+                                untrusted.set(1);
+                            }
+                        },
+                        Err(e) => tracing::error!("keeping the signing keyring held: {e:#}"),
                     }
-                    Ok(_) => {}
-                    Err(e) => tracing::error!("keeping the signing keyring held: {e:#}"),
-                },
+                }
                 Ok(Event::Delete(_)) => {
                     tracing::warn!("the signing key Secret was deleted; writing it again from the keyring held");
                     match api
                         .create(&PostParams::default(), &secret_of(&held, &self.namespace, &self.name))
                         .await
                     {
-                        Ok(_) => {}
+                        Ok(_) => {
+                            untrusted.set(0);
+                        }
                         Err(kube::Error::Api(status)) if status.code == 409 => {}
-                        Err(e) => tracing::error!("writing the signing key Secret again: {e}"),
+                        Err(e) => tracing::error!("writing the signing key Secret again: {}", without_message(e)),
                     }
                 }
-                Ok(Event::Init | Event::InitDone) => {}
+                Ok(Event::Apply(_) | Event::InitApply(_) | Event::Init | Event::InitDone) => {}
                 Err(e) => {
                     tracing::warn!(error = %e, "watching the signing key Secret failed; retrying");
                     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -354,7 +411,7 @@ impl KeySecret {
                 Ok(()) => return Ok(()),
                 // Moved meanwhile (a replica wrote it again): once more.
                 Err(kube::Error::Api(status)) if matches!(status.code, 404 | 409) => continue,
-                Err(e) => return Err(anyhow!(e).context(format!("writing Secret {namespace}/{name}"))),
+                Err(e) => return Err(anyhow!("writing Secret {namespace}/{name}: {}", without_message(e))),
             }
         }
         Err(anyhow!("Secret {namespace}/{name} kept changing while it was written"))
