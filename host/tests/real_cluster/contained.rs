@@ -364,7 +364,6 @@ pub(crate) fn large_reviews_story(cp: &ControlPlane, serve: &ServeProcess) {
     .to_string();
     reset_peak(serve);
     let before = peak_mib(serve);
-    let turned_away_before = turned_away(serve);
     std::thread::scope(|s| {
         for _ in 0..8 {
             s.spawn(|| super::security::post_to(cp, serve, &path, &review, None));
