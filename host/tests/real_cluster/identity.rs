@@ -420,7 +420,12 @@ const NOT_SERVES: &str = "changes only a workload that already carries a config-
 /// guard as deploy/components/by-default makes it (every workload is then
 /// serve's), the move goes through.
 fn never_opted_in(cp: &ControlPlane, thief: &Thief, ns: &str) {
-    cp.apply(ns, &web_as("plain", json!({})));
+    // Each attack on a fresh copy: one that went through (before the
+    // guard held it) must not change what the next one meets.
+    let fresh = || {
+        cp.kubectl(&["-n", ns, "delete", "deployment", "plain", "--ignore-not-found"]);
+        cp.apply(ns, &web_as("plain", json!({})));
+    };
     let at = "/spec/template/spec/containers/0";
     let repoint = json!([{"op": "replace", "path": format!("{at}/env/0/valueFrom/configMapKeyRef/name"),
                           "value": "app-0123456789"}]);
@@ -439,6 +444,7 @@ fn never_opted_in(cp: &ControlPlane, thief: &Thief, ns: &str) {
             repoint.clone(),
         ),
     ] {
+        fresh();
         refused(what, thief.patch(ns, "deployment/plain", &ops), NOT_SERVES);
     }
 
@@ -488,13 +494,17 @@ fn opted_in(cp: &ControlPlane, thief: &Thief, ns: &str) {
         ns,
         &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds"}, "stringData": {"k": "v"}}),
     );
-    cp.apply(
-        ns,
-        &web_as(
-            "held",
-            json!({"config-snapshot.io/watch": "configmap/app", "config-snapshot.io/watch-mode": "approve"}),
-        ),
-    );
+    let fresh = || {
+        cp.kubectl(&["-n", ns, "delete", "deployment", "held", "--ignore-not-found"]);
+        cp.apply(
+            ns,
+            &web_as(
+                "held",
+                json!({"config-snapshot.io/watch": "configmap/app", "config-snapshot.io/watch-mode": "approve"}),
+            ),
+        );
+    };
+    fresh();
     let reads = || {
         cp.get(ns, "deployment", "held").unwrap()["spec"]["template"]["spec"]["containers"][0]["env"][0]["valueFrom"]
             ["configMapKeyRef"]["name"]
@@ -561,6 +571,7 @@ fn opted_in(cp: &ControlPlane, thief: &Thief, ns: &str) {
             pod,
         ),
     ] {
+        fresh();
         refused(what, thief.patch(ns, "deployment/held", &ops), why);
     }
 
