@@ -57,7 +57,7 @@ impl Capability {
         if existing.is_empty() {
             return Ok(Queued { queued: false });
         }
-        // A promise the queue keeps (docs/design.md, "Adoption"): with no
+        // A promise the queue keeps (docs/design.md, "Garbage collection"): with no
         // place for it, the revision is refused and its controller retries,
         // rather than created with an adoption that is dropped.
         match self.in_flight.room(ns) {
