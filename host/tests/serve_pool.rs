@@ -114,5 +114,8 @@ async fn reviews_are_answered_while_the_judges_of_changed_sources_are_busy() {
         failed.is_empty(),
         "every review answered, none refused for want of an instance: {failed:?}"
     );
-    assert!(!logs.contains("instantiating the policy"), "no evaluation was refused an instance");
+    assert!(
+        !logs.contains("instantiating the policy"),
+        "no evaluation was refused an instance"
+    );
 }
