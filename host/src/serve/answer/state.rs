@@ -170,11 +170,3 @@ fn told_by_the_watch(cache: &Cache, queue: &Queue, leadership: &Arc<leader::Lead
         }
     });
 }
-
-/// A changed source is judged as the periodic pass judges a watched one:
-/// re-admitted through the webhook's own path.
-impl crate::serve::work::source_changes::Judge for State {
-    fn source_changed(&self, key: &crate::cluster::Key) {
-        self.context.driver().source_changed(self, key);
-    }
-}
