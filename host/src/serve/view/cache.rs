@@ -681,17 +681,11 @@ impl Cache {
                         tell(&key);
                     }
                 }
-                Ok(Event::Delete(o)) => {
-                    let ns = o.metadata.namespace.clone().unwrap_or_default();
-                    let name = o.metadata.name.clone().unwrap_or_default();
-                    {
-                        let mut indexed = self.kinds[kind].objects.write().unwrap_or_else(|e| e.into_inner());
-                        self.ledger().discharge(kind, &ns, &name);
-                        indexed.remove(kind, &ns, &name);
-                        self.count(kind, &indexed);
-                    }
-                    self.gauge_over_budget();
-                }
+                Ok(Event::Delete(o)) => self.forget(
+                    kind,
+                    o.metadata.namespace.as_deref().unwrap_or_default(),
+                    o.metadata.name.as_deref().unwrap_or_default(),
+                ),
                 Err(e) if not_served(&e) && kinds::find(kind).is_some_and(|k| k.optional) => {
                     if !self.kinds[kind].absent.swap(true, Ordering::SeqCst) {
                         tracing::info!(
@@ -850,7 +844,9 @@ impl Cache {
             let mut indexed = cache.objects.write().unwrap_or_else(|e| e.into_inner());
             self.ledger().discharge(kind, namespace, name);
             indexed.remove(kind, namespace, name);
+            self.count(kind, &indexed);
         }
+        self.gauge_over_budget();
     }
 
     fn kind(&self, kind: &str) -> cluster::Result<&KindCache> {
