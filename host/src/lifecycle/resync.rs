@@ -266,7 +266,26 @@ impl Driver<'_> {
         let all: Vec<&Value> = objects.iter().collect();
         let grace = self.rules.settings.orphan_grace_period_secs;
         let doomed = orphans(&all, &self.in_flight.targets(), self.cluster.now(), grace);
-        self.delete_doomed(&doomed, grace, &super::guard::Named::among(&all, None))
+        // What the holders name is listed again, namespace by namespace,
+        // just before their deletes: the listing above may hold a
+        // namespace's snapshots but not its workloads, when serve's cache
+        // stopped holding it in between (past its budget: docs/serve.md,
+        // "The cache"). A namespace whose holders cannot be listed whole
+        // now keeps its snapshots.
+        let mut by_namespace: std::collections::BTreeMap<String, Vec<super::pass::Doomed>> = Default::default();
+        for d in doomed {
+            by_namespace.entry(d.namespace.clone()).or_default().push(d);
+        }
+        let mut swept = 0;
+        for (ns, doomed) in by_namespace {
+            match super::guard::Named::listed(&self.cluster, &ns) {
+                Ok(named) => swept += self.delete_doomed(&doomed, grace, &named),
+                Err(e) => self.observer.note(format!(
+                    "resync: not sweeping namespace {ns}, could not list its holders: {e}"
+                )),
+            }
+        }
+        swept
     }
 }
 

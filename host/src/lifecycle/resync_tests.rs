@@ -167,3 +167,83 @@ fn config_used_by_a_cronjob_or_a_job_is_kept() {
     assert_eq!(pass(&shared, &Rules::new(Settings::default(), p)).swept, 0);
     assert!(exists(&shared, &by_cron) && exists(&shared, &by_job));
 }
+
+/// A cluster as serve's cache shows it once a namespace passed its budget
+/// between two of its listings: its sources still listed across the
+/// cluster, its workloads no longer, and every listing of the namespace
+/// itself refused (`Cache::held`).
+struct DroppedWorkloads<'a> {
+    inner: &'a Shared,
+    namespace: &'a str,
+}
+
+impl Cluster for DroppedWorkloads<'_> {
+    fn following(&self, kind: &str, namespace: &str) -> bool {
+        namespace != self.namespace && self.inner.following(kind, namespace)
+    }
+    fn get(&self, kind: &str, namespace: &str, name: &str) -> cluster::Result<Option<Value>> {
+        self.inner.get(kind, namespace, name)
+    }
+    fn list(
+        &self,
+        kind: &str,
+        namespace: Option<&str>,
+        selector: &Selector,
+        visit: &mut dyn FnMut(&Value),
+    ) -> cluster::Result<()> {
+        if namespace == Some(self.namespace) {
+            return Err(cluster::ApiError::Unavailable("not held".into()));
+        }
+        let source = config_snapshot_policy::model::source::SourceKind::from_kind(kind).is_some();
+        self.inner.list(kind, namespace, selector, &mut |o| {
+            if source || o.namespace() != Some(self.namespace) {
+                visit(o)
+            }
+        })
+    }
+    fn create(&self, object: Value) -> cluster::Result<()> {
+        self.inner.create(object)
+    }
+    fn patch(&self, kind: &str, namespace: &str, name: &str, rv: &str, ops: Vec<Value>) -> cluster::Result<()> {
+        self.inner.patch(kind, namespace, name, rv, ops)
+    }
+    fn delete(&self, kind: &str, namespace: &str, name: &str, pre: &cluster::Preconditions) -> cluster::Result<()> {
+        self.inner.delete(kind, namespace, name, pre)
+    }
+    fn now(&self) -> i64 {
+        self.inner.now()
+    }
+    fn namespace_uid(&self, namespace: &str) -> cluster::Result<Option<String>> {
+        self.inner.namespace_uid(namespace)
+    }
+}
+
+/// Finding "Contained" (serve's cache unbounded per tenant): the sweep
+/// judged a snapshot against the holders of one cluster-wide listing, so a
+/// namespace dropped from serve's cache part-way (its snapshots listed, its
+/// workloads not) had a snapshot in use swept. What the holders name is
+/// listed again per namespace before its deletes, and a namespace that
+/// cannot be listed whole keeps its snapshots; another namespace is swept
+/// as before.
+#[test]
+fn a_namespace_the_cache_holds_in_part_keeps_its_snapshots() {
+    let p = prover();
+    let used = snapshot(&p, "tenant", "used", NOW - 7200, true);
+    let unused = snapshot(&p, "shop", "unused", NOW - 7200, true);
+    let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "tenant"},
+        "spec": {"template": {"spec": {"containers": [{"name": "c",
+            "envFrom": [{"configMapRef": {"name": name(&used)}}]}]}}}});
+    let shared = cluster(&[used.clone(), unused.clone(), deployment]);
+    let rules = Rules::new(Settings::default(), p);
+    let dropped = DroppedWorkloads {
+        inner: &shared,
+        namespace: "tenant",
+    };
+    let in_flight = InFlight::default();
+    let swept = Driver::new(&dropped, &rules, &in_flight, &shared)
+        .resync(&Nothing)
+        .swept;
+    assert!(exists(&shared, &used), "a snapshot its workload names is kept");
+    assert!(!exists(&shared, &unused) && swept == 1, "another namespace is swept");
+}

@@ -472,7 +472,7 @@ fn within_values(request: &RawValue) -> Result<(), usize> {
     #[derive(Deserialize)]
     struct Counting {
         #[serde(default)]
-        object: Option<count::Values>,
+        object: Option<crate::serve::view::count::Values>,
     }
     match serde_json::from_str::<Counting>(request.get()) {
         Ok(Counting { object: Some(values) }) if values.0 > MAX_VALUES => Err(values.0),
@@ -493,76 +493,6 @@ fn too_many_values(state: &State, head: &RequestHeader, values: usize) -> Answer
             "response": {"uid": head.uid, "allowed": false, "status": {"code": 413, "message": message}}}),
         allowed: false,
         mutated: None,
-    }
-}
-
-/// Counting a JSON document's values without keeping any of them.
-mod count {
-    use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
-    use std::cell::Cell;
-
-    /// How many values a document holds (it, and every one inside it).
-    pub(super) struct Values(pub usize);
-
-    impl<'de> Deserialize<'de> for Values {
-        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-            let counted = Cell::new(0);
-            deserializer.deserialize_any(Counter(&counted))?;
-            Ok(Values(counted.get()))
-        }
-    }
-
-    struct Counter<'c>(&'c Cell<usize>);
-
-    impl Counter<'_> {
-        fn one<E: serde::de::Error>(&self) -> Result<(), E> {
-            self.0.set(self.0.get().saturating_add(1));
-            Ok(())
-        }
-    }
-
-    impl<'de> serde::de::DeserializeSeed<'de> for Counter<'_> {
-        type Value = ();
-        fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
-            deserializer.deserialize_any(self)
-        }
-    }
-
-    impl<'de> Visitor<'de> for Counter<'_> {
-        type Value = ();
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("any JSON")
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-            self.one()?;
-            while map.next_key::<IgnoredAny>()?.is_some() {
-                map.next_value_seed(Counter(self.0))?;
-            }
-            Ok(())
-        }
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-            self.one()?;
-            while seq.next_element_seed(Counter(self.0))?.is_some() {}
-            Ok(())
-        }
-        fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<(), E> {
-            self.one()
-        }
-        fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<(), E> {
-            self.one()
-        }
-        fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<(), E> {
-            self.one()
-        }
-        fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<(), E> {
-            self.one()
-        }
-        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<(), E> {
-            self.one()
-        }
-        fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
-            self.one()
-        }
     }
 }
 

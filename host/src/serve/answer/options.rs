@@ -157,6 +157,14 @@ pub struct Options {
     /// more is stopped and its admission answered with an error.
     #[arg(long, default_value = "48")]
     pub policy_memory_mib: usize,
+    /// JSON values (a tree's memory: some 75 bytes each) serve's cache
+    /// holds of one namespace's objects, every kind together. Past it, the
+    /// cache holds none of that namespace's objects: its reads go to the
+    /// API server and its sweeps wait, until it shrinks back within it
+    /// (docs/serve.md, "The cache"). deploy/serve: 500,000 (some 37 MiB)
+    /// of a 512 MiB limit.
+    #[arg(long, default_value = "500000")]
+    pub cache_values_per_namespace: usize,
     /// Compete for a Lease so that one replica runs the resync and the
     /// sweep; every replica serves admissions either way.
     #[arg(long)]

@@ -30,6 +30,9 @@ pub(crate) async fn every(state: Arc<State>, interval: Duration) {
         if state.leadership.leading() {
             once(&state).await;
             state.metrics.resync_passes.inc();
+            // A namespace back within its cache budget is held again once
+            // its kinds are listed again: at most once per pass.
+            state.cluster.cache.refill();
         }
         tokio::select! {
             () = tokio::time::sleep(interval.max(Duration::from_secs(1))) => {}

@@ -97,7 +97,11 @@ pub fn build_with_engine(
             None => Cache::excluding(options.excluded_namespaces()),
         }
         .digesting(prover.clone())
-        .counting(metrics.cache_objects.clone()),
+        .counting(metrics.cache_objects.clone())
+        .budgeted(
+            options.cache_values_per_namespace,
+            Some(metrics.cache_namespaces_over_budget.clone()),
+        ),
     );
     let runtime = tokio::runtime::Handle::try_current().context("serve needs a tokio runtime")?;
     let report = Arc::new(Report {

@@ -132,6 +132,9 @@ pub struct Metrics {
     /// Objects in the watch caches, by kind (sources are kept without
     /// their data: docs/security.md).
     pub cache_objects: Family<KindLabels, Gauge>,
+    /// Namespaces serve's cache holds none of, their objects past
+    /// `--cache-values-per-namespace` (docs/serve.md, "The cache").
+    pub cache_namespaces_over_budget: Gauge,
     /// Watch rollouts held now, by what holds them.
     pub held: Family<HeldLabels, Gauge>,
     /// How long the rollout held longest has waited, in seconds: a
@@ -258,6 +261,12 @@ impl Default for Metrics {
             "Objects in serve's watch caches, by kind",
             cache_objects.clone(),
         );
+        let cache_namespaces_over_budget = Gauge::default();
+        registry.register(
+            "cache_namespaces_over_budget",
+            "Namespaces whose objects pass --cache-values-per-namespace: serve's cache holds none of them, and reads them fresh",
+            cache_namespaces_over_budget.clone(),
+        );
         let held = Family::<HeldLabels, Gauge>::default();
         registry.register(
             "rollouts_held",
@@ -342,6 +351,7 @@ impl Default for Metrics {
             unproven,
             connections,
             cache_objects,
+            cache_namespaces_over_budget,
             held,
             oldest_held,
             api_requests,

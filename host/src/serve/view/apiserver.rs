@@ -265,7 +265,12 @@ fn written(kind: &str, error: kube::Error) -> ApiError {
 }
 
 impl Cluster for KubeCluster {
+    /// From the cache, or fresh where the cache does not hold the
+    /// namespace (past its budget: docs/serve.md, "The cache").
     fn get(&self, kind: &str, namespace: &str, name: &str) -> cluster::Result<Option<Value>> {
+        if !self.cache.holds(namespace) {
+            return self.get_fresh(kind, namespace, name);
+        }
         self.cache.get(kind, namespace, name)
     }
 

@@ -30,6 +30,8 @@ use crate::cluster::proof::{Prover, DIGESTED};
 use crate::cluster::referrers::Referrers;
 use crate::cluster::{self, ApiError, Selector};
 use crate::serve::tell::metrics::KindLabels;
+use crate::serve::view::count;
+use crate::serve::view::ledger::{Charged, Costs, Ledger};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 
@@ -86,6 +88,45 @@ impl Indexed {
         }
         self.referrers.forget(kind, namespace, name);
     }
+
+    /// Drops every object of `namespace`.
+    fn remove_namespace(&mut self, kind: &str, namespace: &str) {
+        if let Some(old) = self.objects.remove(namespace) {
+            for name in old.keys() {
+                self.referrers.forget(kind, namespace, name);
+            }
+        }
+    }
+}
+
+/// A (re)list on its way: what it brought, and what each object cost. A
+/// namespace whose objects of this kind alone pass the budget is dropped
+/// from it as they come, costs kept: a relist never holds more of one
+/// namespace than the cache would.
+#[derive(Default)]
+struct Listing {
+    objects: Objects,
+    costs: Costs,
+    totals: HashMap<String, usize>,
+}
+
+impl Listing {
+    fn add(&mut self, object: Value, cost: usize, limit: usize) {
+        let ns = object.namespace().unwrap_or_default().to_string();
+        let total = self.totals.entry(ns.clone()).or_default();
+        let old = self
+            .costs
+            .entry(ns.clone())
+            .or_default()
+            .insert(object.name().to_string(), cost)
+            .unwrap_or(0);
+        *total = *total - old + cost;
+        if *total > limit {
+            self.objects.remove(&ns);
+        } else {
+            insert(&mut self.objects, object);
+        }
+    }
 }
 
 #[derive(Default)]
@@ -104,6 +145,9 @@ struct KindCache {
     /// without bound, so no decision that rests on a bounded lag is made on
     /// it there ([`Cache::following`]).
     failing: std::sync::Mutex<std::collections::HashSet<Option<String>>>,
+    /// Bumped to have this kind's watchers list again: a namespace back
+    /// within its budget lacks what the cache dropped ([`Cache::refill`]).
+    relist: tokio::sync::watch::Sender<u64>,
 }
 
 /// Whether one watcher follows the API server, kept in its kind's
@@ -157,6 +201,17 @@ struct Watcher<'a> {
     following: Following<'a>,
 }
 
+/// Why a watch ended ([`Cache::watch`]).
+#[derive(Debug, PartialEq)]
+enum Again {
+    /// For good: its stream ended.
+    No,
+    /// To list again for a new keyring.
+    Rekeyed,
+    /// To list again for a namespace back within its budget.
+    Refill,
+}
+
 /// What [`Cache::on_workload_change`] tells of a stored workload change,
 /// and [`Cache::on_source_change`] of a stored change of a source's content.
 type Changed = Box<dyn Fn(&crate::cluster::Key) + Send + Sync>;
@@ -189,6 +244,12 @@ pub struct Cache {
     /// or a relist finds it: the watchers' rollouts start there
     /// (docs/design.md, "Watch").
     on_source: std::sync::OnceLock<Changed>,
+    /// What each namespace's objects cost, against
+    /// `--cache-values-per-namespace` (unbounded unless
+    /// [`Cache::budgeted`]): whether the cache holds it.
+    ledger: std::sync::Mutex<Ledger>,
+    /// How many namespaces the cache does not hold for their budget.
+    over_budget: Option<Gauge>,
 }
 
 impl Cache {
@@ -231,6 +292,107 @@ impl Cache {
         Cache {
             counts: Some(gauges),
             ..self
+        }
+    }
+
+    /// The same cache, holding at most `values` JSON values of one
+    /// namespace's objects (every kind together), and counting the
+    /// namespaces it does not hold into `gauge`.
+    pub fn budgeted(self, values: usize, gauge: Option<Gauge>) -> Cache {
+        Cache {
+            ledger: std::sync::Mutex::new(Ledger::new(values)),
+            over_budget: gauge,
+            ..self
+        }
+    }
+
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the cache holds `namespace` whole: not past its budget, nor
+    /// back within it but short of what it dropped (docs/serve.md, "The
+    /// cache").
+    pub(crate) fn holds(&self, namespace: &str) -> bool {
+        self.ledger().holds(namespace)
+    }
+
+    /// Fails unless the cache holds `namespace`: no read of part of one.
+    fn held(&self, namespace: &str) -> cluster::Result<()> {
+        if self.holds(namespace) {
+            Ok(())
+        } else {
+            Err(ApiError::Unavailable(format!(
+                "serve's cache does not hold namespace {namespace}: its objects pass --cache-values-per-namespace"
+            )))
+        }
+    }
+
+    /// Stores one object of `kind` as the watch or one of serve's writes
+    /// brought it, charged to its namespace; when the namespace went over
+    /// its budget with it, drops what the cache held of it, kind by kind
+    /// (one lock at a time). Answers what `changed` says of it beside
+    /// what the cache held of it, if it is held (else `false`).
+    fn store(&self, kind: &'static str, object: Value, changed: impl FnOnce(Option<&Value>, &Value) -> bool) -> bool {
+        let cost = count::of(&object);
+        let ns = object.namespace().unwrap_or_default().to_string();
+        let name = object.name().to_string();
+        let (charged, changed) = {
+            let mut indexed = self.kinds[kind].objects.write().unwrap_or_else(|e| e.into_inner());
+            let charged = self.ledger().charge(kind, &ns, &name, cost);
+            let changed = match charged {
+                Charged::Hold => {
+                    let changed = changed(indexed.objects.get(&ns).and_then(|n| n.get(&name)), &object);
+                    indexed.insert(object);
+                    changed
+                }
+                Charged::Drop | Charged::WentOver => {
+                    indexed.remove(kind, &ns, &name);
+                    false
+                }
+            };
+            self.count(kind, &indexed);
+            (charged, changed)
+        };
+        if charged == Charged::WentOver {
+            self.went_over(&ns);
+        }
+        changed
+    }
+
+    /// `namespace` went over its budget: what the cache holds of it goes.
+    /// Logged once per time, without any object's content.
+    fn went_over(&self, namespace: &str) {
+        tracing::warn!(
+            namespace,
+            values = self.ledger().limit(),
+            "the namespace's objects pass --cache-values-per-namespace: serve's cache holds none of them, and reads them fresh"
+        );
+        for (kind, cache) in &self.kinds {
+            let mut indexed = cache.objects.write().unwrap_or_else(|e| e.into_inner());
+            indexed.remove_namespace(kind, namespace);
+            self.count(kind, &indexed);
+        }
+        self.gauge_over_budget();
+    }
+
+    fn gauge_over_budget(&self) {
+        if let Some(gauge) = &self.over_budget {
+            gauge.set(self.ledger().unheld() as i64);
+        }
+    }
+
+    /// Lists again every kind a namespace back within its budget is short
+    /// of, so that the cache holds it again. Called once per periodic
+    /// pass, after it: a tenant that grows and shrinks costs at most one
+    /// relist per `--resync-interval`.
+    pub(crate) fn refill(&self) {
+        let short = self.ledger().short();
+        for kind in short {
+            if let Some(cache) = self.kinds.get(kind) {
+                tracing::info!(kind, "listing again: a namespace is back within its cache budget");
+                cache.relist.send_modify(|generation| *generation += 1);
+            }
         }
     }
 
@@ -369,17 +531,26 @@ impl Cache {
         };
         let source = SourceKind::from_kind(kind).is_some();
         let mut keyring = self.keyring.subscribe();
+        let mut relist = self.kinds[kind].relist.subscribe();
         let mut watcher = self.watcher(kind, namespace.clone());
         loop {
             let events = watcher::watcher(api.clone(), config.clone()).default_backoff().boxed();
-            if !self
-                .watch((&ar, &namespace), events, &mut watcher, source.then_some(&mut keyring))
-                .await
-            {
-                return;
+            let again = self
+                .watch(
+                    (&ar, &namespace),
+                    events,
+                    &mut watcher,
+                    (source.then_some(&mut keyring), &mut relist),
+                )
+                .await;
+            match again {
+                Again::No => return,
+                Again::Rekeyed => {
+                    tracing::info!(kind, "the keyring changed: listing again");
+                    watcher.rekeyed = true;
+                }
+                Again::Refill => {}
             }
-            tracing::info!(kind, "the keyring changed: listing again");
-            watcher.rekeyed = true;
         }
     }
 
@@ -389,17 +560,27 @@ impl Cache {
     /// changed while the watch was away, unless it lists again for a new
     /// keyring (`rekeyed`): digests made with another key compare unequal,
     /// and the periodic pass re-admits every watched source anyway.
-    fn relisted(&self, namespace: &Option<String>, objects: Option<Objects>, watcher: &mut Watcher<'_>) {
+    fn relisted(&self, namespace: &Option<String>, listing: Option<Listing>, watcher: &mut Watcher<'_>) {
         let kind = watcher.kind;
         let mut changed = Vec::new();
-        if let Some(objects) = objects {
+        let mut went_over = Vec::new();
+        if let Some(Listing { mut objects, costs, .. }) = listing {
             let mut indexed = self.kinds[kind].objects.write().unwrap_or_else(|e| e.into_inner());
-            if watcher.listed && !watcher.rekeyed && SourceKind::from_kind(kind).is_some() {
-                for (ns, names) in &objects {
-                    for (name, object) in names {
-                        let held = indexed.objects.get(ns).and_then(|n| n.get(name));
-                        if self.content_changed(held, object) {
-                            changed.push((kind.to_string(), ns.clone(), name.clone()));
+            {
+                let mut ledger = self.ledger();
+                // A namespace the cache did not hold tells nothing: what it
+                // lacked is not new.
+                let unheld: std::collections::HashSet<String> =
+                    objects.keys().filter(|ns| !ledger.holds(ns)).cloned().collect();
+                went_over = ledger.relisted(kind, namespace.as_deref(), costs);
+                objects.retain(|ns, _| ledger.stores(ns));
+                if watcher.listed && !watcher.rekeyed && SourceKind::from_kind(kind).is_some() {
+                    for (ns, names) in objects.iter().filter(|(ns, _)| !unheld.contains(*ns)) {
+                        for (name, object) in names {
+                            let held = indexed.objects.get(ns).and_then(|n| n.get(name));
+                            if self.content_changed(held, object) {
+                                changed.push((kind.to_string(), ns.clone(), name.clone()));
+                            }
                         }
                     }
                 }
@@ -410,6 +591,10 @@ impl Cache {
             }
             self.count(kind, &indexed);
         }
+        for ns in &went_over {
+            self.went_over(ns);
+        }
+        self.gauge_over_budget();
         watcher.rekeyed = false;
         if let Some(tell) = self.on_source.get() {
             changed.iter().for_each(tell);
@@ -432,30 +617,42 @@ impl Cache {
         (ar, namespace): (&ApiResource, &Option<String>),
         mut events: futures::stream::BoxStream<'_, watcher::Result<Event<DynamicObject>>>,
         watcher: &mut Watcher<'_>,
-        mut keyring: Option<&mut tokio::sync::watch::Receiver<u64>>,
-    ) -> bool {
+        (mut keyring, relist): (
+            Option<&mut tokio::sync::watch::Receiver<u64>>,
+            &mut tokio::sync::watch::Receiver<u64>,
+        ),
+    ) -> Again {
         let kind = watcher.kind;
         let source = SourceKind::from_kind(kind).is_some();
-        let mut buffer: Option<Objects> = None;
+        let mut buffer: Option<Listing> = None;
+        let limit = self.ledger().limit();
         loop {
-            let event = match keyring.as_mut() {
-                Some(keyring) => tokio::select! {
-                    event = events.next() => event,
-                    changed = keyring.changed() => match changed {
-                        Ok(()) => return true,
-                        Err(_) => return false,
-                    },
-                },
-                None => events.next().await,
+            let rekeyed = async {
+                match keyring.as_mut() {
+                    Some(keyring) => keyring.changed().await,
+                    None => std::future::pending().await,
+                }
             };
-            let Some(event) = event else { return false };
+            let event = tokio::select! {
+                event = events.next() => event,
+                changed = rekeyed => match changed {
+                    Ok(()) => return Again::Rekeyed,
+                    Err(_) => return Again::No,
+                },
+                changed = relist.changed() => match changed {
+                    Ok(()) => return Again::Refill,
+                    Err(_) => return Again::No,
+                },
+            };
+            let Some(event) = event else { return Again::No };
             watcher.following.heard(&event);
             match event {
-                Ok(Event::Init) => buffer = Some(Objects::new()),
+                Ok(Event::Init) => buffer = Some(Listing::default()),
                 Ok(Event::InitApply(o)) => {
                     let object = self.kept(trim(o, ar));
                     if let Some(buffer) = buffer.as_mut() {
-                        insert(buffer, object);
+                        let cost = count::of(&object);
+                        buffer.add(object, cost, limit);
                     }
                 }
                 Ok(Event::InitDone) => self.relisted(namespace, buffer.take(), watcher),
@@ -472,14 +669,7 @@ impl Cache {
                     let kept = self.kept(trim(o, ar));
                     let text = |p: &str| kept.pointer(p).and_then(Value::as_str).unwrap_or_default().to_string();
                     let key = (kind.to_string(), text("/metadata/namespace"), text("/metadata/name"));
-                    let changed = {
-                        let mut indexed = self.kinds[kind].objects.write().unwrap_or_else(|e| e.into_inner());
-                        let held = indexed.objects.get(&key.1).and_then(|n| n.get(&key.2));
-                        let changed = source && self.content_changed(held, &kept);
-                        indexed.insert(kept);
-                        self.count(kind, &indexed);
-                        changed
-                    };
+                    let changed = self.store(kind, kept, |held, kept| source && self.content_changed(held, kept));
                     let tell = if changed {
                         self.on_source.get()
                     } else if WorkloadKind::from_kind(kind).is_some() {
@@ -491,13 +681,11 @@ impl Cache {
                         tell(&key);
                     }
                 }
-                Ok(Event::Delete(o)) => {
-                    let ns = o.metadata.namespace.clone().unwrap_or_default();
-                    let name = o.metadata.name.clone().unwrap_or_default();
-                    let mut indexed = self.kinds[kind].objects.write().unwrap_or_else(|e| e.into_inner());
-                    indexed.remove(kind, &ns, &name);
-                    self.count(kind, &indexed);
-                }
+                Ok(Event::Delete(o)) => self.forget(
+                    kind,
+                    o.metadata.namespace.as_deref().unwrap_or_default(),
+                    o.metadata.name.as_deref().unwrap_or_default(),
+                ),
                 Err(e) if not_served(&e) && kinds::find(kind).is_some_and(|k| k.optional) => {
                     if !self.kinds[kind].absent.swap(true, Ordering::SeqCst) {
                         tracing::info!(
@@ -528,12 +716,13 @@ impl Cache {
     /// namespace's failing watcher (a namespaced install's) says nothing of
     /// the others.
     pub fn following(&self, kind: &str, namespace: &str) -> bool {
-        self.kinds.get(kind).is_some_and(|k| {
-            let failing = k.failing.lock().unwrap_or_else(|e| e.into_inner());
-            !failing
-                .iter()
-                .any(|scope| scope.as_deref().is_none_or(|ns| ns == namespace))
-        })
+        self.holds(namespace)
+            && self.kinds.get(kind).is_some_and(|k| {
+                let failing = k.failing.lock().unwrap_or_else(|e| e.into_inner());
+                !failing
+                    .iter()
+                    .any(|scope| scope.as_deref().is_none_or(|ns| ns == namespace))
+            })
     }
 
     pub fn get(&self, kind: &str, namespace: &str, name: &str) -> cluster::Result<Option<Value>> {
@@ -543,6 +732,7 @@ impl Cache {
     /// How many objects of `kind` the cache holds in `namespace`.
     pub(crate) fn held_in(&self, kind: &str, namespace: &str) -> Option<usize> {
         let cache = self.kind(kind).ok()?;
+        self.held(namespace).ok()?;
         let indexed = cache.objects.read().unwrap_or_else(|e| e.into_inner());
         Some(indexed.objects.get(namespace).map_or(0, BTreeMap::len))
     }
@@ -558,6 +748,7 @@ impl Cache {
     ) -> cluster::Result<Option<T>> {
         let cache = self.kind(kind)?;
         let indexed = cache.objects.read().unwrap_or_else(|e| e.into_inner());
+        self.held(namespace)?;
         Ok(indexed.objects.get(namespace).and_then(|n| n.get(name)).map(look))
     }
 
@@ -572,6 +763,7 @@ impl Cache {
     ) -> cluster::Result<()> {
         let cache = self.kind(kind)?;
         let indexed = cache.objects.read().unwrap_or_else(|e| e.into_inner());
+        self.held(namespace)?;
         let Some(names) = indexed.objects.get(namespace) else {
             return Ok(());
         };
@@ -594,9 +786,23 @@ impl Cache {
     ) -> cluster::Result<()> {
         let cache = self.kind(kind)?;
         let indexed = cache.objects.read().unwrap_or_else(|e| e.into_inner());
+        // Of every namespace, those the cache holds whole: one it does not
+        // is left out as an excluded one is, never listed in part.
         let namespaces: Box<dyn Iterator<Item = &BTreeMap<String, Value>>> = match namespace {
-            Some(ns) => Box::new(indexed.objects.get(ns).into_iter()),
-            None => Box::new(indexed.objects.values()),
+            Some(ns) => {
+                self.held(ns)?;
+                Box::new(indexed.objects.get(ns).into_iter())
+            }
+            None => {
+                let ledger = self.ledger();
+                let held: Vec<&BTreeMap<String, Value>> = indexed
+                    .objects
+                    .iter()
+                    .filter(|(ns, _)| ledger.holds(ns))
+                    .map(|(_, names)| names)
+                    .collect();
+                Box::new(held.into_iter())
+            }
         };
         for object in namespaces.flat_map(BTreeMap::values) {
             if selector.matches(object) {
@@ -606,28 +812,23 @@ impl Cache {
         Ok(())
     }
 
-    /// Every cached object of `kind`, for the resync.
+    /// Every cached object of `kind` in the namespaces the cache holds.
     pub fn all(&self, kind: &str) -> Vec<Value> {
-        self.kinds
-            .get(kind)
-            .map(|c| {
-                c.objects
-                    .read()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .objects
-                    .values()
-                    .flat_map(|n| n.values().cloned())
-                    .collect()
-            })
-            .unwrap_or_default()
+        let mut out = Vec::new();
+        let _ = self.list(kind, None, &Selector::default(), &mut |o| out.push(o.clone()));
+        out
     }
 
     /// Puts an object in the cache directly: a write we just made is visible
     /// to the next admission without waiting for the watch event.
     pub fn observe(&self, object: Value) {
         let object = self.kept(object);
-        if let Some(cache) = object["kind"].as_str().and_then(|k| self.kinds.get(k)) {
-            cache.objects.write().unwrap_or_else(|e| e.into_inner()).insert(object);
+        let kind = object["kind"]
+            .as_str()
+            .and_then(|k| self.kinds.get_key_value(k))
+            .map(|(k, _)| *k);
+        if let Some(kind) = kind {
+            self.store(kind, object, |_, _| false);
         }
     }
 
@@ -639,13 +840,13 @@ impl Cache {
     }
 
     pub(crate) fn forget(&self, kind: &str, namespace: &str, name: &str) {
-        if let Some(cache) = self.kinds.get(kind) {
-            cache
-                .objects
-                .write()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(kind, namespace, name);
+        if let Some((kind, cache)) = self.kinds.get_key_value(kind) {
+            let mut indexed = cache.objects.write().unwrap_or_else(|e| e.into_inner());
+            self.ledger().discharge(kind, namespace, name);
+            indexed.remove(kind, namespace, name);
+            self.count(kind, &indexed);
         }
+        self.gauge_over_budget();
     }
 
     fn kind(&self, kind: &str) -> cluster::Result<&KindCache> {
@@ -884,7 +1085,15 @@ mod tests {
                 let ar = api_resource("ConfigMap").unwrap();
                 let scope = Some("a".to_string());
                 let mut watcher = cache.watcher("ConfigMap", scope.clone());
-                cache.watch((&ar, &scope), rx.boxed(), &mut watcher, None).await
+                cache
+                    .watch(
+                        (&ar, &scope),
+                        rx.boxed(),
+                        &mut watcher,
+                        (None, &mut cache.kinds["ConfigMap"].relist.subscribe()),
+                    )
+                    .await
+                    != Again::No
             })
         };
         let settled = |want: bool| until_following(&cache, "ConfigMap", "a", want);
@@ -936,7 +1145,15 @@ mod tests {
                 let scope = Some("a".to_string());
                 let mut watcher = cache.watcher("ConfigMap", scope.clone());
                 let listed = |w: &mut Watcher<'_>| w.listed;
-                let watched = cache.watch((&ar, &scope), rx.boxed(), &mut watcher, None).await;
+                let watched = cache
+                    .watch(
+                        (&ar, &scope),
+                        rx.boxed(),
+                        &mut watcher,
+                        (None, &mut cache.kinds["ConfigMap"].relist.subscribe()),
+                    )
+                    .await
+                    != Again::No;
                 (watched, listed(&mut watcher))
             })
         };
@@ -980,6 +1197,80 @@ mod tests {
         );
     }
 
+    /// Finding "Contained": serve's cache held whatever a tenant created.
+    /// Past its budget a namespace is held not at all (not in part: the
+    /// ConfigMap held before goes too), its reads fail and its listings
+    /// across the cluster leave it out, and it is not followed; another
+    /// namespace is held as before. Back within the budget it is held
+    /// again only once every kind has been listed again.
+    #[test]
+    fn a_namespace_past_its_budget_is_held_not_at_all_and_another_is_held() {
+        let cache = Cache::new().budgeted(1_000, None);
+        let big = |ns: &str, name: &str| {
+            let env: Vec<Value> = (0..300)
+                .map(|i| json!({"name": format!("V{i}"), "value": "x"}))
+                .collect();
+            json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"namespace": ns, "name": name, "uid": name, "resourceVersion": "1"},
+                "spec": {"template": {"spec": {"containers": [{"name": "c", "env": env}]}}}})
+        };
+        cache.observe(cm("tenant", "app", "1", "x"));
+        cache.observe(cm("other", "app", "1", "x"));
+        cache.observe(big("other", "web"));
+        cache.observe(big("tenant", "one"));
+        assert!(cache.holds("tenant"), "one of them fits");
+        cache.observe(big("tenant", "two"));
+        assert!(!cache.holds("tenant") && cache.holds("other"));
+        for k in KINDS {
+            let indexed = cache.kinds[k.kind].objects.read().unwrap();
+            assert!(
+                indexed.objects.get("tenant").is_none_or(BTreeMap::is_empty),
+                "{} holds tenant's",
+                k.kind
+            );
+        }
+        assert!(cache.get("ConfigMap", "tenant", "app").is_err());
+        assert!(cache
+            .list("Deployment", Some("tenant"), &Selector::default(), &mut |_| {})
+            .is_err());
+        assert!(cache
+            .list_referencing(
+                "Deployment",
+                "tenant",
+                &SourceId::new(SourceKind::ConfigMap, "app"),
+                &mut |_| {}
+            )
+            .is_err());
+        assert_eq!(cache.held_in("ConfigMap", "tenant"), None);
+        assert!(!cache.following("ConfigMap", "tenant") && cache.following("ConfigMap", "other"));
+        let mut seen = Vec::new();
+        for kind in ["ConfigMap", "Deployment"] {
+            cache
+                .list(kind, None, &Selector::default(), &mut |o| seen.push(cluster::key(o)))
+                .unwrap();
+        }
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert!(seen.iter().all(|(_, ns, _)| ns == "other"));
+        assert!(cache.get("Deployment", "other", "web").unwrap().is_some());
+        // It shrinks: still not held until every kind is listed again.
+        cache.forget("Deployment", "tenant", "two");
+        cache.forget("Deployment", "tenant", "one");
+        assert!(!cache.holds("tenant"));
+        for k in KINDS {
+            let mut listing = Listing::default();
+            if k.kind == "ConfigMap" {
+                listing.add(cm("tenant", "app", "2", "x"), 10, 1_000);
+            }
+            let mut watcher = cache.watcher(k.kind, None);
+            watcher.listed = true;
+            watcher.rekeyed = true;
+            cache.relisted(&None, Some(listing), &mut watcher);
+            watcher.following.now = false;
+        }
+        assert!(cache.holds("tenant") && cache.following("ConfigMap", "tenant"));
+        assert!(cache.get("ConfigMap", "tenant", "app").unwrap().is_some());
+    }
+
     /// Yields to the watcher until `cache` says `want` of `kind` in
     /// `namespace` (at most 100 turns); whether it did.
     async fn until_following(cache: &Cache, kind: &str, namespace: &str, want: bool) -> bool {
@@ -1004,7 +1295,15 @@ mod tests {
             tokio::spawn(async move {
                 let ar = api_resource("Secret").unwrap();
                 let mut watcher = cache.watcher("Secret", None);
-                cache.watch((&ar, &None), rx.boxed(), &mut watcher, None).await
+                cache
+                    .watch(
+                        (&ar, &None),
+                        rx.boxed(),
+                        &mut watcher,
+                        (None, &mut cache.kinds["Secret"].relist.subscribe()),
+                    )
+                    .await
+                    != Again::No
             })
         };
         tx.unbounded_send(Ok(Event::Init)).unwrap();

@@ -9,6 +9,8 @@
 
 pub mod apiserver;
 pub mod cache;
+pub(crate) mod count;
+pub(crate) mod ledger;
 pub mod prefetch;
 pub mod scope;
 pub(crate) mod source_reads;
