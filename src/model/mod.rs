@@ -12,6 +12,7 @@ pub mod optin;
 pub mod records;
 pub mod references;
 pub mod request;
+pub mod revocation;
 pub mod selection;
 pub mod settings;
 pub mod source;
