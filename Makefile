@@ -7,7 +7,8 @@ POLICY_BUILD := target/$(WASM_TARGET)/policy/config_snapshot_policy.wasm
 HOST := cargo run --quiet -p config-snapshot --
 SCENARIOS := $(sort $(wildcard e2e-tests/*.yaml))
 
-.PHONY: release-dry-run image wasm-opt soak soak-cluster bench bench-cluster load tools deny deny-tool fuzz fuzz-host setup demo test unit-tests e2e-tests fmt fmt-check lint clean policy.wasm annotated-policy.wasm
+PHONY_QUICK := quick story
+.PHONY: $(PHONY_QUICK) release-dry-run image wasm-opt soak soak-cluster bench bench-cluster load tools deny deny-tool fuzz fuzz-host setup demo test unit-tests e2e-tests fmt fmt-check lint clean policy.wasm annotated-policy.wasm
 
 ## setup: install the pinned toolchain, its wasm target, rustfmt and clippy (idempotent)
 setup:
@@ -65,12 +66,37 @@ demo: policy.wasm
 	$(HOST) diff deploy/web 3 4 --scenario e2e-tests/kep-story-configmap.yaml || true
 
 ## test: everything CI runs — format, lint, supply chain, unit tests, e2e scenarios
-test: fmt-check lint deny unit-tests e2e-tests
+test:
+	@start=$$(date +%s); for step in fmt-check lint deny unit-tests e2e-tests; do \
+	  t=$$(date +%s); $(MAKE) --no-print-directory $$step || exit 1; \
+	  echo "[make test] $$step: $$(( $$(date +%s) - t )) s"; \
+	done; echo "[make test] all: $$(( $$(date +%s) - start )) s"
 
+## unit-tests: every test binary and every bench once (testing/run-tests.sh); the real
+## control plane's and node's tests run in the background beside the rest
 unit-tests: policy.wasm
-	cargo test --workspace
-	# Every benchmark once, unoptimised: a bench that no longer runs fails here, not on the day of a measurement.
-	cargo test -p config-snapshot --benches
+	testing/run-tests.sh
+
+## quick: what most changes need, in a few minutes on a warm build: both crates' unit tests,
+## every scenario under replay, the scenarios again with serve as host over the stand-in API
+## server, serve's own tests over HTTPS, and the docs' checks. No real control plane.
+QUICK_TESTS := serve_lifecycle serve attacks reliability one_driver docs deploy packaging
+quick: policy.wasm
+	cargo test -p config-snapshot-policy
+	cargo test -p config-snapshot --lib $(addprefix --test ,$(QUICK_TESTS))
+	$(HOST) replay $(SCENARIOS)
+
+## story: one real-cluster story by name (STORY=contained; `make story` lists them): a part of
+## the real control plane's test (REAL_CLUSTER_PART), or a node story (NODE_STORIES)
+CONTROL_PLANE_PARTS := stories scenarios attacks contained trust plan tools jobs rollouts undo outage histories fleet monitoring policy-server memory bench
+NODE_STORY_NAMES := quickstart deployment trickle revisions jobs helm storm outlive watch rotation reinstall kustomize release elsewhere
+story: policy.wasm
+	@if [ -z "$(STORY)" ]; then echo "make story STORY=NAME; control plane: $(CONTROL_PLANE_PARTS); node: $(NODE_STORY_NAMES)"; exit 2; fi
+	@if echo " $(CONTROL_PLANE_PARTS) " | grep -q " $(STORY) "; then \
+	  CI=true REAL_CLUSTER_PART=$(STORY) cargo test -p config-snapshot --test real_cluster serve_on_a_real_control_plane -- --nocapture; \
+	elif echo " $(NODE_STORY_NAMES) " | grep -q " $(STORY) "; then \
+	  CI=true REAL_CLUSTER_PART=node NODE_STORIES=$(STORY) cargo test -p config-snapshot --test real_cluster pods_on_a_real_node -- --nocapture; \
+	else echo "no story $(STORY): control plane: $(CONTROL_PLANE_PARTS); node: $(NODE_STORY_NAMES)"; exit 2; fi
 
 ## e2e-tests: every scenario in e2e-tests/
 e2e-tests: policy.wasm

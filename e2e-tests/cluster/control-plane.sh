@@ -55,7 +55,7 @@ HELM_DIR="$ROOT/tools/helm-$HELM_VERSION"
 ARGO_DIR="$ROOT/tools/argo-rollouts-$ARGO_VERSION"
 PROMTOOL_DIR="$ROOT/tools/promtool-$PROMETHEUS_VERSION"
 
-log() { printf '[control-plane] %s\n' "$*" >&2; }
+log() { printf '[control-plane %s] %s\n' "$(date +%T)" "$*" >&2; }
 # Where the node that is up keeps its state (one node per machine).
 NODE_MARK=/run/config-snapshot-node
 

@@ -141,7 +141,7 @@ pub fn capability_call(operation: u8, payload: &[u8]) {
 /// Secret's review is never the policy's to evaluate (serve learns of
 /// sources from its watch) nor read ahead for.
 pub fn admission_request(body: &[u8]) {
-    if let Ok(preview) = crate::serve::admission::preview(body, &Settings::default()) {
+    if let Ok(preview) = crate::serve::answer::admission::preview(body, &Settings::default()) {
         let kind = serde_json::from_slice::<Value>(body)
             .ok()
             .and_then(|v| v["request"]["kind"]["kind"].as_str().map(str::to_string))

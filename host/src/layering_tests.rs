@@ -120,7 +120,7 @@ fn wing(room: &str) -> Option<usize> {
 fn the_hosts_rooms_name_one_another_without_a_circle() {
     let graph = graph();
     assert!(
-        graph.len() > 80 && graph["serve::scope"].contains("serve::prefetch"),
+        graph.len() > 80 && graph["serve::view::scope"].contains("serve::view::prefetch"),
         "the drawing covers the host's rooms: {:?}",
         graph.keys()
     );

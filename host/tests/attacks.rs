@@ -282,7 +282,7 @@ async fn the_signing_key_is_made_once_and_shared() {
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(key["data"]["key"].as_str().unwrap())
             .unwrap();
-        config_snapshot::serve::door::path_of(
+        config_snapshot::serve::intake::door::path_of(
             &config_snapshot::cluster::proof::Keyring::of(&bytes).unwrap(),
             unix_now(),
         )
@@ -365,7 +365,7 @@ fn door_of(key: &Value) -> String {
         .decode(key["data"]["key"].as_str().unwrap())
         .unwrap();
     let ring = config_snapshot::cluster::proof::Keyring::of(&bytes).unwrap();
-    config_snapshot::serve::door::path_of(&ring, unix_now()).to_string()
+    config_snapshot::serve::intake::door::path_of(&ring, unix_now()).to_string()
 }
 
 /// Finding 7 of eff3694's review: with the key's guard deleted, a patch of
@@ -508,4 +508,107 @@ async fn a_review_whose_names_are_not_names_reads_nothing() {
     assert!(made.is_empty(), "serve read for a forged review: {made:?}");
     assert!(serve.logs().contains("not reviewed"), "said why");
     drop(serve);
+}
+
+/// The webhook configuration serve keeps on the door's path, as the
+/// install ships it (no path), calling a URL: nothing calls it here, the
+/// test posts to serve itself.
+fn webhook_configuration() -> Value {
+    json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "config-snapshot", "namespace": ""},
+        "webhooks": [{"name": "config-snapshot.config-snapshot.io",
+            "clientConfig": {"url": "https://127.0.0.1:1/mutate"},
+            "admissionReviewVersions": ["v1"], "sideEffects": "NoneOnDryRun"}]})
+}
+
+/// The path the webhook configuration calls now.
+fn configured_path(api: &ApiServer) -> String {
+    let configuration = api
+        .get("MutatingWebhookConfiguration", "", "config-snapshot")
+        .expect("the webhook configuration");
+    let url = configuration["webhooks"][0]["clientConfig"]["url"].as_str().unwrap();
+    url.strip_prefix("https://127.0.0.1:1").unwrap().to_string()
+}
+
+/// Finding 8 (the door): `keys rotate` closes the old path within seconds,
+/// as docs/security.md says, and the API server's calls never meet a
+/// closed door: the new path opens as the key changes, serve moves the
+/// configuration to it, and only then does the old path close. On eff3694
+/// the old path stayed open for ten minutes after the move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_rotate_closes_the_old_path_within_seconds() {
+    let _serial = SERIAL.lock().await;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let api = ApiServer::start().await;
+    api.put(secret("shop"));
+    api.guard_signing_key(&keyguard(), "config-snapshot");
+    api.put(webhook_configuration());
+    let mut flags = KEY_FLAGS.to_vec();
+    flags.extend(["--webhook-configuration", "config-snapshot"]);
+    let mut serve = ServeProcess::start(&api.kubeconfig(), &flags);
+    serve.wait_ready();
+    let old = configured_path(&api);
+    assert!(
+        config_snapshot::serve::intake::door::shaped(&old),
+        "serve wrote its path: {old}"
+    );
+    let body = review("shop", opted_in("shop"));
+    let kubeconfig = api.kubeconfig();
+    let (serve, api, old, new, closed_after) = tokio::task::spawn_blocking(move || {
+        assert_eq!(post_to(&serve, &old, None, &body).unwrap().0, 200, "the path opens");
+        let rotate = std::process::Command::new(ServeProcess::this_build())
+            .args(["keys", "rotate", "-n", "config-snapshot"])
+            .env("KUBECONFIG", &kubeconfig)
+            .output()
+            .unwrap();
+        assert!(rotate.status.success(), "{}", String::from_utf8_lossy(&rotate.stderr));
+        let rotated = Instant::now();
+        // Until the configuration moves, the old path is what the API
+        // server calls: it stays open.
+        let new = loop {
+            let now = configured_path(&api);
+            if now != old {
+                break now;
+            }
+            assert_eq!(
+                post_to(&serve, &old, None, &body).unwrap().0,
+                200,
+                "closed before the move"
+            );
+            assert!(
+                rotated.elapsed() < Duration::from_secs(30),
+                "the configuration never moved"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert!(config_snapshot::serve::intake::door::shaped(&new));
+        assert_eq!(post_to(&serve, &new, None, &body).unwrap().0, 200, "the new path opens");
+        let moved = Instant::now();
+        loop {
+            let (status, _) = post_to(&serve, &old, None, &body).unwrap();
+            if status == 404 {
+                break;
+            }
+            assert_eq!(status, 200);
+            assert!(
+                moved.elapsed() < Duration::from_secs(15),
+                "the old path still opens {:?} after the move",
+                moved.elapsed()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        (serve, api, old, new, rotated.elapsed())
+    })
+    .await
+    .unwrap();
+    eprintln!("keys rotate: the old path closed {closed_after:?} after the rotation");
+    assert_ne!(old, new);
+    assert_eq!(
+        post_to(&serve, &new, None, &review("shop", opted_in("shop")))
+            .unwrap()
+            .0,
+        200,
+        "the new path stays open"
+    );
+    drop((serve, api));
 }

@@ -302,20 +302,169 @@ fn the_lease_is_the_only_namespaced_grant_and_stays_in_serves_namespace() {
     let namespace = find("Namespace")["metadata"]["name"].as_str().unwrap().to_string();
     assert_eq!(role.metadata.namespace.as_deref(), Some(namespace.as_str()));
     let rules = role.rules.unwrap();
-    assert_eq!(rules.len(), 1);
+    assert_eq!(rules.len(), 2);
+    for rule in &rules {
+        assert_eq!(
+            rule.api_groups.as_deref(),
+            Some(&["coordination.k8s.io".to_string()][..])
+        );
+        assert_eq!(rule.resources.as_deref(), Some(&["leases".to_string()][..]));
+    }
+    // `create` cannot name its object; what can is the Lease serve holds.
+    assert_eq!(rules[0].verbs, ["create"]);
+    assert_eq!(rules[0].resource_names, None);
+    assert_eq!(rules[1].verbs, ["get", "patch"]);
     assert_eq!(
-        rules[0].api_groups.as_deref(),
-        Some(&["coordination.k8s.io".to_string()][..])
+        rules[1].resource_names.as_deref(),
+        Some(&[deployed_serve_options().lease_name][..])
     );
-    assert_eq!(rules[0].resources.as_deref(), Some(&["leases".to_string()][..]));
-    let mut verbs = rules[0].verbs.clone();
-    verbs.sort();
-    assert_eq!(verbs, ["create", "get", "patch"]);
     let binding: RoleBinding = typed(&find("RoleBinding"));
     assert_eq!(binding.metadata.namespace.as_deref(), Some(namespace.as_str()));
     assert_eq!(binding.role_ref.name, role.metadata.name.unwrap());
     let account: ServiceAccount = typed(&find("ServiceAccount"));
     assert_eq!(binding.subjects.unwrap()[0].name, account.metadata.name.unwrap());
+}
+
+/// The strings of a CEL list literal of strings (`['a', 'b']`), as the
+/// guards write their lists.
+fn cel_strings(expression: &str) -> Vec<String> {
+    let inner = expression
+        .trim()
+        .strip_prefix('[')
+        .and_then(|e| e.strip_suffix(']'))
+        .unwrap_or_else(|| panic!("not a CEL list: {expression}"));
+    inner
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.strip_prefix('\'')
+                .and_then(|s| s.strip_suffix('\''))
+                .unwrap_or_else(|| panic!("not a quoted string: {s}"))
+                .to_string()
+        })
+        .collect()
+}
+
+/// The expression of a guard's variable, by name.
+fn variable(policy: &Value, name: &str) -> String {
+    policy["spec"]["variables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == name)
+        .unwrap_or_else(|| panic!("no variable {name}"))["expression"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// The identity guard (identityguard.yaml) is in force for serve's account
+/// alone, on every write, and is built from the same lists as the rest:
+/// the namespaces it lets serve write in are the webhook's (its own derived
+/// from the account the matchCondition names), the Secret types it
+/// refuses are the ones the host refuses to snapshot, and the objects it
+/// lets serve keep in its own namespace are serve's.
+#[test]
+fn the_identity_guard_holds_serves_account_to_the_webhooks_namespaces() {
+    let policy = documents()
+        .into_iter()
+        .map(|(_, o)| o)
+        .find(|o| o["kind"] == "ValidatingAdmissionPolicy" && o["metadata"]["name"] == "config-snapshot-identity")
+        .expect("identityguard.yaml");
+    let spec = &policy["spec"];
+    assert_eq!(spec["failurePolicy"], "Fail");
+    assert_eq!(
+        spec["matchConstraints"]["resourceRules"],
+        serde_json::json!([{"apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*/*"], "operations": ["*"]}]),
+        "every write of the account reaches the guard"
+    );
+    assert!(spec["matchConstraints"].get("namespaceSelector").is_none());
+    let binding = documents()
+        .into_iter()
+        .map(|(_, o)| o)
+        .find(|o| {
+            o["kind"] == "ValidatingAdmissionPolicyBinding" && o["spec"]["policyName"] == "config-snapshot-identity"
+        })
+        .expect("its binding");
+    assert_eq!(binding["spec"]["validationActions"], serde_json::json!(["Deny"]));
+
+    let account: ServiceAccount = typed(&find("ServiceAccount"));
+    let own = account.metadata.namespace.clone().unwrap();
+    let user = format!(
+        "system:serviceaccount:{own}:{}",
+        account.metadata.name.as_deref().unwrap()
+    );
+    assert_eq!(
+        spec["matchConditions"],
+        serde_json::json!([{"name": "config-snapshot-writing",
+                            "expression": format!("request.userInfo.username == '{user}'")}])
+    );
+    // serve's own namespace is the account's: the third field of its name.
+    assert_eq!(variable(&policy, "own"), "request.userInfo.username.split(':')[2]");
+    assert_eq!(user.split(':').nth(2), Some(own.as_str()));
+
+    // What the guard leaves serve is what the webhook reviews and serve
+    // acts in: every namespace but its --exclude-namespaces and its own.
+    let mut excluded = cel_strings(&variable(&policy, "excluded"));
+    excluded.push(own.clone());
+    excluded.sort();
+    let mut by_serve = config_snapshot::serve::Options {
+        own_namespace: own.clone(),
+        ..deployed_serve_options()
+    }
+    .excluded_namespaces();
+    by_serve.sort();
+    assert_eq!(excluded, by_serve);
+    let webhook: MutatingWebhookConfiguration = typed(&find("MutatingWebhookConfiguration"));
+    let hook = &webhook.webhooks.as_ref().unwrap()[0];
+    let selector = &hook
+        .namespace_selector
+        .as_ref()
+        .unwrap()
+        .match_expressions
+        .as_ref()
+        .unwrap()[0];
+    let mut by_webhook = selector.values.clone().unwrap();
+    by_webhook.sort();
+    assert_eq!(excluded, by_webhook);
+    assert!(cel_strings(&variable(&policy, "only")).is_empty(), "cluster-wide");
+
+    // The workloads it lets serve patch: the kinds whose watch rollouts
+    // serve makes (src/model/kinds.rs), by group and resource.
+    let patched: BTreeSet<String> = config_snapshot_policy::model::kinds::KINDS
+        .iter()
+        .filter(|k| config_snapshot_policy::model::kinds::WorkloadKind::from_kind(k.kind).is_some_and(|w| w.watches()))
+        .map(|k| format!("{}/{}", k.group(), k.plural))
+        .collect();
+    let listed = variable(&policy, "workload");
+    let listed: BTreeSet<String> = cel_strings(listed.strip_prefix("variables.resource in ").expect("a list"))
+        .into_iter()
+        .collect();
+    assert_eq!(listed, patched);
+
+    // The Secret types that mint credentials: one list, the host's.
+    let types = cel_strings(&variable(&policy, "tokenTypes"));
+    assert_eq!(types, config_snapshot_policy::model::source::TOKEN_TYPES);
+
+    // In its own namespace, its signing key and its CA; cluster-wide, its
+    // webhook configuration, by the name serve keeps.
+    let options = deployed_serve_options();
+    let scope = spec["validations"][0]["expression"].as_str().unwrap();
+    let secrets = format!(
+        "['{}', '{}']",
+        options.signing_key_secret,
+        config_snapshot::serve::trust::certificates::SECRET
+    );
+    assert!(scope.contains(&secrets), "{scope}");
+    assert!(
+        scope.contains(&format!("variables.name == '{}'", options.webhook_configuration)),
+        "{scope}"
+    );
+    assert_eq!(
+        Some(options.webhook_configuration.as_str()),
+        webhook.metadata.name.as_deref()
+    );
 }
 
 #[test]
@@ -392,7 +541,7 @@ fn rbac_grants_exactly_what_serve_uses() {
         }
     }
     // The serve cache watches exactly these kinds.
-    let cached: BTreeSet<String> = config_snapshot::serve::cache::KINDS
+    let cached: BTreeSet<String> = config_snapshot::serve::view::cache::KINDS
         .iter()
         .map(|k| format!("{}/{}:watch", k.group(), k.plural))
         .collect();

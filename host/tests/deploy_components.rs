@@ -1,7 +1,7 @@
 //! The kustomize components of deploy/components fit the install they
 //! change: the namespaced one grants in each namespace no more than the
 //! cluster-wide ClusterRole, and names the same namespaces in serve's
-//! arguments, the webhook's selector and its Roles; the mTLS one points
+//! arguments, the webhook's selector, the identity guard and its Roles; the mTLS one points
 //! serve's `--client-ca` at the CA it mounts. The real control plane
 //! renders and applies both (host/tests/real_cluster.rs).
 
@@ -114,6 +114,28 @@ fn grants(rules: &Value) -> BTreeSet<String> {
     out
 }
 
+/// The namespaces a component's identity guard lets serve's account write
+/// in: its replacement of the guard's `only` (deploy/serve/identityguard.yaml),
+/// checked to be that variable.
+fn guarded_namespaces(component: &Value) -> BTreeSet<String> {
+    let guard = ops(component, "ValidatingAdmissionPolicy");
+    assert_eq!(
+        guard[0],
+        serde_json::json!({"op": "test", "path": "/spec/variables/4/name", "value": "only"})
+    );
+    assert_eq!(guard[1]["op"], "replace");
+    assert_eq!(guard[1]["path"], "/spec/variables/4/expression");
+    let identity = objects(&deploy().join("serve/identityguard.yaml")).remove(0);
+    assert_eq!(identity["spec"]["variables"][4]["name"], "only");
+    guard[1]["value"]
+        .as_str()
+        .unwrap()
+        .trim_matches(['[', ']'])
+        .split(',')
+        .map(|n| n.trim().trim_matches('\'').to_string())
+        .collect()
+}
+
 #[test]
 fn the_namespaced_component_names_one_list_and_grants_no_more_than_the_cluster_role() {
     let component = kustomization("components/namespaced");
@@ -137,6 +159,8 @@ fn the_namespaced_component_names_one_list_and_grants_no_more_than_the_cluster_r
         .map(|v| v.as_str().unwrap().to_string())
         .collect();
     assert_eq!(selected, listed);
+    // The identity guard's: serve's account writes in those alone.
+    assert_eq!(guarded_namespaces(&component), listed);
     // One Role and RoleBinding per namespace, with the ClusterRole's rules.
     let cluster_role = objects(&deploy().join("serve/rbac.yaml"))
         .into_iter()
@@ -152,7 +176,7 @@ fn the_namespaced_component_names_one_list_and_grants_no_more_than_the_cluster_r
             // name, create them once, renew and replace the CA alone.
             assert_eq!(role["metadata"]["name"], "config-snapshot-signing-key");
             let rules = role["rules"].as_array().unwrap();
-            let ca = config_snapshot::serve::certificates::SECRET;
+            let ca = config_snapshot::serve::trust::certificates::SECRET;
             assert_eq!(
                 rules[0]["resourceNames"],
                 serde_json::json!([options.signing_key_secret.as_str(), ca])

@@ -615,7 +615,7 @@ fn repository_paths() -> Vec<String> {
 }
 
 /// docs/architecture.md is a newcomer's map: each file or folder it names
-/// (`serve/prefetch.rs`, `capability/`, a path from the root) must be one
+/// (`serve/view/prefetch.rs`, `capability/`, a path from the root) must be one
 /// that exists, so a move or a rename that forgets the map fails here. A
 /// name inside the diagram's policy box is the policy's, under `src/`.
 #[test]

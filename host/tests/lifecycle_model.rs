@@ -9,7 +9,9 @@
 //!   current again, and its config holds until the source changes again, the
 //!   workload rolls forward, or renew-duration has run from the rollback;
 //! - I4 watch converges: once quiet for a few storm-guard intervals, every
-//!   watcher runs its source's latest content (of its keys);
+//!   watcher runs its source's latest content (of its keys), a watcher by
+//!   its source's word (`readers: watch`) too, and none that the source's
+//!   `ignore` takes out of it;
 //! - I5 the storm is bounded: at most one watch rollout per workload per
 //!   interval;
 //! - I6 nothing panics and no Secret value appears in any output;
@@ -47,6 +49,7 @@ use config_snapshot_policy::model::approval::{Entries, WatchMode};
 use config_snapshot_policy::model::content::Content;
 use config_snapshot_policy::model::keys;
 use config_snapshot_policy::model::optin::OptIn;
+use config_snapshot_policy::model::readers::Readers;
 use config_snapshot_policy::model::records::{Rollback, WatchRollout};
 use config_snapshot_policy::model::references;
 use config_snapshot_policy::model::settings::Settings;
@@ -79,8 +82,26 @@ const ADVANCES: [i64; 5] = [5, 31, 61, 700, 7300];
 const WINDOW: &str = "*/20 * * * * for 5m";
 /// The watch modes a workload may get (`None`: the default, roll).
 const MODES: [Option<&str>; 3] = [None, Some("notify"), Some("approve")];
-const SNAPSHOT: [Option<&str>; 4] = [None, Some("*"), Some("alpha"), Some("configmap/beta,secret/creds")];
-const WATCH: [Option<&str>; 5] = [None, Some("*"), Some("alpha"), Some("secret/creds"), Some("beta")];
+const SNAPSHOT: [Option<&str>; 5] = [
+    None,
+    Some("*"),
+    Some("alpha"),
+    Some("configmap/beta,secret/creds"),
+    Some("configmap/*"),
+];
+const WATCH: [Option<&str>; 6] = [
+    None,
+    Some("*"),
+    Some("alpha"),
+    Some("secret/creds"),
+    Some("beta"),
+    Some("secret/*"),
+];
+/// What a workload may exclude (`*`: its opt-out).
+const EXCLUDE: [Option<&str>; 3] = [None, Some("beta"), Some("*")];
+/// What a source may say of its readers (`config-snapshot.io/readers`;
+/// `None`: nothing, the annotation taken off).
+const READERS: [Option<&str>; 3] = [None, Some("watch"), Some("ignore")];
 
 /// One thing a user, a controller or the clock does.
 #[derive(Debug, Clone)]
@@ -90,7 +111,8 @@ enum Op {
         refs: Vec<usize>,
         snapshot: usize,
         watch: usize,
-        exclude: bool,
+        /// An index into `EXCLUDE`.
+        exclude: usize,
         renew: bool,
         /// A rollout window: `WINDOW`, open 5 minutes in every 20.
         window: bool,
@@ -130,6 +152,12 @@ enum Op {
     },
     DeleteSource {
         s: usize,
+    },
+    /// A source's word about its readers set or taken off (a change of its
+    /// metadata alone): an index into `READERS`.
+    MarkSource {
+        s: usize,
+        word: usize,
     },
     CreateSource {
         s: usize,
@@ -171,7 +199,7 @@ fn op() -> impl Strategy<Value = Op> {
     let w = prop::sample::select(vec![0usize, 0, 0, 1, 2]);
     let s = prop::sample::select(vec![0usize, 0, 0, 1, 2]);
     prop_oneof![
-        3 => (w.clone(), prop::collection::btree_set(0..REFS, 1..4), 0..SNAPSHOT.len(), 0..WATCH.len(), any::<bool>(), prop::bool::weighted(0.2), prop::bool::weighted(0.5), prop::sample::select(vec![0usize, 0, 0, 1, 2, 2]), prop::bool::weighted(0.4), 1u8..4, prop::sample::select(vec![0u8, 2, 10]))
+        3 => (w.clone(), prop::collection::btree_set(0..REFS, 1..4), 0..SNAPSHOT.len(), 0..WATCH.len(), prop::sample::select(vec![0usize, 0, 0, 1, 1, 2]), prop::bool::weighted(0.2), prop::bool::weighted(0.5), prop::sample::select(vec![0usize, 0, 0, 1, 2, 2]), prop::bool::weighted(0.4), 1u8..4, prop::sample::select(vec![0u8, 2, 10]))
             .prop_map(|(w, refs, snapshot, watch, exclude, renew, window, mode, settle, image, history)| Op::Apply { w, refs: refs.into_iter().collect(), snapshot, watch, exclude, renew, window, mode, settle, image, history }),
         5 => w.clone().prop_map(|w| Op::Approve { w }),
         4 => (s.clone(), 0usize..2, 0u8..5).prop_map(|(s, key, value)| Op::EditSource { s, key, value }),
@@ -179,6 +207,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (s.clone(), w.clone(), 0u8..5, 0u8..5).prop_map(|(s, w, first, second)| Op::Race { s, w, first, second }),
         2 => (prop::sample::select(vec![(0usize, 1usize), (0, 2), (1, 2)]), 0u8..5).prop_map(|((a, b), value)| Op::Pair { a, b, value }),
         1 => s.clone().prop_map(|s| Op::DeleteSource { s }),
+        2 => (s.clone(), 0..READERS.len()).prop_map(|(s, word)| Op::MarkSource { s, word }),
         1 => (s, 0u8..5).prop_map(|(s, value)| Op::CreateSource { s, value }),
         3 => (w.clone(), prop::option::of(1u8..6)).prop_map(|(w, to)| Op::Undo { w, to }),
         1 => w.clone().prop_map(|w| Op::Restart { w }),
@@ -348,8 +377,8 @@ impl Op {
                 if let Some(v) = WATCH[*watch] {
                     annotations.insert("config-snapshot.io/watch".into(), json!(v));
                 }
-                if *exclude {
-                    annotations.insert("config-snapshot.io/exclude".into(), json!("beta"));
+                if let Some(v) = EXCLUDE[*exclude] {
+                    annotations.insert("config-snapshot.io/exclude".into(), json!(v));
                 }
                 if *renew {
                     annotations.insert("config-snapshot.io/renew-duration".into(), json!("2h"));
@@ -367,6 +396,11 @@ impl Op {
                 json!({"edit": {"kind": kind, "name": name, "set": set}})
             }
             Op::DeleteSource { s } => json!({"delete": {"kind": SOURCES[*s].0, "name": SOURCES[*s].1}}),
+            Op::MarkSource { s, word } => {
+                let (kind, name) = SOURCES[*s];
+                let set = json!({"metadata": {"annotations": {keys::READERS: READERS[*word]}}});
+                json!({"edit": {"kind": kind, "name": name, "set": set}})
+            }
             Op::CreateSource { s, value } => json!({"apply": source_object(*s, *value)}),
             Op::Undo { w, to } => {
                 let mut u = target(*w);
@@ -504,6 +538,12 @@ impl Model<'_> {
         Content::from_object(SourceKind::from_kind(kind).unwrap(), &object).ok()
     }
 
+    /// What source `s` says of its readers now.
+    fn readers(&self, s: usize) -> Readers {
+        let (kind, name) = SOURCES[s];
+        self.get(kind, name).map_or(Readers::Unsaid, |o| Readers::said_by(&o))
+    }
+
     fn optin(&self, w: &Value) -> Option<OptIn> {
         OptIn::from_annotations(w["metadata"]["annotations"].as_object(), &self.settings).ok()
     }
@@ -590,7 +630,7 @@ impl Model<'_> {
                     .filter(|w| {
                         self.get(WORKLOADS[*w].0, WORKLOADS[*w].1)
                             .and_then(|o| self.optin(&o))
-                            .is_some_and(|o| o.watches(&id, &self.settings))
+                            .is_some_and(|o| o.watches(&id, self.readers(s), &self.settings))
                     })
                     .collect();
                 self.pins.retain(|(pw, ps), _| !(ps == &id && watchers.contains(pw)));
@@ -769,7 +809,9 @@ impl Model<'_> {
                 else {
                     continue;
                 };
-                if !optin.watches(&group.id, &self.settings) || self.pins.contains_key(&(w, group.id.clone())) {
+                if !optin.watches(&group.id, self.readers(s), &self.settings)
+                    || self.pins.contains_key(&(w, group.id.clone()))
+                {
                     continue;
                 }
                 let Some(content) = self.source_content(s) else {
@@ -977,7 +1019,7 @@ fn web_watching_alpha(refs: Vec<usize>, snapshot: usize) -> Op {
         refs,
         snapshot,
         watch: 2,
-        exclude: false,
+        exclude: 0,
         renew: false,
         window: false,
         mode: 0,

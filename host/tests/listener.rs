@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use config_snapshot_testing::standin::ApiServer;
 use serde_json::json;
-use support::connections::{h2_idle, hold_h2, hold_tls, loopback, post_declaring, tcp, tls};
+use support::connections::{h2_idle, hold_h2, hold_tls, loopback, post_declaring, post_review_declaring, tcp, tls};
 use support::process::ServeProcess;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -22,11 +22,16 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn review() -> String {
+    review_in("shop")
+}
+
+/// A review of a plain Deployment in `namespace`.
+fn review_in(namespace: &str) -> String {
     json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
         "uid": "apiserver-1", "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
         "resource": {"group": "apps", "version": "v1", "resource": "deployments"},
-        "namespace": "shop", "operation": "CREATE", "userInfo": {"username": "alice"},
-        "object": {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "plain", "namespace": "shop"}},
+        "namespace": namespace, "operation": "CREATE", "userInfo": {"username": "alice"},
+        "object": {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "plain", "namespace": namespace}},
         "oldObject": null, "dryRun": false}})
     .to_string()
 }
@@ -34,9 +39,13 @@ fn review() -> String {
 /// The API server's call: a new connection from 127.0.0.1, one review over
 /// HTTP/1.1. Its status, and how long it took.
 async fn apiserver_call(serve: &ServeProcess) -> Result<(u16, Duration), String> {
+    call_from(serve, loopback(1), &review()).await
+}
+
+/// `body` posted to the door's path on a new connection from `from`.
+async fn call_from(serve: &ServeProcess, from: std::net::IpAddr, body: &str) -> Result<(u16, Duration), String> {
     let started = Instant::now();
-    let mut stream = tls(serve, loopback(1), b"http/1.1").await.map_err(|e| e.to_string())?;
-    let body = review();
+    let mut stream = tls(serve, from, b"http/1.1").await.map_err(|e| e.to_string())?;
     let request = format!(
         "POST {} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         serve.door_path(),
@@ -388,12 +397,14 @@ fn rss_mib(serve: &ServeProcess) -> f64 {
 
 /// Round 3, finding 1, behind the door (a caller that learned the path, or
 /// the API server's own burst): bodies take their declared size of a
-/// budget before a byte is read, one address gets half of it and a few
-/// requests in flight, and serve's memory stays bounded. On cd11c64, 64
-/// bodies of 8 MiB trickling from one address took serve from 69 to
-/// 311 MiB on the real control plane (6 of 8 MiB each, in 40 of them).
+/// budget before more than their first bytes are read, and serve's memory
+/// stays bounded, whatever namespaces the bodies name; one namespace has a
+/// few requests in flight, from any address, and another namespace's are
+/// not refused for it. On cd11c64, 64 bodies of 8 MiB trickling from one
+/// address took serve from 69 to 311 MiB on the real control plane (6 of
+/// 8 MiB each, in 40 of them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bodies_in_flight_are_bounded_in_bytes_per_peer_and_in_count() {
+async fn bodies_in_flight_are_bounded_in_bytes_and_per_namespace() {
     let _serial = SERIAL.lock().await;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let api = ApiServer::start().await;
@@ -404,7 +415,7 @@ async fn bodies_in_flight_are_bounded_in_bytes_per_peer_and_in_count() {
             "6s",
             "--body-bytes-in-flight",
             "32Mi",
-            "--max-requests-per-peer",
+            "--max-requests-per-namespace",
             "8",
         ],
         "info",
@@ -412,14 +423,19 @@ async fn bodies_in_flight_are_bounded_in_bytes_per_peer_and_in_count() {
     serve.wait_ready();
     let door = serve.door_path();
     let before = rss_mib(&serve);
-    // Eight addresses, eight bodies each declaring 8 MiB, 6 MiB of each
-    // sent as fast as serve takes it.
+    // Eight addresses, eight bodies each declaring 8 MiB, each naming a
+    // namespace of its own, 6 MiB of each sent as fast as serve takes it.
     let mut held = Vec::new();
     for peer in 2..10u8 {
-        for _ in 0..8 {
+        for i in 0..8 {
             let serve = &serve;
             let door = door.clone();
-            held.push(async move { begin(serve, loopback(peer), &door, 8 << 20, 6 << 20).await });
+            held.push(async move {
+                let mut stream = tls(serve, loopback(peer), b"http/1.1").await.unwrap();
+                let namespace = format!("made-up-{peer}-{i}");
+                assert!(post_review_declaring(&mut stream, &door, &namespace, 8 << 20, 6 << 20).await);
+                stream
+            });
         }
     }
     let mut streams = futures::future::join_all(held).await;
@@ -427,18 +443,27 @@ async fn bodies_in_flight_are_bounded_in_bytes_per_peer_and_in_count() {
     let grown = peak - before;
     eprintln!("serve's RSS: {before:.0} MiB before, {peak:.0} MiB with 64 bodies of 8 MiB in flight");
     assert!(grown < 96.0, "64 bodies of 8 MiB grew serve by {grown:.0} MiB");
-    // One address with eight small bodies in flight: its ninth request is
-    // refused at once.
+    // One namespace with eight bodies in flight from one address: its
+    // ninth, from another address, is refused at once; another
+    // namespace's review, from the first address, is answered.
     let mut small = Vec::new();
     for _ in 0..8 {
-        small.push(begin(&serve, loopback(20), &door, 100, 1).await);
+        let mut stream = tls(&serve, loopback(20), b"http/1.1").await.unwrap();
+        assert!(post_review_declaring(&mut stream, &door, "shop", 8 << 10, 5 << 10).await);
+        small.push(stream);
     }
-    let mut ninth = begin(&serve, loopback(20), &door, 100, 0).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut ninth = tls(&serve, loopback(21), b"http/1.1").await.unwrap();
+    assert!(post_review_declaring(&mut ninth, &door, "shop", 8 << 10, 5 << 10).await);
     let (status, _) = status_of(&mut ninth, Duration::from_secs(2)).await;
-    assert_eq!(status, 503, "past --max-requests-per-peer");
-    assert!(refused(&serve, "peer") >= 1.0);
+    assert_eq!(status, 503, "past --max-requests-per-namespace");
+    assert!(refused(&serve, "namespace") >= 1.0);
+    let (status, _) = call_from(&serve, loopback(20), &review_in("web"))
+        .await
+        .expect("answered");
+    assert_eq!(status, 200, "another namespace's review, from the same address");
     drop(small);
-    // Past the budget or a peer's half of it: 503, never a read.
+    // Past the budget: 503, never a read.
     let mut statuses = Vec::new();
     for stream in &mut streams {
         statuses.push(status_of(stream, Duration::from_secs(10)).await.0);
@@ -453,4 +478,203 @@ async fn bodies_in_flight_are_bounded_in_bytes_per_peer_and_in_count() {
     let (status, took) = apiserver_call(&serve).await.expect("answered");
     assert_eq!(status, 200);
     assert!(took < Duration::from_secs(2), "{took:?}");
+}
+
+/// Finding 3: the API server is one address carrying every namespace's
+/// reviews. A tenant's large reviews (a MiB of `<` becomes six once the
+/// API server escapes it), sent in a loop, hold their namespace's quarter
+/// of the budget and are refused past it; the API server's reviews for
+/// other namespaces, small and large, from the same address, are answered
+/// throughout. On eff3694 one address held half the budget: two of the
+/// tenant's bodies filled the API server's half and every other
+/// namespace's review got a 503 (and, with `failurePolicy: Ignore`, went
+/// through unmutated).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_namespaces_large_reviews_leave_the_other_namespaces_answered() {
+    let _serial = SERIAL.lock().await;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let api = ApiServer::start().await;
+    let mut serve = ServeProcess::start_logging(&api.kubeconfig(), &["--body-read-timeout", "10s"], "info");
+    serve.wait_ready();
+    let door = serve.door_path();
+    // The tenant's four dry runs of 8 MiB in flight through the API server
+    // (127.0.0.1), each still arriving.
+    let mut tenant = Vec::new();
+    for _ in 0..4 {
+        let mut stream = tls(&serve, loopback(1), b"http/1.1").await.unwrap();
+        assert!(post_review_declaring(&mut stream, &door, "tenant", 8 << 20, 4 << 20).await);
+        tenant.push(stream);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The others' reviews, from the same address: small ones, and one of
+    // 2 MiB (the large bodies' pool, which the tenant's share is part of).
+    let large = review_in("shop").replace(
+        "\"metadata\":{\"name\":\"plain\",",
+        &format!(
+            "\"metadata\":{{\"annotations\":{{\"big\":\"{}\"}},\"name\":\"plain\",",
+            "x".repeat(2 << 20)
+        ),
+    );
+    assert!(large.len() > 2 << 20);
+    for (i, body) in [review_in("shop"), review_in("web"), large, review_in("db")]
+        .iter()
+        .enumerate()
+    {
+        let (status, _) = call_from(&serve, loopback(1), body).await.expect("answered");
+        assert_eq!(status, 200, "review {i} of another namespace");
+    }
+    // The tenant's own past its quarter: refused at once.
+    let mut statuses = Vec::new();
+    for stream in &mut tenant[1..] {
+        statuses.push(status_of(stream, Duration::from_secs(1)).await.0);
+    }
+    assert_eq!(statuses, [503, 503, 503], "the tenant's past its share");
+    assert!(refused(&serve, "namespace") >= 3.0);
+    assert_eq!(refused(&serve, "budget"), 0.0);
+    assert_eq!(serve.metric("config_snapshot_webhook_reviews_unsorted_total"), 0.0);
+    drop(tenant);
+}
+
+/// A dry run of an opted-in Deployment in `namespace` reading ConfigMap
+/// `app`: its evaluation waits for that read of the API server.
+fn reading_review(namespace: &str) -> String {
+    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "apiserver-2", "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
+        "resource": {"group": "apps", "version": "v1", "resource": "deployments"},
+        "name": "web", "namespace": namespace, "operation": "CREATE", "userInfo": {"username": "alice"},
+        "object": {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": namespace, "annotations": {"config-snapshot.io/snapshot": "*"}},
+            "spec": {"selector": {"matchLabels": {"app": "web"}}, "template": {"metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "web", "image": "x:1", "envFrom": [{"configMapRef": {"name": "app"}}]}]}}}},
+        "oldObject": null, "dryRun": true}})
+    .to_string()
+}
+
+/// Finding 3, the evaluations: a tenant's burst of reviews, each slow to
+/// evaluate (its source read from a slow API server), does not hold every
+/// policy instance; another namespace's review, sent after the burst from
+/// the same address, is answered before most of the burst. On eff3694 the
+/// evaluations waited in one first-come line, and it came after the
+/// burst.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_namespaces_burst_does_not_hold_every_evaluation() {
+    let _serial = SERIAL.lock().await;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let api = ApiServer::start().await;
+    for namespace in ["tenant", "shop"] {
+        api.put(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "app", "namespace": namespace}, "data": {"k": "v"}}));
+    }
+    // Three instances: two evaluate reviews, one is the resync's.
+    let mut serve = ServeProcess::start_logging(&api.kubeconfig(), &["--policy-instances", "3"], "info");
+    serve.wait_ready();
+    api.latency(Duration::from_millis(400));
+    let finished = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let serve = std::sync::Arc::new(serve);
+    let send = |namespace: &'static str| {
+        let (serve, finished) = (serve.clone(), finished.clone());
+        tokio::spawn(async move {
+            let answer = call_from(&serve, loopback(1), &reading_review(namespace)).await;
+            assert_eq!(answer.map(|(status, _)| status), Ok(200), "{namespace}");
+            finished.lock().unwrap().push(namespace);
+        })
+    };
+    let mut burst: Vec<_> = (0..6).map(|_| send("tenant")).collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    burst.push(send("shop"));
+    for call in burst {
+        call.await.unwrap();
+    }
+    let order = finished.lock().unwrap().clone();
+    let at = order.iter().position(|n| *n == "shop").unwrap();
+    eprintln!("answered in the order {order:?}");
+    assert!(at <= 2, "shop's review waited behind the tenant's burst: {order:?}");
+}
+
+/// An HTTP/1.1 keep-alive connection from `from`: its sender, and its
+/// driver, which ends when serve closes it.
+async fn keep_alive(
+    serve: &ServeProcess,
+    from: std::net::IpAddr,
+) -> (
+    hyper::client::conn::http1::SendRequest<String>,
+    tokio::task::JoinHandle<()>,
+) {
+    let stream = tls(serve, from, b"http/1.1").await.unwrap();
+    let (sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+        .await
+        .unwrap();
+    (
+        sender,
+        tokio::spawn(async move {
+            let _ = connection.await;
+        }),
+    )
+}
+
+/// Finding 4: pods that make and drop TLS connections every 100 ms fill
+/// every place with connections too young for eff3694 to take (it spared
+/// a connection its first 250 ms), so there the API server's idle
+/// connection was the one taken, and an API server reconnecting found no
+/// place. A connection that passed the door is never taken for one that
+/// has not: the API server's keeps its place through the churn, and a new
+/// one of the API server's takes a pod's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn churning_pods_never_take_the_api_servers_connections() {
+    let _serial = SERIAL.lock().await;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let api = ApiServer::start().await;
+    let mut serve = ServeProcess::start_logging(
+        &api.kubeconfig(),
+        &["--max-connections", "8", "--max-connections-per-peer", "4"],
+        "info",
+    );
+    serve.wait_ready();
+    let door = serve.door_path();
+    let (mut kept, driver) = keep_alive(&serve, loopback(1)).await;
+    let call = |door: &str| {
+        hyper::Request::post(format!("https://127.0.0.1{door}"))
+            .header("content-type", "application/json")
+            .header("host", "127.0.0.1")
+            .body(review())
+            .unwrap()
+    };
+    assert_eq!(kept.send_request(call(&door)).await.unwrap().status(), 200);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut churn = Vec::new();
+    for task in 0..12u8 {
+        let serve_addr = serve.webhook;
+        let stop = stop.clone();
+        let connector = support::connections::connector(&serve, b"http/1.1");
+        churn.push(tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                if let Ok(stream) = tcp(loopback(2 + task % 4), serve_addr).await {
+                    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+                    let held = connector.connect(name, stream).await;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    drop(held);
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for round in 0..6 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let answer = kept.send_request(call(&door)).await;
+        assert!(
+            answer.as_ref().is_ok_and(|a| a.status() == 200),
+            "round {round}: the API server's kept connection: {answer:?}"
+        );
+    }
+    let (status, _) = apiserver_call(&serve)
+        .await
+        .expect("the API server reconnecting gets in");
+    assert_eq!(status, 200);
+    let evicted = serve.metric("config_snapshot_webhook_connections_evicted_total");
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for task in churn {
+        task.await.unwrap();
+    }
+    assert!(evicted > 0.0, "the churn filled every place");
+    assert!(!driver.is_finished(), "the kept connection is open");
 }

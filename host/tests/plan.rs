@@ -222,3 +222,61 @@ fn plan_knows_a_workload_already_runs_the_content_applied() {
     assert!(text.contains("ROLLS  deployment/ui: rolls to a new snapshot"), "{text}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// plan reads what the manifest says of its readers, as the host will
+/// judge its change: `readers: watch` rolls the workload that snapshots
+/// the source through `*` (and the replay of that very apply agrees),
+/// `ignore` rolls only the workloads that name it, and a word that is
+/// neither is said and read as none.
+#[test]
+fn plan_follows_what_the_source_says_of_its_readers() {
+    let dir = scratch("readers");
+    let ui = |word: &str| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": "ui", "annotations": {"config-snapshot.io/readers": word}},
+               "data": {"mode": "dark", "theme": "solarized", "experimental": "off"}})
+    };
+    let rolls = |text: &str| -> Vec<String> {
+        let planned: Value = serde_json::from_str(text).unwrap();
+        planned["workloads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|w| w["rolls"] == true)
+            .map(|w| w["workload"].as_str().unwrap().to_string())
+            .collect()
+    };
+    for (word, expected) in [
+        ("watch", vec!["deployment/pinned", "deployment/ui"]),
+        ("ignore", vec!["deployment/ui"]),
+    ] {
+        let manifest = ui(word);
+        let (ok, text) = plan(&write(&dir, &format!("{word}.yaml"), &manifest), "json");
+        assert!(ok, "{text}");
+        assert_eq!(rolls(&text), expected, "{word}: {text}");
+        let did: Vec<String> = rolled(&dir, &manifest).into_iter().map(|(w, _)| w).collect();
+        assert_eq!(did, expected, "{word}: the apply rolled otherwise than plan said");
+    }
+    let (ok, text) = plan(&write(&dir, "watch.yaml", &ui("watch")), "text");
+    assert!(ok, "{text}");
+    for expected in [
+        "it says config-snapshot.io/readers: watch",
+        "ROLLS  deployment/pinned: rolls to a new snapshot of configmap/ui (it watches configmap/ui on its config-snapshot.io/readers: watch)",
+        "stays  deployment/plain: it does not watch configmap/ui: it reads the live object",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in\n{text}");
+    }
+    let (ok, text) = plan(&write(&dir, "typo.yaml", &ui("true")), "text");
+    assert!(ok, "{text}");
+    assert!(
+        text.contains(
+            "warning: config-snapshot.io/readers: bad token \"true\": \"watch\" or \"ignore\"; read as no word"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("stays  deployment/pinned: it does not watch configmap/ui: it keeps the snapshot"),
+        "{text}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -264,14 +264,17 @@ fn yaml(path: &str) -> Vec<Value> {
         .collect()
 }
 
-/// serve with the shipped RBAC and settings, registered from the shipped
-/// webhook configuration with only its clientConfig pointed at loopback.
+/// serve with the shipped RBAC, guards and settings (so every story runs
+/// under the identity guard: a write of serve's the guard refused would
+/// fail it), registered from the shipped webhook configuration with only
+/// its clientConfig pointed at loopback.
 fn start_serve(cp: &ControlPlane) -> (ServeProcess, PathBuf) {
     for object in yaml("deploy/serve/namespace.yaml")
         .into_iter()
         .chain(yaml("deploy/serve/rbac.yaml"))
         .chain(yaml("deploy/serve/keyguard.yaml"))
         .chain(yaml("deploy/serve/webhookguard.yaml"))
+        .chain(yaml("deploy/serve/identityguard.yaml"))
         .chain(yaml("deploy/serve/settings.yaml"))
     {
         cp.apply("config-snapshot", &object);
@@ -313,10 +316,10 @@ fn door_paths(cp: &ControlPlane) -> Vec<String> {
         .unwrap();
     let ring = config_snapshot::cluster::proof::Keyring::of(&key).unwrap();
     let now = config_snapshot_policy::model::duration::unix_now();
-    let hour = config_snapshot::serve::door::PERIOD_SECS;
+    let hour = config_snapshot::serve::intake::door::PERIOD_SECS;
     [now - hour, now, now + hour]
         .iter()
-        .map(|t| config_snapshot::serve::door::path_of(&ring, *t).to_string())
+        .map(|t| config_snapshot::serve::intake::door::path_of(&ring, *t).to_string())
         .collect()
 }
 
@@ -974,15 +977,77 @@ fn settle(cp: &ControlPlane, ns: &str) {
 
 /// Objects as the scenario's checks name them: in `default`.
 fn as_default(view: Objects) -> Objects {
+    let renamed = default_names(&view);
     Objects(
         view.0
             .into_iter()
             .map(|mut o| {
                 o["metadata"]["namespace"] = json!("default");
-                o
+                if renamed.is_empty() {
+                    return o;
+                }
+                let mut text = o.to_string();
+                for (here, there) in &renamed {
+                    text = text.replace(here.as_str(), there);
+                }
+                serde_json::from_str(&text).unwrap()
             })
             .collect(),
     )
+}
+
+/// A snapshot's name is keyed per namespace (docs/hash-spec.md): the name
+/// each snapshot of `view`, and each snapshot a live source's content (of
+/// any of its keys) would get, has here → the name it has in `default`,
+/// where replay runs the scenario and its checks name them. Both names are
+/// replay's key's, which serve is given for the scenarios.
+fn default_names(view: &Objects) -> Vec<(String, String)> {
+    use config_snapshot::cluster::proof::Prover;
+    use config_snapshot_policy::model::content::Content;
+    use config_snapshot_policy::model::keys;
+    use config_snapshot_policy::model::source::SourceKind;
+    let prover = Prover::replay();
+    let mut renamed = std::collections::BTreeMap::new();
+    for o in &view.0 {
+        let Some(kind) = o["kind"].as_str().and_then(SourceKind::from_kind) else {
+            continue;
+        };
+        let Some(ns) = o["metadata"]["namespace"].as_str() else {
+            continue;
+        };
+        let Ok(content) = Content::from_object(kind, o) else {
+            continue;
+        };
+        if keys::is_snapshot(o) {
+            let Some(source) = keys::snapshot_source(o) else {
+                continue;
+            };
+            renamed.insert(
+                o["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+                prover.snapshot_name("default", source, &content),
+            );
+            continue;
+        }
+        let source = o["metadata"]["name"].as_str().unwrap_or_default();
+        let names: Vec<String> = content.data.keys().chain(content.binary_data.keys()).cloned().collect();
+        if names.len() > 8 {
+            continue;
+        }
+        for mask in 0..(1u32 << names.len()) {
+            let subset: std::collections::BTreeSet<String> = names
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| mask & (1 << i) != 0)
+                .map(|(_, k)| k.clone())
+                .collect();
+            let part = content.subset(Some(&subset));
+            renamed.insert(
+                prover.snapshot_name(ns, source, &part),
+                prover.snapshot_name("default", source, &part),
+            );
+        }
+    }
+    renamed.into_iter().filter(|(here, there)| here != there).collect()
 }
 
 /// Runs one write through kubectl, as the admission outcome a scenario's
@@ -1351,8 +1416,12 @@ mod held;
 mod helm;
 #[path = "real_cluster/histories.rs"]
 mod histories;
+#[path = "real_cluster/identity.rs"]
+mod identity;
 #[path = "real_cluster/install.rs"]
 mod install;
+#[path = "real_cluster/intake.rs"]
+mod intake;
 #[path = "real_cluster/jobs.rs"]
 mod jobs;
 #[path = "real_cluster/keys.rs"]
@@ -1503,6 +1572,10 @@ fn serve_on_a_real_control_plane() {
         outage_story(&cp, &mut serve, &kubeconfig);
         return;
     }
+    if part == "identity" {
+        identity::stolen_token_story(&cp);
+        return;
+    }
     if part == "trust" {
         cached::cached_secret_story(&cp);
         keys::unguarded_key_story(&cp, &serve);
@@ -1511,6 +1584,10 @@ fn serve_on_a_real_control_plane() {
     if part == "attacks" {
         security::attack_stories(&cp, &mut serve, &kubeconfig);
         security::namespaced_story(&cp, &mut serve, &kubeconfig);
+        return;
+    }
+    if part == "intake" {
+        intake::tenant_story(&cp, &serve);
         return;
     }
     if part == "contained" {
@@ -1546,6 +1623,8 @@ fn serve_on_a_real_control_plane() {
         serve.restart(&kubeconfig, &serve_flags("{}"));
         serve.wait_ready();
         timed("the attacks");
+        intake::tenant_story(&cp, &serve);
+        timed("a tenant's large reviews");
         contained::stories(&cp, &mut serve, &kubeconfig);
         timed("contained");
     }

@@ -20,7 +20,7 @@ use config_snapshot::kubewarden::engine::Engine;
 use config_snapshot::replay::scenario::Step;
 use config_snapshot::replay::simulator::Simulator;
 use config_snapshot::replay::{self, CheckResult};
-use config_snapshot::serve::cache::KINDS;
+use config_snapshot::serve::view::cache::KINDS;
 use config_snapshot::serve::{self, State};
 use config_snapshot_policy::model::duration::{parse_go_duration, parse_rfc3339};
 use config_snapshot_testing::standin::ApiServer;
@@ -172,7 +172,7 @@ impl Served {
         let sim = self.sim.clone();
         tokio::task::spawn_blocking(move || sim.catch_up()).await??;
         self.quiesce().await?;
-        serve::resync_timer::once(&self.state).await;
+        serve::answer::resync_timer::once(&self.state).await;
         self.quiesce().await
     }
 }

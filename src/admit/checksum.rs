@@ -11,7 +11,8 @@ use crate::host::CallError;
 use crate::model::content::{self, Content};
 use crate::model::keys;
 use crate::model::kinds::WorkloadKind;
-use crate::model::optin::OptIn;
+use crate::model::optin::{OptIn, Standing};
+use crate::model::readers::Readers;
 use crate::model::references::SourceRefs;
 use crate::model::request::{Outcome, SAY};
 use crate::model::settings::{Settings, WithoutSnapshotCapability};
@@ -56,6 +57,15 @@ pub(crate) fn degrade(
                 match reads.source(group.id.kind, &group.id.name) {
                     Ok(Some(source)) => {
                         if source.get("type").and_then(Value::as_str) == Some(SA_TOKEN) {
+                            continue;
+                        }
+                        // A checksum is what rolls the workload on its next
+                        // write after an edit: a source whose edits roll
+                        // none of its readers gets none, as it gets no
+                        // watch rollout where snapshots are made (docs/design.md,
+                        // "The source decides").
+                        let readers = Readers::judged(&source, &group.id, &mut warnings);
+                        if optin.standing(&group.id, readers, ctx.settings) == Standing::Ignored {
                             continue;
                         }
                         if let Ok(c) = Content::from_object(group.id.kind, &source) {

@@ -21,6 +21,7 @@ use crate::model::content::Content;
 use crate::model::keys;
 use crate::model::kinds::WorkloadKind;
 use crate::model::optin::OptIn;
+use crate::model::readers::Readers;
 use crate::model::records::Rollback;
 use crate::model::references;
 use crate::model::request::{Outcome, SAY};
@@ -46,6 +47,8 @@ struct SourceView {
 struct Meta {
     name: String,
     labels: Option<BTreeMap<String, String>>,
+    /// For the source's word about its readers (`config-snapshot.io/readers`).
+    annotations: Option<serde_json::Map<String, Value>>,
     resource_version: String,
 }
 
@@ -89,9 +92,15 @@ pub fn admit(ctx: &Context, kind: SourceKind, operation: &str, raw: &RawValue, o
     // assigned only after the write; recording the old one would point at
     // the wrong content. That old version is still useful to the host: while
     // the source has it, the change is not persisted yet.
+    // What the source says of its readers, as stored with this content:
+    // a word that does not parse is no word, and said.
+    let mut warnings = Vec::new();
+    let said = new.metadata.annotations.as_ref().and_then(|a| a.get(keys::READERS));
+    let readers = Readers::judged_from(said.map(|v| v.as_str().unwrap_or_default()), &id, &mut warnings);
     let change = Change {
         operation,
         resource_version: old.map(|o| o.metadata.resource_version).unwrap_or_default(),
+        readers,
     };
     let content = Content {
         data: new.data.unwrap_or_default(),
@@ -102,7 +111,8 @@ pub fn admit(ctx: &Context, kind: SourceKind, operation: &str, raw: &RawValue, o
             SourceKind::Secret => new.type_.unwrap_or_else(|| "Opaque".to_string()),
         },
     };
-    Outcome::accept_with(roll_out(ctx, &id, &content, &change))
+    warnings.extend(roll_out(ctx, &id, &content, &change));
+    Outcome::accept_with(warnings)
 }
 
 /// The source write being admitted, as the host needs to recognise it.
@@ -110,6 +120,8 @@ struct Change<'a> {
     operation: &'a str,
     /// The source's resourceVersion before this write (empty on CREATE).
     resource_version: String,
+    /// What the source says of its readers.
+    readers: Readers,
 }
 
 /// Finds the watchers of `id` and moves each to a snapshot of `content`.
@@ -242,16 +254,19 @@ pub enum Watcher {
     /// Its template does not reference the source.
     Unreferenced,
     /// It references the source but does not watch it (no opt-in, an
-    /// exclusion, or annotations the policy cannot read).
+    /// exclusion, the source's `ignore`, or annotations the policy cannot
+    /// read).
     NotWatched(references::SourceRefs),
     /// It watches the source, through these references.
     Watches(references::SourceRefs),
 }
 
+/// How `workload` stands towards `id`, which says `readers` of its readers.
 pub fn watcher(
     kind: WorkloadKind,
     workload: &Value,
     id: &SourceId,
+    readers: Readers,
     settings: &crate::model::settings::Settings,
 ) -> Watcher {
     let Some(group) = workload
@@ -262,7 +277,7 @@ pub fn watcher(
     };
     let annotations = workload.annotations();
     match OptIn::from_annotations(annotations, settings) {
-        Ok(optin) if optin.watches(id, settings) => Watcher::Watches(group),
+        Ok(optin) if optin.watches(id, readers, settings) => Watcher::Watches(group),
         _ => Watcher::NotWatched(group),
     }
 }
@@ -275,7 +290,7 @@ fn roll_out_one(
     kind: WorkloadKind,
     workload: &Value,
 ) -> Result<(), NotRolled> {
-    let Watcher::Watches(group) = watcher(kind, workload, id, ctx.settings) else {
+    let Watcher::Watches(group) = watcher(kind, workload, id, change.readers, ctx.settings) else {
         return Ok(());
     };
     let keys = group.key_subset();

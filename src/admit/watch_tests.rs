@@ -347,6 +347,132 @@ mod rollback_tests {
 /// Argo Rollouts' CRD not installed: its lists answer NotFound, and that
 /// is no rollout to make, not a warning. A built-in kind answering so is
 /// still reported.
+/// The readers of `app` a source-side test rolls or not: one workload per
+/// way of opting in, each created through the policy (its template names
+/// a snapshot), named for what it says.
+fn readers_of_app(host: &FakeHost, annotations: &[(&str, Value)]) {
+    for (name, ann) in annotations {
+        let mut d = deployment(ann.clone(), env_from("app"));
+        d["metadata"]["name"] = json!(name);
+        d["metadata"]["uid"] = json!(format!("uid-{name}"));
+        d = run(host, &payload("Deployment", "CREATE", &d, None, false, json!({})))
+            .mutated
+            .unwrap_or(d);
+        d["metadata"]["resourceVersion"] = json!("41");
+        host.objects.borrow_mut().push(d);
+    }
+    host.calls.borrow_mut().clear();
+}
+
+/// `app`'s stored change, re-admitted as serve's watch does it: an UPDATE
+/// with no old object, the source as stored, its readers word among its
+/// annotations.
+fn stored_change(host: &FakeHost, readers: Option<&str>) -> crate::model::request::Outcome {
+    let mut new = cm("app", json!({"mode": "green", "other": "x"}));
+    new["metadata"]["resourceVersion"] = json!("8");
+    if let Some(word) = readers {
+        new["metadata"]["annotations"] = json!({ keys::READERS: word });
+    }
+    run(host, &payload("ConfigMap", "UPDATE", &new, None, false, json!({})))
+}
+
+fn patched(host: &FakeHost) -> Vec<String> {
+    let mut names: Vec<String> = host
+        .ops("patch_workload")
+        .iter()
+        .map(|p| p["name"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+/// `readers: watch` on a source rolls the readers that snapshot it
+/// without naming it (Reloader's `search` with `match`), besides those
+/// that watch it; never one that names it in `snapshot` alone, or one that
+/// does not opt in (the webhook is not even called for it).
+#[test]
+fn a_source_that_says_watch_rolls_the_readers_that_pin_it_without_naming_it() {
+    let host = FakeHost::with(vec![cm("app", json!({"mode": "blue", "other": "x"}))]);
+    readers_of_app(
+        &host,
+        &[
+            ("all", json!({ keys::SNAPSHOT: "*" })),
+            ("configmaps", json!({ keys::SNAPSHOT: "configmap/*" })),
+            ("named-watch", json!({ keys::WATCH: "app" })),
+            ("named-pin", json!({ keys::SNAPSHOT: "configmap/app" })),
+            ("secrets", json!({ keys::SNAPSHOT: "secret/*" })),
+            ("excluded", json!({ keys::SNAPSHOT: "*", keys::EXCLUDE: "*" })),
+            ("plain", json!({})),
+        ],
+    );
+    let out = stored_change(&host, Some("watch"));
+    assert!(out.accepted && out.warnings.is_empty(), "{out:?}");
+    assert_eq!(patched(&host), ["all", "configmaps", "named-watch"]);
+    // Without the word, only the workload that watches it rolls.
+    host.calls.borrow_mut().clear();
+    stored_change(&host, None);
+    assert_eq!(patched(&host), ["named-watch"]);
+}
+
+/// `readers: ignore` takes the source's edits out of every `*`, whole
+/// kind and default: only a workload that names it in `watch` still rolls.
+#[test]
+fn a_source_that_says_ignore_rolls_only_the_readers_that_name_it() {
+    let host = FakeHost::with(vec![cm("app", json!({"mode": "blue", "other": "x"}))]);
+    readers_of_app(
+        &host,
+        &[
+            ("all", json!({ keys::WATCH: "*" })),
+            ("configmaps", json!({ keys::WATCH: "configmap/*" })),
+            ("named", json!({ keys::WATCH: "configmap/app" })),
+        ],
+    );
+    stored_change(&host, Some("ignore"));
+    assert_eq!(patched(&host), ["named"]);
+    // Under watchByDefault, a workload with no annotation yields too.
+    let host = FakeHost::with(vec![cm("app", json!({"mode": "blue", "other": "x"}))]);
+    let mut d = deployment(json!({}), env_from("app"));
+    let by_default = json!({"watchByDefault": true});
+    d = run(
+        &host,
+        &payload("Deployment", "CREATE", &d, None, false, by_default.clone()),
+    )
+    .mutated
+    .unwrap();
+    host.objects.borrow_mut().push(d);
+    let mut new = cm("app", json!({"mode": "green", "other": "x"}));
+    for (word, rolls) in [(Some("ignore"), 0), (None, 1)] {
+        host.calls.borrow_mut().clear();
+        new["metadata"]["annotations"] = word.map_or(json!({}), |w| json!({ keys::READERS: w }));
+        run(
+            &host,
+            &payload("ConfigMap", "UPDATE", &new, None, false, by_default.clone()),
+        );
+        assert_eq!(host.ops("patch_workload").len(), rolls, "{word:?}");
+    }
+}
+
+/// A word that is neither is no word: the readers' own annotations
+/// decide, and the re-admission says so, naming the annotation and the
+/// token.
+#[test]
+fn a_bad_readers_word_is_read_as_none_and_said() {
+    let host = FakeHost::with(vec![cm("app", json!({"mode": "blue", "other": "x"}))]);
+    readers_of_app(
+        &host,
+        &[
+            ("all", json!({ keys::SNAPSHOT: "*" })),
+            ("named", json!({ keys::WATCH: "app" })),
+        ],
+    );
+    let out = stored_change(&host, Some("true"));
+    assert_eq!(patched(&host), ["named"]);
+    assert_eq!(
+        out.warnings,
+        ["config-snapshot: configmap/app: config-snapshot.io/readers: bad token \"true\": \"watch\" or \"ignore\"; read as no word"]
+    );
+}
+
 #[test]
 fn an_absent_crd_kind_has_no_watchers_to_roll_out() {
     let (host, _) = cluster("app", env_from("app"));

@@ -883,6 +883,82 @@ fn a_rollback_records_the_watched_content_it_declined_until_references_move() {
     assert!(after.sources.is_empty() && after.generation == 3, "{after:?}");
 }
 
+/// A rollback declines the live content of every source it pins, watched
+/// or not: a source that says `readers: watch` after the undo makes the
+/// workload its watcher, and the periodic pass must not roll the rollback
+/// forward to what it declined (docs/design.md, "The source decides").
+#[test]
+fn a_rollback_declines_the_content_of_every_source_it_pins() {
+    let host = FakeHost::with(vec![cm("app", json!({"mode": "blue"}))]);
+    let mut v1 = create(&host, &deployment(snapshot_all(), env_from_cm("app")))
+        .mutated
+        .unwrap();
+    v1["metadata"]["generation"] = json!(1);
+    host.objects.borrow_mut().push(revision_of(&v1, "web-1"));
+    host.objects.borrow_mut().retain(|o| o["metadata"]["name"] != "app");
+    host.objects.borrow_mut().push(cm("app", json!({"mode": "green"})));
+    let mut v2_in = v1.clone();
+    v2_in["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:2");
+    let mut v2 = update(&host, &v1, &v2_in).mutated.unwrap();
+    v2["metadata"]["generation"] = json!(2);
+    let mut undo = v2.clone();
+    undo["spec"]["template"] = v1["spec"]["template"].clone();
+    let undone = update(&host, &v2, &undo).mutated.unwrap();
+    let record = crate::model::records::Rollback::of(&undone).unwrap();
+    let (green, _) = snapshot_of_cm("app", json!({"mode": "green"}));
+    let id = crate::model::source::SourceId::new(crate::model::source::SourceKind::ConfigMap, "app");
+    assert_eq!(record.declined(&id), Some(green.as_str()), "{record:?}");
+}
+
+/// On stock Kubewarden a checksum is what rolls a workload on its next
+/// write after an edit: a source that says `readers: ignore` gets none,
+/// unless the workload names it in `watch`; a bad word is said and read
+/// as none.
+#[test]
+fn checksum_mode_stamps_no_checksum_of_a_source_that_says_ignore() {
+    let said = |word: &str| {
+        let mut app = cm("app", json!({"mode": "blue"}));
+        app["metadata"]["annotations"] = json!({ keys::READERS: word });
+        let mut host = FakeHost::with(vec![
+            app,
+            secret("creds", json!({"password": "aHVudGVyMg=="}), "Opaque"),
+            cm("extra", json!({"a": "1", "b": "2"})),
+        ]);
+        host.stock = true;
+        host
+    };
+    let stamps = |out: &Outcome| -> Vec<String> {
+        let ann = out.mutated.as_ref().unwrap()["spec"]["template"]["metadata"]["annotations"].clone();
+        ann.as_object().unwrap().keys().cloned().collect()
+    };
+    let ignored = create(&said("ignore"), &deployment(snapshot_all(), three_refs()));
+    assert_eq!(
+        stamps(&ignored),
+        [
+            "config-snapshot.io/checksum-configmap-extra",
+            "config-snapshot.io/checksum-secret-creds"
+        ]
+    );
+    assert_eq!(ignored.warnings.len(), 1, "{:?}", ignored.warnings);
+    let named = create(
+        &said("ignore"),
+        &deployment(
+            json!({ keys::SNAPSHOT: "*", keys::WATCH: "configmap/app" }),
+            three_refs(),
+        ),
+    );
+    assert!(stamps(&named).contains(&"config-snapshot.io/checksum-configmap-app".to_string()));
+    let bad = create(&said("yes"), &deployment(snapshot_all(), three_refs()));
+    assert_eq!(stamps(&bad).len(), 3);
+    assert!(
+        bad.warnings
+            .iter()
+            .any(|w| w.contains("config-snapshot.io/readers: bad token \"yes\"")),
+        "{:?}",
+        bad.warnings
+    );
+}
+
 #[test]
 fn a_created_workload_drops_records_copied_from_another() {
     let host = FakeHost::with(vec![cm("app", json!({"mode": "blue"}))]);

@@ -19,6 +19,10 @@ pub const SETTLE: &str = "config-snapshot.io/settle";
 /// A user's approval of pending watch rollouts (`approval`).
 pub const APPROVE: &str = "config-snapshot.io/approve";
 
+// Source annotations (user input, on a ConfigMap or Secret): what its edits
+// do to the workloads that read it (`readers`).
+pub const READERS: &str = "config-snapshot.io/readers";
+
 // Pod template annotations (policy output).
 pub const SNAPSHOTS: &str = "config-snapshot.io/snapshots";
 pub(crate) const RENEWED_AT: &str = "config-snapshot.io/renewed-at";

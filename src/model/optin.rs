@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use crate::model::duration::{parse_go_duration, DurationError};
 use crate::model::keys;
+use crate::model::readers::Readers;
 use crate::model::selection::{ListError, SourceList};
 use crate::model::settings::{Settings, MAX_SETTLE_SECS};
 use crate::model::source::SourceId;
@@ -69,7 +70,10 @@ impl OptIn {
         };
         let mut snapshot = list(keys::SNAPSHOT, true)?;
         let mut watch = list(keys::WATCH, true)?;
-        let exclude = list(keys::EXCLUDE, false)?;
+        // `exclude: "*"` is the workload's opt-out: it wins over the
+        // settings' defaults and every source's word, as any exclusion does
+        // (docs/design.md, "Opting in").
+        let exclude = list(keys::EXCLUDE, true)?;
         if settings.snapshot_by_default && snapshot.is_empty() {
             snapshot = SourceList::all();
         }
@@ -148,13 +152,70 @@ impl OptIn {
         settings.is_excluded(id) || self.exclude.matches(id)
     }
 
-    /// Watch implies snapshot (the KEP: watch only with snapshot).
+    /// Watch implies snapshot (the KEP: watch only with snapshot). A
+    /// source's word never makes a workload snapshot it: only what the
+    /// workload (or the settings) opt in is pinned, so a workload the
+    /// webhook is not even called for is never touched because of a
+    /// ConfigMap ("The source decides").
     pub fn snapshots(&self, id: &SourceId, settings: &Settings) -> bool {
         !self.excluded(id, settings) && (self.snapshot.matches(id) || self.watch.matches(id))
     }
 
-    pub fn watches(&self, id: &SourceId, settings: &Settings) -> bool {
-        !self.excluded(id, settings) && self.watch.matches(id)
+    /// How this workload stands towards edits of `id`, given what the
+    /// source says of its readers (docs/design.md, "The source decides"):
+    /// the more particular word wins. An exclusion keeps the source out
+    /// altogether; the workload's own name for the source beats the
+    /// source's word; the source's word beats the workload's `*`, its
+    /// whole kinds and the settings' defaults.
+    pub fn standing(&self, id: &SourceId, readers: Readers, settings: &Settings) -> Standing {
+        if !self.snapshots(id, settings) {
+            return Standing::Unpinned;
+        }
+        if self.watch.names(id) {
+            return Standing::Named;
+        }
+        match readers {
+            Readers::Ignore => Standing::Ignored,
+            Readers::Watch if !self.snapshot.names(id) => Standing::Called,
+            Readers::Watch if !self.watch.matches(id) => Standing::PinnedByName,
+            _ => Standing::Own(self.watch.matches(id)),
+        }
+    }
+
+    /// Whether edits of `id` roll this workload out ([`Self::standing`]).
+    pub fn watches(&self, id: &SourceId, readers: Readers, settings: &Settings) -> bool {
+        self.standing(id, readers, settings).watches()
+    }
+}
+
+/// How a workload stands towards one source's edits ([`OptIn::standing`]):
+/// whether they roll it, and whose word decided, as `plan` and `status`
+/// explain it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// It does not snapshot the source (not opted in, or excluded): its
+    /// edits never roll it, whatever the source says.
+    Unpinned,
+    /// It names the source in its own `watch`: watched, whatever the
+    /// source says.
+    Named,
+    /// The source says `ignore`, and the workload does not name it in
+    /// `watch`: not watched.
+    Ignored,
+    /// The source says `watch`, and the workload snapshots it without
+    /// naming it (`*`, a whole kind, `snapshotByDefault`): watched.
+    Called,
+    /// The source says `watch`, but the workload names it in `snapshot`
+    /// alone: a pin it asked for by name, not watched.
+    PinnedByName,
+    /// The source says nothing: the workload's own words decide (`true`:
+    /// its `watch` takes the source).
+    Own(bool),
+}
+
+impl Standing {
+    pub fn watches(self) -> bool {
+        matches!(self, Standing::Named | Standing::Called | Standing::Own(true))
     }
 }
 
@@ -179,8 +240,8 @@ mod tests {
             &s,
         )
         .unwrap();
-        assert!(o.snapshots(&cm("app"), &s) && o.watches(&cm("app"), &s));
-        assert!(o.snapshots(&cm("other"), &s) && !o.watches(&cm("other"), &s));
+        assert!(o.snapshots(&cm("app"), &s) && o.watches(&cm("app"), Readers::Unsaid, &s));
+        assert!(o.snapshots(&cm("other"), &s) && !o.watches(&cm("other"), Readers::Unsaid, &s));
         assert!(!o.snapshots(&cm("skip"), &s));
         assert!(!o.snapshots(&cm("kube-root-ca.crt"), &s), "settings exclusion applies");
     }
@@ -189,7 +250,7 @@ mod tests {
     fn defaults_from_settings() {
         let s = Settings::from_json(br#"{"watchByDefault":true}"#).unwrap();
         let o = opt(json!({}), &s).unwrap();
-        assert!(o.watches(&cm("x"), &s) && o.snapshots(&cm("x"), &s));
+        assert!(o.watches(&cm("x"), Readers::Unsaid, &s) && o.snapshots(&cm("x"), &s));
         let plain = Settings::default();
         assert!(!opt(json!({}), &plain).unwrap().snapshots(&cm("x"), &plain));
     }
@@ -208,14 +269,149 @@ mod tests {
             matches!(&e, OptInError::RenewTooShort { value, .. } if value == "5s"),
             "{e}"
         );
-        let e = opt(json!({keys::EXCLUDE: "*"}), &s).unwrap_err();
-        assert!(e.to_string().contains(keys::EXCLUDE), "{e}");
         let e = opt(json!({keys::WATCH: "configmap/"}), &s).unwrap_err().to_string();
         assert!(e.contains(keys::WATCH) && e.contains("configmap/"), "{e}");
         assert_eq!(
             opt(json!({keys::RENEW_DURATION: "1h30m"}), &s).unwrap().renew_secs,
             Some(5400)
         );
+    }
+
+    /// `exclude: "*"` is one workload's way out when the settings opt
+    /// every workload in (Reloader's `auto: "false"` under
+    /// `--auto-reload-all`): nothing is snapshot or watched, whatever the
+    /// defaults, its own lists or a source's word say.
+    #[test]
+    fn exclude_everything_wins_over_the_defaults_and_every_word() {
+        let by_default = Settings::from_json(br#"{"snapshotByDefault":true,"watchByDefault":true}"#).unwrap();
+        let out = opt(json!({keys::EXCLUDE: "*", keys::WATCH: "configmap/app"}), &by_default).unwrap();
+        for id in [cm("app"), cm("other"), SourceId::new(SourceKind::Secret, "db")] {
+            assert!(!out.snapshots(&id, &by_default), "{id}");
+            for readers in [Readers::Unsaid, Readers::Watch, Readers::Ignore] {
+                assert_eq!(out.standing(&id, readers, &by_default), Standing::Unpinned, "{id}");
+            }
+        }
+        // Without it, the same workload snapshots and watches everything.
+        let ruled = opt(json!({}), &by_default).unwrap();
+        assert!(ruled.watches(&cm("other"), Readers::Unsaid, &by_default));
+        // A whole kind keeps the other kind in.
+        let no_secrets = opt(json!({keys::EXCLUDE: "secret/*"}), &by_default).unwrap();
+        assert!(!no_secrets.snapshots(&SourceId::new(SourceKind::Secret, "db"), &by_default));
+        assert!(no_secrets.watches(&cm("app"), Readers::Unsaid, &by_default));
+    }
+
+    /// The rule of who decides (docs/design.md, "The source decides"),
+    /// case by case: the workload's name for a source beats the source's
+    /// word, which beats the workload's `*`, whole kinds and defaults; a
+    /// source never makes a workload snapshot it.
+    #[test]
+    fn the_more_particular_word_wins() {
+        let s = Settings::default();
+        let app = cm("app");
+        let stand = |ann: Value, readers: Readers| opt(ann, &s).unwrap().standing(&app, readers, &s);
+        use Readers::{Ignore, Unsaid, Watch};
+        // Named in watch: watched, whatever the source says.
+        for readers in [Unsaid, Watch, Ignore] {
+            assert_eq!(stand(json!({keys::WATCH: "configmap/app"}), readers), Standing::Named);
+            assert_eq!(stand(json!({keys::WATCH: "app"}), readers), Standing::Named);
+        }
+        // Snapshot through `*` or a whole kind: the source's word decides.
+        for general in ["*", "configmap/*"] {
+            assert_eq!(stand(json!({keys::SNAPSHOT: general}), Watch), Standing::Called);
+            assert_eq!(stand(json!({keys::SNAPSHOT: general}), Ignore), Standing::Ignored);
+            assert_eq!(stand(json!({keys::SNAPSHOT: general}), Unsaid), Standing::Own(false));
+            assert_eq!(stand(json!({keys::WATCH: general}), Ignore), Standing::Ignored);
+            assert_eq!(stand(json!({keys::WATCH: general}), Unsaid), Standing::Own(true));
+        }
+        // Named in snapshot alone: a pin the source's watch does not turn
+        // into a watch (unless the workload's own watch takes it).
+        assert_eq!(stand(json!({keys::SNAPSHOT: "app"}), Watch), Standing::PinnedByName);
+        assert_eq!(
+            stand(json!({keys::SNAPSHOT: "app", keys::WATCH: "*"}), Watch),
+            Standing::Own(true)
+        );
+        assert_eq!(
+            stand(json!({keys::SNAPSHOT: "app", keys::WATCH: "*"}), Ignore),
+            Standing::Ignored
+        );
+        // Not opted in, or excluded: the source's watch reaches nothing.
+        assert_eq!(stand(json!({}), Watch), Standing::Unpinned);
+        assert_eq!(stand(json!({keys::SNAPSHOT: "secret/*"}), Watch), Standing::Unpinned);
+        assert_eq!(
+            stand(json!({keys::SNAPSHOT: "*", keys::EXCLUDE: "configmap/app"}), Watch),
+            Standing::Unpinned
+        );
+        // snapshotByDefault pins every workload: the source's watch then
+        // rolls them all; watchByDefault yields to its ignore.
+        let by_default = Settings::from_json(br#"{"snapshotByDefault":true}"#).unwrap();
+        let plain = opt(json!({}), &by_default).unwrap();
+        assert_eq!(plain.standing(&app, Watch, &by_default), Standing::Called);
+        let watching = Settings::from_json(br#"{"watchByDefault":true}"#).unwrap();
+        let plain = opt(json!({}), &watching).unwrap();
+        assert_eq!(plain.standing(&app, Ignore, &watching), Standing::Ignored);
+        assert!(plain.watches(&app, Unsaid, &watching));
+        for standing in [Standing::Named, Standing::Called, Standing::Own(true)] {
+            assert!(standing.watches());
+        }
+        for standing in [
+            Standing::Unpinned,
+            Standing::Ignored,
+            Standing::PinnedByName,
+            Standing::Own(false),
+        ] {
+            assert!(!standing.watches());
+        }
+    }
+
+    /// `watch` is the word that makes the most watchers, and `ignore` the
+    /// fewest: the host counts a source whose word it has not read as
+    /// `watch` (serve's hot path, a settling rollout's companions), so
+    /// that it never skips a watcher the fresh read would find.
+    #[test]
+    fn watch_makes_the_most_watchers_and_ignore_the_fewest() {
+        let settings = [
+            Settings::default(),
+            Settings::from_json(br#"{"snapshotByDefault":true}"#).unwrap(),
+            Settings::from_json(br#"{"watchByDefault":true}"#).unwrap(),
+        ];
+        let lists = [
+            None,
+            Some("*"),
+            Some("configmap/*"),
+            Some("secret/*"),
+            Some("app"),
+            Some("configmap/app"),
+        ];
+        for s in &settings {
+            for snapshot in lists {
+                for watch in lists {
+                    for exclude in [None, Some("*"), Some("app")] {
+                        let mut ann = serde_json::Map::new();
+                        for (key, value) in [
+                            (keys::SNAPSHOT, snapshot),
+                            (keys::WATCH, watch),
+                            (keys::EXCLUDE, exclude),
+                        ] {
+                            if let Some(v) = value {
+                                ann.insert(key.into(), json!(v));
+                            }
+                        }
+                        let o = OptIn::from_annotations(Some(&ann), s).unwrap();
+                        for id in [cm("app"), cm("other"), SourceId::new(SourceKind::Secret, "app")] {
+                            let by = |r| o.watches(&id, r, s);
+                            assert!(
+                                !by(Readers::Ignore) || by(Readers::Unsaid),
+                                "{ann:?} {id}: ignore watched more"
+                            );
+                            assert!(
+                                !by(Readers::Unsaid) || by(Readers::Watch),
+                                "{ann:?} {id}: no word watched more than watch"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

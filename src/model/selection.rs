@@ -1,5 +1,6 @@
 //! The source lists in workload annotations and settings:
-//! `*`, or a comma list of `configmap/NAME`, `secret/NAME` or bare `NAME`.
+//! `*`, or a comma list of `configmap/NAME`, `secret/NAME`, bare `NAME`,
+//! or a whole kind, `configmap/*` or `secret/*`.
 
 use crate::model::source::{SourceId, SourceKind};
 
@@ -8,6 +9,9 @@ use crate::model::source::{SourceId, SourceKind};
 pub enum Pattern {
     /// `*`: every source.
     All,
+    /// `configmap/*` or `secret/*`: every source of that kind (Reloader's
+    /// `configmap.reloader.stakater.com/auto`, its `ignoreSecrets`).
+    Kind(SourceKind),
     /// `configmap/NAME` or `secret/NAME`.
     Exact(SourceId),
     /// Bare `NAME`: a ConfigMap or a Secret of that name.
@@ -18,9 +22,18 @@ impl Pattern {
     pub(crate) fn matches(&self, id: &SourceId) -> bool {
         match self {
             Pattern::All => true,
+            Pattern::Kind(kind) => *kind == id.kind,
             Pattern::Exact(exact) => exact == id,
             Pattern::Named(name) => *name == id.name,
         }
+    }
+
+    /// Whether this entry names `id` itself, by its name: a word about
+    /// that one source, where `*` and a whole kind are words about all of
+    /// them (docs/design.md, "The source decides": a source's own word
+    /// overrides the general ones, never a name).
+    fn names(&self, id: &SourceId) -> bool {
+        matches!(self, Pattern::Exact(_) | Pattern::Named(_)) && self.matches(id)
     }
 }
 
@@ -49,6 +62,11 @@ impl SourceList {
 
     pub(crate) fn matches(&self, id: &SourceId) -> bool {
         self.0.iter().any(|p| p.matches(id))
+    }
+
+    /// Whether an entry names `id` by its name ([`Pattern::names`]).
+    pub(crate) fn names(&self, id: &SourceId) -> bool {
+        self.0.iter().any(|p| p.names(id))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -94,6 +112,12 @@ fn parse_token(what: &str, token: &str, allow_wildcard: bool) -> Result<Pattern,
         }
         None => (None, token),
     };
+    // A whole kind is allowed wherever a name is, `*` or not: it is no
+    // wildcard over everything (`excludedSources: [secret/*]` keeps every
+    // Secret out, as Reloader's ignoreSecrets does).
+    if let (Some(kind), "*") = (kind, name) {
+        return Ok(Pattern::Kind(kind));
+    }
     if !is_dns_subdomain(name) {
         return Err(ListError::Name {
             what: what.to_string(),
@@ -176,6 +200,33 @@ mod tests {
         assert!(list.matches(&cm("db")) && list.matches(&secret("db")));
         assert!(!list.matches(&cm("other")));
         assert!(SourceList::parse("a", "*", true).unwrap().matches(&secret("x")));
+    }
+
+    /// `configmap/*` and `secret/*` take every source of one kind and no
+    /// other, in every list (the exclusions' too, where `*` is refused);
+    /// neither names a source, as `*` does not: only a name is a word
+    /// about one source.
+    #[test]
+    fn a_whole_kind_is_every_source_of_it_and_names_none() {
+        for allow_wildcard in [true, false] {
+            let configmaps = SourceList::parse("a", "configmap/*", allow_wildcard).unwrap();
+            assert_eq!(configmaps, SourceList(vec![Pattern::Kind(SourceKind::ConfigMap)]));
+            assert!(configmaps.matches(&cm("app")) && configmaps.matches(&cm("kube-root-ca.crt")));
+            assert!(!configmaps.matches(&secret("app")));
+            let secrets = SourceList::parse("a", " secret/* ", allow_wildcard).unwrap();
+            assert!(secrets.matches(&secret("db")) && !secrets.matches(&cm("db")));
+            assert!(!configmaps.names(&cm("app")) && !secrets.names(&secret("db")));
+        }
+        let list = SourceList::parse("a", "*, configmap/app, db", true).unwrap();
+        assert!(list.names(&cm("app")) && list.names(&cm("db")) && list.names(&secret("db")));
+        assert!(
+            !list.names(&secret("app")) && list.matches(&secret("app")),
+            "`*` matches, names nothing"
+        );
+        // Another kind, or a pattern inside a name, is still refused.
+        for bad in ["volume/*", "configmap/app*", "configmap/**", "*/app"] {
+            assert!(SourceList::parse("a", bad, true).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -260,6 +260,15 @@ mod tests {
         assert!(Settings::from_json(b"[1,2]").is_err());
     }
 
+    /// `excludedSources` takes a whole kind (`secret/*`: no Secret is
+    /// ever copied, Reloader's ignoreSecrets), never `*`.
+    #[test]
+    fn excluded_sources_take_a_whole_kind() {
+        let s = Settings::from_json(br#"{"excludedSources":["secret/*"]}"#).unwrap();
+        assert!(s.is_excluded(&SourceId::new(SourceKind::Secret, "db")));
+        assert!(!s.is_excluded(&SourceId::new(SourceKind::ConfigMap, "db")));
+    }
+
     /// A grace period shorter than an admission can take to be stored is
     /// refused; the minimum itself is accepted.
     #[test]

@@ -8,6 +8,13 @@ use std::fmt;
 /// credential that outlives the token controller's rotation.
 pub const SA_TOKEN: &str = "kubernetes.io/service-account-token";
 
+/// Secret types the API server mints credentials into when one is created
+/// (a ServiceAccount's token, a bootstrap token): never a snapshot's. The
+/// host refuses to make one, and the identity guard
+/// (deploy/serve/identityguard.yaml, `tokenTypes`) refuses serve's account
+/// any Secret of these types; host/tests/deploy.rs keeps the two lists equal.
+pub const TOKEN_TYPES: [&str; 2] = [SA_TOKEN, "bootstrap.kubernetes.io/token"];
+
 /// On the wire (the host capability's payloads) by its Kubernetes kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub enum SourceKind {

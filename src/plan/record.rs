@@ -63,9 +63,14 @@ impl Planner<'_> {
                 generation: self.old.map(generation).unwrap_or(0) + 1,
                 count: self.old.map_or(0, Rollback::count_of) + 1,
                 at: self.now,
+                // Every source it pins, not only those it watches now: a
+                // source's word can make it a watcher later (`readers:
+                // watch` written after the undo), and the periodic pass
+                // must not then roll the rollback forward to the content
+                // it declined (docs/design.md, "The source decides").
                 sources: groups
                     .iter()
-                    .filter(|g| self.optin.watches(&g.id, self.settings))
+                    .filter(|g| self.optin.snapshots(&g.id, self.settings))
                     .filter_map(|g| Some((g.id.clone(), self.declined(g)?)))
                     .collect(),
             }),

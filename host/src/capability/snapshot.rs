@@ -14,8 +14,7 @@ use config_snapshot_policy::model::keys;
 use config_snapshot_policy::model::kinds::WorkloadKind;
 use config_snapshot_policy::model::object::ObjectExt;
 use config_snapshot_policy::model::selection::is_dns_subdomain;
-use config_snapshot_policy::model::source::SA_TOKEN;
-use config_snapshot_policy::model::source::{SourceId, SourceKind};
+use config_snapshot_policy::model::source::{SourceId, SourceKind, TOKEN_TYPES};
 use config_snapshot_policy::snapshot::{only_owners_collect, reusable_as_cached};
 use serde_json::{json, Value};
 
@@ -24,9 +23,6 @@ use crate::cluster::{patch_judged, ApiError, Cluster, Judged};
 use crate::lifecycle::driver::SWEEP_EVERY_SECS;
 use crate::lifecycle::verdict::{adopt_ops, anchor_ops, mark_ops, own_history};
 use crate::lifecycle::{written_size, Effect};
-
-/// Secret types that mint credentials when created: never a snapshot's.
-const TOKEN_TYPES: [&str; 2] = [SA_TOKEN, "bootstrap.kubernetes.io/token"];
 
 /// The most current snapshots one `snapshot_name` call asks about.
 const CURRENT_NAMES: usize = 16;

@@ -7,9 +7,11 @@ use std::process::ExitCode;
 use anyhow::{anyhow, Result};
 use config_snapshot::tools::history::Target;
 use config_snapshot::tools::printable;
-use config_snapshot::tools::status::{approval, render, status};
+use config_snapshot::tools::status::{approval, pinned, render, status, Around};
 use config_snapshot_policy::model::duration::unix_now;
 use config_snapshot_policy::model::keys;
+use config_snapshot_policy::model::settings::Settings;
+use config_snapshot_policy::model::source::SourceId;
 use serde_json::Value;
 
 use super::ReadFrom;
@@ -23,6 +25,11 @@ pub struct StatusArgs {
     workload: String,
     #[command(flatten)]
     from: ReadFrom,
+    /// The policy's settings as installed (JSON or YAML; the chart's
+    /// `settings`), without --scenario; a scenario brings its own. They
+    /// decide which sources a workload pins, and so watches on their word.
+    #[arg(long, value_name = "FILE")]
+    settings: Option<std::path::PathBuf>,
 }
 
 /// Approve a workload's pending watch rollout (watch mode `approve`): it
@@ -42,23 +49,42 @@ pub struct ApproveArgs {
     namespace: Option<String>,
 }
 
+/// What `status` read: the workload, the settings, the sources it pins
+/// (and those it could not read), the clock.
+type Read = (Value, Settings, Vec<Value>, Vec<SourceId>, i64);
+
 pub fn status_command(args: StatusArgs) -> Result<ExitCode> {
     let target = Target::parse(&args.workload)?;
-    let (workload, now) = match args.from.replayed()? {
+    let (workload, settings, sources, unread, now): Read = match args.from.replayed()? {
         Some(sim) => {
             let namespace = args.from.namespace_in(None);
             let workload = sim
                 .get(target.kind.kind(), &namespace, &target.name)
                 .ok_or_else(|| anyhow!("{target} not found in namespace {namespace}"))?;
-            (workload, sim.now())
+            let settings = sim.effect_rules.settings.clone();
+            let sources = pinned(&workload, &settings)
+                .iter()
+                .filter_map(|id| sim.get(id.kind.kind(), &namespace, &id.name))
+                .collect();
+            (workload, settings, sources, Vec::new(), sim.now())
         }
-        None => super::runtime()?.block_on(async {
-            let client = super::client().await?;
-            let namespace = args.from.namespace_in(Some(&client));
-            Ok::<_, anyhow::Error>((read(&client, &target, &namespace).await?, unix_now()))
-        })?,
+        None => {
+            let settings = super::settings_file(args.settings.as_ref())?;
+            super::runtime()?.block_on(async {
+                let client = super::client().await?;
+                let namespace = args.from.namespace_in(Some(&client));
+                let workload = read(&client, &target, &namespace).await?;
+                let (sources, unread) = read_pinned(&client, &namespace, &pinned(&workload, &settings)).await;
+                Ok::<_, anyhow::Error>((workload, settings, sources, unread, unix_now()))
+            })?
+        }
     };
-    let status = status(&target, &workload, now);
+    let around = Around {
+        settings: &settings,
+        sources: &sources,
+        unread: &unread,
+    };
+    let status = status(&target, &workload, &around, now);
     if args.from.json() {
         println!("{}", serde_json::to_string_pretty(&status)?);
     } else {
@@ -107,8 +133,25 @@ pub fn approve_command(args: ApproveArgs) -> Result<ExitCode> {
 
 fn api(client: &kube::Client, target: &Target, namespace: &str) -> kube::Api<kube::api::DynamicObject> {
     let resource =
-        config_snapshot::serve::cache::api_resource(target.kind.kind()).expect("a workload kind of the table");
+        config_snapshot::serve::view::cache::api_resource(target.kind.kind()).expect("a workload kind of the table");
     kube::Api::namespaced_with(client.clone(), namespace, &resource)
+}
+
+/// The metadata of each of `ids` (what a source says of its readers is
+/// there, and a Secret's data is not read), and the ids it could not get.
+/// A source that does not exist is neither.
+async fn read_pinned(client: &kube::Client, namespace: &str, ids: &[SourceId]) -> (Vec<Value>, Vec<SourceId>) {
+    let (mut read, mut unread) = (Vec::new(), Vec::new());
+    for id in ids {
+        let resource = config_snapshot::serve::view::cache::api_resource(id.kind.kind()).expect("a source kind of the table");
+        let api: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(client.clone(), namespace, &resource);
+        match api.get_metadata_opt(&id.name).await {
+            Ok(Some(meta)) => read.push(serde_json::json!({"kind": id.kind.kind(), "metadata": meta.metadata})),
+            Ok(None) => {}
+            Err(_) => unread.push(id.clone()),
+        }
+    }
+    (read, unread)
 }
 
 async fn read(client: &kube::Client, target: &Target, namespace: &str) -> Result<Value> {

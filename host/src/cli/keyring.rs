@@ -27,7 +27,7 @@ use kube::Client;
 use serde_json::{json, Value};
 
 use config_snapshot::cluster::proof::{Keyring, Prover, SIGNATURE};
-use config_snapshot::serve::signing::{ring_of, KeySecret};
+use config_snapshot::serve::trust::signing::{ring_of, KeySecret};
 use config_snapshot::tools::printable;
 
 #[derive(ClapArgs)]

@@ -90,6 +90,19 @@ impl ReadFrom {
     }
 }
 
+/// The policy's settings as installed, from a file (JSON or YAML, the
+/// chart's `settings`); none: the defaults.
+pub fn settings_file(path: Option<&PathBuf>) -> Result<config_snapshot_policy::model::settings::Settings> {
+    use config_snapshot_policy::model::settings::Settings;
+    let Some(path) = path else {
+        return Ok(Settings::default());
+    };
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let value: serde_json::Value =
+        serde_yaml_ng::from_str(&text).with_context(|| format!("{}: not YAML or JSON", path.display()))?;
+    Settings::from_json(value.to_string().as_bytes()).map_err(|e| anyhow!("{}: {e}", path.display()))
+}
+
 /// A client for the current kubeconfig's cluster (or the in-cluster one).
 pub async fn client() -> Result<kube::Client> {
     config_snapshot::use_ring_for_tls();

@@ -80,15 +80,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             )?
         }
         None => {
-            let settings = match &args.settings {
-                Some(path) => {
-                    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-                    let value: Value = serde_yaml_ng::from_str(&text)
-                        .with_context(|| format!("{}: not YAML or JSON", path.display()))?;
-                    Settings::from_json(value.to_string().as_bytes()).map_err(|e| anyhow!("{}: {e}", path.display()))?
-                }
-                None => Settings::default(),
-            };
+            let settings = super::settings_file(args.settings.as_ref())?;
             super::runtime()?.block_on(online(&args, &new, kind.kind(), &name, &settings))?
         }
     };
@@ -109,7 +101,7 @@ fn namespace_of(new: &Value, flag: Option<String>, default: &str) -> String {
 
 /// Reads the namespace's workloads and the object as it is, with kube-rs.
 async fn online(args: &Args, new: &Value, kind: &str, name: &str, settings: &Settings) -> Result<Impact> {
-    use config_snapshot::serve::cache::{api_resource, trim};
+    use config_snapshot::serve::view::cache::{api_resource, trim};
     use kube::api::{Api, DynamicObject, ListParams};
     let client = super::client().await?;
     let namespace = namespace_of(new, args.from.namespace.clone(), client.default_namespace());

@@ -22,6 +22,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use config_snapshot_policy::model::keys;
 use config_snapshot_policy::model::kinds::{self, WorkloadKind};
 use config_snapshot_policy::model::optin::OptIn;
+use config_snapshot_policy::model::readers::Readers;
 use config_snapshot_policy::model::references;
 use config_snapshot_policy::model::settings::Settings;
 use config_snapshot_policy::model::source::{SourceId, SourceKind};
@@ -320,9 +321,10 @@ pub(crate) fn doomed<'a>(
         .collect()
 }
 
-/// The watch opt-ins of every workload, by namespace. The resync re-admits
-/// only sources one of them watches, with the policy's own predicate, so it
-/// skips nothing the policy would roll out and does not re-evaluate every
+/// The opt-ins of every workload that opts anything in, by namespace. The
+/// resync re-admits only sources one of them watches, with the policy's
+/// own predicate and the source's word about its readers, so it skips
+/// nothing the policy would roll out and does not re-evaluate every
 /// ConfigMap of a namespace because one Deployment there watches one.
 pub(crate) struct Watchers<'s> {
     settings: &'s Settings,
@@ -339,7 +341,10 @@ impl<'s> Watchers<'s> {
             let Ok(opt_in) = OptIn::from_annotations(annotations, settings) else {
                 continue;
             };
-            if opt_in.watch.is_empty() {
+            // One that snapshots something may watch a source on the
+            // source's own word (`readers: watch`); one that opts nothing
+            // in watches nothing, whatever a source says.
+            if opt_in.watch.is_empty() && opt_in.snapshot.is_empty() {
                 continue;
             }
             let ns = workload.namespace().unwrap_or_default();
@@ -359,14 +364,15 @@ impl<'s> Watchers<'s> {
         ) else {
             return false;
         };
-        self.watches(ns, &SourceId::new(kind, name))
+        self.watches(ns, &SourceId::new(kind, name), Readers::said_by(source))
     }
 
-    /// Whether a workload of `namespace` watches the source `id`.
-    pub fn watches(&self, namespace: &str, id: &SourceId) -> bool {
+    /// Whether a workload of `namespace` watches the source `id`, which
+    /// says `readers` of its readers.
+    pub fn watches(&self, namespace: &str, id: &SourceId, readers: Readers) -> bool {
         self.by_namespace
             .get(namespace)
-            .is_some_and(|opt_ins| opt_ins.iter().any(|o| o.watches(id, self.settings)))
+            .is_some_and(|opt_ins| opt_ins.iter().any(|o| o.watches(id, readers, self.settings)))
     }
 }
 

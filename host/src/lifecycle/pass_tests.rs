@@ -55,6 +55,34 @@ fn watch_by_default_makes_every_workload_a_watcher() {
     assert!(!watchers.watch(&source("Secret", "empty-ns", "tls")));
 }
 
+/// The pass re-admits a source on its own word too: `readers: watch`
+/// makes a workload that only snapshots it (`*`) its watcher, `ignore`
+/// takes it out of a `*` watch; a workload that opts nothing in is no
+/// watcher whatever a source says.
+#[test]
+fn a_sources_word_about_its_readers_decides_with_theirs() {
+    let settings = Settings::default();
+    let workloads = [
+        workload("pins", json!({"config-snapshot.io/snapshot": "*"})),
+        workload("watches", json!({"config-snapshot.io/watch": "*"})),
+        workload("plain", json!({})),
+    ];
+    let refs: Vec<&Value> = workloads.iter().collect();
+    let watchers = Watchers::new(&refs, &settings);
+    let said = |ns: &str, word: &str| {
+        let mut s = source("ConfigMap", ns, "app");
+        s["metadata"]["annotations"] = json!({keys::READERS: word});
+        s
+    };
+    assert!(!watchers.watch(&source("ConfigMap", "pins", "app")));
+    assert!(watchers.watch(&said("pins", "watch")));
+    assert!(watchers.watch(&source("ConfigMap", "watches", "app")));
+    assert!(!watchers.watch(&said("watches", "ignore")));
+    assert!(!watchers.watch(&said("plain", "watch")));
+    // A word that does not parse is none.
+    assert!(!watchers.watch(&said("pins", "yes")));
+}
+
 const NOW: i64 = 1_800_000_000;
 
 fn snap(value: &str, age: i64) -> Value {

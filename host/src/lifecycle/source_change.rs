@@ -11,6 +11,7 @@
 
 use config_snapshot_policy::model::keys;
 use config_snapshot_policy::model::kinds::WorkloadKind;
+use config_snapshot_policy::model::readers::Readers;
 use config_snapshot_policy::model::source::{SourceId, SourceKind};
 use serde_json::Value;
 
@@ -61,7 +62,7 @@ impl Driver<'_> {
     }
 
     /// Whether a workload of `namespace` references `id` and watches it,
-    /// by the policy's own predicate.
+    /// by the policy's own predicate and the source's word.
     fn watched(&self, namespace: &str, id: &SourceId) -> bool {
         let mut referencing: Vec<Value> = Vec::new();
         for kind in WorkloadKind::all().filter(|k| k.watches()) {
@@ -79,7 +80,20 @@ impl Driver<'_> {
                 }
             }
         }
+        if referencing.is_empty() {
+            return false;
+        }
+        // What the source says of its readers, from the host's own copy
+        // (serve's cache keeps a source's config-snapshot annotations; it
+        // holds the change the watch just told of, or a newer one). The
+        // policy judges again on the fresh read. A copy the host lacks
+        // counts as `watch`, the word that makes the most watchers: the
+        // fresh read then tells.
+        let readers = match self.cluster.get(id.kind.kind(), namespace, &id.name) {
+            Ok(Some(source)) => Readers::said_by(&source),
+            Ok(None) | Err(_) => Readers::Watch,
+        };
         let refs: Vec<&Value> = referencing.iter().collect();
-        Watchers::new(&refs, &self.rules.settings).watches(namespace, id)
+        Watchers::new(&refs, &self.rules.settings).watches(namespace, id, readers)
     }
 }

@@ -33,6 +33,7 @@ use config_snapshot_policy::model::content::Content;
 use config_snapshot_policy::model::duration::format_rfc3339;
 use config_snapshot_policy::model::keys;
 use config_snapshot_policy::model::optin::OptIn;
+use config_snapshot_policy::model::readers::Readers;
 use config_snapshot_policy::model::records::{generation, Rollback, WatchRollout};
 use config_snapshot_policy::model::references;
 use config_snapshot_policy::model::settings::Settings;
@@ -204,8 +205,8 @@ pub(crate) fn decide_patch(intent: &PatchIntent, seen: &Observed, now: i64, rule
         let Some(workload) = seen.workload else {
             return Err(void(format!("patch of {} dropped: it no longer exists", intent.who())));
         };
-        landed(intent, seen.source)?;
-        let (optin, ops) = wanted(intent, workload, rules)?;
+        let source = landed(intent, seen.source)?;
+        let (optin, ops) = wanted(intent, workload, source, rules)?;
         held(intent, workload, &optin, now, rules)?;
         Ok(apply(intent, workload, now, ops))
     };
@@ -213,14 +214,16 @@ pub(crate) fn decide_patch(intent: &PatchIntent, seen: &Observed, now: i64, rule
 }
 
 /// The source holds the content the patch was made for: not yet (the
-/// API server has not persisted the change), or no longer.
-fn landed(intent: &PatchIntent, source: Option<&Value>) -> Judged<()> {
+/// API server has not persisted the change), or no longer. The source
+/// that does, when it does.
+fn landed<'a>(intent: &PatchIntent, source: Option<&'a Value>) -> Judged<&'a Value> {
     let (who, id) = (intent.who(), &intent.source);
-    let landed = source
-        .and_then(|s| Content::from_object(id.kind, s).ok())
-        .is_some_and(|c| c.hash() == intent.content_hash);
-    if landed {
-        return Ok(());
+    if let Some(landed) = source.filter(|s| {
+        Content::from_object(id.kind, s)
+            .ok()
+            .is_some_and(|c| c.hash() == intent.content_hash)
+    }) {
+        return Ok(landed);
     }
     let version = source.map(|s| s.resource_version()).unwrap_or_default();
     Err(if version == intent.source_version {
@@ -237,14 +240,17 @@ fn landed(intent: &PatchIntent, source: Option<&Value>) -> Judged<()> {
 }
 
 /// The ops that retarget the workload, if it still wants this snapshot:
-/// it watches the source, reads the same keys of it, no rollback came
-/// since or declined this content, and it does not run it already.
-fn wanted(intent: &PatchIntent, workload: &Value, rules: &Rules) -> Judged<(OptIn, Vec<Value>)> {
+/// it watches the source (by its own words and the source's, as they are
+/// now: a source that says `ignore` since drops what it held), reads the
+/// same keys of it, no rollback came since or declined this content, and
+/// it does not run it already.
+fn wanted(intent: &PatchIntent, workload: &Value, source: &Value, rules: &Rules) -> Judged<(OptIn, Vec<Value>)> {
     let (who, id) = (intent.who(), &intent.source);
     let annotations = workload.annotations();
+    let readers = Readers::said_by(source);
     let Some(optin) = OptIn::from_annotations(annotations, &rules.settings)
         .ok()
-        .filter(|o| o.watches(id, &rules.settings))
+        .filter(|o| o.watches(id, readers, &rules.settings))
     else {
         return Err(void(format!("patch of {who} dropped: it no longer watches {id}")));
     };

@@ -140,6 +140,56 @@ fn superseded_gone_unwatched_and_done_patches() {
     assert!(matches!(judge(&i, Some(&there), Some(&landed), 0), Verdict::Done(_)));
 }
 
+/// A patch is judged by what the source says of its readers when it runs,
+/// not when it was decided: a source that says `ignore` since drops what a
+/// workload watching it through `*` waits for (a held change included),
+/// one that names it still rolls; `watch` makes a workload that only
+/// snapshots it (through `*`) a watcher.
+#[test]
+fn the_source_word_as_it_is_when_the_patch_runs_decides() {
+    let old = snapshot_name(json!({"v": "1"}));
+    let i = intent(json!({"v": "2"}), 3);
+    let said = |word: &str| {
+        let mut s = source(json!({"v": "2"}), "8");
+        s["metadata"]["annotations"] = json!({"config-snapshot.io/readers": word});
+        s
+    };
+    let through = |key: &str, value: &str| {
+        let mut w = workload(&old, 3, json!({}));
+        w["metadata"]["annotations"] = json!({ key: value });
+        w
+    };
+    let all = through("config-snapshot.io/watch", "*");
+    assert!(
+        matches!(judge(&i, Some(&all), Some(&said("ignore")), 0), Verdict::Drop { reason, .. } if reason.contains("no longer watches"))
+    );
+    assert!(matches!(
+        judge(&i, Some(&all), Some(&said("watch")), 0),
+        Verdict::Apply { .. }
+    ));
+    let named = through("config-snapshot.io/watch", "configmap/app");
+    assert!(matches!(
+        judge(&i, Some(&named), Some(&said("ignore")), 0),
+        Verdict::Apply { .. }
+    ));
+    let pinned = through("config-snapshot.io/snapshot", "*");
+    assert!(matches!(
+        judge(&i, Some(&pinned), Some(&said("watch")), 0),
+        Verdict::Apply { .. }
+    ));
+    assert!(matches!(
+        judge(&i, Some(&pinned), Some(&source(json!({"v": "2"}), "8")), 0),
+        Verdict::Drop { .. }
+    ));
+    // The word decides whether it is watched, never the workload's mode.
+    let mut gated = pinned.clone();
+    gated["metadata"]["annotations"]["config-snapshot.io/watch-mode"] = json!("notify");
+    assert!(matches!(
+        judge(&i, Some(&gated), Some(&said("watch")), 0),
+        Verdict::Later(_, Hold::Notify)
+    ));
+}
+
 /// A rollback that declined this very content voids the patch even when
 /// it came before the patch was decided: a review of the source carrying
 /// that content (a forged one, or an UPDATE raced by the rollback) must not

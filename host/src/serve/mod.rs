@@ -5,33 +5,14 @@
 //! several replicas: two replicas racing to create one snapshot create the
 //! same content-addressed object, and the loser reads it back.
 
-pub mod admission;
-pub mod apiserver;
-pub mod cache;
-pub mod certificates;
-pub mod door;
-pub mod events;
-mod fair;
-pub(crate) mod guarded;
-mod http;
+pub mod answer;
+pub mod intake;
 #[cfg(test)]
 mod layering_tests;
-pub mod leader;
-pub mod listener;
-pub mod metrics;
-mod options;
-pub(crate) mod own_certificate;
-pub mod prefetch;
-pub mod queue;
-mod refusal;
-pub(crate) mod registration;
-mod report;
-pub mod resync_timer;
-pub mod scope;
-pub mod signing;
-pub(crate) mod source_changes;
-pub(crate) mod source_reads;
-mod state;
+pub mod tell;
+pub mod trust;
+pub mod view;
+pub mod work;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -39,16 +20,16 @@ use std::sync::Arc;
 use anyhow::{Context as _, Result};
 use kube::Client;
 
-pub use admission::{admit, review, Answer, Failure};
-use options::at_least_a_second;
-pub use options::Options;
-pub use state::{build, build_with_engine, State};
+pub use answer::admission::{admit, review, Answer, Failure};
+use answer::options::at_least_a_second;
+pub use answer::options::Options;
+pub use answer::state::{build, build_with_engine, State};
 
 use crate::cluster::proof::{Keyring, Prover};
 
 /// The key Secret serve keeps its keyring in, and what it checks of it.
-pub fn key_secret(options: &Options, client: Client) -> signing::KeySecret {
-    signing::KeySecret {
+pub fn key_secret(options: &Options, client: Client) -> trust::signing::KeySecret {
+    trust::signing::KeySecret {
         client,
         namespace: options.own_namespace.clone(),
         name: options.signing_key_secret.clone(),
@@ -61,9 +42,9 @@ pub fn key_secret(options: &Options, client: Client) -> signing::KeySecret {
 /// The signing keyring, from `--signing-key-file` or the key Secret; with
 /// the guard the Secret was judged under (none for a file), which its later
 /// versions are judged against.
-pub async fn keyring(options: &Options, client: Client) -> Result<(Keyring, Option<signing::Guard>)> {
+pub async fn keyring(options: &Options, client: Client) -> Result<(Keyring, Option<trust::signing::Guard>)> {
     match &options.signing_key_file {
-        Some(path) => Ok((signing::from_file(path)?, None)),
+        Some(path) => Ok((trust::signing::from_file(path)?, None)),
         None => key_secret(options, client).load().await,
     }
 }
@@ -80,12 +61,12 @@ pub async fn run(options: Options) -> Result<()> {
         .context("connecting to the API server (in-cluster config or KUBECONFIG)")?;
     let (ring, guard) = keyring(&options, client.clone()).await?;
     tracing::info!(keys = ?ring.ids(), "signing keyring ready");
-    let door = Arc::new(door::Door::new(&ring));
+    let door = Arc::new(intake::door::Door::new(&ring));
     let (state, worker) = build(&options, client.clone(), &module, Prover::with(&ring))?;
     let (tls, bundle) = webhook_tls(&options, client.clone(), &state).await?;
     if !options.webhook_configuration.is_empty() {
         state.registered.store(false, Ordering::SeqCst);
-        let registration = registration::Registration {
+        let registration = trust::registration::Registration {
             client: client.clone(),
             name: options.webhook_configuration.clone(),
             door: door.clone(),
@@ -98,7 +79,7 @@ pub async fn run(options: Options) -> Result<()> {
         let prover = state.context.rules.prover.clone();
         let cache = state.cluster.cache.clone();
         let rekeyed = door.clone();
-        let untrusted = state.metrics.untrusted(metrics::SIGNING_KEY);
+        let untrusted = state.metrics.untrusted(tell::metrics::SIGNING_KEY);
         tokio::spawn(
             key_secret(&options, client.clone()).keep((ring, guard), prover, untrusted, move |ring| {
                 cache.keyring_changed();
@@ -110,17 +91,21 @@ pub async fn run(options: Options) -> Result<()> {
     tokio::spawn(worker.run());
     let interval = options.resync_interval;
     if options.leader_elect {
-        let election = leader::Election {
+        let election = work::leader::Election {
             namespace: options.own_namespace.clone(),
             lease: options.lease_name.clone(),
-            holder: leader::default_holder(),
+            holder: work::leader::default_holder(),
             duration: at_least_a_second(options.lease_duration),
         };
         tracing::info!(lease = %election.lease, namespace = %election.namespace, holder = %election.holder, "leader election on");
-        tokio::spawn(leader::compete(client.clone(), election, state.leadership.clone()));
+        tokio::spawn(work::leader::compete(
+            client.clone(),
+            election,
+            state.leadership.clone(),
+        ));
     }
-    tokio::spawn(resync_timer::every(state.clone(), interval));
-    http::serve(state, door, tls, &options).await
+    tokio::spawn(answer::resync_timer::every(state.clone(), interval));
+    intake::http::serve(state, door, tls, &options).await
 }
 
 /// The TLS serve answers with: `--tls-cert` and `--tls-key` (cert-manager's,
@@ -131,12 +116,16 @@ async fn webhook_tls(
     client: Client,
     state: &Arc<State>,
 ) -> Result<(
-    listener::Tls,
-    Option<tokio::sync::watch::Receiver<Option<certificates::Trust>>>,
+    intake::listener::Tls,
+    Option<tokio::sync::watch::Receiver<Option<trust::certificates::Trust>>>,
 )> {
     if let (Some(cert), Some(key)) = (&options.tls_cert, &options.tls_key) {
-        let tls = listener::Tls::new(listener::server_config(cert, key, options.client_ca.as_deref())?);
-        tokio::spawn(http::reload_certificates(
+        let tls = intake::listener::Tls::new(intake::listener::server_config(
+            cert,
+            key,
+            options.client_ca.as_deref(),
+        )?);
+        tokio::spawn(intake::http::reload_certificates(
             tls.clone(),
             cert.clone(),
             key.clone(),
@@ -151,28 +140,28 @@ async fn webhook_tls(
         format!("{}.{ns}.svc.cluster.local", options.service),
     ];
     if !options.webhook_configuration.is_empty() {
-        names.extend(registration::called_host(&client, &options.webhook_configuration).await);
+        names.extend(trust::registration::called_host(&client, &options.webhook_configuration).await);
     }
-    let own = own_certificate::OwnCertificate {
+    let own = trust::own_certificate::OwnCertificate {
         client: client.clone(),
         namespace: ns.clone(),
         names,
         webhook_configuration: options.webhook_configuration.clone(),
-        lifetimes: certificates::Lifetimes::bounded(
+        lifetimes: trust::certificates::Lifetimes::bounded(
             options.ca_lifetime.as_secs(),
             options.certificate_lifetime.as_secs(),
         ),
-        guard: signing::KeySecret {
-            name: certificates::SECRET.to_string(),
+        guard: trust::signing::KeySecret {
+            name: trust::certificates::SECRET.to_string(),
             ..key_secret(options, client)
         },
         client_ca: options.client_ca.clone(),
         trust,
-        untrusted: state.metrics.untrusted(metrics::WEBHOOK_CA),
+        untrusted: state.metrics.untrusted(tell::metrics::WEBHOOK_CA),
     };
     let (material, guard) = own.load().await?;
-    let tls = listener::Tls::new(own.tls_config(&material)?);
-    tracing::info!(secret = certificates::SECRET, "serving serve's own certificate");
+    let tls = intake::listener::Tls::new(own.tls_config(&material)?);
+    tracing::info!(secret = trust::certificates::SECRET, "serving serve's own certificate");
     tokio::spawn(own.keep(tls.clone(), material, guard, state.leadership.clone()));
     Ok((tls, Some(published)))
 }

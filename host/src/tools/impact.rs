@@ -16,7 +16,8 @@ use config_snapshot_policy::model::approval::WatchMode;
 use config_snapshot_policy::model::content::Content;
 use config_snapshot_policy::model::keys;
 use config_snapshot_policy::model::kinds::WorkloadKind;
-use config_snapshot_policy::model::optin::OptIn;
+use config_snapshot_policy::model::optin::{OptIn, Standing};
+use config_snapshot_policy::model::readers::Readers;
 use config_snapshot_policy::model::records::WatchRollout;
 use config_snapshot_policy::model::references::{Reference, SourceRefs};
 use config_snapshot_policy::model::settings::Settings;
@@ -39,6 +40,14 @@ pub struct Impact {
     pub exists: bool,
     /// Its keys, against the object as it is now.
     pub keys: KeyChanges,
+    /// What it says of its readers once applied (`config-snapshot.io/readers`:
+    /// `watch` or `ignore`; `None`: nothing, or a word that does not parse).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub readers: Option<&'static str>,
+    /// What the manifest says wrong, as the host would read it (a bad
+    /// readers word is read as none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
     /// Each workload that references it, in name order.
     pub workloads: Vec<WorkloadImpact>,
 }
@@ -117,12 +126,18 @@ pub fn impact(
     let id = SourceId::new(kind, name.to_string());
     let content = Content::from_object(kind, new).map_err(|e| anyhow!("{}/{name}: {e}", kind.tag()))?;
     let (before, after) = (live.map(|l| Values::of(kind, l)), Values::of(kind, new));
+    // The word the source will carry once applied is the one its change is
+    // judged by (the host reads the source as stored).
+    let (readers, warnings) = match Readers::of(new) {
+        Ok(readers) => (readers, Vec::new()),
+        Err(e) => (Readers::Unsaid, vec![format!("{e}; read as no word")]),
+    };
     let mut impacts = Vec::new();
     for workload in workloads {
         let Some(wkind) = workload["kind"].as_str().and_then(WorkloadKind::from_kind) else {
             continue;
         };
-        let group = match watcher(wkind, workload, &id, judging.settings) {
+        let group = match watcher(wkind, workload, &id, readers, judging.settings) {
             Watcher::Unreferenced => continue,
             Watcher::NotWatched(group) | Watcher::Watches(group) => group,
         };
@@ -130,7 +145,8 @@ pub fn impact(
         let only = |v: &Values| restricted(v, reads.as_ref());
         let (old, new_values) = (before.as_ref().map(only), only(&after));
         let changes = key_changes(old.as_ref(), &new_values, kind);
-        let (rolls, snapshot, why) = decide(wkind, workload, &id, &group, &content, &changes, judging);
+        let applied = (&group, &content, &changes);
+        let (rolls, snapshot, why) = decide(wkind, workload, (&id, readers), applied, judging);
         let template = workload.pointer(wkind.template()).unwrap_or(&Value::Null);
         impacts.push(WorkloadImpact {
             workload: format!("{}/{}", wkind.kind().to_ascii_lowercase(), workload.name()),
@@ -149,6 +165,8 @@ pub fn impact(
         namespace: namespace.to_string(),
         exists: live.is_some(),
         keys: key_changes(before.as_ref(), &after, kind),
+        readers: readers.name(),
+        warnings,
         workloads: impacts,
     })
 }
@@ -176,26 +194,24 @@ fn restricted(values: &Values, keys: Option<&BTreeSet<String>>) -> Values {
     }
 }
 
+/// What `plan` decides on besides the workload and the source: how the
+/// workload reads the source, its new content, and what changes in the
+/// keys read.
+type Applied<'a> = (&'a SourceRefs, &'a Content, &'a KeyChanges);
+
 /// Whether the change rolls one referencing workload (reading the source
-/// through `group`) out, and why.
+/// through `group`) out, and why: first whether it watches the source at
+/// all, and whose word decided (docs/design.md, "The source decides").
 fn decide(
     kind: WorkloadKind,
     workload: &Value,
-    id: &SourceId,
-    group: &SourceRefs,
-    content: &Content,
-    changes: &KeyChanges,
+    (id, readers): (&SourceId, Readers),
+    applied: Applied,
     judging: &Judging,
 ) -> (bool, Option<String>, String) {
-    let Judging {
-        settings,
-        snapshots,
-        watch_min_interval,
-        now,
-    } = *judging;
+    let settings = judging.settings;
     let stays = |why: String| (false, None, why);
-    let annotations = workload.annotations();
-    let optin = match OptIn::from_annotations(annotations, settings) {
+    let optin = match OptIn::from_annotations(workload.annotations(), settings) {
         Ok(optin) => optin,
         Err(e) => return stays(format!("its config-snapshot annotations do not parse: {e}")),
     };
@@ -208,14 +224,53 @@ fn decide(
     if optin.excluded(id, settings) {
         return stays(format!("{id} is excluded (its exclude annotation or the settings)"));
     }
-    if !optin.watches(id, settings) {
-        let runs = if optin.snapshots(id, settings) {
-            "it keeps the snapshot it pinned until its next rollout"
-        } else {
-            "it reads the live object: mounted files follow within a minute, env only on a restart"
-        };
-        return stays(format!("it does not watch {id}: {runs}"));
+    let pinned = "it keeps the snapshot it pinned until its next rollout";
+    let word = keys::READERS;
+    let called = match optin.standing(id, readers, settings) {
+        Standing::Unpinned => {
+            return stays(format!(
+                "it does not watch {id}: it reads the live object: mounted files follow within a minute, env only on a restart"
+            ))
+        }
+        Standing::Ignored => {
+            return stays(format!(
+                "it does not watch {id}: {id} says {word}: ignore, and it does not name it in watch; {pinned}"
+            ))
+        }
+        Standing::PinnedByName => {
+            return stays(format!(
+                "it does not watch {id}: it names it in snapshot alone, which {id}'s {word}: watch does not override; {pinned}"
+            ))
+        }
+        Standing::Own(false) => return stays(format!("it does not watch {id}: {pinned}")),
+        Standing::Called => true,
+        Standing::Named | Standing::Own(true) => false,
+    };
+    let (rolls, snapshot, why) = decide_watched(workload, &optin, id, applied, judging);
+    if called {
+        return (rolls, snapshot, format!("{why} (it watches {id} on its {word}: watch)"));
     }
+    (rolls, snapshot, why)
+}
+
+/// [`decide`] for a workload that watches the source: whether the change
+/// rolls it, now or once its mode, settle time, window or storm guard
+/// lets it.
+fn decide_watched(
+    workload: &Value,
+    optin: &OptIn,
+    id: &SourceId,
+    (group, content, changes): Applied,
+    judging: &Judging,
+) -> (bool, Option<String>, String) {
+    let Judging {
+        snapshots,
+        watch_min_interval,
+        now,
+        ..
+    } = *judging;
+    let stays = |why: String| (false, None, why);
+    let annotations = workload.annotations();
     if changes.is_empty() {
         return stays("none of the keys it reads changes".to_string());
     }
@@ -358,6 +413,12 @@ pub fn render(impact: &Impact) -> String {
         printable(&impact.namespace),
         printable(&impact.keys.describe())
     ));
+    if let Some(word) = impact.readers {
+        out.push_str(&format!("it says {}: {word}\n", keys::READERS));
+    }
+    for warning in &impact.warnings {
+        out.push_str(&format!("warning: {warning}\n"));
+    }
     if impact.workloads.is_empty() {
         out.push_str("no workload references it\n");
     }

@@ -1,13 +1,21 @@
 //! `status` and `approve`: what a workload's watched changes wait for, read
 //! from its own annotations (docs/design.md, "Notify and approve"), and
-//! which of them an approval may name. Both read the workload alone: the
-//! host keeps on it everything a person needs (the pending record, the last
+//! which of them an approval may name. Both read the workload: the host
+//! keeps on it everything a person needs (the pending record, the last
 //! watch rollout, the last rollback), so any replica, or none, can answer.
+//! `status` also reads what the sources it pins say of their readers
+//! (docs/design.md, "The source decides"), which is on the sources.
 
 use config_snapshot_policy::model::approval::{Entries, WatchMode};
 use config_snapshot_policy::model::keys;
+use config_snapshot_policy::model::kinds;
 use config_snapshot_policy::model::object::ObjectExt;
+use config_snapshot_policy::model::optin::OptIn;
+use config_snapshot_policy::model::readers::Readers;
 use config_snapshot_policy::model::records::{Rollback, WatchRollout};
+use config_snapshot_policy::model::settings::Settings;
+use config_snapshot_policy::model::source::{SourceId, SourceKind};
+use config_snapshot_policy::model::template;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -34,6 +42,85 @@ pub struct Status {
     pub last_watch_rollout: Option<(i64, String, String)>,
     /// The last rollback: when (unix seconds), and how many so far.
     pub last_rollback: Option<(i64, u64)>,
+    /// Each source it pins that says something of its readers, and whether
+    /// it watches the source, by that word and its own.
+    pub readers: Vec<SaidBySource>,
+    /// The sources it pins that could not be read (a Secret a viewer may
+    /// not get): what they say of their readers is not shown.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unread: Vec<String>,
+}
+
+/// What one source says of its readers (`config-snapshot.io/readers`).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct SaidBySource {
+    /// `configmap/app`.
+    pub source: String,
+    /// `watch` or `ignore` (`None`: a value that is neither).
+    pub says: Option<&'static str>,
+    /// Why the value is read as no word, if it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Whether the workload watches the source.
+    pub watched: bool,
+}
+
+/// What `status` reads besides the workload.
+pub struct Around<'a> {
+    /// The policy's settings as installed (`snapshotByDefault` pins every
+    /// workload).
+    pub settings: &'a Settings,
+    /// The sources the workload pins ([`pinned`]), as read.
+    pub sources: &'a [Value],
+    /// Those that could not be read.
+    pub unread: &'a [SourceId],
+}
+
+/// The sources `workload`'s template names that it snapshots: those whose
+/// word about their readers `status` reads.
+pub fn pinned(workload: &Value, settings: &Settings) -> Vec<SourceId> {
+    let Ok(optin) = OptIn::from_annotations(workload.annotations(), settings) else {
+        return Vec::new();
+    };
+    kinds::template_of(workload)
+        .map(template::own_groups)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|g| g.id)
+        .filter(|id| optin.snapshots(id, settings))
+        .collect()
+}
+
+/// What the `sources` `workload` pins say of their readers, and how the
+/// workload stands towards each: the policy's own rule.
+fn said_by_sources(workload: &Value, around: &Around) -> Vec<SaidBySource> {
+    let Ok(optin) = OptIn::from_annotations(workload.annotations(), around.settings) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for id in pinned(workload, around.settings) {
+        let Some(source) = around
+            .sources
+            .iter()
+            .find(|s| s["kind"].as_str().and_then(SourceKind::from_kind) == Some(id.kind) && s.name() == id.name)
+        else {
+            continue;
+        };
+        if !source.has_annotation(keys::READERS) {
+            continue;
+        }
+        let (readers, error) = match Readers::of(source) {
+            Ok(readers) => (readers, None),
+            Err(e) => (Readers::Unsaid, Some(format!("{e}; read as no word"))),
+        };
+        out.push(SaidBySource {
+            source: id.to_string(),
+            says: readers.name(),
+            error,
+            watched: optin.watches(&id, readers, around.settings),
+        });
+    }
+    out
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -49,7 +136,7 @@ fn listed(entries: &Entries) -> Vec<(String, String)> {
 }
 
 /// The status of `workload` (as stored) at `now`.
-pub fn status(target: &Target, workload: &Value, now: i64) -> Status {
+pub fn status(target: &Target, workload: &Value, around: &Around, now: i64) -> Status {
     let annotations = workload.annotations();
     let text = |key: &str| annotations.and_then(|a| a.get(key)).and_then(Value::as_str);
     let rollout_window = text(keys::ROLLOUT_WINDOW).map(|schedule| Window {
@@ -71,6 +158,8 @@ pub fn status(target: &Target, workload: &Value, now: i64) -> Status {
         approved: listed(&Entries::on(annotations, keys::APPROVE)),
         last_watch_rollout: WatchRollout::of(workload).map(|r| (r.at, r.source.to_string(), r.snapshot)),
         last_rollback: Rollback::of(workload).map(|r| (r.at, r.count)),
+        readers: said_by_sources(workload, around),
+        unread: around.unread.iter().map(SourceId::to_string).collect(),
     }
 }
 
@@ -120,6 +209,17 @@ pub fn render(status: &Status, now: i64) -> String {
     }
     if let Some((at, count)) = status.last_rollback {
         line("last rollback", format!("{} (rollback {count})", ago(at)));
+    }
+    for said in &status.readers {
+        let watched = if said.watched { "watched" } else { "not watched" };
+        let says = match (said.says, &said.error) {
+            (Some(word), _) => format!("{}: {word}", keys::READERS),
+            (None, error) => error.clone().unwrap_or_default(),
+        };
+        line("source says", format!("{}: {says} ({watched})", said.source));
+    }
+    for source in &status.unread {
+        line("source says", format!("{source}: could not read it"));
     }
     out
 }
@@ -232,7 +332,12 @@ mod tests {
             keys::ROLLOUT_WINDOW_ZONE: "UTC\u{9b}31m",
             keys::ROLLOUT_WINDOW: "0 22 * * 1-5 for 8h",
         }));
-        let text = render(&status(&t, &w, now), now);
+        let around = Around {
+            settings: &Settings::default(),
+            sources: &[],
+            unread: &[],
+        };
+        let text = render(&status(&t, &w, &around, now), now);
         assert!(text.chars().all(|c| c == '\n' || !c.is_control()), "{text:?}");
         assert!(
             !text.lines().any(|l| l.trim_start().starts_with("approved")),
@@ -251,7 +356,12 @@ mod tests {
             keys::ROLLOUT_WINDOW: "0 22 * * 1-5 for 8h",
             keys::PENDING: "configmap/app=app-2",
         }));
-        let s = status(&t, &w, now);
+        let around = Around {
+            settings: &Settings::default(),
+            sources: &[],
+            unread: &[],
+        };
+        let s = status(&t, &w, &around, now);
         assert_eq!(s.watch_mode, "approve");
         assert_eq!(s.pending, vec![("configmap/app".to_string(), "app-2".to_string())]);
         let held = s.rollout_window.as_ref().and_then(|w| w.held.clone()).unwrap();
@@ -261,5 +371,85 @@ mod tests {
             text.contains("configmap/app -> app-2 (awaits `config-snapshot approve deployment/web`)"),
             "{text}"
         );
+    }
+
+    /// `status` shows what each source the workload pins says of its
+    /// readers, and whether the workload watches it by the policy's rule;
+    /// a source it could not read is said, not guessed; a source it does
+    /// not pin is not read at all.
+    #[test]
+    fn status_shows_what_the_sources_it_pins_say_of_their_readers() {
+        let (t, mut w) = web(json!({
+            "config-snapshot.io/snapshot": "*",
+            keys::WATCH: "configmap/named",
+            "config-snapshot.io/exclude": "configmap/out",
+        }));
+        let env = |kind: &str, name: &str| match kind {
+            "configmap" => json!({"configMapRef": {"name": name}}),
+            _ => json!({"secretRef": {"name": name}}),
+        };
+        let refs: Vec<Value> = [
+            ("configmap", "flags"),
+            ("configmap", "named"),
+            ("configmap", "quiet"),
+            ("configmap", "typo"),
+            ("configmap", "out"),
+            ("secret", "db"),
+        ]
+        .iter()
+        .map(|(k, n)| env(k, n))
+        .collect();
+        w["kind"] = json!("Deployment");
+        w["spec"] = json!({"template": {"spec": {"containers": [{"name": "c", "envFrom": refs}]}}});
+        let source = |kind: &str, name: &str, word: Option<&str>| {
+            let mut s = json!({"kind": kind, "metadata": {"name": name, "namespace": "ns"}});
+            if let Some(word) = word {
+                s["metadata"]["annotations"] = json!({keys::READERS: word});
+            }
+            s
+        };
+        let settings = Settings::default();
+        let pins: Vec<String> = pinned(&w, &settings).iter().map(SourceId::to_string).collect();
+        assert!(!pins.contains(&"configmap/out".to_string()), "{pins:?}");
+        let sources = [
+            source("ConfigMap", "flags", Some("watch")),
+            source("ConfigMap", "named", Some("ignore")),
+            source("ConfigMap", "quiet", None),
+            source("ConfigMap", "typo", Some("true")),
+        ];
+        let unread = [SourceId::new(SourceKind::Secret, "db")];
+        let around = Around {
+            settings: &settings,
+            sources: &sources,
+            unread: &unread,
+        };
+        let s = status(&t, &w, &around, 0);
+        let said: Vec<(&str, Option<&str>, bool)> = s
+            .readers
+            .iter()
+            .map(|r| (r.source.as_str(), r.says, r.watched))
+            .collect();
+        assert_eq!(
+            said,
+            [
+                ("configmap/flags", Some("watch"), true),
+                ("configmap/named", Some("ignore"), true),
+                ("configmap/typo", None, false),
+            ]
+        );
+        let text = render(&s, 0);
+        assert!(
+            text.contains("configmap/flags: config-snapshot.io/readers: watch (watched)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("configmap/named: config-snapshot.io/readers: ignore (watched)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("configmap/typo: config-snapshot.io/readers: bad token \"true\""),
+            "{text}"
+        );
+        assert!(text.contains("secret/db: could not read it"), "{text}");
     }
 }

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use config_snapshot::cluster::proof::Prover;
-use config_snapshot::serve::cache::{Cache, KINDS};
+use config_snapshot::serve::view::cache::{Cache, KINDS};
 
 use super::*;
 

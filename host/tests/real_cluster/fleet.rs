@@ -147,9 +147,8 @@ pub fn leader_killed_mid_storm(cp: &ControlPlane, serve: &mut ServeProcess, kube
     let settings = r#"{"orphanGracePeriod": "1m"}"#;
     let mut flags = serve_flags(settings);
     flags.extend([
+        // The shipped Lease: RBAC grants its get and patch by name.
         "--leader-elect",
-        "--lease-name",
-        "config-snapshot-fleet",
         "--lease-duration",
         "3s",
     ]);

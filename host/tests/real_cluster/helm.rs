@@ -250,7 +250,14 @@ pub fn chart_installs_upgrades_and_uninstalls(cp: &ControlPlane) {
     assert!(can("patch", "deployments.apps", apps));
     assert!(!can("delete", "secrets", "default"), "and nowhere else");
     assert!(!can("get", "secrets", "kube-system"));
-    assert!(can("patch", "leases.coordination.k8s.io", ns), "its Lease");
+    // Its Lease, by name (`create` cannot be).
+    let lease = format!("leases.coordination.k8s.io/{fullname}");
+    assert!(can("patch", &lease, ns), "its Lease");
+    assert!(can("create", "leases.coordination.k8s.io", ns));
+    assert!(
+        !can("patch", "leases.coordination.k8s.io/another", ns),
+        "no other Lease"
+    );
     let webhook: Value =
         serde_json::from_str(&cp.kubectl(&["get", "mutatingwebhookconfiguration", fullname, "-o", "json"])).unwrap();
     assert_eq!(

@@ -255,6 +255,8 @@ pub fn attack_stories(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &
     // while its guard is away.
     super::cached::cached_secret_story(cp);
     super::keys::unguarded_key_story(cp, serve);
+    // The fourth: serve's own token, stolen (the identity guard).
+    super::identity::stolen_token_story(cp);
 }
 
 /// The objects `kubectl kustomize` renders from a directory of deploy/.
@@ -305,6 +307,13 @@ pub fn namespaced_story(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig:
         let ns = object["metadata"]["namespace"].as_str().unwrap_or("default");
         cp.apply(ns, object);
     }
+    // Its identity guard, for these namespaces only: tried while the
+    // cluster-wide grant still stands, so that the guard alone refuses.
+    let guard = objects
+        .iter()
+        .find(|o| o["kind"] == "ValidatingAdmissionPolicy" && o["metadata"]["name"] == "config-snapshot-identity")
+        .expect("the identity guard");
+    super::identity::namespaced_guard_story(cp, guard);
     cp.kubectl(&["delete", "clusterrolebinding", "config-snapshot"]);
     for (verb, resource, ns, expected) in [
         ("delete", "configmaps", "team-a", true),

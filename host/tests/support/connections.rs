@@ -142,3 +142,49 @@ pub async fn post_declaring<S: tokio::io::AsyncWrite + Unpin>(
     let _ = stream.flush().await;
     true
 }
+
+/// The first bytes of a review of `namespace`, as the API server writes
+/// them (its field order: the namespace before the object), opening a
+/// string the padding of [`post_review_declaring`] goes into.
+pub fn review_head(namespace: &str) -> String {
+    format!(
+        concat!(
+            r#"{{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{{"uid":"held","#,
+            r#""kind":{{"group":"apps","version":"v1","kind":"Deployment"}},"#,
+            r#""resource":{{"group":"apps","version":"v1","resource":"deployments"}},"#,
+            r#""name":"big","namespace":"{}","operation":"CREATE","userInfo":{{"username":"tenant"}},"#,
+            r#""object":{{"metadata":{{"annotations":{{"big":""#
+        ),
+        namespace
+    )
+}
+
+/// As [`post_declaring`], the body beginning with a review of `namespace`
+/// ([`review_head`]): what serve charges it to.
+pub async fn post_review_declaring<S: tokio::io::AsyncWrite + Unpin>(
+    stream: &mut S,
+    path: &str,
+    namespace: &str,
+    length: usize,
+    sent: usize,
+) -> bool {
+    use tokio::io::AsyncWriteExt;
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n{}",
+        review_head(namespace)
+    );
+    if stream.write_all(head.as_bytes()).await.is_err() {
+        return false;
+    }
+    let chunk = vec![b' '; 64 << 10];
+    let mut left = sent.saturating_sub(review_head(namespace).len());
+    while left > 0 {
+        let n = left.min(chunk.len());
+        match tokio::time::timeout(Duration::from_millis(500), stream.write_all(&chunk[..n])).await {
+            Ok(Ok(())) => left -= n,
+            _ => break,
+        }
+    }
+    let _ = stream.flush().await;
+    true
+}

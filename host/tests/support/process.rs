@@ -182,7 +182,8 @@ impl ServeProcess {
     pub fn door_path(&self) -> String {
         let key = std::fs::read(self.dir.join("signing.key")).expect("serve signs with the harness's key file");
         let ring = config_snapshot::cluster::proof::Keyring::of(&key).unwrap();
-        config_snapshot::serve::door::path_of(&ring, config_snapshot_policy::model::duration::unix_now()).to_string()
+        config_snapshot::serve::intake::door::path_of(&ring, config_snapshot_policy::model::duration::unix_now())
+            .to_string()
     }
 
     /// A plain HTTP GET on the ops port: (status, body).

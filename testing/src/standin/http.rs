@@ -254,7 +254,8 @@ fn forbidden(inner: &Inner, method: &Method, path: &Path) -> Option<Response> {
     ))
 }
 
-/// `current` with a JSON Patch or a merge patch applied, as sent.
+/// `current` with a JSON Patch, a merge patch or a strategic merge patch
+/// applied, as sent.
 fn patched(current: &Value, content_type: &str, body: &Value) -> Result<Value, ApiError> {
     let mut out = current.clone();
     if content_type.starts_with("application/json-patch+json") {
@@ -264,10 +265,44 @@ fn patched(current: &Value, content_type: &str, body: &Value) -> Result<Value, A
             .map_err(|e| ApiError::Invalid(format!("the patch could not be applied: {e}")))?;
     } else if content_type.starts_with("application/merge-patch+json") {
         json_patch::merge(&mut out, body);
+    } else if content_type.starts_with("application/strategic-merge-patch+json") {
+        strategic_merge(&mut out, body);
     } else {
         return Err(ApiError::Invalid(format!("unsupported patch type {content_type}")));
     }
     Ok(out)
+}
+
+/// A strategic merge patch as far as serve sends one: a merge patch, except
+/// that a list whose items are objects with a `name` merges item by item,
+/// by name, rather than being replaced.
+fn strategic_merge(target: &mut Value, patch: &Value) {
+    let named = |items: &Vec<Value>| items.iter().all(|i| i.get("name").is_some_and(Value::is_string));
+    match (target, patch) {
+        (Value::Object(target), Value::Object(patch)) => {
+            for (key, value) in patch {
+                if value.is_null() {
+                    target.remove(key);
+                    continue;
+                }
+                match target.get_mut(key) {
+                    Some(existing) => strategic_merge(existing, value),
+                    None => {
+                        target.insert(key.clone(), value.clone());
+                    }
+                }
+            }
+        }
+        (Value::Array(target), Value::Array(patch)) if named(target) && named(patch) => {
+            for item in patch {
+                match target.iter_mut().find(|t| t["name"] == item["name"]) {
+                    Some(existing) => strategic_merge(existing, item),
+                    None => target.push(item.clone()),
+                }
+            }
+        }
+        (target, patch) => *target = patch.clone(),
+    }
 }
 
 fn list(inner: &Inner, path: &Path) -> Response {

@@ -3,6 +3,10 @@
 //! resourceVersion precondition, delete with uid and resourceVersion
 //! preconditions), over the simulator's store ([`Shared`]).
 //!
+//! Strategic merge patches are taken as merge patches whose lists of named
+//! objects merge by `name` (the merge key of every list serve patches so:
+//! a webhook configuration's `webhooks`).
+//!
 //! - [`ApiServer::start`]: a plain API server. Writes persist as the
 //!   registry stores them; tests write to it directly (`put`) the way a
 //!   user or a controller would, and read back what serve did.
@@ -34,9 +38,9 @@ use config_snapshot_policy::model::keys;
 use config_snapshot_policy::model::kinds::KINDS;
 use serde_json::{json, Value};
 
-/// Kinds serve uses beyond the policy's table: its Lease, its Events and
-/// its signing key's guard (cluster-scoped).
-const SERVE_KINDS: [(&str, &str, &str); 4] = [
+/// Kinds serve uses beyond the policy's table: its Lease, its Events, its
+/// signing key's guard and its webhook configuration (cluster-scoped).
+const SERVE_KINDS: [(&str, &str, &str); 5] = [
     ("leases", "coordination.k8s.io/v1", "Lease"),
     ("events", "events.k8s.io/v1", "Event"),
     (
@@ -48,6 +52,11 @@ const SERVE_KINDS: [(&str, &str, &str); 4] = [
         "validatingadmissionpolicybindings",
         "admissionregistration.k8s.io/v1",
         "ValidatingAdmissionPolicyBinding",
+    ),
+    (
+        "mutatingwebhookconfigurations",
+        "admissionregistration.k8s.io/v1",
+        "MutatingWebhookConfiguration",
     ),
 ];
 

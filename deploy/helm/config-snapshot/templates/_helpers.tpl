@@ -57,9 +57,16 @@ each Role's in a namespaced install (host/tests/deploy.rs checks them
 against what serve calls).
 */}}
 {{- define "config-snapshot.rules" -}}
+# Sources, read: the watch caches.
 - apiGroups: [""]
   resources: ["configmaps", "secrets"]
-  verbs: ["get", "list", "watch", "create", "delete", "patch"]
+  verbs: ["get", "list", "watch"]
+# Snapshots, written. RBAC can name neither them nor the namespaces
+# serve serves: identityguard.yaml narrows these to serve's own
+# snapshots there.
+- apiGroups: [""]
+  resources: ["configmaps", "secrets"]
+  verbs: ["create", "delete", "patch"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]

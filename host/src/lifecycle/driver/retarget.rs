@@ -14,6 +14,7 @@ use config_snapshot_policy::model::content::{snapshot_object, Content};
 use config_snapshot_policy::model::keys;
 use config_snapshot_policy::model::object::ObjectExt;
 use config_snapshot_policy::model::optin::OptIn;
+use config_snapshot_policy::model::readers::Readers;
 use config_snapshot_policy::model::records::Rollback;
 use config_snapshot_policy::model::references;
 use config_snapshot_policy::model::template::{self, Snapshots};
@@ -190,8 +191,10 @@ impl Driver<'_> {
             if *id == intent.source {
                 continue;
             }
-            if !optin.watches(id, settings) {
-                // No longer watched: its record is stale, and nothing rolls it.
+            // No longer watched (whatever its source says: `watch` is the
+            // word that makes the most watchers): its record is stale, and
+            // nothing rolls it.
+            if !optin.watches(id, Readers::Watch, settings) {
                 remaining.remove(id);
                 continue;
             }
@@ -205,6 +208,11 @@ impl Driver<'_> {
             let Ok(Some(stored)) = self.cluster.get_fresh(id.kind.kind(), ns, &id.name) else {
                 continue;
             };
+            // Not watched on what the source says now (`ignore` since).
+            if !optin.watches(id, Readers::said_by(&stored), settings) {
+                remaining.remove(id);
+                continue;
+            }
             let companion = PatchIntent {
                 source: id.clone(),
                 snapshot: snapshot.to_string(),

@@ -15,7 +15,7 @@ use super::kept::Target;
 /// read by name: nothing else in the namespace is fetched), and the
 /// namespace's revocation record.
 pub async fn fetch(client: kube::Client, target: &Target, namespace: &str) -> Result<crate::replay::view::Objects> {
-    use crate::serve::cache::{api_resource, trim};
+    use crate::serve::view::cache::{api_resource, trim};
     use kube::api::{Api, DynamicObject, ListParams};
     let api = |kind: &str| -> Api<DynamicObject> {
         let resource = api_resource(kind).expect("a kind of the table");

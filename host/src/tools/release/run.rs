@@ -26,12 +26,12 @@ use serde_json::{json, Value};
 
 use super::decide::{self, Action, Guard, Options, Plan};
 use crate::cluster::proof::{Keyring, Prover};
-use crate::serve::cache::api_resource;
-use crate::serve::signing::ring_of;
+use crate::serve::trust::signing::ring_of;
+use crate::serve::view::cache::api_resource;
 
 /// serve's webhook (deploy/serve/webhook.yaml): while it is registered,
 /// serve pins workloads again as they are pointed back.
-pub use crate::serve::registration::WEBHOOK;
+pub use crate::serve::trust::registration::WEBHOOK;
 
 #[derive(Debug, Clone)]
 pub struct Settings {

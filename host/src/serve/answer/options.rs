@@ -8,7 +8,11 @@ use std::time::Duration;
 use anyhow::{anyhow, Result};
 use config_snapshot_policy::model::duration::parse_go_duration;
 
-use super::{listener, signing, source_reads};
+use crate::serve::view::source_reads;
+
+/// The ValidatingAdmissionPolicy that guards the signing key's Secret
+/// (deploy/serve/keyguard.yaml): `--signing-key-guard`'s default.
+pub(crate) const SIGNING_KEY_GUARD: &str = "config-snapshot-signing-key";
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Options {
@@ -59,8 +63,9 @@ pub struct Options {
     #[arg(long, env = "CONFIG_SNAPSHOT_CLIENT_CA")]
     pub client_ca: Option<PathBuf>,
     /// Connections to the webhook open at once (their TLS handshakes done).
-    /// Past it, a new one takes an idle one's place, or is closed if none
-    /// is idle.
+    /// Past it, a new one takes the place of an idle one that has not
+    /// passed the door yet, or is closed if there is none: a connection
+    /// that has (the API server's) keeps its place.
     #[arg(long, default_value = "256")]
     pub max_connections: usize,
     /// Of those, from one address: the API server's own are never crowded
@@ -83,15 +88,18 @@ pub struct Options {
     #[arg(long, default_value = "10s", value_parser = go_duration)]
     pub body_read_timeout: Duration,
     /// Bytes of request bodies read or evaluated at once (`Ki`, `Mi`
-    /// allowed; never less than one body of 8 MiB). A body takes its
-    /// declared size of it before a byte is read; past it, a request waits
-    /// for its deadline, then is answered 503.
+    /// allowed; never less than four bodies of 8 MiB). A body takes its
+    /// declared size of it before more than its first bytes are read, and
+    /// one namespace holds at most a quarter of it; past the whole, a
+    /// request waits for its deadline, then is answered 503.
     #[arg(long, default_value = "32Mi", value_parser = crate::lifecycle::parse_bytes)]
     pub body_bytes_in_flight: std::num::NonZeroU32,
-    /// Requests in flight at once from one address, on all its
-    /// connections; past it, a request is answered 503 at once.
+    /// Reviews of one namespace in flight at once (read, waiting or
+    /// evaluated), whoever sends them; past it, a review is answered 503
+    /// at once. Counted by namespace, not address: the API server is one
+    /// address carrying every namespace's reviews.
     #[arg(long, default_value = "64")]
-    pub max_requests_per_peer: usize,
+    pub max_requests_per_namespace: u32,
     /// The MutatingWebhookConfiguration that calls serve: serve keeps its
     /// webhooks calling the door's path (`/mutate/<token>`, the token
     /// derived from the signing key), and is not ready while it cannot.
@@ -181,7 +189,7 @@ pub struct Options {
     pub service_account: String,
     /// The name of the signing key's guard: a ValidatingAdmissionPolicy and
     /// its binding (deploy/serve/keyguard.yaml, the chart).
-    #[arg(long, default_value = signing::GUARD)]
+    #[arg(long, default_value = SIGNING_KEY_GUARD)]
     pub signing_key_guard: String,
     /// Trust the key Secret, and serve's own CA Secret, without their guard
     /// (the ValidatingAdmissionPolicy of deploy/serve/keyguard.yaml).
@@ -266,24 +274,6 @@ impl Options {
         Ok(Some(only))
     }
 
-    /// The webhook listener's bounds from the flags.
-    pub(crate) fn listener_limits(&self) -> Result<listener::Limits> {
-        if self.max_connections_per_peer == 0 || self.max_connections == 0 || self.max_requests_per_peer == 0 {
-            return Err(anyhow!(
-                "--max-connections, --max-connections-per-peer and --max-requests-per-peer: at least 1"
-            ));
-        }
-        Ok(listener::Limits {
-            connections: self.max_connections,
-            per_peer: self.max_connections_per_peer.min(self.max_connections),
-            first_byte_timeout: at_least_a_second(self.first_byte_timeout),
-            idle_timeout: at_least_a_second(self.idle_timeout),
-            header_read_timeout: at_least_a_second(self.header_read_timeout),
-            requests_per_peer: self.max_requests_per_peer,
-            ..listener::Limits::default()
-        })
-    }
-
     /// The engine's limits from `--policy-instances` and
     /// `--policy-memory-mib`.
     pub(crate) fn engine_limits(&self) -> Result<crate::kubewarden::engine::Limits> {
@@ -333,7 +323,7 @@ fn go_duration(text: &str) -> Result<Duration, config_snapshot_policy::model::du
 }
 
 /// A duration no shorter than a second: a timer of zero would fire at once.
-pub(super) fn at_least_a_second(d: Duration) -> Duration {
+pub(crate) fn at_least_a_second(d: Duration) -> Duration {
     d.max(Duration::from_secs(1))
 }
 

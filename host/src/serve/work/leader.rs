@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use kube_leader_election::{LeaseLock, LeaseLockParams, LeaseLockResult};
 
-use super::metrics::Metrics;
+use crate::serve::tell::metrics::Metrics;
 
 /// Whether this replica leads, as the rest of serve asks it.
 pub struct Leadership {

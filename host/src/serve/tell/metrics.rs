@@ -63,7 +63,8 @@ pub struct EffectLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RefusedLabels {
-    /// One of [`Refusal::LABELS`](crate::serve::refusal::Refusal).
+    /// Why a request was refused before any work (the intake's `Refusal`
+    /// labels, each started at zero by the intake).
     pub reason: &'static str,
 }
 
@@ -77,12 +78,12 @@ pub struct SecretLabels {
 pub(crate) const SIGNING_KEY: &str = "signing-key";
 /// serve's own webhook CA's Secret, as a label.
 pub(crate) const WEBHOOK_CA: &str = "webhook-ca";
-/// The Secrets the key's guard guards (serve/guarded.rs).
+/// The Secrets the key's guard guards (serve/trust/guarded.rs).
 pub(crate) const GUARDED_SECRETS: [&str; 2] = [SIGNING_KEY, WEBHOOK_CA];
 
 type HistogramFamily = Family<RequestLabels, Histogram, fn() -> Histogram>;
 
-/// The webhook listener's connections (serve/listener.rs).
+/// The webhook listener's connections (serve/intake/listener.rs).
 #[derive(Clone, Default)]
 pub struct ConnectionMetrics {
     /// Open now, their TLS handshakes done.
@@ -90,12 +91,17 @@ pub struct ConnectionMetrics {
     /// Refused: no handshake slot, the peer's share taken, or every place
     /// busy.
     pub refused: Counter,
-    /// Closed while idle to give their place to a new connection.
+    /// Closed while idle, never having passed the door, to give their
+    /// place to a new connection.
     pub evicted: Counter,
     /// Requests answered with an error before any work: not at the door's
-    /// path, the peer's share of requests in flight taken, the body too
-    /// large, over the budget of bodies, or too slow.
+    /// path, the namespace's share taken, the body too large, over the
+    /// budget of bodies, or too slow.
     pub requests_refused: Family<RefusedLabels, Counter>,
+    /// Reviews whose first bytes named no namespace, charged to the share
+    /// such reviews have together (serve/intake/shares.rs): never the API
+    /// server's, which name it first.
+    pub unsorted: Counter,
 }
 
 pub struct Metrics {
@@ -295,21 +301,23 @@ impl Default for Metrics {
         );
         registry.register(
             "webhook_connections_refused",
-            "Connections to the webhook refused: no handshake slot, the peer's share taken, or none idle to give way",
+            "Connections to the webhook refused: no handshake slot, the peer's share taken, or none unproven and idle to give way",
             connections.refused.clone(),
         );
         registry.register(
             "webhook_connections_evicted",
-            "Idle connections to the webhook closed to give their place to a new one",
+            "Idle connections to the webhook that had not passed the door, closed to give their place to a new one",
             connections.evicted.clone(),
         );
-        for reason in crate::serve::refusal::Refusal::LABELS {
-            let _ = connections.requests_refused.get_or_create(&RefusedLabels { reason });
-        }
         registry.register(
             "webhook_requests_refused",
             "Requests to the webhook answered with an error before any work, by why",
             connections.requests_refused.clone(),
+        );
+        registry.register(
+            "webhook_reviews_unsorted",
+            "Reviews whose first 4 KiB named no namespace, charged to one share together",
+            connections.unsorted.clone(),
         );
         registry.register(
             "deferred_effects_queued",

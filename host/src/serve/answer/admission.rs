@@ -13,13 +13,13 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use super::metrics::{self, OperationLabels, RequestLabels};
-use super::prefetch::{self, ObjectOnly};
-use super::scope::RequestScope;
 use super::state::State;
 use crate::capability::{Caller, Capability, Subject};
 use crate::cluster::shown;
 use crate::kubewarden::engine::{CallFailure, CallHandler};
+use crate::serve::tell::metrics::{self, OperationLabels, RequestLabels};
+use crate::serve::view::prefetch::{self, ObjectOnly};
+use crate::serve::view::scope::RequestScope;
 use config_snapshot_policy::model::settings::Settings;
 
 /// Request uids of the host's own admissions (the resync's) start with

@@ -1,8 +1,7 @@
 //! How a request is refused before any work, and what the listener hands
-//! the webhook with each request: the listener refuses a peer over its
-//! share, the webhook everything else, with the same answers and labels.
+//! the webhook with each request.
 
-use std::net::IpAddr;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use axum::http::{header, HeaderValue, StatusCode, Version};
@@ -13,25 +12,27 @@ use axum::response::{IntoResponse, Response};
 pub(crate) enum Refusal {
     /// Not a POST to the door's path: not the API server.
     Door,
-    /// The peer already has its share of requests in flight.
-    Peer,
+    /// The review's namespace already holds its share: of requests in
+    /// flight (`--max-requests-per-namespace`), or of the budget of bodies
+    /// (a quarter).
+    Namespace,
     /// A body declared, or found, larger than the most a review may be
-    /// (`http::MAX_BODY`).
+    /// (`intake::MAX_BODY`).
     TooLarge,
     /// The bodies being read already hold the whole budget until the
-    /// request's deadline, or this peer's half of it.
+    /// request's deadline.
     Budget,
     /// The body did not arrive, whole, by the deadline.
     Deadline,
 }
 
 impl Refusal {
-    pub(crate) const LABELS: [&'static str; 5] = ["door", "peer", "too_large", "budget", "deadline"];
+    pub(crate) const LABELS: [&'static str; 5] = ["door", "namespace", "too_large", "budget", "deadline"];
 
     pub(crate) fn label(self) -> &'static str {
         match self {
             Refusal::Door => "door",
-            Refusal::Peer => "peer",
+            Refusal::Namespace => "namespace",
             Refusal::TooLarge => "too_large",
             Refusal::Budget => "budget",
             Refusal::Deadline => "deadline",
@@ -43,9 +44,9 @@ impl Refusal {
             // Nothing here: the same answer as for any unknown path, so
             // that it tells a prober nothing.
             Refusal::Door => (StatusCode::NOT_FOUND, "not found"),
-            Refusal::Peer => (
+            Refusal::Namespace => (
                 StatusCode::SERVICE_UNAVAILABLE,
-                "too many requests in flight from this address",
+                "too many requests in flight for this namespace",
             ),
             Refusal::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "request body too large"),
             Refusal::Budget => (StatusCode::SERVICE_UNAVAILABLE, "too many request bodies in flight"),
@@ -68,16 +69,14 @@ pub(crate) fn refusal(version: Version, why: Refusal) -> Response {
     response
 }
 
-/// The address a request came from, as the listener saw it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Peer(pub IpAddr);
-
 /// Given to the webhook by the listener with each request: the request's
-/// place among its peer's requests in flight, held until its evaluation is
-/// over (not only until its caller goes), and the means to close its
-/// connection.
+/// mark on its connection, held until its evaluation is over (not only
+/// until its caller goes); the connection's proof, which the webhook sets
+/// once a request has passed the door (the listener never takes a proven
+/// connection's place for a new one); and the means to close it.
 #[derive(Clone)]
 pub(crate) struct Connection {
     pub in_flight: Arc<dyn std::any::Any + Send + Sync>,
+    pub proven: Arc<AtomicBool>,
     pub close: Arc<tokio::sync::Notify>,
 }

@@ -16,11 +16,18 @@
 //! it is made, shared by every replica, backed up, restored and guarded
 //! exactly as the key is; it tells nothing of the key; and one that leaks
 //! (the API server names the URL it called in its errors) stops opening the
-//! door within two hours, and at once when the key is rotated (`keys
+//! door within two hours, and within seconds when the key is rotated (`keys
 //! rotate`). The door opens the tokens of the hour before and after too, so
 //! clocks a little apart and the move of the configuration at each hour
-//! refuse no call; after a rotation, the key that was current keeps its
-//! tokens for [`OVERLAP`].
+//! refuse no call.
+//!
+//! After a rotation the key that was current keeps its tokens only while
+//! the API server may still call them: until this replica sees the webhook
+//! configuration call the new key's path (serve/trust/registration.rs moves it
+//! five seconds after the rotation, and every replica reads it every five
+//! seconds), then for [`AFTER_MOVE`], the time the API servers' informers
+//! take to read the move. Only where nothing is seen to move it (serve told
+//! to leave the configuration alone) do they stay for [`OVERLAP`].
 
 use std::sync::RwLock;
 use std::time::{Duration, Instant};
@@ -48,11 +55,21 @@ pub const TOKEN_LEN: usize = 2 * TOKEN_BYTES;
 /// How long one token is the current one.
 pub const PERIOD_SECS: i64 = 3600;
 
-/// How long the tokens of a key that stopped being current stay open: long
-/// enough for every replica to have moved the webhook configuration and for
-/// every API server to have read it again (their informers take
-/// milliseconds; this covers an API server that was cut off for minutes).
+/// How long the tokens of a key that stopped being current stay open when
+/// this replica never sees the webhook configuration move to the new key's
+/// path: serve does not keep it (`--webhook-configuration ""`), or the
+/// leader that should move it does not (an older version, during an
+/// upgrade). Whoever moves it then has this long.
 pub(crate) const OVERLAP: Duration = Duration::from_secs(600);
+
+/// How long the earlier keys' tokens stay open once the webhook
+/// configuration is seen calling the current key's path: every API server
+/// reads the configuration through an informer, milliseconds behind its
+/// store, and a call made just before it did is on its way. An API server
+/// further behind (cut off from etcd) is refused at the old path, and its
+/// calls follow the webhook's `failurePolicy`: the price of closing a
+/// leaked path within seconds rather than minutes.
+pub(crate) const AFTER_MOVE: Duration = Duration::from_secs(2);
 
 /// The hour `unix` falls in.
 fn period(unix: i64) -> i64 {
@@ -80,6 +97,22 @@ pub fn shaped(path: &str) -> bool {
         .is_some_and(|t| t.len() == TOKEN_LEN && t.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
 }
 
+/// The token `path` carries, if it is shaped as a door's path.
+fn token_in(path: &str) -> Option<&[u8]> {
+    shaped(path).then(|| &path.as_bytes()[PREFIX.len()..])
+}
+
+/// Whether `given` is `key`'s token for the hour of `unix`, or the one
+/// before or after, compared in constant time.
+fn matches(key: &hmac::Key, given: &[u8], unix: i64) -> subtle::Choice {
+    let hour = period(unix);
+    let mut matched = subtle::Choice::from(0);
+    for h in [hour - 1, hour, hour + 1] {
+        matched |= token_of(key, h).as_bytes().ct_eq(given);
+    }
+    matched
+}
+
 fn current(ring: &Keyring) -> &[u8] {
     ring.keys().first().map_or(&[][..], |k| k.as_slice())
 }
@@ -87,7 +120,9 @@ fn current(ring: &Keyring) -> &[u8] {
 /// The keys whose tokens open the door.
 struct Keys {
     current: Zeroizing<Vec<u8>>,
-    /// Keys that were current before, each until its overlap ends.
+    /// Keys that were current before, each until its tokens close: the
+    /// rotation's [`OVERLAP`], cut to [`AFTER_MOVE`] once the configuration
+    /// is seen on the current key's path.
     earlier: Vec<(hmac::Key, Instant)>,
     /// When the current key became current here (`None`: at start).
     since: Option<Instant>,
@@ -131,15 +166,14 @@ impl Door {
     }
 
     /// Whether a request for `path` at `unix` is let in: `/mutate/<token>`
-    /// with the token of the current key, or of a key current less than
-    /// [`OVERLAP`] ago, for the hour of `unix` or the one before or after.
-    /// Tokens are compared in constant time, so that the time of a refusal
-    /// tells nothing of how much of a guess was right.
+    /// with the token of the current key, or of an earlier key whose tokens
+    /// have not closed yet, for the hour of `unix` or the one before or
+    /// after. Tokens are compared in constant time, so that the time of a
+    /// refusal tells nothing of how much of a guess was right.
     pub fn opens(&self, path: &str, unix: i64) -> bool {
-        if !shaped(path) {
+        let Some(given) = token_in(path) else {
             return false;
-        }
-        let given = &path.as_bytes()[PREFIX.len()..];
+        };
         let keys = self.keys();
         let now = Instant::now();
         let current = hmac::Key::new(hmac::HMAC_SHA256, &keys.current);
@@ -149,18 +183,38 @@ impl Door {
                 .filter(|(_, until)| now < *until)
                 .map(|(key, _)| key),
         );
-        let hour = period(unix);
         let mut matched = subtle::Choice::from(0);
         for key in open {
-            for h in [hour - 1, hour, hour + 1] {
-                matched |= token_of(key, h).as_bytes().ct_eq(given);
-            }
+            matched |= matches(key, given, unix);
         }
         matched.into()
     }
 
+    /// The webhook configuration was seen calling `path` at `unix`. When
+    /// that is a path of the current key, the API server has been told to
+    /// call it: the earlier keys' tokens close [`AFTER_MOVE`] from now (or
+    /// sooner, if they were to close sooner). Any other path changes
+    /// nothing: the move has not happened yet, or this replica has not
+    /// seen the rotation yet.
+    pub(crate) fn configured(&self, path: &str, unix: i64) {
+        let Some(given) = token_in(path) else {
+            return;
+        };
+        let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
+        let current = hmac::Key::new(hmac::HMAC_SHA256, &keys.current);
+        if !bool::from(matches(&current, given, unix)) {
+            return;
+        }
+        let closing = Instant::now() + AFTER_MOVE;
+        for (_, until) in &mut keys.earlier {
+            *until = (*until).min(closing);
+        }
+    }
+
     /// The keyring changed (rotated, restored): its current key's paths
-    /// open now, and the key before keeps its own for [`OVERLAP`].
+    /// open now, and the key before keeps its own until the configuration
+    /// is seen on the new key's path ([`Door::configured`]), or for
+    /// [`OVERLAP`] at most.
     pub(crate) fn rekey(&self, ring: &Keyring) {
         let new = current(ring);
         let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
@@ -254,10 +308,13 @@ mod tests {
     }
 
     /// After a rotation the new path opens at once and the old key's stay
-    /// open for the overlap; a second rotation keeps both earlier ones open
-    /// until theirs end.
+    /// open while the configuration still calls them; once it is seen on
+    /// the new key's path (this hour's or the next), every earlier key's
+    /// close within [`AFTER_MOVE`]. Finding 8: on eff3694 they stayed open
+    /// for the whole [`OVERLAP`], ten minutes, whatever the configuration
+    /// called.
     #[test]
-    fn a_rotation_keeps_the_old_path_open_for_the_overlap() {
+    fn a_rotation_closes_the_old_paths_once_the_configuration_calls_the_new_one() {
         let door = Door::new(&ring(1));
         let old = door.path(NOW);
         door.rekey(&ring(1));
@@ -271,9 +328,34 @@ mod tests {
         assert!(door.opens(&new, NOW) && door.opens(&old, NOW));
         assert!(!door.settled(Duration::from_secs(5)), "just rotated");
         assert!(door.settled(Duration::ZERO));
-        // Past the overlap the old one is shut.
-        door.keys.write().unwrap().earlier[0].1 = Instant::now();
+        let closes = |door: &Door| door.keys().earlier.iter().map(|(_, until)| *until).max().unwrap();
+        // The configuration still calls the old path, or a path that is
+        // no door's: the old key keeps its overlap.
+        for called in [old.as_str(), "/mutate", &path_of(&ring(3), NOW)] {
+            door.configured(called, NOW);
+            assert!(
+                closes(&door) > Instant::now() + OVERLAP - Duration::from_secs(60),
+                "{called} closed the old path"
+            );
+        }
+        // A second rotation before the move: both earlier keys open.
+        let again = rotated.rotated(Zeroizing::new(vec![4u8; 32])).unwrap();
+        door.rekey(&again);
+        let newest = door.path(NOW);
+        assert!(door.opens(&old, NOW) && door.opens(&new, NOW) && door.opens(&newest, NOW));
+        // The configuration is seen on the current key's path (the next
+        // hour's, as the leader writes it at the turn of the hour): every
+        // earlier key closes within AFTER_MOVE.
+        door.configured(&door.path(NOW + PERIOD_SECS), NOW);
+        assert!(closes(&door) <= Instant::now() + AFTER_MOVE);
+        assert!(door.opens(&old, NOW), "still open for the informers");
+        for (_, until) in &mut door.keys.write().unwrap().earlier {
+            *until = Instant::now();
+        }
+        assert!(!door.opens(&old, NOW) && !door.opens(&new, NOW));
+        assert!(door.opens(&newest, NOW));
+        // Seen again, nothing reopens.
+        door.configured(&newest, NOW);
         assert!(!door.opens(&old, NOW));
-        assert!(door.opens(&new, NOW));
     }
 }

@@ -30,12 +30,12 @@ use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
-use super::apiserver::KubeCluster;
 use super::fair::Turns;
-use super::report::Report;
 use super::source_changes::SourceChanges;
 use crate::cluster::Key;
 use crate::lifecycle::{Begun, Driver, Effect, Hold, InFlight, Next, Rules, Slot};
+use crate::serve::tell::report::Report;
+use crate::serve::view::apiserver::KubeCluster;
 
 #[derive(Debug, Clone)]
 pub struct QueueSettings {
@@ -424,7 +424,7 @@ impl Queue {
         let metrics = &self.carry.report.metrics;
         for reason in Hold::LABELS {
             let held = parked.held.get(reason);
-            let label = crate::serve::metrics::HeldLabels { reason };
+            let label = crate::serve::tell::metrics::HeldLabels { reason };
             metrics
                 .held
                 .get_or_create(&label)

@@ -1,16 +1,16 @@
-//! serve's own certificate at work (serve/certificates.rs decides): loaded
+//! serve's own certificate at work (serve/trust/certificates.rs decides): loaded
 //! from its Secret at start (made there when there is none, made anew when
 //! the Secret is older than its guard, as after a reinstall), served by
 //! every replica and reloaded the moment the Secret changes, and renewed by
 //! the leader, one step at a time. What the webhook configuration must
-//! trust is published for the registration (serve/registration.rs), which
+//! trust is published for the registration (serve/trust/registration.rs), which
 //! keeps it there.
 //!
 //! The Secret is guarded as the signing key is (deploy/serve/keyguard.yaml
 //! names both): only serve's ServiceAccount and the key administrators write
 //! it, so a CA someone else planted is never served or trusted. Every
 //! version of it is judged against the guard, not only the first, by the
-//! signing key's rule (serve/guarded.rs): while the guard is not in force,
+//! signing key's rule (serve/trust/guarded.rs): while the guard is not in force,
 //! or for a Secret older than a guard made anew, serve keeps what it serves
 //! and says why.
 
@@ -29,10 +29,10 @@ use tokio::sync::watch;
 
 use super::certificates::{apply, next_step, pem_blocks, Lifetimes, Material, Step, Trust, SECRET};
 use super::guarded::Untaken;
-use super::leader::Leadership;
-use super::listener::{server_config_pem, Tls};
 use super::registration::{without_message, WEBHOOK};
 use super::signing::{settle, Guard, KeySecret};
+use crate::serve::intake::listener::{server_config_pem, Tls};
+use crate::serve::work::leader::Leadership;
 
 /// How often the leader looks whether the certificate needs a step: a
 /// third of a settle, at most 20 s.
@@ -164,7 +164,7 @@ impl OwnCertificate {
     }
 
     /// Whether `secret`, a later version of the Secret, may be served: the
-    /// signing key's rule (serve/guarded.rs), under the guard judged at
+    /// signing key's rule (serve/trust/guarded.rs), under the guard judged at
     /// load; `untrusted` says whether the Secret holds a version it may not.
     async fn may_serve(&self, secret: &Secret, loaded: Option<&Guard>) -> Result<(), Untaken> {
         let judged = self.guard.may_take(secret, loaded).await;

@@ -9,16 +9,17 @@ use config_snapshot_policy::model::settings::Settings;
 use kube::Client;
 use serde_json::Value;
 
-use super::apiserver::KubeCluster;
-use super::cache::Cache;
-use super::metrics::Metrics;
 use super::options::Options;
-use super::queue::{self, Queue, QueueSettings, WorkerContext};
-use super::report::Report;
-use super::{events, leader};
 use crate::cluster::proof::Prover;
 use crate::kubewarden::engine::Engine;
 use crate::lifecycle::{Budget, Rules};
+use crate::serve::tell::events;
+use crate::serve::tell::metrics::Metrics;
+use crate::serve::tell::report::Report;
+use crate::serve::view::apiserver::KubeCluster;
+use crate::serve::view::cache::Cache;
+use crate::serve::work::leader;
+use crate::serve::work::queue::{self, Queue, QueueSettings, WorkerContext};
 
 /// Shared by the HTTP handlers, the effect worker and the resync.
 pub struct State {
@@ -35,10 +36,6 @@ pub struct State {
     pub shutting_down: AtomicBool,
     /// Whether this replica runs the periodic pass (see `leader`).
     pub leadership: Arc<leader::Leadership>,
-    /// Admissions evaluating at once. The wasm pool has a fixed number of
-    /// instance slots; past it a request would fail, so it waits here
-    /// instead. One slot stays free for the resync.
-    pub evaluations: tokio::sync::Semaphore,
     /// Snapshot creations per namespace per minute.
     pub budget: Arc<Budget>,
     /// Whether the webhook configuration calls the door's path (or serve
@@ -85,7 +82,6 @@ pub fn build_with_engine(
     engine: Arc<Engine>,
     prover: Prover,
 ) -> Result<(Arc<State>, queue::Worker)> {
-    let engine_instances = engine.limits().instances as usize;
     let settings: Value = serde_json::from_str(&options.settings_json).context("--settings-json is not JSON")?;
     if let Err(message) = engine.validate_settings(&settings)? {
         return Err(anyhow!("invalid settings: {message}"));
@@ -151,12 +147,11 @@ pub fn build_with_engine(
         queue,
         metrics,
         shutting_down: AtomicBool::new(false),
-        evaluations: tokio::sync::Semaphore::new(engine_instances.saturating_sub(1).max(1)),
         budget,
         registered: AtomicBool::new(true),
         ids: AtomicU64::new(0),
     });
-    let judge: Arc<dyn super::source_changes::Judge> = state.clone();
+    let judge: Arc<dyn crate::serve::work::source_changes::Judge> = state.clone();
     state.queue.sources.judged_by(Arc::downgrade(&judge));
     Ok((state, worker))
 }
@@ -179,7 +174,7 @@ fn told_by_the_watch(cache: &Cache, queue: &Queue, leadership: &Arc<leader::Lead
 
 /// A changed source is judged as the periodic pass judges a watched one:
 /// re-admitted through the webhook's own path.
-impl super::source_changes::Judge for State {
+impl crate::serve::work::source_changes::Judge for State {
     fn source_changed(&self, key: &crate::cluster::Key) {
         self.context.driver().source_changed(self, key);
     }

@@ -23,9 +23,9 @@ use serde_json::Value;
 use tokio::runtime::Handle;
 
 use super::cache::{api_resource, trim, Cache};
-use super::metrics::Metrics;
 use super::source_reads::{self, SourceReads};
 use crate::cluster::{self, pin, shown, ApiError, Cluster, Preconditions, Selector};
+use crate::serve::tell::metrics::Metrics;
 
 /// One API call's deadline. The webhook answers within `timeoutSeconds`
 /// (10 s in deploy/serve), and an admission makes a few calls at most.
@@ -111,7 +111,7 @@ impl KubeCluster {
     fn counted(&self, verb: &'static str) {
         self.metrics
             .api_requests
-            .get_or_create(&super::metrics::VerbLabels { verb })
+            .get_or_create(&crate::serve::tell::metrics::VerbLabels { verb })
             .inc();
     }
 

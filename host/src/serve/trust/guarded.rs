@@ -1,5 +1,5 @@
 //! The one rule for a guarded Secret's later versions: the signing key's
-//! (serve/signing.rs) and the webhook CA's (serve/own_certificate.rs), both
+//! (serve/trust/signing.rs) and the webhook CA's (serve/trust/own_certificate.rs), both
 //! guarded by deploy/serve/keyguard.yaml (docs/security.md, "The signing
 //! key", "Certificates").
 //!

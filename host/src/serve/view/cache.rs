@@ -26,10 +26,10 @@ use config_snapshot_policy::model::keys;
 use config_snapshot_policy::model::kinds::{self, WorkloadKind};
 use config_snapshot_policy::model::source::{SourceId, SourceKind};
 
-use super::metrics::KindLabels;
 use crate::cluster::proof::{Prover, DIGESTED};
 use crate::cluster::referrers::Referrers;
 use crate::cluster::{self, ApiError, Selector};
+use crate::serve::tell::metrics::KindLabels;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 

@@ -20,7 +20,7 @@
 //! if the Secret was created after the guard was (a Secret older than its
 //! guard may have been planted before it). See [`Guard`]. Every later
 //! version is judged again while serve runs, by the rule the CA's Secret is
-//! judged by too (serve/guarded.rs): one written while the guard was away
+//! judged by too (serve/trust/guarded.rs): one written while the guard was away
 //! is not taken, and the door does not move.
 
 use std::collections::BTreeMap;
@@ -56,10 +56,6 @@ pub(crate) const CURRENT: &str = "key";
 
 /// The prefix of an earlier key's field (`key-<id>`).
 const EARLIER: &str = "key-";
-
-/// The name of the guard's ValidatingAdmissionPolicy and its binding, as
-/// deploy/serve ships them (`--signing-key-guard`).
-pub(crate) const GUARD: &str = "config-snapshot-signing-key";
 
 /// How long after the guard was made the API server may still let a write
 /// through unguarded (its policy informer's lag): a key Secret created
@@ -128,7 +124,7 @@ pub(crate) fn secret_of(ring: &Keyring, namespace: &str, name: &str) -> Secret {
 }
 
 /// The guard that makes the key Secret trustworthy: a
-/// ValidatingAdmissionPolicy named [`GUARD`] with failure policy `Fail`,
+/// ValidatingAdmissionPolicy named [`SIGNING_KEY_GUARD`](crate::serve::answer::options::SIGNING_KEY_GUARD) with failure policy `Fail`,
 /// whose validation names serve's ServiceAccount and the Secret, bound
 /// with `Deny`. Since when it has been in force, and which objects it is.
 #[derive(Debug, Clone, PartialEq, Eq)]

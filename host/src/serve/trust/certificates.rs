@@ -135,7 +135,7 @@ pub enum Step {
 }
 
 /// What serve's own certificate asks of the webhook configuration
-/// (serve/registration.rs keeps it there).
+/// (serve/trust/registration.rs keeps it there).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Trust {
     /// The CAs the webhook must trust (PEM), exactly.

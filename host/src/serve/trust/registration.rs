@@ -1,4 +1,4 @@
-//! Keeps the webhook configuration calling the door's path (serve/door.rs).
+//! Keeps the webhook configuration calling the door's path (serve/intake/door.rs).
 //!
 //! The install ships the MutatingWebhookConfiguration without a path: the
 //! path carries a secret that only serve knows, so serve writes it, and
@@ -16,7 +16,9 @@
 //! on none. Every replica is ready only while the configuration calls a
 //! path its own door opens: a replica that has not seen a rotated key yet
 //! takes no calls it would refuse, and an install that cannot write the
-//! configuration (missing rights) shows it at once. The token never appears
+//! configuration (missing rights) shows it at once. What each replica sees
+//! the configuration call also closes the door to earlier keys' paths once
+//! it calls the current key's (`Door::configured`). The token never appears
 //! in a log line.
 
 use std::sync::atomic::Ordering;
@@ -30,8 +32,8 @@ use kube::Client;
 use serde_json::{json, Value};
 
 use super::certificates::{pem_blocks, wanted_bundle, Trust};
-use super::door::{self, Door};
-use super::state::State;
+use crate::serve::answer::state::State;
+use crate::serve::intake::door::{self, Door};
 
 /// How often serve reads the configuration again when nothing told it to:
 /// a write that took the path away is repaired within this.
@@ -58,7 +60,7 @@ pub(crate) struct Registration {
     pub door: Arc<Door>,
     pub state: Arc<State>,
     /// With serve's own certificate: the CA bundle the webhook must name
-    /// (serve/own_certificate.rs). `None`: the install keeps `caBundle`
+    /// (serve/trust/own_certificate.rs). `None`: the install keeps `caBundle`
     /// (cert-manager's injector, or you).
     pub bundle: Option<tokio::sync::watch::Receiver<Option<Trust>>>,
 }
@@ -255,8 +257,10 @@ impl Registration {
             tracing::info!(configuration = %name, "the webhook configuration now calls the door's path and trusts serve's CA");
         }
         // Ready while the API server calls a path the door opens, and
-        // trusts the CA of what this replica serves.
+        // trusts the CA of what this replica serves. Once it calls the
+        // current key's path, the earlier keys' paths close (finding 8).
         let calls = path.as_ref().map_or(calling.as_str(), |p| p.as_str());
+        self.door.configured(calls, now);
         let trusted =
             own.is_none_or(|trust| pem_blocks(bundle.as_deref().unwrap_or(&held)).contains(&trust.serving_ca.trim()));
         Ok(if self.door.opens(calls, now) && trusted {
@@ -311,7 +315,7 @@ impl Registration {
                 }
             }
             last = now;
-            // A new CA bundle is written at once (serve/certificates.rs
+            // A new CA bundle is written at once (serve/trust/certificates.rs
             // counts on it within its settle); one receiver held across
             // passes, so that a change wakes one pass, not every one.
             let trust_changed = async {

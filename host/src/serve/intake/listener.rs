@@ -11,26 +11,37 @@
 //!   milliseconds; a silent one is what an attacker holds).
 //! - At most `--max-connections` connections are open, and at most
 //!   `--max-connections-per-peer` from one address.
+//! - A connection is *proven* once one of its requests has passed the door
+//!   (the webhook marks it, serve/intake/entry.rs): it called the path only the
+//!   webhook configuration names. A pod cannot tell itself apart from the
+//!   API server by its address, but it cannot prove a connection.
 //! - When every place is taken, a new connection takes the place of an
-//!   idle one (no request in flight), from the peer that holds the most,
-//!   the longest idle first: idle connections, however many, never keep
-//!   out a caller with a request to make. Only when no connection is idle
-//!   is the new one refused.
+//!   unproven one with no request in flight: of the peer holding the most
+//!   unproven places, the one made longest ago. A proven connection is
+//!   never taken for a new one, which has proven nothing yet; when every
+//!   place is proven or busy, the new one is refused. So connections made
+//!   and dropped as fast as a pod likes take only each other's places and
+//!   those of pods that idle, never the API server's, and an API server
+//!   reconnecting takes the place of a pod's (its own connections prove
+//!   themselves with their first request, milliseconds after the
+//!   handshake, and it holds few unproven ones at a time).
 //! - A connection that sends no request within `--first-byte-timeout` of
 //!   its handshake, or none for `--idle-timeout` after its last answer, is
 //!   closed, on HTTP/1 and HTTP/2 alike (HTTP/2 gets a GOAWAY).
 //! - HTTP/1 request headers must arrive within `--header-read-timeout`; an
-//!   HTTP/2 connection carries at most [`STREAMS`] requests at once; one
-//!   address has at most `--max-requests-per-peer` requests in flight, past
-//!   which a request is answered 503 at once.
+//!   HTTP/2 connection carries at most [`STREAMS`] requests at once.
 //! - What a request may do before it is answered (the door's path, its
-//!   body's size, deadline and budget) is the webhook's (serve/http.rs).
+//!   body's size, deadline and budget, its namespace's share) is the
+//!   webhook's (serve/intake/entry.rs). The listener counts nothing per address
+//!   past the connection: the API server is one address carrying every
+//!   namespace's reviews, so a bound per address on requests would let one
+//!   namespace's load refuse the others'.
 
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -46,7 +57,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
 use tower::ServiceExt as _;
 
-use super::metrics::ConnectionMetrics;
+use crate::serve::answer::options::Options;
+use crate::serve::tell::metrics::ConnectionMetrics;
 
 /// The TLS configuration for `cert` and `key`; with `client_ca`, a client
 /// must present a certificate that CA signed, or the handshake fails.
@@ -115,13 +127,10 @@ impl Tls {
     }
 }
 
-/// How long a connection just made, or just answered, is not taken for
-/// another (milliseconds).
-const SETTLING_MILLIS: u64 = 250;
-
 /// Bytes a connection takes in before its request's handler reads them:
-/// hyper's HTTP/1 read buffer and HTTP/2 flow-control windows.
-const WINDOW: u32 = 64 << 10;
+/// hyper's HTTP/1 read buffer and HTTP/2 flow-control windows. Also the
+/// most one read of a body brings (serve/intake/entry.rs).
+pub(crate) const WINDOW: u32 = 64 << 10;
 
 /// Requests one HTTP/2 connection carries at once. The API server's HTTP/2
 /// client opens another connection when a server's limit is reached, so a
@@ -146,9 +155,6 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// For an HTTP/1 request's headers.
     pub header_read_timeout: Duration,
-    /// Requests in flight at once from one address, on all its
-    /// connections.
-    pub requests_per_peer: usize,
 }
 
 impl Default for Limits {
@@ -162,7 +168,6 @@ impl Default for Limits {
             first_byte_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(120),
             header_read_timeout: Duration::from_secs(5),
-            requests_per_peer: 64,
         }
     }
 }
@@ -181,6 +186,11 @@ struct Activity {
     last: AtomicU64,
     /// Whether a request has come at all.
     served: AtomicUsize,
+    /// When the connection took its place (milliseconds since the listener
+    /// started): of the unproven, the oldest gives way first.
+    made: u64,
+    /// Whether a request on it has passed the door; set by the webhook.
+    proven: Arc<AtomicBool>,
 }
 
 impl Activity {
@@ -189,25 +199,17 @@ impl Activity {
     }
 }
 
-/// A request in flight on a connection: counted, on the connection and for
-/// its peer, until it ends, however.
+/// A request in flight on a connection: counted on it until it ends,
+/// however.
 struct Busy {
     activity: Arc<Activity>,
     table: Arc<Table>,
-    peer: IpAddr,
 }
 
 impl Drop for Busy {
     fn drop(&mut self) {
         self.activity.last.store(self.table.now(), Ordering::SeqCst);
         self.activity.in_flight.fetch_sub(1, Ordering::SeqCst);
-        let mut places = self.table.places();
-        if let Some(n) = places.in_flight.get_mut(&self.peer) {
-            *n -= 1;
-            if *n == 0 {
-                places.in_flight.remove(&self.peer);
-            }
-        }
     }
 }
 
@@ -223,8 +225,6 @@ struct Places {
     handshaking: usize,
     /// The handshakes in progress: whose, since when, and how to stop it.
     shaking: HashMap<u64, (IpAddr, Instant, Arc<Notify>)>,
-    /// Requests in flight, by peer.
-    in_flight: HashMap<IpAddr, usize>,
     next: u64,
 }
 
@@ -264,7 +264,6 @@ impl Drop for Handshaking {
 pub struct Place {
     table: Arc<Table>,
     id: u64,
-    peer: IpAddr,
     activity: Arc<Activity>,
     close: Arc<Notify>,
 }
@@ -351,7 +350,8 @@ impl Table {
     }
 
     /// A place for a connection from `peer` whose handshake is done:
-    /// free, or an idle connection's, which is told to close.
+    /// free, or an unproven connection's ([`Table::victim`]), which is told
+    /// to close.
     pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Result<Place, Refused> {
         let now = self.now();
         let mut places = self.places();
@@ -360,17 +360,7 @@ impl Table {
             return Err(Refused::Peer);
         }
         if places.open.len() >= self.limits.connections {
-            // The idle connection of the peer holding the most, the
-            // longest idle of those.
-            let victim = places
-                .open
-                .iter()
-                .filter_map(|(id, o)| o.activity.idle_for(now).map(|idle| (*id, o.peer, idle)))
-                // A connection just made gets a moment to send its request.
-                .filter(|(_, _, idle)| *idle >= SETTLING_MILLIS)
-                .max_by_key(|(_, peer, idle)| (places.per_peer.get(peer).copied().unwrap_or(0), *idle))
-                .map(|(id, _, _)| id);
-            let Some(victim) = victim else {
+            let Some(victim) = Table::victim(&places) else {
                 self.metrics.refused.inc();
                 return Err(Refused::Full);
             };
@@ -385,6 +375,8 @@ impl Table {
             in_flight: AtomicUsize::new(0),
             last: AtomicU64::new(now),
             served: AtomicUsize::new(0),
+            made: now,
+            proven: Arc::default(),
         });
         let close = Arc::new(Notify::new());
         places.open.insert(
@@ -400,10 +392,37 @@ impl Table {
         Ok(Place {
             table: self.clone(),
             id,
-            peer,
             activity,
             close,
         })
+    }
+
+    /// The connection a new one takes the place of: one that has not
+    /// passed the door and has no request in flight, of the peer holding
+    /// the most such, the one made longest ago. Never a proven one: a
+    /// newcomer has proven nothing, and the API server's connections are
+    /// proven with their first request. Nor one with a request in flight,
+    /// which would be cut off. No time a connection is spared for once
+    /// made: a pod dropping and remaking its connections faster than any
+    /// such time would keep every one of its places and leave only the
+    /// API server's to take.
+    fn victim(places: &Places) -> Option<u64> {
+        let unproven = |o: &Open| !o.activity.proven.load(Ordering::SeqCst);
+        let mut held: HashMap<IpAddr, usize> = HashMap::new();
+        for o in places.open.values().filter(|o| unproven(o)) {
+            *held.entry(o.peer).or_default() += 1;
+        }
+        places
+            .open
+            .iter()
+            .filter(|(_, o)| unproven(o) && o.activity.in_flight.load(Ordering::SeqCst) == 0)
+            .max_by_key(|(id, o)| {
+                (
+                    held.get(&o.peer).copied().unwrap_or(0),
+                    std::cmp::Reverse((o.activity.made, **id)),
+                )
+            })
+            .map(|(id, _)| *id)
     }
 
     fn forget(places: &mut Places, id: u64) -> Option<Open> {
@@ -430,24 +449,20 @@ impl Table {
 }
 
 impl Place {
-    /// Marks a request in flight until the returned guard drops; `None`
-    /// when the peer already has its share of requests in flight.
-    fn busy(&self) -> Option<Busy> {
-        {
-            let mut places = self.table.places();
-            let mine = places.in_flight.entry(self.peer).or_default();
-            if *mine >= self.table.limits.requests_per_peer {
-                return None;
-            }
-            *mine += 1;
-        }
+    /// Marks a request in flight until the returned guard drops.
+    fn busy(&self) -> Busy {
         self.activity.in_flight.fetch_add(1, Ordering::SeqCst);
         self.activity.served.fetch_add(1, Ordering::SeqCst);
-        Some(Busy {
+        Busy {
             activity: self.activity.clone(),
             table: self.table.clone(),
-            peer: self.peer,
-        })
+        }
+    }
+
+    /// What the webhook sets when a request on this connection passes the
+    /// door.
+    fn proof(&self) -> Arc<AtomicBool> {
+        self.activity.proven.clone()
     }
 
     /// Whether this connection has been idle past its limit.
@@ -547,34 +562,19 @@ async fn handshake(
     }
 }
 
-/// One request of a connection: refused at once when its peer has its share
-/// in flight (`busy` is `None`), so that no body is read; else routed, the
-/// webhook keeping it counted until its evaluation ends and free to close
-/// the connection.
+/// One request of a connection, routed: the webhook keeps it counted until
+/// its evaluation ends, may mark the connection proven, and may close it.
 async fn answer(
     mut request: hyper::Request<hyper::body::Incoming>,
-    busy: Option<Busy>,
+    busy: Busy,
     router: Router,
-    refused: prometheus_client::metrics::family::Family<
-        super::metrics::RefusedLabels,
-        prometheus_client::metrics::counter::Counter,
-    >,
+    proven: Arc<AtomicBool>,
     close: Arc<Notify>,
 ) -> Result<axum::response::Response, std::convert::Infallible> {
-    let Some(busy) = busy else {
-        refused
-            .get_or_create(&super::metrics::RefusedLabels {
-                reason: super::refusal::Refusal::Peer.label(),
-            })
-            .inc();
-        return Ok(super::refusal::refusal(
-            request.version(),
-            super::refusal::Refusal::Peer,
-        ));
-    };
     let busy = Arc::new(busy);
     request.extensions_mut().insert(super::refusal::Connection {
         in_flight: busy.clone(),
+        proven,
         close,
     });
     let answer = router.oneshot(request).await;
@@ -604,14 +604,12 @@ async fn connection(
         }
     };
     let counted = place.clone();
-    let refused = table.metrics.requests_refused.clone();
-    let service = hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
-        request.extensions_mut().insert(super::refusal::Peer(peer.ip()));
+    let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
         answer(
             request,
             counted.busy(),
             router.clone(),
-            refused.clone(),
+            counted.proof(),
             counted.close.clone(),
         )
     });
@@ -660,6 +658,28 @@ async fn connection(
     }
 }
 
+impl Limits {
+    /// The webhook listener's bounds from serve's flags.
+    pub(crate) fn of(options: &Options) -> anyhow::Result<Limits> {
+        if options.max_connections_per_peer == 0
+            || options.max_connections == 0
+            || options.max_requests_per_namespace == 0
+        {
+            return Err(anyhow::anyhow!(
+                "--max-connections, --max-connections-per-peer and --max-requests-per-namespace: at least 1"
+            ));
+        }
+        Ok(Limits {
+            connections: options.max_connections,
+            per_peer: options.max_connections_per_peer.min(options.max_connections),
+            first_byte_timeout: crate::serve::answer::options::at_least_a_second(options.first_byte_timeout),
+            idle_timeout: crate::serve::answer::options::at_least_a_second(options.idle_timeout),
+            header_read_timeout: crate::serve::answer::options::at_least_a_second(options.header_read_timeout),
+            ..Limits::default()
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -687,25 +707,72 @@ mod tests {
         let _c = table.admit(ip(2)).expect("another peer");
     }
 
-    /// When every place is taken, a caller gets an idle connection's place,
-    /// from the peer holding the most; busy connections keep theirs, and
-    /// one just made gets a moment to send its request.
+    /// Marks `place` as having passed the door, as the webhook does.
+    fn prove(place: &Place) {
+        place.proof().store(true, Ordering::SeqCst);
+    }
+
+    /// Finding 4: when every place is taken, a new connection takes an
+    /// unproven one's place (of the peer holding the most, the oldest),
+    /// however young; a connection that passed the door is never taken,
+    /// nor one with a request in flight, and past those the new one is
+    /// refused. On eff3694 the API server's idle connections were taken
+    /// first (its address held the most), and connections younger than
+    /// 250 ms never.
     #[test]
-    fn idle_connections_never_keep_a_caller_out() {
-        let table = Table::new(limits(3, 3), ConnectionMetrics::default());
-        let idle: Vec<Place> = (0..2).map(|_| table.admit(ip(9)).unwrap()).collect();
-        let busy_place = table.admit(ip(1)).unwrap();
-        let _busy = busy_place.busy().unwrap();
-        assert_eq!(table.admit(ip(2)).err(), Some(Refused::Full), "all just made");
-        std::thread::sleep(Duration::from_millis(SETTLING_MILLIS + 10));
-        let apiserver = table.admit(ip(2)).expect("an idle one gives way");
-        assert_eq!(table.open(), 3);
+    fn a_connection_that_passed_the_door_is_never_taken_for_a_new_one() {
+        let table = Table::new(limits(4, 4), ConnectionMetrics::default());
+        let apiserver: Vec<Place> = (0..2).map(|_| table.admit(ip(1)).unwrap()).collect();
+        apiserver.iter().for_each(prove);
+        let pod_old = table.admit(ip(9)).unwrap();
+        let pod_new = table.admit(ip(9)).unwrap();
+        // A pod's newcomer, at once: the oldest of the pod's two gives way.
+        let newcomer = table.admit(ip(8)).expect("an unproven place given up");
+        assert_eq!(table.open(), 4);
         assert_eq!(table.metrics.evicted.get(), 1);
-        let _request = apiserver.busy().unwrap();
-        let _second = table.admit(ip(2)).expect("the other idle one gives way");
-        assert_eq!(table.admit(ip(3)).err(), Some(Refused::Full), "nothing idle left");
-        drop(idle);
-        assert_eq!(table.open(), 3, "the evicted ones' places were already given");
+        assert!(
+            !table.places().open.contains_key(&pod_old.id),
+            "the oldest unproven went"
+        );
+        assert!(table.places().open.contains_key(&pod_new.id));
+        // Another: peer 9 and peer 8 hold one unproven each; the older goes.
+        let _third = table.admit(ip(7)).unwrap();
+        assert!(!table.places().open.contains_key(&pod_new.id));
+        assert!(table.places().open.contains_key(&newcomer.id));
+        // The API server's two are still there, whatever came.
+        for place in &apiserver {
+            assert!(table.places().open.contains_key(&place.id));
+        }
+        // With the unproven ones busy, nothing is taken.
+        let _busy = (newcomer.busy(), _third.busy());
+        assert_eq!(table.admit(ip(6)).err(), Some(Refused::Full));
+        assert_eq!(table.metrics.evicted.get(), 2);
+        drop((pod_old, pod_new));
+        assert_eq!(table.open(), 4, "the places taken were already given");
+    }
+
+    /// Finding 4, the churn: pods that make and drop connections as fast
+    /// as they like take only their own places; the API server's idle,
+    /// proven connection keeps its place, and the API server reconnecting
+    /// gets in, into a pod's place.
+    #[test]
+    fn churning_connections_take_each_others_places_and_the_api_server_gets_in() {
+        let table = Table::new(limits(6, 6), ConnectionMetrics::default());
+        let kept = table.admit(ip(1)).unwrap();
+        prove(&kept);
+        let mut pods: Vec<Place> = (0..5).map(|i| table.admit(ip(2 + i % 2)).unwrap()).collect();
+        for round in 0..50 {
+            let made = table
+                .admit(ip(2 + round % 2))
+                .expect("a pod's newcomer takes a pod's place");
+            pods.push(made);
+            assert_eq!(table.open(), 6);
+            assert!(table.places().open.contains_key(&kept.id), "round {round}");
+        }
+        let reconnect = table.admit(ip(1)).expect("the API server reconnecting gets in");
+        prove(&reconnect);
+        assert!(table.places().open.contains_key(&kept.id));
+        assert!(table.places().open.contains_key(&reconnect.id));
     }
 
     #[test]
@@ -767,7 +834,7 @@ mod tests {
         let silent = table.admit(ip(1)).unwrap();
         assert!(silent.expired(), "no request by its first-byte timeout");
         let working = table.admit(ip(1)).unwrap();
-        let busy = working.busy().unwrap();
+        let busy = working.busy();
         assert!(!working.expired(), "a request in flight");
         drop(busy);
         assert!(!working.expired(), "served, and idle less than the idle timeout");

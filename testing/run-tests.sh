@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# `make unit-tests`: every test binary of the workspace, and every bench
+# once. The real control plane's and the real node's tests
+# (host/tests/real_cluster.rs) wait on Kubernetes far more than they
+# compute, so once everything is built they run in the background beside
+# the rest, instead of after it. Each part's time is printed at the end;
+# the real-cluster log is printed whole when it fails, its tail otherwise.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p target
+log=target/real-cluster.log
+started=$SECONDS
+lap() { printf '[tests] %-34s %5d s\n' "$1" "$((SECONDS - $2))"; }
+
+t=$SECONDS
+cargo test --workspace --no-run || exit 1
+cargo test -p config-snapshot --benches --no-run || exit 1
+lap "build" "$t"
+
+t_real=$SECONDS
+(cargo test -p config-snapshot --test real_cluster -- --nocapture > "$log" 2>&1; echo $? > "$log.rc") &
+real=$!
+
+status=0
+t=$SECONDS
+host_tests=$(ls host/tests/*.rs | xargs -n1 basename | sed 's/\.rs$//' | grep -vx real_cluster | sed 's/^/--test /')
+# shellcheck disable=SC2086
+cargo test -p config-snapshot --lib --bins $host_tests || status=1
+cargo test --workspace --exclude config-snapshot || status=1
+cargo test --workspace --doc || status=1
+lap "unit and integration tests" "$t"
+t=$SECONDS
+# Every benchmark once, unoptimised: a bench that no longer runs fails
+# here, not on the day of a measurement.
+cargo test -p config-snapshot --benches || status=1
+lap "benches, once" "$t"
+
+wait "$real"
+real_status=$(cat "$log.rc" 2>/dev/null || echo 1)
+lap "real control plane and node" "$t_real"
+if [ "$real_status" != 0 ]; then
+  cat "$log"
+  echo "[tests] the real-cluster tests failed (log: $log)" >&2
+  status=1
+else
+  grep -E '^real (control plane|node): |^test result|SKIPPED' "$log" || true
+fi
+lap "all tests" "$started"
+exit "$status"
