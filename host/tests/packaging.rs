@@ -320,7 +320,10 @@ fn the_module_is_within_its_size_budget() {
     // bytes before it, 528,479 after, measured 2026-12-02); its answer read
     // through `Value` and one error type for a record that does not read
     // saved 2.3 KB of it.
-    assert!(size <= 530_000, "policy.wasm is {size} bytes, over the 530 KB budget");
+    // The Reloader habits (src/model/readers.rs, whole kinds and `exclude:
+    // "*"` in src/model/optin.rs) beside revocation: 3.8 KB (528,479 bytes
+    // before them, 532,277 after, measured 2026-12-02).
+    assert!(size <= 536_000, "policy.wasm is {size} bytes, over the 536 KB budget");
 }
 
 /// The metadata's hostCapabilities are Kubewarden's operations the policy

@@ -26,7 +26,7 @@ use kube::Client;
 use serde_json::{json, Value};
 
 use super::decide::{self, Options, Plan};
-use crate::serve::cache::api_resource;
+use crate::serve::view::cache::api_resource;
 
 #[derive(Debug, Clone)]
 pub struct Settings {
