@@ -143,7 +143,8 @@ fn api(client: &kube::Client, target: &Target, namespace: &str) -> kube::Api<kub
 async fn read_pinned(client: &kube::Client, namespace: &str, ids: &[SourceId]) -> (Vec<Value>, Vec<SourceId>) {
     let (mut read, mut unread) = (Vec::new(), Vec::new());
     for id in ids {
-        let resource = config_snapshot::serve::view::cache::api_resource(id.kind.kind()).expect("a source kind of the table");
+        let resource =
+            config_snapshot::serve::view::cache::api_resource(id.kind.kind()).expect("a source kind of the table");
         let api: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(client.clone(), namespace, &resource);
         match api.get_metadata_opt(&id.name).await {
             Ok(Some(meta)) => read.push(serde_json::json!({"kind": id.kind.kind(), "metadata": meta.metadata})),
