@@ -447,6 +447,26 @@ fn the_identity_guard_holds_serves_account_to_the_webhooks_namespaces() {
     let types = cel_strings(&variable(&policy, "tokenTypes"));
     assert_eq!(types, config_snapshot_policy::model::source::TOKEN_TYPES);
 
+    // A workload is serve's to patch if it was marked before the write,
+    // by the policy's own test (marked()) of the old object; or, with the
+    // defaults off as shipped, not at all.
+    assert_eq!(
+        words(&variable(&policy, "marked")),
+        words(&config_snapshot_policy::model::kinds::marked_before_condition())
+    );
+    assert_eq!(
+        variable(&policy, "byDefault"),
+        "false",
+        "the shipped settings' defaults are off"
+    );
+    // The user's annotations it holds equal are the model's list; the
+    // approvals it lets serve take off are the approve annotation's.
+    assert_eq!(
+        cel_strings(&words(&variable(&policy, "userSet"))),
+        config_snapshot_policy::model::keys::USER_SET
+    );
+    assert!(variable(&policy, "approvals").contains(&format!("'{}'", config_snapshot_policy::model::keys::APPROVE)));
+
     // In its own namespace, its signing key and its CA; cluster-wide, its
     // webhook configuration, by the name serve keeps.
     let options = deployed_serve_options();

@@ -309,15 +309,16 @@ fn the_cert_manager_component_serves_a_certificate_of_a_ca_the_webhook_trusts() 
 
 /// With `snapshotByDefault` or `watchByDefault` every workload is serve's:
 /// the component takes away the matchCondition that sends only workloads
-/// carrying config-snapshot's annotations, and nothing else.
+/// carrying config-snapshot's annotations, and opens the identity guard to
+/// such workloads (its `byDefault`), and nothing else.
 #[test]
 fn by_default_sends_every_workload_and_changes_nothing_else() {
     let component = kustomization("components/by-default");
     let webhook = objects(&deploy().join("serve/webhook.yaml")).remove(0);
     let mut patched = webhook.clone();
-    let ops: json_patch::Patch =
+    let hook_ops: json_patch::Patch =
         serde_json::from_value(Value::Array(ops(&component, "MutatingWebhookConfiguration"))).unwrap();
-    json_patch::patch(&mut patched, &ops).expect("the component's patch applies to the shipped webhook");
+    json_patch::patch(&mut patched, &hook_ops).expect("the component's patch applies to the shipped webhook");
     let names = |o: &Value| -> Vec<String> {
         o["webhooks"][0]["matchConditions"]
             .as_array()
@@ -337,4 +338,15 @@ fn by_default_sends_every_workload_and_changes_nothing_else() {
         .unwrap()
         .remove(0);
     assert_eq!(patched, without, "only the condition goes");
+
+    // The identity guard: its `byDefault`, and nothing else, made true.
+    let guard = objects(&deploy().join("serve/identityguard.yaml")).remove(0);
+    let mut opened = guard.clone();
+    let guard_ops: json_patch::Patch =
+        serde_json::from_value(Value::Array(ops(&component, "ValidatingAdmissionPolicy"))).unwrap();
+    json_patch::patch(&mut opened, &guard_ops).expect("the component's patch applies to the shipped guard");
+    assert_eq!(guard["spec"]["variables"][5]["expression"], "false");
+    let mut expected = guard.clone();
+    expected["spec"]["variables"][5]["expression"] = Value::from("true");
+    assert_eq!(opened, expected, "only byDefault changes");
 }

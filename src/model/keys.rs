@@ -19,6 +19,25 @@ pub const SETTLE: &str = "config-snapshot.io/settle";
 /// A user's approval of pending watch rollouts (`approval`).
 pub const APPROVE: &str = "config-snapshot.io/approve";
 
+/// The workload annotations users write and serve's own writes never
+/// change: its opt-in and how its watch rolls. The identity guard holds
+/// serve's account to that (deploy/serve/identityguard.yaml, `userSet`;
+/// host/tests/deploy.rs checks the list is this one), so that a stolen
+/// token can neither opt a workload in or out nor loosen its rollouts (a
+/// `watch-mode: approve` made `roll`, a window widened). [`APPROVE`] is the
+/// user's too, but serve takes an approval off once it rolled it: the
+/// guard lets serve's account only take entries off it.
+pub const USER_SET: [&str; 8] = [
+    SNAPSHOT,
+    WATCH,
+    EXCLUDE,
+    RENEW_DURATION,
+    ROLLOUT_WINDOW,
+    ROLLOUT_WINDOW_ZONE,
+    WATCH_MODE,
+    SETTLE,
+];
+
 // Source annotations (user input, on a ConfigMap or Secret): what its edits
 // do to the workloads that read it (`readers`).
 pub const READERS: &str = "config-snapshot.io/readers";

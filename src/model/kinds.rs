@@ -287,21 +287,37 @@ pub fn marked(object: &serde_json::Value) -> bool {
     })
 }
 
-/// [`marked`] of the object or the old object, as a CEL expression for a
-/// webhook's `matchConditions`: kube-apiserver evaluates it and calls the
-/// webhook only when it holds. The deploy manifests and the chart carry
-/// exactly this text (host/tests/deploy.rs, chart.rs).
-pub fn marked_condition() -> String {
+/// [`marked`] of the CEL value `o` (not null), as a CEL expression: the one
+/// text the webhook's condition and the identity guard are built from.
+fn marked_cel(o: &str) -> String {
     let one = |path: &str| {
         let fields: String = path
             .trim_start_matches('/')
             .split('/')
             .map(|field| format!(".?{field}"))
             .collect();
-        format!("o{fields}.orValue({{}}).exists(k, k.startsWith('{}'))", keys::PREFIX)
+        format!("{o}{fields}.orValue({{}}).exists(k, k.startsWith('{}'))", keys::PREFIX)
     };
     let any: Vec<String> = marked_annotation_paths().iter().map(|p| one(p)).collect();
-    format!("[object, oldObject].exists(o, o != null && ({}))", any.join(" || "))
+    any.join(" || ")
+}
+
+/// [`marked`] of the object or the old object, as a CEL expression for a
+/// webhook's `matchConditions`: kube-apiserver evaluates it and calls the
+/// webhook only when it holds. The deploy manifests and the chart carry
+/// exactly this text (host/tests/deploy.rs, chart.rs).
+pub fn marked_condition() -> String {
+    format!("[object, oldObject].exists(o, o != null && ({}))", marked_cel("o"))
+}
+
+/// [`marked`] of the old object alone, as a CEL expression: the identity
+/// guard's `marked` (deploy/serve/identityguard.yaml). serve's own account
+/// changes a workload only if it was already marked before the write (an
+/// opt-in, or serve's records and mapping), so that a stolen token cannot
+/// opt a workload in, nor move the references of one that never opted in.
+/// The manifests and the chart carry exactly this text (host/tests/deploy.rs).
+pub fn marked_before_condition() -> String {
+    format!("oldObject != null && ({})", marked_cel("oldObject"))
 }
 
 /// The row for a kind name.

@@ -11,7 +11,12 @@ use serde::Deserialize;
 use super::{failed, refused, Capability};
 use crate::cluster::Cluster;
 use crate::cluster::Preconditions;
-use crate::lifecycle::{guard, Effect, PatchIntent};
+use crate::lifecycle::{guard, Effect, PatchIntent, Room};
+
+/// The host cannot take the call now; the same call later may pass.
+fn busy(message: &str) -> HostError {
+    HostError::new(Code::Unavailable, message)
+}
 
 /// The most keys a watch rollout's snapshot selects.
 const MAX_KEYS: usize = 1024;
@@ -51,6 +56,14 @@ impl Capability {
         }
         if existing.is_empty() {
             return Ok(Queued { queued: false });
+        }
+        // A promise the queue keeps (docs/design.md, "Garbage collection"): with no
+        // place for it, the revision is refused and its controller retries,
+        // rather than created with an adoption that is dropped.
+        match self.in_flight.room(ns) {
+            Room::Free => {}
+            Room::Full => return Err(busy("the deferred-effect queue is full")),
+            Room::FullForNamespace => return Err(busy("this namespace holds its share of the deferred-effect queue")),
         }
         let snapshots = existing;
         self.stage(Effect::Adopt {

@@ -185,8 +185,40 @@ impl Ledger {
     }
 }
 
+/// How many adoptions and sweeps may be on their way at once: in all, and
+/// in one namespace (a quarter of all), so that one namespace's revisions
+/// cannot crowd out another's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Places {
+    pub all: usize,
+    pub per_namespace: usize,
+}
+
+impl Places {
+    pub fn of(capacity: usize) -> Places {
+        let all = capacity.max(1);
+        Places {
+            all,
+            per_namespace: (all / 4).max(1),
+        }
+    }
+}
+
+/// Whether one more adoption or sweep of a namespace has a place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Room {
+    Free,
+    /// Every place is taken.
+    Full,
+    /// The namespace holds its share.
+    FullForNamespace,
+}
+
 #[derive(Debug, Default)]
 pub struct InFlight {
+    /// `None`: unbounded (replay, whose scheduler runs everything it is
+    /// given).
+    places: Option<Places>,
     ledger: Mutex<Ledger>,
     /// (namespace, source) → when its last sweep was asked for (unix
     /// seconds).
@@ -197,6 +229,31 @@ pub struct InFlight {
 const SWEPT_REMEMBERED: usize = 10_000;
 
 impl InFlight {
+    /// A ledger that holds at most `places` adoptions and sweeps.
+    pub fn bounded(places: Places) -> InFlight {
+        InFlight {
+            places: Some(places),
+            ..InFlight::default()
+        }
+    }
+
+    /// Whether one more adoption or sweep of `namespace` has a place now.
+    /// An admission asks before it promises its revision an adoption
+    /// ([`Room::Free`] or the revision is refused, and its controller
+    /// retries), and the queue asks of the adoptions and sweeps the pass
+    /// derives (dropped when full: the next pass derives them again).
+    pub fn room(&self, namespace: &str) -> Room {
+        let Some(places) = self.places else { return Room::Free };
+        let (all, mine) = self.places_taken(namespace);
+        if all >= places.all {
+            Room::Full
+        } else if mine >= places.per_namespace {
+            Room::FullForNamespace
+        } else {
+            Room::Free
+        }
+    }
+
     fn ledger(&self) -> MutexGuard<'_, Ledger> {
         // Every change leaves the ledger whole before it can panic: a
         // poisoned lock still holds a consistent ledger.

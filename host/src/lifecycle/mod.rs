@@ -28,7 +28,7 @@ pub(crate) mod window_clock;
 pub(crate) use budget::{parse_bytes, written_size, Budget, Limits};
 pub use driver::{Driver, Ending, Next};
 pub use effect::{Effect, PatchIntent};
-pub use in_flight::{Begun, InFlight, Slot};
+pub use in_flight::{Begun, InFlight, Places, Room, Slot};
 pub use observe::Silent;
 pub(crate) use observe::{Observer, Reason};
 pub(crate) use verdict::Hold;

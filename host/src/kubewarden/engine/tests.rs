@@ -121,27 +121,94 @@ fn a_runaway_guest_is_stopped_at_its_deadline_and_said_so_by_type() {
     assert!(started.elapsed() < Duration::from_secs(5));
 }
 
+/// The finding "the wasm pool is overcommitted": more calls at once than
+/// the pool has instances, of both lanes, each wait for one; none is
+/// refused. Before the engine counted its instances, a call past the pool
+/// failed with `Instantiate` (and serve answered the API server a 500).
 #[test]
-fn more_instances_than_the_pool_holds_at_once_are_refused_not_crashed() {
+fn more_calls_than_the_pool_holds_wait_for_an_instance_none_is_refused() {
     let limits = Limits {
         instances: 2,
         memory_bytes: 4 << 20,
     };
     let e = Arc::new(engine("(loop $l (br $l)) (i32.const 0)", limits));
-    let threads: Vec<_> = (0..4)
-        .map(|_| {
+    let threads: Vec<_> = [Lane::Shared, Lane::Shared, Lane::Shared, Lane::Kept, Lane::Kept]
+        .into_iter()
+        .map(|lane| {
             let e = e.clone();
-            std::thread::spawn(move || e.call("validate", b"{}", Arc::new(Counting::default())))
+            std::thread::spawn(move || e.call_in(lane, "validate", b"{}", Arc::new(Counting::default())))
         })
         .collect();
     let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
-    let refused = results
-        .iter()
-        .filter(|r| matches!(r, Err(EngineError::Instantiate(_))))
-        .count();
-    assert!(refused >= 1, "two slots, four calls at once: {results:?}");
-    // Afterwards the pool is whole again: a call gets an instance (and
-    // runs to its deadline).
-    let again = e.call("validate", b"{}", Arc::new(Counting::default())).unwrap_err();
-    assert!(matches!(again, EngineError::Deadline { .. }), "{again}");
+    assert!(
+        results.iter().all(|r| matches!(r, Err(EngineError::Deadline { .. }))),
+        "two instances, five calls at once: each got one and ran to its deadline: {results:?}"
+    );
+    assert_eq!((e.instances.held(Lane::Shared), e.instances.held(Lane::Kept)), (0, 0));
+}
+
+/// Answers `ok` once told to, and says when it was called.
+struct Held {
+    called: std::sync::mpsc::SyncSender<()>,
+    go: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl CallHandler for Held {
+    fn call(&self, _: &str, _: &str, _: &str, _: &[u8]) -> Result<Vec<u8>, CallFailure> {
+        let _ = self.called.send(());
+        let _ = self.go.lock().unwrap().recv();
+        Ok(b"ok".to_vec())
+    }
+}
+
+/// serve's pass keeps its instance: while shared calls hold every shared
+/// instance and more wait, a kept call gets the kept one at once, and no
+/// shared call takes it.
+#[test]
+fn a_kept_call_finds_its_instance_while_shared_calls_hold_and_wait() {
+    use std::sync::mpsc::{channel, sync_channel};
+    let limits = Limits {
+        instances: 2,
+        memory_bytes: 4 << 20,
+    };
+    let e = Arc::new(engine(
+        &format!("(drop {}) (i32.const 1)", call_with_payload(0, 4)),
+        limits,
+    ));
+    let held = |e: &Arc<Engine>| {
+        let (called, entered) = sync_channel(4);
+        let (release, go) = channel();
+        let handler = Arc::new(Held {
+            called,
+            go: std::sync::Mutex::new(go),
+        });
+        let e = e.clone();
+        let call = std::thread::spawn(move || e.call("validate", b"{}", handler));
+        (entered, release, call)
+    };
+    let (first_in, release_first, first) = held(&e);
+    first_in.recv().unwrap();
+    let (second_in, release_second, second) = held(&e);
+    std::thread::sleep(Duration::from_millis(100));
+    let (sent, kept) = channel();
+    let kept_call = {
+        let e = e.clone();
+        std::thread::spawn(move || {
+            let _ = sent.send(e.call_in(Lane::Kept, "validate", b"{}", Arc::new(Counting::default())));
+        })
+    };
+    let answer = kept
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the kept call got its instance while the shared ones were held");
+    assert!(!matches!(answer, Err(EngineError::Instantiate(_))), "{answer:?}");
+    assert!(second_in.try_recv().is_err(), "the second shared call still waits");
+    release_first.send(()).unwrap();
+    // (The guest hands back no response: its own error, not the pool's.)
+    let first = first.join().unwrap();
+    assert!(!matches!(first, Err(EngineError::Instantiate(_))), "{first:?}");
+    second_in.recv().unwrap();
+    release_second.send(()).unwrap();
+    let second = second.join().unwrap();
+    assert!(!matches!(second, Err(EngineError::Instantiate(_))), "{second:?}");
+    kept_call.join().unwrap();
 }

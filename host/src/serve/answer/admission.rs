@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use super::state::State;
 use crate::capability::{Caller, Capability, Subject};
 use crate::cluster::shown;
-use crate::kubewarden::engine::{CallFailure, CallHandler};
+use crate::kubewarden::engine::{CallFailure, CallHandler, Lane};
 use crate::serve::tell::metrics::{self, OperationLabels, RequestLabels};
 use crate::serve::view::prefetch::{self, ObjectOnly};
 use crate::serve::view::scope::RequestScope;
@@ -27,13 +27,30 @@ use config_snapshot_policy::model::settings::Settings;
 /// is whatever its sender wrote.
 pub(crate) const UID_PREFIX: &str = "resync-";
 
-/// Who asked for an admission: the API server (over the webhook), or the
-/// host's own periodic pass. Its log level follows from it, never from the
-/// request's fields.
+/// Who asked for an admission: the API server (over the webhook), the
+/// host's own periodic pass, or its judges of the sources its watch saw
+/// change. Its log level and the engine's lane it evaluates in follow from
+/// it, never from the request's fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Origin {
     ApiServer,
     Resync,
+    Watch,
+}
+
+impl Origin {
+    /// The engine's instances its evaluation takes one of (docs/serve.md,
+    /// "The wasm pool"): the pass's is the kept one, which nothing else
+    /// takes, so a pass never waits behind the API server's load or the
+    /// judges'; the API server's reviews (already held to their share,
+    /// serve/intake/evaluations.rs) and the judges' re-admissions share the
+    /// rest, each waiting for one rather than failing.
+    fn lane(self) -> Lane {
+        match self {
+            Origin::Resync => Lane::Kept,
+            Origin::ApiServer | Origin::Watch => Lane::Shared,
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -320,7 +337,7 @@ pub(crate) fn admit_from(state: &State, request: &RawValue, origin: Origin) -> R
         return Ok(too_many_values(state, &head, values));
     }
     let handler = capability(state, &head, request);
-    let mut validation = evaluate(state, &head, request, handler.clone())?;
+    let mut validation = evaluate(state, &head, request, origin.lane(), handler.clone())?;
     let answer = respond(&head, request, &mut validation)?;
     release(state, &handler, &answer);
     log_admission(origin, &head, &labels, &answer, &validation);
@@ -383,11 +400,13 @@ fn capability(state: &State, head: &RequestHeader, request: &RawValue) -> Arc<Me
     })
 }
 
-/// Runs the policy's `validate` on the request and the settings.
+/// Runs the policy's `validate` on the request and the settings, on an
+/// instance of `lane` (waited for, never refused).
 fn evaluate(
     state: &State,
     head: &RequestHeader,
     request: &RawValue,
+    lane: Lane,
     handler: Arc<MeteredCapability>,
 ) -> Result<Value, Failure> {
     let mut payload = Vec::with_capacity(request.get().len() + state.settings_json.len() + 32);
@@ -398,7 +417,7 @@ fn evaluate(
     payload.push(b'}');
     state
         .engine
-        .call("validate", &payload, handler)
+        .call_in(lane, "validate", &payload, handler)
         .map_err(anyhow::Error::from)
         .and_then(|bytes| Ok(serde_json::from_slice(&bytes)?))
         .map_err(|e| {
@@ -564,9 +583,10 @@ fn release(state: &State, handler: &MeteredCapability, answer: &Answer) {
 }
 
 /// One line per admission. The resync re-admits every watched source each
-/// pass: at info level that would drown the admissions users make, so its
-/// own are logged at debug; every review that came over the webhook is
-/// logged at info, whatever its uid says.
+/// pass, and the judges each changed one: at info level that would drown
+/// the admissions users make, so the host's own are logged at debug; every
+/// review that came over the webhook is logged at info, whatever its uid
+/// says.
 fn log_admission(origin: Origin, head: &RequestHeader, labels: &RequestLabels, answer: &Answer, validation: &Value) {
     let warnings = validation["warnings"].as_array().map_or(0, Vec::len);
     // `tracing::event!` takes its level as a constant.
@@ -585,7 +605,7 @@ fn log_admission(origin: Origin, head: &RequestHeader, labels: &RequestLabels, a
             )
         };
     }
-    if origin == Origin::Resync {
+    if origin != Origin::ApiServer {
         at!(tracing::Level::DEBUG);
     } else {
         at!(tracing::Level::INFO);

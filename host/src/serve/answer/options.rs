@@ -146,7 +146,9 @@ pub struct Options {
     #[arg(long, default_value = "2s", value_parser = go_duration)]
     pub policy_timeout: Duration,
     /// Policy instances alive at once: admissions evaluated together (one
-    /// is kept for the resync). Each takes up to --policy-memory-mib, so
+    /// is kept for the resync; the API server's reviews and the judges of
+    /// changed sources share the rest, and wait for one past them). Each
+    /// takes up to --policy-memory-mib, so
     /// their product must fit the container's memory limit beside the
     /// caches (deploy/serve: 8 × 48 MiB of a 512 MiB limit).
     #[arg(long, default_value = "8")]

@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::options::Options;
 use crate::cluster::proof::Prover;
 use crate::kubewarden::engine::Engine;
-use crate::lifecycle::{Budget, Rules};
+use crate::lifecycle::{Budget, InFlight, Places, Rules};
 use crate::serve::tell::events;
 use crate::serve::tell::metrics::Metrics;
 use crate::serve::tell::report::Report;
@@ -120,14 +120,13 @@ pub fn build_with_engine(
             excluded_namespaces: options.excluded_namespaces(),
             only_namespaces,
         }),
-        in_flight: Arc::default(),
+        in_flight: Arc::new(InFlight::bounded(Places::of(options.queue_capacity))),
         report,
         budget: budget.clone(),
     });
     let (queue, worker) = Queue::new(
         carry.clone(),
         QueueSettings {
-            capacity: options.queue_capacity.max(1),
             wait_for: options.effect_wait,
             ..QueueSettings::default()
         },
@@ -170,12 +169,4 @@ fn told_by_the_watch(cache: &Cache, queue: &Queue, leadership: &Arc<leader::Lead
             sources.changed(source.clone());
         }
     });
-}
-
-/// A changed source is judged as the periodic pass judges a watched one:
-/// re-admitted through the webhook's own path.
-impl crate::serve::work::source_changes::Judge for State {
-    fn source_changed(&self, key: &crate::cluster::Key) {
-        self.context.driver().source_changed(self, key);
-    }
 }

@@ -14,7 +14,10 @@
 //!    either.
 //! 5. The rest of its declared size from the budget, waited for until the
 //!    request's deadline; then the rest of its body by the same deadline.
-//! 6. A slot to evaluate in (serve/intake/evaluations.rs), by namespace as well.
+//! 6. A slot to evaluate in (serve/intake/evaluations.rs), by namespace as well;
+//!    then one of the engine's instances (kubewarden/engine/instances.rs),
+//!    which the judges of changed sources take too: waited for, never
+//!    refused.
 //!
 //! Nothing here is counted by address. The API server is one address that
 //! carries every namespace's reviews: a share per address (eff3694 gave one
@@ -110,9 +113,11 @@ impl Webhook {
         body_deadline: Duration,
     ) -> Webhook {
         let units = u32::try_from(budget_bytes.max(4 * MAX_BODY) / BUDGET_UNIT).unwrap_or(u32::MAX >> 4);
-        // The wasm pool has a fixed number of instance slots; past it a
-        // request would fail, so it waits for a slot instead. One stays
-        // free for the host's own admissions (the pass, the watch).
+        // The API server's reviews share the engine's shared lane: all its
+        // instances but the one kept for the pass. The engine counts them
+        // itself, so a review that finds the judges of changed sources in
+        // them waits for one rather than fails; these slots only share
+        // what the reviews take of it between namespaces.
         let instances = state.engine.limits().instances as usize;
         // Every refusal's counter starts at zero, so that an alert on the
         // first sees a counter move from 0 to 1.

@@ -1,8 +1,14 @@
 //! Admissions evaluating at once, and who goes next (docs/security.md,
 //! "serve's port").
 //!
-//! The wasm pool has a fixed number of instances; past it a request would
-//! fail, so it waits for a slot here instead. The API server is one caller
+//! The wasm pool has a fixed number of instances, which the engine counts
+//! itself: past them a call waits for one (kubewarden/engine/instances.rs),
+//! whoever makes it, so no evaluation fails for want of one. The API
+//! server's reviews may hold all the engine's shared ones (every instance
+//! but the one kept for the pass) less the ones the judges of changed
+//! sources hold; these slots share that between namespaces, and a review
+//! waits for its slot here before it waits for an instance there, which a
+//! judge holds for at most one evaluation. The API server is one caller
 //! carrying every namespace's reviews, so a first-come queue would let one
 //! namespace's burst (a tenant's dry runs in a loop) hold every slot and
 //! keep every other namespace's reviews waiting behind it until the API

@@ -13,9 +13,10 @@
 //! A tenant's work stays theirs (docs/security.md, "A tenant's work stays
 //! theirs"). Jobs ready to run are taken in turn by namespace, so one
 //! namespace's storm delays another's rollout by a turn, not by the storm.
-//! Adoptions and sweeps are refused past `capacity` in all, or past a
-//! quarter of it in one namespace, so that one namespace's revisions cannot
-//! crowd out another's. A watch rollout is never refused for a full queue:
+//! Adoptions and sweeps have places ([`crate::lifecycle::Places`]): past
+//! `capacity` in all, or a quarter of it in one namespace, a revision's
+//! adoption is refused at its admission and a pass's is dropped, so that
+//! one namespace's revisions cannot crowd out another's. A watch rollout is never refused for a full queue:
 //! each is bounded by its slot instead, one per workload and source
 //! ([`Slot::Patch`]), which holds the newest content's rollout and the one
 //! running, however often the source changes. Every question the queue
@@ -33,13 +34,12 @@ use tracing::Instrument as _;
 use super::fair::Turns;
 use super::source_changes::SourceChanges;
 use crate::cluster::Key;
-use crate::lifecycle::{Begun, Driver, Effect, Hold, InFlight, Next, Rules, Slot};
+use crate::lifecycle::{Begun, Driver, Effect, Hold, InFlight, Next, Room, Rules, Slot};
 use crate::serve::tell::report::Report;
 use crate::serve::view::apiserver::KubeCluster;
 
 #[derive(Debug, Clone)]
 pub struct QueueSettings {
-    pub capacity: usize,
     /// How long an effect may wait for its precondition (the source change
     /// persisted, the owner created) or keep failing before it is over.
     pub wait_for: Duration,
@@ -49,7 +49,6 @@ pub struct QueueSettings {
 impl Default for QueueSettings {
     fn default() -> Self {
         QueueSettings {
-            capacity: 1024,
             wait_for: Duration::from_secs(30),
             workers: 4,
         }
@@ -215,8 +214,6 @@ pub struct Queue {
     arrived: Arc<Notify>,
     /// Adoptions and sweeps on their way, at most: in all, and of one
     /// namespace.
-    capacity: usize,
-    per_namespace: usize,
     carry: Arc<WorkerContext>,
     /// Jobs held, with when to look again.
     parked: Arc<Mutex<Parked>>,
@@ -243,12 +240,9 @@ const SOURCE_JUDGES: usize = 2;
 
 impl Queue {
     pub fn new(carry: Arc<WorkerContext>, settings: QueueSettings) -> (Queue, Worker) {
-        let capacity = settings.capacity.max(1);
         let queue = Queue {
             ready: Arc::default(),
             arrived: Arc::default(),
-            capacity,
-            per_namespace: (capacity / 4).max(1),
             carry,
             parked: Arc::default(),
             running: Arc::default(),
@@ -278,15 +272,20 @@ impl Queue {
     /// workload and source still waiting ([`Begun::Replaced`]).
     pub fn submit(&self, effect: Effect) {
         let metrics = &self.carry.report.metrics;
-        if !matches!(effect, Effect::Patch { .. }) {
-            let (all, mine) = self.carry.in_flight.places_taken(effect.namespace());
-            if all >= self.capacity || mine >= self.per_namespace {
+        // An admission's adoption had its place when the admission asked
+        // (`InFlight::room`, or the revision was refused): it is kept, even
+        // if others took the last places since. That overshoot is bounded
+        // by the admissions evaluated at once.
+        let promised = matches!(effect, Effect::Patch { .. } | Effect::Adopt { stored_as: Some(_), .. });
+        if !promised {
+            let room = self.carry.in_flight.room(effect.namespace());
+            if room != Room::Free {
                 metrics.effect(effect.label(), "dropped");
                 tracing::warn!(
                     effect = effect.label(),
                     namespace = effect.namespace(),
                     "deferred-effect queue full{}; dropped (the resync re-derives adoptions, the sweep collects snapshots)",
-                    if all >= self.capacity { "" } else { " for this namespace" }
+                    if room == Room::Full { "" } else { " for this namespace" }
                 );
                 return;
             }
