@@ -76,6 +76,10 @@ enum Command {
     /// at their sources and delete the snapshots nothing names
     /// (docs/install.md, "Uninstall").
     Release(cli::release::Args),
+    /// Revoke a leaked Secret's (or a ConfigMap's) earlier contents: delete
+    /// their snapshots, record it, and refuse from then on a rollback to a
+    /// revision that names one (docs/security.md).
+    Revoke(cli::revoke::Args),
 }
 
 fn main() -> ExitCode {
@@ -120,5 +124,6 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Annotate(args) => cli::module::annotate(args),
         Command::Keys(args) => cli::keyring::run(args),
         Command::Release(args) => cli::release::run(args),
+        Command::Revoke(args) => cli::revoke::run(args),
     }
 }

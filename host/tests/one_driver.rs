@@ -324,3 +324,47 @@ async fn the_sweep_after_a_new_snapshot_takes_only_the_sources_unused_versions()
     assert_eq!(snapshots, ["u-blue", "u-green"].into(), "only the unused version went");
     assert_eq!(left, right);
 }
+
+/// A watch rollout decided before its content was revoked: when it runs,
+/// the namespace's record (read through each cluster's `get`: serve's
+/// cache keeps it, label and annotation) names that content's snapshot,
+/// so the rollout is dropped, nothing is made, and the watcher stays where
+/// it is (docs/design.md, "Revocation"). The same on both clusters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_rollout_to_content_revoked_since_is_dropped() {
+    use config_snapshot_policy::model::revocation::{Revocation, Revocations};
+    let (mut objects, _) = cluster();
+    let green = objects[4]["metadata"]["name"].as_str().unwrap().to_string();
+    // Revoked: recorded, and its snapshot deleted.
+    objects.remove(4);
+    let record = Revocations(vec![Revocation {
+        source: SourceId::new(SourceKind::ConfigMap, "app"),
+        at: NOW - 60,
+        by: "alice".into(),
+        snapshots: vec![green.clone()],
+    }]);
+    let mut record = record.record_object("shop");
+    record["metadata"]["uid"] = json!("u-record");
+    record["metadata"]["resourceVersion"] = json!("8");
+    objects.push(record);
+    let ((a, left), (b, right)) = on_both(&objects, |c| {
+        let rules = rules();
+        let in_flight = InFlight::default();
+        let driver = Driver::new(c, &rules, &in_flight, &Silent);
+        let (_, effects) = cluster();
+        assert_eq!(in_flight.begin(&effects[1]), Begun::New);
+        driver.step(&effects[1], false, 0)
+    })
+    .await;
+    assert_eq!((&a, &b), (&Next::Over(Ending::Dropped), &Next::Over(Ending::Dropped)));
+    for objects in [&left, &right] {
+        assert!(
+            !objects.iter().any(|o| o["metadata"]["name"] == green.as_str()),
+            "the revoked snapshot was made again"
+        );
+        let web = objects.iter().find(|o| o["kind"] == "Deployment").unwrap();
+        let env = &web["spec"]["template"]["spec"]["containers"][0]["envFrom"][0]["configMapRef"]["name"];
+        assert_ne!(*env, json!(green), "rolled to revoked content");
+    }
+    assert_eq!(left, right);
+}

@@ -315,7 +315,15 @@ fn the_module_is_within_its_size_budget() {
     // The typed host contract (src/host/contract.rs): 5.6 KB (510,357 bytes
     // before it, 515,986 after, measured 2026-11-28); an untagged enum for
     // create_snapshots' answers had cost 18.6 KB, and was made a struct.
-    assert!(size <= 520_000, "policy.wasm is {size} bytes, over the 520 KB budget");
+    // Revocation (src/model/revocation.rs, src/plan/kept.rs, `snapshot_name`'s
+    // `revoked`): the record read and judged at admission, 12.3 KB (516,207
+    // bytes before it, 528,479 after, measured 2026-12-02); its answer read
+    // through `Value` and one error type for a record that does not read
+    // saved 2.3 KB of it.
+    // The Reloader habits (src/model/readers.rs, whole kinds and `exclude:
+    // "*"` in src/model/optin.rs) beside revocation: 3.8 KB (528,479 bytes
+    // before them, 532,277 after, measured 2026-12-02).
+    assert!(size <= 536_000, "policy.wasm is {size} bytes, over the 536 KB budget");
 }
 
 /// The metadata's hostCapabilities are Kubewarden's operations the policy

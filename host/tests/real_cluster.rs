@@ -1438,6 +1438,8 @@ mod plan;
 mod policy_server;
 #[path = "real_cluster/recipe.rs"]
 mod recipe;
+#[path = "real_cluster/revoke.rs"]
+mod revoke;
 #[path = "real_cluster/rollouts.rs"]
 mod rollouts;
 #[path = "real_cluster/security.rs"]
@@ -1556,6 +1558,10 @@ fn serve_on_a_real_control_plane() {
         undo_to_before_opt_in_story(&cp);
         return;
     }
+    if part == "revoke" {
+        revoke::revoke_story(&cp, &serve);
+        return;
+    }
     if part == "rollouts" {
         let kubelet = start_kubelet_stand_in(&cp);
         rollouts::rollout_story(&cp);
@@ -1609,6 +1615,7 @@ fn serve_on_a_real_control_plane() {
         plan::plan_story(&cp);
         fresh::fresh_as_the_request_story(&cp);
         held::held_stories(&cp);
+        revoke::revoke_story(&cp, &serve);
         timed("the tools");
         outage_story(&cp, &mut serve, &kubeconfig);
         timed("the outage");

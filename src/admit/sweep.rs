@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use serde_json::Value;
 
 use crate::admit::context::Context;
-use crate::model::content::source_label;
+use crate::model::content::snapshots_of;
 use crate::model::duration::parse_rfc3339;
 use crate::model::keys;
 use crate::model::kinds::Kind;
@@ -156,13 +156,7 @@ pub fn must_mark_reuse(snapshot: &Value, now: i64, grace: u64) -> bool {
 /// grace period, except `keep`. Best effort: a failure leaves the orphan
 /// for the next sweep, never fails the admission.
 pub fn sweep(ctx: &Context, source: &SourceId, keep: &str) {
-    let selector = format!(
-        "{}={},{}={}",
-        keys::MANAGED_BY,
-        keys::MANAGED_BY_VALUE,
-        keys::SOURCE_LABEL,
-        source_label(&source.name)
-    );
+    let selector = snapshots_of(&source.name);
     let Ok(snapshots) = ctx
         .host
         .list("v1", source.kind.kind(), ctx.namespace, Some(selector), &SNAPSHOT_MASKS)

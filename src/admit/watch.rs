@@ -14,7 +14,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use crate::admit::context::Context;
-use crate::host::contract::{PatchWorkload, SourceContent};
+use crate::host::contract::{PatchWorkload, Revoked, SourceContent};
 use crate::host::operation::Operation;
 use crate::host::{CallError, Names};
 use crate::model::content::Content;
@@ -148,8 +148,8 @@ fn roll_out(ctx: &Context, id: &SourceId, content: &Content, change: &Change) ->
             }
         };
         for workload in &workloads {
-            if let Err(failed) = roll_out_one(ctx, id, content, change, kind, workload) {
-                warnings.push(failed.warning());
+            if let Err(not_rolled) = roll_out_one(ctx, id, content, change, kind, workload) {
+                warnings.push(not_rolled.warning(id));
             }
         }
     }
@@ -202,19 +202,47 @@ fn watcher_masks(kind: WorkloadKind) -> Vec<String> {
 
 /// Why one watcher was not rolled out: a warning on the source's admission,
 /// which itself is never refused.
-struct RollOutFailed {
-    kind: WorkloadKind,
-    workload: String,
-    snapshot: String,
-    step: Operation,
-    error: CallError,
+enum NotRolled {
+    /// A host call failed.
+    Failed {
+        kind: WorkloadKind,
+        workload: String,
+        snapshot: String,
+        step: Operation,
+        error: CallError,
+    },
+    /// The source holds content that was revoked: no snapshot of it is
+    /// made again, and the workload stays on what it runs
+    /// (docs/design.md, "Revocation").
+    Revoked {
+        kind: WorkloadKind,
+        workload: String,
+        revoked: Revoked,
+    },
 }
 
-impl RollOutFailed {
-    fn warning(&self) -> String {
-        let (kind, workload, snapshot) = (self.kind.kind(), &self.workload, &self.snapshot);
-        let (step, error) = (self.step.name(), &self.error);
-        format!("{SAY}could not roll out {kind} {workload} to {snapshot}: {step}: {error}")
+impl NotRolled {
+    fn warning(&self, id: &SourceId) -> String {
+        match self {
+            NotRolled::Failed {
+                kind,
+                workload,
+                snapshot,
+                step,
+                error,
+            } => {
+                let (kind, step) = (kind.kind(), step.name());
+                format!("{SAY}could not roll out {kind} {workload} to {snapshot}: {step}: {error}")
+            }
+            NotRolled::Revoked {
+                kind,
+                workload,
+                revoked,
+            } => {
+                let kind = kind.kind();
+                format!("{SAY}{kind} {workload} not rolled out: {id} holds content {revoked}")
+            }
+        }
     }
 }
 
@@ -261,7 +289,7 @@ fn roll_out_one(
     change: &Change,
     kind: WorkloadKind,
     workload: &Value,
-) -> Result<(), RollOutFailed> {
+) -> Result<(), NotRolled> {
     let Watcher::Watches(group) = watcher(kind, workload, id, change.readers, ctx.settings) else {
         return Ok(());
     };
@@ -278,7 +306,7 @@ fn roll_out_one(
     let names = ctx
         .host
         .snapshot_names(id, &subset, &current)
-        .map_err(|error| RollOutFailed {
+        .map_err(|error| NotRolled::Failed {
             kind,
             workload: workload_name.to_string(),
             snapshot: String::new(),
@@ -289,6 +317,13 @@ fn roll_out_one(
         // An edit outside this workload's keys, or a snapshot it runs that
         // holds this content under an earlier name: nothing to roll.
         return Ok(());
+    }
+    if let Some(revoked) = names.revoked {
+        return Err(NotRolled::Revoked {
+            kind,
+            workload: workload_name.to_string(),
+            revoked,
+        });
     }
     if declined_by_rollback(workload, id, &names, change.operation) {
         // The content a rollback turned down: the rollback stands until
@@ -326,7 +361,7 @@ fn roll_out_one(
         snapshot: name.clone(),
         keys: keys.map(|keys| keys.into_iter().collect()),
     };
-    ctx.host.patch_workload(&request).map_err(|error| RollOutFailed {
+    ctx.host.patch_workload(&request).map_err(|error| NotRolled::Failed {
         kind,
         workload: workload_name.to_string(),
         snapshot: name.clone(),

@@ -325,3 +325,7 @@ fn too_many_sources(ctx: &Context, kind: WorkloadKind, object: &Value) -> Option
 #[cfg(test)]
 #[path = "workload_tests.rs"]
 pub(crate) mod tests;
+
+#[cfg(test)]
+#[path = "revocation_tests.rs"]
+mod revocation_tests;

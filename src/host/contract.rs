@@ -242,6 +242,54 @@ pub struct Names {
     pub name: String,
     #[serde(default)]
     pub aliases: Vec<String>,
+    /// Set when a name this content has had in the namespace, under any
+    /// key or scheme of the installation, is in its revocation record: no
+    /// snapshot of it is made again (docs/design.md, "Revocation").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked: Option<Revoked>,
+}
+
+/// The revocation of a content, as `snapshot_name` answers it: the
+/// record's words, which a message repeats. Read through `Value`, which
+/// the policy parses anyway: a derived deserializer costs the module
+/// kilobytes, for an answer a workload meets once in a leak's life.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "Value")]
+pub struct Revoked {
+    /// The revoked snapshot's name (the one the record holds).
+    pub snapshot: String,
+    /// When (unix seconds) and by whom, as recorded.
+    pub at: i64,
+    pub by: String,
+}
+
+impl TryFrom<Value> for Revoked {
+    type Error = &'static str;
+
+    fn try_from(value: Value) -> Result<Revoked, &'static str> {
+        let text = |field: &str| value[field].as_str().map(str::to_string);
+        Ok(Revoked {
+            snapshot: text("snapshot").ok_or("a revocation names its snapshot")?,
+            at: value["at"].as_i64().ok_or("a revocation says when")?,
+            by: text("by").ok_or("a revocation says by whom")?,
+        })
+    }
+}
+
+impl Revoked {
+    pub fn of(snapshot: &str, revocation: &crate::model::revocation::Revocation) -> Revoked {
+        Revoked {
+            snapshot: snapshot.to_string(),
+            at: revocation.at,
+            by: revocation.by.clone(),
+        }
+    }
+}
+
+impl std::fmt::Display for Revoked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&crate::model::revocation::said(self.at, &self.by))
+    }
 }
 
 impl Names {

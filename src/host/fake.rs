@@ -142,6 +142,25 @@ impl FakeHost {
         }
     }
 
+    /// The revocation, in the record among its objects, of the content
+    /// of `source` that has had `names`: as `snapshot_name` answers it.
+    fn revoked<'a>(&self, kind: &str, source: &str, names: impl IntoIterator<Item = &'a str>) -> Value {
+        use crate::model::revocation::{Revocations, RECORD};
+        let (Some(kind), Some(record)) = (
+            crate::model::source::SourceKind::from_kind(kind),
+            self.find("ConfigMap", RECORD),
+        ) else {
+            return Value::Null;
+        };
+        let id = crate::model::source::SourceId::new(kind, source);
+        let record = Revocations::of(&record).expect("the tests write records that read");
+        record
+            .revoking_any(&id, names)
+            .map_or(Value::Null, |(name, revocation)| {
+                json!(crate::host::contract::Revoked::of(name, revocation))
+            })
+    }
+
     fn matches_selector(object: &Value, selector: Option<&str>) -> bool {
         selector.is_none_or(|s| {
             s.split(',').all(|pair| {
@@ -243,8 +262,11 @@ impl Host for FakeHost {
                 let hash = req["contentHash"].as_str().unwrap_or_default();
                 let kind = req["source"]["kind"].as_str().unwrap_or_default();
                 let plain = crate::model::content::snapshot_name(source, hash);
+                let keyed = FakeHost::keyed_name(source, hash);
+                // As our hosts judge it: revoked under any name it has had.
+                let revoked = self.revoked(kind, source, [keyed.as_str(), plain.as_str()]);
                 let aliases: Vec<String> = self.find(kind, &plain).map(|_| plain).into_iter().collect();
-                json!({"name": FakeHost::keyed_name(source, hash), "aliases": aliases})
+                json!({"name": keyed, "aliases": aliases, "revoked": revoked})
             }
             "create_snapshot" => {
                 let mut object = req["object"].clone();

@@ -111,6 +111,7 @@ impl<'h> HostApi<'h> {
 
     /// Reads one object fresh from the API server (`disable_cache`): a
     /// snapshot must capture the content being admitted now, not 5 s ago.
+    /// [`HostApi::get_cached`] for the one object that may come from a cache.
     ///
     /// A missing object is an error on Kubewarden, not null. Our hosts say
     /// `NotFound` with a code. A foreign host's error text is not ours to
@@ -124,12 +125,38 @@ impl<'h> HostApi<'h> {
         namespace: &str,
         name: &str,
     ) -> Result<Option<Value>, CallError> {
+        self.get_with(api_version, kind, namespace, name, true)
+    }
+
+    /// [`HostApi::get`] from the host's cache, where it keeps one: for the
+    /// revocation record, all of which serve's cache keeps (a label and
+    /// config-snapshot's annotation, no data), and which is written before
+    /// the snapshots it names are deleted, so that a cache's lag lets
+    /// through nothing a fresh read of those snapshots does not catch.
+    pub(crate) fn get_cached(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Value>, CallError> {
+        self.get_with(api_version, kind, namespace, name, false)
+    }
+
+    fn get_with(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+        disable_cache: bool,
+    ) -> Result<Option<Value>, CallError> {
         let req = GetResourceRequest {
             api_version: api_version.to_string(),
             kind: kind.to_string(),
             name: name.to_string(),
             namespace: Some(namespace.to_string()),
-            disable_cache: true,
+            disable_cache,
             field_masks: None,
         };
         let payload = serde_json::to_vec(&req).unwrap_or_default();
@@ -211,20 +238,14 @@ impl<'h> HostApi<'h> {
     /// pod template or learned the host's door. A host without our
     /// capability makes no snapshots (checksum mode): it gets the plain
     /// name, never written anywhere.
-    pub(crate) fn snapshot_name(
-        &self,
-        id: &SourceId,
-        content: &crate::model::content::Content,
-    ) -> Result<String, CallError> {
-        self.snapshot_names(id, content, &[]).map(|names| names.name)
-    }
-
-    /// [`HostApi::snapshot_name`], with the other names of snapshots of
-    /// this content that exist in the namespace: a Secret's snapshot made
-    /// under an earlier naming scheme or key keeps its name, and holds the
-    /// same content. `current`: snapshots a workload runs now, which the
-    /// host also names if they hold this content (one made under a key the
-    /// host no longer has, after a key was lost, still holds it).
+    ///
+    /// With it, the other names of snapshots of this content that exist in
+    /// the namespace: a Secret's snapshot made under an earlier naming
+    /// scheme or key keeps its name, and holds the same content. `current`:
+    /// snapshots a workload runs now, which the host also names if they
+    /// hold this content (one made under a key the host no longer has,
+    /// after a key was lost, still holds it). And whether the content was
+    /// revoked there (docs/design.md, "Revocation").
     pub(crate) fn snapshot_names(
         &self,
         id: &SourceId,
@@ -235,6 +256,7 @@ impl<'h> HostApi<'h> {
         let plain = || Names {
             name: crate::model::content::snapshot_name(&id.name, &hash),
             aliases: Vec::new(),
+            revoked: None,
         };
         let request = contract::SnapshotName {
             source: contract::NamedSource {

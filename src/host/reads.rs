@@ -14,13 +14,24 @@ use std::rc::Rc;
 
 use serde_json::Value;
 
-use crate::host::{CallError, HostApi};
+use crate::host::{CallError, HostApi, Names};
 use crate::model::content::Content;
 use crate::model::kinds::Kind;
+use crate::model::revocation::{RecordError, Revocations, RECORD};
 use crate::model::source::{SourceId, SourceKind};
 
 /// A read's outcome: the object, `None` if it does not exist, or the error.
 pub(crate) type Read = Result<Option<Rc<Value>>, CallError>;
+
+/// Why the namespace's revocation record could not be read: no answer
+/// is taken as no revocation (docs/design.md, "Revocation").
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum RecordUnread {
+    #[error("could not read configmap/{RECORD}: {0}")]
+    Read(CallError),
+    #[error(transparent)]
+    Broken(#[from] RecordError),
+}
 
 /// What planning reads, asked for only when a decision needs it: an
 /// admission's host reads, or plain data in a test.
@@ -31,9 +42,12 @@ pub(crate) trait Lookup {
     /// The objects of the revision kind `kind` in the request's namespace
     /// that match `selector`, pruned to `masks`.
     fn revisions(&self, kind: &Kind, selector: Option<String>, masks: &[&str]) -> Result<Vec<Value>, CallError>;
-    /// The name the snapshot of `content` from `id` gets (a Secret's is
-    /// keyed by the host).
-    fn snapshot_name(&self, id: &SourceId, content: &Content) -> Result<String, CallError>;
+    /// The name the snapshot of `content` from `id` gets (keyed by the
+    /// host), and whether that content was revoked.
+    fn snapshot_name(&self, id: &SourceId, content: &Content) -> Result<Names, CallError>;
+    /// The revocations recorded in the request's namespace (none without
+    /// a record).
+    fn revocations(&self) -> Result<Rc<Revocations>, RecordUnread>;
 }
 
 /// The host's answers, each read at most once per admission.
@@ -41,6 +55,7 @@ pub(crate) struct Reads<'a> {
     host: &'a HostApi<'a>,
     namespace: &'a str,
     seen: RefCell<BTreeMap<(SourceKind, String), Read>>,
+    record: RefCell<Option<Result<Rc<Revocations>, RecordUnread>>>,
 }
 
 impl<'a> Reads<'a> {
@@ -49,6 +64,7 @@ impl<'a> Reads<'a> {
             host,
             namespace,
             seen: RefCell::default(),
+            record: RefCell::default(),
         }
     }
 }
@@ -74,7 +90,24 @@ impl Lookup for Reads<'_> {
             .list(kind.api_version, kind.kind, self.namespace, selector, masks)
     }
 
-    fn snapshot_name(&self, id: &SourceId, content: &Content) -> Result<String, CallError> {
-        self.host.snapshot_name(id, content)
+    fn snapshot_name(&self, id: &SourceId, content: &Content) -> Result<Names, CallError> {
+        self.host.snapshot_names(id, content, &[])
+    }
+
+    /// From the host's cache (`get_cached`), once per admission.
+    fn revocations(&self) -> Result<Rc<Revocations>, RecordUnread> {
+        if let Some(read) = self.record.borrow().as_ref() {
+            return read.clone();
+        }
+        let read = match self
+            .host
+            .get_cached("v1", SourceKind::ConfigMap.kind(), self.namespace, RECORD)
+        {
+            Ok(Some(record)) => Revocations::of(&record).map(Rc::new).map_err(RecordUnread::from),
+            Ok(None) => Ok(Rc::default()),
+            Err(e) => Err(RecordUnread::Read(e)),
+        };
+        *self.record.borrow_mut() = Some(read.clone());
+        read
     }
 }

@@ -147,6 +147,19 @@ pub(crate) fn source_label(source: &str) -> String {
     }
 }
 
+/// The label selector of the snapshots of `source` (of either kind: the
+/// kind is the list's): what the sweep and `config-snapshot revoke` list.
+/// A selector only narrows the list; the source-name annotation decides.
+pub fn snapshots_of(source: &str) -> String {
+    format!(
+        "{}={},{}={}",
+        keys::MANAGED_BY,
+        keys::MANAGED_BY_VALUE,
+        keys::SOURCE_LABEL,
+        source_label(source)
+    )
+}
+
 /// The snapshot object `name` for `content` taken from `source`
 /// (docs/design.md, "What config-snapshot writes"). Only our own labels and
 /// annotations: copying GitOps tracking labels would make Argo CD or Flux

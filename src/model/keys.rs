@@ -71,6 +71,17 @@ pub const SOURCE_RESOURCE_VERSION: &str = "config-snapshot.io/source-resource-ve
 /// the sweep counts a snapshot's age from its last use, not its creation.
 pub const LAST_USED_AT: &str = "config-snapshot.io/last-used-at";
 
+// The revocation record (`revocation`): one ConfigMap per namespace,
+// written by `config-snapshot revoke`, read by the policy and the host.
+/// The label that makes a ConfigMap named `revocation::RECORD` the record:
+/// an unlabelled one of that name is a user's, and means nothing.
+pub const RECORD_LABEL: &str = "config-snapshot.io/record";
+pub const RECORD_LABEL_VALUE: &str = "revocations";
+/// The record's entries: an annotation, not `data`, so that serve's cache
+/// of ConfigMaps (which keeps config-snapshot's annotations and no data)
+/// answers the reads of it.
+pub const REVOCATIONS: &str = "config-snapshot.io/revocations";
+
 /// Where a client-side `kubectl apply` (and Argo CD's default sync) keeps
 /// the whole manifest it applied: a Secret's `stringData` in plain text
 /// among it. Not config-snapshot's; named here because the host keeps it

@@ -13,6 +13,7 @@ pub mod readers;
 pub mod records;
 pub mod references;
 pub mod request;
+pub mod revocation;
 pub mod selection;
 pub mod settings;
 pub mod source;

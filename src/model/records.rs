@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use crate::model::duration::{format_rfc3339, parse_rfc3339};
 use crate::model::keys;
-use crate::model::source::{SourceId, SourceKind};
+use crate::model::source::SourceId;
 
 /// `config-snapshot.io/rollback`: a rollback and the source contents it
 /// declined.
@@ -52,11 +52,6 @@ fn quote(text: &str) -> String {
     serde_json::to_string(text).unwrap_or_default()
 }
 
-fn parse_id(text: &str) -> Option<SourceId> {
-    let (tag, name) = text.split_once('/')?;
-    Some(SourceId::new(SourceKind::from_tag(tag)?, name))
-}
-
 /// The `metadata.generation` the API server gives `new` when it replaces
 /// `old`: it bumps the generation on a spec change only. A rollback whose
 /// rewritten template is the one already running changes no spec, and a
@@ -86,7 +81,7 @@ impl Rollback {
                 .and_then(Value::as_object)
                 .into_iter()
                 .flatten()
-                .filter_map(|(k, v)| Some((parse_id(k)?, v.as_str()?.to_string())))
+                .filter_map(|(k, v)| Some((SourceId::parse(k)?, v.as_str()?.to_string())))
                 .collect(),
         })
     }
@@ -127,7 +122,7 @@ impl WatchRollout {
         Some(WatchRollout {
             generation: raw.get("generation")?.as_i64()?,
             at: parse_rfc3339(raw.get("at")?.as_str()?)?,
-            source: parse_id(raw.get("source")?.as_str()?)?,
+            source: SourceId::parse(raw.get("source")?.as_str()?)?,
             snapshot: raw.get("snapshot")?.as_str()?.to_string(),
         })
     }
@@ -154,6 +149,7 @@ impl WatchRollout {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::source::SourceKind;
     use serde_json::json;
 
     fn with(key: &str, value: String, generation: i64) -> Value {

@@ -70,6 +70,13 @@ impl SourceId {
             name: name.into(),
         }
     }
+
+    /// The mapping's (and the records') form, `configmap/app`: what
+    /// [`SourceId`]'s `Display` writes.
+    pub fn parse(text: &str) -> Option<SourceId> {
+        let (tag, name) = text.split_once('/')?;
+        Some(SourceId::new(SourceKind::from_tag(tag)?, name))
+    }
 }
 
 impl fmt::Display for SourceId {

@@ -11,9 +11,11 @@
 //!
 //! - this module: the plan, and each source's snapshot;
 //! - [`judge`]: what kind of write the admission is;
+//! - [`kept`]: that what it keeps was not revoked and still exists;
 //! - [`record`]: renewals and the rollback record.
 
 mod judge;
+mod kept;
 mod record;
 pub mod rewrite;
 
@@ -21,6 +23,7 @@ use crate::model::object::ObjectExt;
 use serde_json::Value;
 
 use crate::host::reads::Lookup;
+use crate::host::Names;
 use crate::model::content::{self, Content};
 use crate::model::keys;
 use crate::model::kinds::WorkloadKind;
@@ -29,7 +32,7 @@ use crate::model::records::Rollback;
 use crate::model::references::{self, Reference, SourceRefs};
 use crate::model::request::{Rejection, SAY};
 use crate::model::settings::{OnMissingSource, OnSnapshotFailure, Settings};
-use crate::model::source::{SourceKind, SA_TOKEN};
+use crate::model::source::{SourceId, SourceKind, SA_TOKEN};
 use crate::model::template::{self, Mapping, Snapshots};
 
 /// Where a source's references end up.
@@ -219,6 +222,7 @@ impl<'a> Planner<'a> {
                 }),
             }
         }
+        self.check_kept(change, (&groups, &targets), &writes, &old_refs, &mut warnings)?;
         let rollback = self.rollback_record(change, renewing, &groups, &targets, &old_refs, &known);
         Ok(Plan {
             groups,
@@ -321,25 +325,48 @@ impl<'a> Planner<'a> {
             Err(e) => return Err(Rejection::new(format!("{SAY}{id} has malformed content: {e}"), 400)),
         };
         let rv = source.resource_version();
-        let name = match self.lookup.snapshot_name(id, &content) {
-            Ok(name) => name,
-            Err(e) => {
-                return match self.settings.on_snapshot_failure {
-                    OnSnapshotFailure::Reject => Err(Rejection::new(
-                        format!("{SAY}could not name a snapshot of {id}: {e}"),
-                        500,
-                    )),
-                    OnSnapshotFailure::Warn => {
-                        warnings.push(format!(
-                            "{SAY}could not name a snapshot of {id}, left its references unchanged: {e}"
-                        ));
-                        Ok(None)
-                    }
-                };
-            }
+        let Some(name) = self.name_of(id, &content, warnings)? else {
+            return Ok(None);
         };
         let object = content::snapshot_object(id, self.namespace, &name, rv, &content);
         Ok(Some((name, object)))
+    }
+
+    /// The name the snapshot of `content` gets. `Ok(None)` leaves the
+    /// references as they are; `Err` rejects the request, as does content
+    /// that was revoked: no snapshot of it is made again, and leaving the
+    /// reference to the source would have the pods read it from there
+    /// (docs/design.md, "Revocation").
+    fn name_of(
+        &self,
+        id: &SourceId,
+        content: &Content,
+        warnings: &mut Vec<String>,
+    ) -> Result<Option<String>, Rejection> {
+        match self.lookup.snapshot_name(id, content) {
+            Ok(Names {
+                revoked: Some(revoked), ..
+            }) => Err(Rejection::new(
+                format!(
+                    "{SAY}{id} holds content {revoked} (snapshot {}): rotate it",
+                    revoked.snapshot
+                ),
+                403,
+            )),
+            Ok(names) => Ok(Some(names.name)),
+            Err(e) => match self.settings.on_snapshot_failure {
+                OnSnapshotFailure::Reject => Err(Rejection::new(
+                    format!("{SAY}could not name a snapshot of {id}: {e}"),
+                    500,
+                )),
+                OnSnapshotFailure::Warn => {
+                    warnings.push(format!(
+                        "{SAY}could not name a snapshot of {id}, left its references unchanged: {e}"
+                    ));
+                    Ok(None)
+                }
+            },
+        }
     }
 }
 

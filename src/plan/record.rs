@@ -122,7 +122,12 @@ impl Planner<'_> {
             let content = content.subset(group.key_subset().as_ref());
             // A name the host cannot give declines any content: nothing
             // may roll it forward until its references move.
-            Some(self.lookup.snapshot_name(&group.id, &content).unwrap_or_default())
+            Some(
+                self.lookup
+                    .snapshot_name(&group.id, &content)
+                    .map(|n| n.name)
+                    .unwrap_or_default(),
+            )
         };
         match self.lookup.source(group.id.kind, &group.id.name) {
             Ok(Some(source)) => named(&source),

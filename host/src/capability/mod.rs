@@ -25,15 +25,17 @@ use config_snapshot_policy::model::object::ObjectExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use config_snapshot_policy::host::contract::Clock;
+use config_snapshot_policy::host::contract::{Clock, Revoked};
 use config_snapshot_policy::host::host_error::{Code, HostError};
 use config_snapshot_policy::host::operation::{Operation, CONFIG_SNAPSHOT, KUBEWARDEN};
-use config_snapshot_policy::model::source::SourceKind;
+use config_snapshot_policy::model::revocation::Revocations;
+use config_snapshot_policy::model::source::{SourceId, SourceKind};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::cluster::proof::proven::Proven;
 use crate::cluster::proof::Prover;
+use crate::cluster::revoked::{self, RecordUnread};
 use crate::cluster::Cluster;
 use crate::kubewarden::engine::{CallFailure, CallHandler};
 use crate::lifecycle::effect::StoredAs;
@@ -140,6 +142,8 @@ pub struct Capability {
     /// The request's namespace's uid, once read (it anchors shared
     /// snapshots).
     namespace_uid: Mutex<Option<String>>,
+    /// The request's namespace's revocation record, once read.
+    revocations: std::sync::OnceLock<Result<Revocations, RecordUnread>>,
 }
 
 impl Capability {
@@ -161,6 +165,22 @@ impl Capability {
             staged: Mutex::default(),
             stored: Mutex::default(),
             namespace_uid: Mutex::default(),
+            revocations: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Whether the content `content_hash` of `source` was revoked in the
+    /// request's namespace (docs/design.md, "Revocation"), the record read
+    /// once per request. A record that cannot be read forbids what it
+    /// might: it is not taken as none.
+    fn revoked(&self, source: &SourceId, content_hash: &str) -> Result<Option<Revoked>, HostError> {
+        let ns = &self.caller.namespace;
+        match self.revocations.get_or_init(|| revoked::revocations(&self.cluster, ns)) {
+            Ok(record) => Ok(revoked::revocation_of(record, self.prover(), ns, source, content_hash)),
+            Err(RecordUnread::Read(e)) => Err(failed(e.clone())),
+            Err(RecordUnread::Broken(e)) => Err(refused(format!(
+                "refused: {e}: no snapshot is made while the record cannot be read"
+            ))),
         }
     }
 

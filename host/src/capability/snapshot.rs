@@ -79,7 +79,8 @@ impl Capability {
                 aliases.push(running.clone());
             }
         }
-        Ok(Names { name, aliases })
+        let revoked = self.revoked(&SourceId::new(kind, source), &hash)?;
+        Ok(Names { name, aliases, revoked })
     }
 
     /// The snapshot object the host makes for what the guest proposes: of
@@ -123,9 +124,17 @@ impl Capability {
             )));
         }
         self.check_stored(&source, &name, &content)?;
+        let id = SourceId::new(kind, &source);
+        // Whatever the guest asks: revoked content is never made, nor a
+        // snapshot of it reused, again.
+        if let Some(revoked) = self.revoked(&id, &content.hash())? {
+            return Err(refused(format!(
+                "refused: snapshot {name}: {id}'s content was {revoked} (snapshot {})",
+                revoked.snapshot
+            )));
+        }
         let version = proposed.annotation(keys::SOURCE_RESOURCE_VERSION).unwrap_or_default();
         let version: String = version.chars().filter(char::is_ascii_digit).take(20).collect();
-        let id = SourceId::new(kind, &source);
         let mut object = snapshot_object(&id, ns, &name, &version, &content);
         self.prover().sign(&mut object);
         Ok((id, name, content, object))

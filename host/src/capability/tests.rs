@@ -516,6 +516,7 @@ fn missing_objects_read_as_not_found_errors() {
 }
 
 mod attacks;
+mod revoked;
 
 /// `create_snapshots` answers each item as `create_snapshot` would, in
 /// order, whether the cluster takes the writes one by one or concurrently;

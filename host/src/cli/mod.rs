@@ -10,6 +10,7 @@ pub mod plan;
 pub mod release;
 pub mod replay;
 pub mod review;
+pub mod revoke;
 
 use std::path::PathBuf;
 

@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 
 pub mod proof;
 pub(crate) mod referrers;
+pub mod revoked;
 pub mod selector;
 
 pub use crate::cluster::selector::Selector;

@@ -433,6 +433,59 @@ fn snapshot_outlives_source_story(cp: &ControlPlane) {
     pods_read(cp, ns, "web", 1, "blue", "one");
 }
 
+/// A leaked Secret revoked with pods running (docs/security.md, "A leaked
+/// credential"), read from inside the containers: revoking what they run
+/// is refused (their restarts would fail); the Secret rotated, the pods
+/// read the new value; `revoke` deletes the leaked snapshot while they run,
+/// `rollout undo` to it is refused and they go on reading the rotated
+/// value; a pod deleted starts again on it; the Secret set back to the
+/// leaked value rolls nothing.
+fn revoke_story(cp: &ControlPlane) {
+    let ns = "node-revoke";
+    cp.namespace(ns);
+    let (leaked, rotated) = ("leaked-node-5e1d", "rotated-node-8a2f");
+    sources(cp, ns, "blue", leaked);
+    cp.apply(ns, &app(cp, "Deployment", "web", 2));
+    pods_read(cp, ns, "web", 2, "blue", leaked);
+    let secret_of = || {
+        let web = cp.get(ns, "deployment", "web").unwrap();
+        web["spec"]["template"]["spec"]["containers"][0]["env"][1]["valueFrom"]["secretKeyRef"]["name"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let leaked_snapshot = secret_of();
+    let (ok, out, err) = super::held::cli(cp, &["revoke", "secret/db", "-n", ns, "--current"]);
+    assert!(!ok && out.contains("deployment/web  runs on"), "{out}{err}");
+    assert!(cp.get(ns, "secret", &leaked_snapshot).is_some(), "refused, yet deleted");
+
+    let secret = |password: &str| json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db"}, "stringData": {"password": password}});
+    cp.apply(ns, &secret(rotated));
+    pods_read(cp, ns, "web", 2, "blue", rotated);
+    let rotated_snapshot = secret_of();
+    let (ok, out, err) = super::held::cli(cp, &["revoke", "secret/db", "-n", ns]);
+    assert!(ok && out.contains(&format!("{leaked_snapshot}  revoked")), "{out}{err}");
+    assert!(
+        !out.contains(leaked) && !out.contains(rotated),
+        "a value in the output: {out}"
+    );
+    assert!(cp.get(ns, "secret", &leaked_snapshot).is_none());
+
+    let denied = cp
+        .try_kubectl(&["-n", ns, "rollout", "undo", "deployment/web"], None)
+        .expect_err("an undo to the revoked snapshot");
+    assert!(denied.contains("was revoked at"), "{denied}");
+    pods_read(cp, ns, "web", 2, "blue", rotated);
+    cp.kubectl(&["-n", ns, "delete", "pods", "-l", "app=web", "--wait=false"]);
+    pods_read(cp, ns, "web", 2, "blue", rotated);
+
+    cp.apply(ns, &secret(leaked));
+    std::thread::sleep(std::time::Duration::from_secs(40));
+    assert_eq!(secret_of(), rotated_snapshot, "rolled to the revoked value");
+    assert!(cp.get(ns, "secret", &leaked_snapshot).is_none(), "made again");
+    pods_read(cp, ns, "web", 2, "blue", rotated);
+}
+
 /// The kubelet does not watch immutable ConfigMaps and Secrets: 50 pods
 /// each mounting a ConfigMap and a Secret of their own cost kube-apiserver
 /// a watch on each; the same pods on snapshots (immutable) cost none.
@@ -1179,6 +1232,9 @@ pub fn node_stories(cp: &ControlPlane) {
     }
     if run("outlive") {
         snapshot_outlives_source_story(cp);
+    }
+    if run("revoke") {
+        revoke_story(cp);
     }
     if run("watch") {
         let table = watch_cost_story(cp);

@@ -187,6 +187,70 @@ pub fn rollout_story(cp: &ControlPlane) {
     });
     eprintln!("rollout story: pinned {blue}, rolled to {green}, undone to {blue}, rolled to {red}; history limit and delete collected the rest");
     abort_story(cp);
+    revoked_rollout_story(cp);
+}
+
+/// A ConfigMap's earlier content revoked under a Rollout
+/// (docs/design.md, "Revocation"): `kubectl argo rollouts undo` to the
+/// revision that names it is refused, naming the revocation, and the
+/// Rollout keeps its config.
+fn revoked_rollout_story(cp: &ControlPlane) {
+    let ns = "story-rollout-revoke";
+    cp.namespace(ns);
+    cp.apply(ns, &config_map("app", json!({"mode": "old"})));
+    let rollout = json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout",
+        "metadata": {"name": "web", "annotations": {"config-snapshot.io/watch": "app"}},
+        "spec": {
+            "replicas": 1,
+            "revisionHistoryLimit": 2,
+            "selector": {"matchLabels": {"app": "web"}},
+            "strategy": {"canary": {}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "web", "image": "nginx:1.25",
+                    "envFrom": [{"configMapRef": {"name": "app"}}]}]}
+            }
+        }
+    });
+    cp.apply(ns, &rollout);
+    let state = || format!("replica sets: {:?}", replica_sets(cp, ns));
+    let pinned = |cp: &ControlPlane| cp.get(ns, "rollout.argoproj.io", "web").map(|r| env_ref(&r));
+    let old = pinned(cp).unwrap();
+    set_data(cp, ns, "app", json!({"mode": "new"}));
+    let new = eventually_or("the watch rolling the Rollout on", 90, state, || {
+        pinned(cp).filter(|name| *name != old)
+    });
+    // Once the old ReplicaSet is scaled down, it is history.
+    eventually_or("the old ReplicaSet scaled down", 90, state, || {
+        cp.objects(ns)
+            .0
+            .iter()
+            .filter(|o| o["kind"] == "ReplicaSet")
+            .find(|rs| env_ref(&json!({"spec": {"template": rs["spec"]["template"]}})) == old)
+            .filter(|rs| rs["spec"]["replicas"] == 0 && rs["status"]["replicas"].as_i64().unwrap_or(0) == 0)
+            .map(drop)
+    });
+    let (ok, out, err) = super::held::cli(cp, &["revoke", "configmap/app", "-n", ns]);
+    assert!(ok && out.contains(&format!("{old}  revoked")), "{out}{err}");
+    let undo = Command::new(cp.argo.join("kubectl-argo-rollouts"))
+        .arg("--kubeconfig")
+        .arg(&cp.kubeconfig)
+        .args(["-n", ns, "undo", "web"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&undo.stderr).to_string() + &String::from_utf8_lossy(&undo.stdout);
+    assert!(
+        !undo.status.success() && said.contains(&format!("snapshot {old} of configmap/app was revoked at")),
+        "{said}"
+    );
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert_eq!(
+        pinned(cp).as_deref(),
+        Some(new.as_str()),
+        "the Rollout keeps its config"
+    );
+    eprintln!("revoked rollout story: {old} revoked, undo refused, {new} runs");
 }
 
 /// `kubectl argo rollouts abort` of a canary paused half way: the stable

@@ -3,6 +3,7 @@
 //! change it would make is no longer the one asked for.
 
 use super::{Attempt, Driver, Retry, WriteFailed};
+use crate::cluster::revoked::{self, RecordUnread};
 use crate::cluster::{ApiError, Cluster};
 use crate::lifecycle::budget::written_size;
 use crate::lifecycle::effect::PatchIntent;
@@ -304,14 +305,6 @@ impl Driver<'_> {
     pub(super) fn snapshot_of_stored(&self, ns: &str, intent: &PatchIntent, stored: &Value) -> Result<Value, Attempt> {
         let id = &intent.source;
         let dropped = |why: String| Attempt::Dropped { why, collect: None };
-        let existing = self
-            .read(id.kind.kind(), ns, &intent.snapshot)
-            .map_err(|e| Attempt::Retry(e.into()))?;
-        if let Some(existing) = existing.filter(|e| keys::snapshot_source(e) == Some(id.name.as_str())) {
-            // Shown labelled only if proven: ours, and its name is its
-            // content's.
-            return Ok(existing);
-        }
         let content = Content::from_object(id.kind, stored)
             .map_err(|e| {
                 dropped(format!(
@@ -321,6 +314,31 @@ impl Driver<'_> {
             })?
             .subset(intent.keys.as_ref());
         let prover = self.cluster.prover();
+        // Revoked since the policy decided the rollout: never made, nor
+        // rolled to, again (docs/design.md, "Revocation").
+        match revoked::revocations(&self.cluster, ns) {
+            Ok(record) => {
+                if let Some(revoked) = revoked::revocation_of(&record, prover, ns, id, &content.hash()) {
+                    return Err(dropped(format!(
+                        "patch of {} dropped: {id}'s content as stored was {revoked} (snapshot {})",
+                        intent.who(),
+                        revoked.snapshot
+                    )));
+                }
+            }
+            Err(RecordUnread::Read(e)) => return Err(Attempt::Retry(e.into())),
+            Err(RecordUnread::Broken(e)) => {
+                return Err(dropped(format!("patch of {} dropped: {e}", intent.who())));
+            }
+        }
+        let existing = self
+            .read(id.kind.kind(), ns, &intent.snapshot)
+            .map_err(|e| Attempt::Retry(e.into()))?;
+        if let Some(existing) = existing.filter(|e| keys::snapshot_source(e) == Some(id.name.as_str())) {
+            // Shown labelled only if proven: ours, and its name is its
+            // content's.
+            return Ok(existing);
+        }
         if !prover
             .names_for(id.kind, ns, &id.name, &content.hash())
             .contains(&intent.snapshot)

@@ -4,6 +4,7 @@ use std::collections::BTreeSet;
 
 use anyhow::{anyhow, Result};
 use config_snapshot_policy::model::references;
+use config_snapshot_policy::model::revocation::RECORD;
 use config_snapshot_policy::model::source::SourceKind;
 use serde_json::Value;
 
@@ -11,7 +12,8 @@ use super::kept::Target;
 
 /// The objects `history` needs, read from the API server with kube-rs: the
 /// workload, its revisions, and the ConfigMaps and Secrets they name (each
-/// read by name: nothing else in the namespace is fetched).
+/// read by name: nothing else in the namespace is fetched), and the
+/// namespace's revocation record.
 pub async fn fetch(client: kube::Client, target: &Target, namespace: &str) -> Result<crate::replay::view::Objects> {
     use crate::serve::view::cache::{api_resource, trim};
     use kube::api::{Api, DynamicObject, ListParams};
@@ -57,6 +59,14 @@ pub async fn fetch(client: kube::Client, target: &Target, namespace: &str) -> Re
         {
             objects.push(as_value(kind.kind(), object)?);
         }
+    }
+    // The revocation record: which of the snapshots gone were revoked.
+    if let Some(record) = api("ConfigMap")
+        .get_opt(RECORD)
+        .await
+        .map_err(|e| anyhow!("reading configmap/{RECORD}: {e}"))?
+    {
+        objects.push(as_value("ConfigMap", record)?);
     }
     Ok(crate::replay::view::Objects(objects))
 }

@@ -55,6 +55,9 @@ pub enum State {
     Snapshot { snapshot: String },
     /// It named a snapshot that no longer exists.
     Collected { snapshot: String },
+    /// It names a snapshot `config-snapshot revoke` deleted: it can never
+    /// run again (docs/design.md, "Revocation").
+    Revoked { snapshot: String, at: String, by: String },
     /// Checksum mode (a host without the write capability): the live
     /// source, with a hash that rolls the workload out when it changes.
     Checksum,
@@ -108,6 +111,9 @@ impl std::fmt::Display for State {
         match self {
             State::Snapshot { snapshot } => write!(f, "snapshot {snapshot}"),
             State::Collected { snapshot } => write!(f, "snapshot {snapshot} no longer exists (collected or deleted)"),
+            State::Revoked { snapshot, at, by } => {
+                write!(f, "snapshot {snapshot} revoked at {at} by {by}: cannot run again")
+            }
             State::Checksum => f.write_str("checksum mode, no snapshot (the live source)"),
             State::Live => f.write_str("not snapshotted (the live source)"),
             State::OptionalMissing => f.write_str("optional, and missing"),

@@ -19,9 +19,11 @@ mod render;
 mod values;
 
 use anyhow::{anyhow, bail, Result};
+use config_snapshot_policy::model::duration::format_rfc3339;
 use config_snapshot_policy::model::keys;
 use config_snapshot_policy::model::object::ObjectExt;
 use config_snapshot_policy::model::references;
+use config_snapshot_policy::model::revocation::{Revocations, RECORD};
 use config_snapshot_policy::model::template::{self, Snapshots};
 use config_snapshot_policy::rollout::checksum_key;
 use serde_json::Value;
@@ -52,11 +54,17 @@ pub fn history(cluster: &dyn View, target: &Target, namespace: &str, now: i64) -
     }
     let numbered = numbered(target, kept);
     let newest = numbered.last().map(|(n, _)| *n);
+    // A record that does not read names no revocation here: `history`
+    // only shows, and says so of a snapshot that is gone either way.
+    let revocations = cluster
+        .get("ConfigMap", namespace, RECORD)
+        .and_then(|record| Revocations::of(&record).ok())
+        .unwrap_or_default();
     let mut revisions: Vec<Revision> = Vec::new();
     for (number, object) in &numbered {
         let number = *number;
         let template = object.pointer(target.template_path()).cloned().unwrap_or(Value::Null);
-        let mut sources = sources_of(cluster, namespace, &template);
+        let mut sources = sources_of(cluster, namespace, &template, &revocations);
         if let Some(previous) = revisions.last() {
             for source in &mut sources {
                 let before = previous.sources.iter().find(|s| s.source == source.source);
@@ -121,7 +129,7 @@ fn numbered(target: &Target, mut kept: Vec<Value>) -> Vec<(i64, Value)> {
 }
 
 /// Each source a revision's template reads, and where its config comes from.
-fn sources_of(cluster: &dyn View, namespace: &str, template: &Value) -> Vec<SourceConfig> {
+fn sources_of(cluster: &dyn View, namespace: &str, template: &Value, revocations: &Revocations) -> Vec<SourceConfig> {
     let refs = references::collect(template);
     let mut known = Snapshots::of(template);
     // A snapshot the mapping does not name is still recognised by its labels.
@@ -151,12 +159,22 @@ fn sources_of(cluster: &dyn View, namespace: &str, template: &Value) -> Vec<Sour
                         },
                         Some(Values::of(id.kind, o)),
                     ),
-                    None => (
-                        State::Collected {
-                            snapshot: named.clone(),
-                        },
-                        None,
-                    ),
+                    None => match revocations.revoking(&id, named) {
+                        Some(revocation) => (
+                            State::Revoked {
+                                snapshot: named.clone(),
+                                at: format_rfc3339(revocation.at),
+                                by: revocation.by.clone(),
+                            },
+                            None,
+                        ),
+                        None => (
+                            State::Collected {
+                                snapshot: named.clone(),
+                            },
+                            None,
+                        ),
+                    },
                 }
             } else if template.annotation(&checksum_key(&id)).is_some() {
                 (State::Checksum, None)
@@ -190,6 +208,53 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("keep revisions"));
+    }
+
+    /// A revision naming a snapshot `revoke` deleted says so, with when
+    /// and by whom; one naming a snapshot gone otherwise says that.
+    #[test]
+    fn a_revoked_snapshot_is_told_from_a_collected_one() {
+        use config_snapshot_policy::model::revocation::{Revocation, Revocations};
+        use config_snapshot_policy::model::source::SourceId;
+        use serde_json::json;
+        let template = |secret: &str| {
+            json!({"metadata": {"annotations": {keys::SNAPSHOTS: json!({"secret/db": secret}).to_string()}},
+                   "spec": {"containers": [{"name": "c", "image": "api:1", "envFrom": [{"secretRef": {"name": secret}}]}]}})
+        };
+        let rs = |n: i64, secret: &str| {
+            json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                   "metadata": {"name": format!("web-{n}"), "namespace": "shop",
+                                "annotations": {"deployment.kubernetes.io/revision": n.to_string()},
+                                "ownerReferences": [{"uid": "uid-web", "controller": true}]},
+                   "spec": {"template": template(secret)}})
+        };
+        let record = Revocations(vec![Revocation {
+            source: SourceId::new(SourceKind::Secret, "db"),
+            at: 1_800_000_000,
+            by: "alice".into(),
+            snapshots: vec!["db-leaked".into()],
+        }]);
+        let objects = crate::replay::view::Objects(vec![
+            json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                   "metadata": {"name": "web", "namespace": "shop", "uid": "uid-web"},
+                   "spec": {"template": template("db-other")}}),
+            rs(1, "db-leaked"),
+            rs(2, "db-other"),
+            record.record_object("shop"),
+        ]);
+        let history = history(&objects, &Target::parse("deploy/web").unwrap(), "shop", 1_800_000_000).unwrap();
+        let said: Vec<String> = history
+            .revisions
+            .iter()
+            .map(|r| r.sources[0].state.to_string())
+            .collect();
+        assert_eq!(
+            said,
+            [
+                "snapshot db-leaked revoked at 2027-01-15T08:00:00Z by alice: cannot run again",
+                "snapshot db-other no longer exists (collected or deleted)",
+            ]
+        );
     }
 
     #[test]

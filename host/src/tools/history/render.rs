@@ -99,7 +99,7 @@ pub fn render_history(history: &History, style: Style) -> String {
                 detail.push_str(" (new source)");
             }
             let detail = match &s.state {
-                State::Collected { .. } => style.paint("33", &detail),
+                State::Collected { .. } | State::Revoked { .. } => style.paint("33", &detail),
                 _ if s.keys.as_ref().is_some_and(|k| !k.is_empty()) => style.paint("36", &detail),
                 _ => detail,
             };

@@ -166,8 +166,9 @@ fn controller(object: &Value) -> Option<&str> {
 }
 
 /// Whether revision `object` of `owner` is in use: a ReplicaSet with pods,
-/// a StatefulSet's current or update revision, a DaemonSet's newest.
-fn in_use(kind: &Kind, object: &Value, owner: &Value, siblings: &[&Value]) -> bool {
+/// a StatefulSet's current or update revision, a DaemonSet's newest. Also
+/// what `revoke` will not take from under running pods.
+pub(crate) fn in_use(kind: &Kind, object: &Value, owner: &Value, siblings: &[&Value]) -> bool {
     match kind.kind {
         "ReplicaSet" => {
             object["spec"]["replicas"].as_i64().unwrap_or(1) > 0
