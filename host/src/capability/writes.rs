@@ -57,13 +57,15 @@ impl Capability {
         if existing.is_empty() {
             return Ok(Queued { queued: false });
         }
-        // A promise the queue keeps (docs/design.md, "Garbage collection"): with no
-        // place for it, the revision is refused and its controller retries,
-        // rather than created with an adoption that is dropped.
-        match self.in_flight.room(ns) {
-            Room::Free => {}
-            Room::Full => return Err(busy("the deferred-effect queue is full")),
-            Room::FullForNamespace => return Err(busy("this namespace holds its share of the deferred-effect queue")),
+        // A promise the queue keeps (docs/design.md, "Garbage collection"):
+        // with its namespace's share taken, the revision is refused and its
+        // controller retries, rather than created with an adoption that is
+        // dropped. Only the namespace's own share refuses it: were a full
+        // queue to, a few namespaces filling it would have every other
+        // namespace's revisions refused. So the queue may pass `capacity`,
+        // by at most the shares of the namespaces that hold one.
+        if self.in_flight.room(ns) == Room::FullForNamespace {
+            return Err(busy("this namespace holds its share of the deferred-effect queue"));
         }
         let snapshots = existing;
         self.stage(Effect::Adopt {

@@ -245,10 +245,10 @@ impl InFlight {
     pub fn room(&self, namespace: &str) -> Room {
         let Some(places) = self.places else { return Room::Free };
         let (all, mine) = self.places_taken(namespace);
-        if all >= places.all {
-            Room::Full
-        } else if mine >= places.per_namespace {
+        if mine >= places.per_namespace {
             Room::FullForNamespace
+        } else if all >= places.all {
+            Room::Full
         } else {
             Room::Free
         }

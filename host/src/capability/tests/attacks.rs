@@ -471,4 +471,27 @@ fn an_adoption_without_a_place_is_refused_not_promised() {
     bounded.end(&first);
     adopt().unwrap();
     assert_eq!(cap.take_staged().len(), 1);
+    // Other namespaces filling the whole queue do not get this one's
+    // revisions refused (second review, finding 3): only its own share does.
+    let others: Vec<Effect> = ["b", "c", "d", "e"]
+        .iter()
+        .map(|ns| {
+            let mut other = first.clone();
+            if let Effect::Adopt { namespace, .. } = &mut other {
+                *namespace = (*ns).to_string();
+            }
+            bounded.begin(&other);
+            other
+        })
+        .collect();
+    assert_eq!(bounded.room("team-a"), crate::lifecycle::Room::Full);
+    adopt().unwrap();
+    assert_eq!(
+        cap.take_staged().len(),
+        1,
+        "a full queue refused a namespace holding nothing"
+    );
+    others.iter().for_each(|o| {
+        bounded.end(o);
+    });
 }

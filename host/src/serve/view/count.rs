@@ -1,13 +1,20 @@
 //! Counting a JSON document's values (objects, arrays, strings, numbers
 //! and the rest) without keeping any of them: the one measure serve puts on
-//! what a review, its cache and its reads ahead hold, since a tree costs by
-//! its count of values, not by its bytes (a `serde_json::Value` node with
-//! preserve_order is some 75 bytes however short its text).
+//! what a review, its cache and its reads ahead hold. A tree costs by its
+//! count of values (a `serde_json::Value` node with preserve_order is some
+//! 75 bytes however short its text) and by its text: so a string, or a
+//! key, counts one more value for every [`TEXT_PER_VALUE`] bytes it holds.
+//! Counting values alone let one env value of 1.4 MiB count as one.
 
-use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use std::cell::Cell;
 
-/// How many values a document holds (it, and every one inside it).
+/// Bytes of text that count as one more value: about what a value's node
+/// costs in memory.
+pub(crate) const TEXT_PER_VALUE: usize = 64;
+
+/// How many values a document holds (it, and every one inside it), its
+/// text counted by [`TEXT_PER_VALUE`].
 pub(crate) struct Values(pub usize);
 
 impl<'de> Deserialize<'de> for Values {
@@ -22,8 +29,32 @@ struct Counter<'c>(&'c Cell<usize>);
 
 impl Counter<'_> {
     fn one<E: serde::de::Error>(&self) -> Result<(), E> {
-        self.0.set(self.0.get().saturating_add(1));
+        self.add(1)
+    }
+
+    fn add<E: serde::de::Error>(&self, n: usize) -> Result<(), E> {
+        self.0.set(self.0.get().saturating_add(n));
         Ok(())
+    }
+}
+
+/// A map's key: its text counted, nothing kept.
+struct KeyText<'c>(&'c Cell<usize>);
+
+impl<'de> serde::de::DeserializeSeed<'de> for KeyText<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeyText<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a key")
+    }
+    fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<(), E> {
+        Counter(self.0).add(key.len() / TEXT_PER_VALUE)
     }
 }
 
@@ -41,7 +72,7 @@ impl<'de> Visitor<'de> for Counter<'_> {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         self.one()?;
-        while map.next_key::<IgnoredAny>()?.is_some() {
+        while map.next_key_seed(KeyText(self.0))?.is_some() {
             map.next_value_seed(Counter(self.0))?;
         }
         Ok(())
@@ -51,8 +82,8 @@ impl<'de> Visitor<'de> for Counter<'_> {
         while seq.next_element_seed(Counter(self.0))?.is_some() {}
         Ok(())
     }
-    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<(), E> {
-        self.one()
+    fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<(), E> {
+        self.add(1 + text.len() / TEXT_PER_VALUE)
     }
     fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<(), E> {
         self.one()
@@ -74,4 +105,30 @@ impl<'de> Visitor<'de> for Counter<'_> {
 /// How many values `value` holds (it, and every one inside it).
 pub(crate) fn of(value: &serde_json::Value) -> usize {
     Values::deserialize(value).map_or(0, |v| v.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Review of issue 63 (second pass), finding 1: a Deployment whose one
+    /// env value holds 1.4 MiB counted as a handful of values, so a tenant's
+    /// few hundred of them (and their ReplicaSets) passed the cache's
+    /// budget by hundreds of MiB. Its text counts now, in a value and in a
+    /// key alike.
+    #[test]
+    fn text_counts_by_its_length() {
+        let short = of(&json!({"env": [{"name": "A", "value": "b"}]}));
+        assert_eq!(short, 5);
+        let long = "x".repeat(1_400_000);
+        let value = of(&json!({"env": [{"name": "A", "value": long}]}));
+        assert_eq!(value, short + 1_400_000 / TEXT_PER_VALUE);
+        let key = of(&json!({ long.clone(): "" }));
+        assert_eq!(key, 2 + 1_400_000 / TEXT_PER_VALUE);
+        // As the review's bytes count them too.
+        let text = serde_json::to_vec(&json!({ long: "" })).unwrap();
+        let counted: Values = serde_json::from_slice(&text).unwrap();
+        assert_eq!(counted.0, key);
+    }
 }
