@@ -295,6 +295,33 @@ fn bad_input_gets_a_clear_answer_within_the_deadline() {
     }
 }
 
+/// Review "Contained", finding 2: a Deployment naming 64 large ConfigMaps,
+/// past what one request may hold of its sources, is answered with the
+/// host's refusal in a clear message, and the policy does not trap.
+#[test]
+fn a_request_whose_sources_hold_too_much_is_answered_clearly() {
+    let engine = engine();
+    let shared = Arc::new(Shared::default());
+    let data: serde_json::Map<String, Value> = (0..500).map(|i| (format!("k{i}"), json!("v"))).collect();
+    for i in 0..references::MAX_SOURCES {
+        shared.store().persist(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": format!("big-{i}"), "namespace": "default"}, "data": data}));
+    }
+    let env_from: Vec<Value> = (0..references::MAX_SOURCES)
+        .map(|i| json!({"configMapRef": {"name": format!("big-{i}")}}))
+        .collect();
+    let d = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "default", "annotations": {"config-snapshot.io/snapshot": "*"}},
+        "spec": {"template": {"spec": {"containers": [{"name": "c", "envFrom": env_from}]}}}});
+    let cap = Arc::new(capability(shared.clone(), "r", "default", false).holding_at_most(10_000));
+    let answer = engine
+        .validate(&admission("Deployment", "apps", d), &json!({}), cap)
+        .expect("answered, not trapped");
+    let said = format!("{} {}", answer["message"], answer["warnings"]);
+    assert!(said.contains("more than the 10000 JSON values"), "{answer}");
+    assert_eq!(answer["accepted"], false, "{answer}");
+}
+
 /// A runaway policy is stopped by the epoch deadline with a clear error.
 #[test]
 fn the_deadline_stops_a_runaway_guest() {

@@ -33,6 +33,7 @@ use config_snapshot_policy::model::source::{SourceId, SourceKind};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::cluster::count::Allowance;
 use crate::cluster::proof::proven::Proven;
 use crate::cluster::proof::Prover;
 use crate::cluster::revoked::{self, RecordUnread};
@@ -139,6 +140,8 @@ pub struct Capability {
     /// The sources this admission read fresh, as the API server stores
     /// them: a snapshot is made of nothing else.
     stored: Mutex<HashMap<(SourceKind, String), Value>>,
+    /// The JSON values `stored` may take in all ([`Capability::holding_at_most`]).
+    holding: Allowance,
     /// The request's namespace's uid, once read (it anchors shared
     /// snapshots).
     namespace_uid: Mutex<Option<String>>,
@@ -164,6 +167,7 @@ impl Capability {
             budget: None,
             staged: Mutex::default(),
             stored: Mutex::default(),
+            holding: Allowance::new(usize::MAX),
             namespace_uid: Mutex::default(),
             revocations: std::sync::OnceLock::new(),
         }
@@ -197,6 +201,16 @@ impl Capability {
         }
     }
 
+    /// The same capability, the sources it reads fresh holding at most
+    /// `values` JSON values in all: one read past them is refused
+    /// (`TooLarge`), and the policy refuses the request that needs it.
+    pub fn holding_at_most(self, values: usize) -> Capability {
+        Capability {
+            holding: Allowance::new(values),
+            ..self
+        }
+    }
+
     /// The same capability, with failures injected into its calls.
     pub(crate) fn with_faults(self, faults: Arc<dyn Faults>) -> Capability {
         Capability {
@@ -225,13 +239,25 @@ impl Capability {
         }
     }
 
-    /// Remembers a source this admission read fresh.
-    fn remember(&self, kind: SourceKind, object: &Value) {
+    /// Remembers a source this admission read fresh, unless it does not
+    /// fit in what the admission may still hold: then the read is refused,
+    /// by the limit and without a word of the content.
+    fn remember(&self, kind: SourceKind, object: Value) -> Result<(), HostError> {
+        if !self.holding.take(&object) {
+            return Err(HostError::new(
+                Code::TooLarge,
+                format!(
+                    "refused: the sources this request reads hold more than the {} JSON values config-snapshot holds of one request's sources: reference fewer or smaller ConfigMaps and Secrets",
+                    self.holding.limit()
+                ),
+            ));
+        }
         let name = object.name().to_string();
         self.stored
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert((kind, name), object.clone());
+            .insert((kind, name), object);
+        Ok(())
     }
 
     /// Source `name` of the request's namespace as the API server stores

@@ -94,11 +94,7 @@ impl Capability {
         same_namespace(&self.caller, &ns)?;
         a_name(&req.name)?;
         let object = if req.disable_cache {
-            let read = self.cluster.get_fresh(&req.kind, &ns, &req.name);
-            if let (Ok(Some(object)), Some(kind)) = (&read, SourceKind::from_kind(&req.kind)) {
-                self.remember(kind, object);
-            }
-            read
+            self.cluster.get_fresh(&req.kind, &ns, &req.name)
         } else {
             self.cluster.get(&req.kind, &ns, &req.name)
         }
@@ -114,7 +110,13 @@ impl Capability {
             )
         })?;
         let masks: Vec<String> = req.field_masks.unwrap_or_default().into_iter().collect();
-        Ok(Reply::Json(masks::prune(&object, &masks)))
+        let reply = masks::prune(&object, &masks);
+        // A source read fresh is kept, moved and not copied, for the
+        // snapshots made of it.
+        if let Some(kind) = SourceKind::from_kind(&req.kind).filter(|_| req.disable_cache) {
+            self.remember(kind, object)?;
+        }
+        Ok(Reply::Json(reply))
     }
 
     pub(super) fn list_resources(&self, req: ListResourcesByNamespaceRequest) -> Result<Reply, HostError> {

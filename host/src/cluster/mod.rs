@@ -6,7 +6,8 @@
 //!
 //! The wing holds what every cluster shares behind the trait: the proof
 //! that an object is the host's own (`proof`), the reverse index of
-//! references (`referrers`) and label selectors (`selector`). The
+//! references (`referrers`), label selectors (`selector`) and the count
+//! of a JSON tree's values that bounds what a host holds (`count`). The
 //! simulator is `replay`'s, the API server's client `serve`'s.
 
 use config_snapshot_policy::host::host_error::Code;
@@ -14,6 +15,7 @@ use config_snapshot_policy::model::object::ObjectExt;
 use config_snapshot_policy::model::source::SourceId;
 use serde_json::{json, Value};
 
+pub(crate) mod count;
 pub mod proof;
 pub(crate) mod referrers;
 pub mod revoked;

@@ -495,3 +495,42 @@ fn an_adoption_without_a_place_is_refused_not_promised() {
         bounded.end(o);
     });
 }
+
+/// Review "Contained", finding 2: the sources one admission reads fresh
+/// are kept for its snapshots, and a template naming 64 large ones would
+/// have serve keep them all, many times the review's own body. What is
+/// kept stays within the limit; a read past it is refused (`TooLarge`),
+/// naming the limit and nothing of the content, and keeps nothing more.
+#[test]
+fn the_sources_an_admission_keeps_stay_within_its_limit() {
+    const LIMIT: usize = 10_000;
+    let backend = Arc::new(Recorder::default());
+    let cap = capability_on(backend.clone(), false).holding_at_most(LIMIT);
+    let data: serde_json::Map<String, Value> = (0..500).map(|i| (format!("k{i}"), json!("secret-ish"))).collect();
+    for i in 0..64 {
+        backend.put(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": format!("big-{i}"), "namespace": "team-a"}, "data": data}));
+    }
+    let mut refused = 0;
+    for i in 0..64 {
+        let got = read(
+            &cap,
+            "get_resource",
+            json!({"api_version": "v1", "kind": "ConfigMap", "name": format!("big-{i}"),
+                "namespace": "team-a", "disable_cache": true}),
+        );
+        if let Err(err) = got {
+            assert_eq!(err.code, Code::TooLarge, "{err}");
+            assert!(err.message.contains(&LIMIT.to_string()), "{err}");
+            assert!(
+                !err.message.contains("secret-ish") && !err.message.contains("big-"),
+                "{err}"
+            );
+            refused += 1;
+        }
+    }
+    let kept = cap.stored.lock().unwrap();
+    let held: usize = kept.values().map(crate::cluster::count::of).sum();
+    assert!(held <= LIMIT, "{held} values kept");
+    assert!(!kept.is_empty() && refused == 64 - kept.len(), "{refused} refused");
+}

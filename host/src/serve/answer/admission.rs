@@ -377,6 +377,7 @@ fn capability(state: &State, head: &RequestHeader, request: &RawValue) -> Arc<Me
     let scope = Arc::new(RequestScope::new(
         state.cluster.clone(),
         head.namespace.as_deref().unwrap_or_default(),
+        MAX_HELD_VALUES,
     ));
     scope.prefetch(
         prefetch::wanted(&head.kind.kind, &head.operation, request, &carry.rules.settings),
@@ -395,7 +396,8 @@ fn capability(state: &State, head: &RequestHeader, request: &RawValue) -> Arc<Me
             carry.in_flight.clone(),
             carry.report.clone(),
         )
-        .with_budget(state.budget.clone()),
+        .with_budget(state.budget.clone())
+        .holding_at_most(MAX_HELD_VALUES),
         metrics: state.metrics.clone(),
     })
 }
@@ -465,6 +467,15 @@ fn respond(head: &RequestHeader, request: &RawValue, validation: &mut Value) -> 
 /// never half done, whatever its bytes.
 pub(crate) const MAX_VALUES: usize = 100_000;
 
+/// The most JSON values of other objects one admission holds: what it
+/// reads ahead (`RequestScope`), and apart from that the sources its policy
+/// read fresh (`Capability`), each at most this many. A template may name
+/// 64 sources of up to 1 MiB each; parsed, those would cost serve many times
+/// the review's own body, times the admissions at once. As many as a review
+/// may hold itself: a source past the reads ahead is read when the policy
+/// asks, and one past the sources held is refused with a message.
+pub(crate) const MAX_HELD_VALUES: usize = MAX_VALUES;
+
 /// `Ok` when the request's object holds at most [`MAX_VALUES`] values,
 /// counted in one pass that builds nothing; else how many it holds. A
 /// request that does not parse is the policy's to refuse.
@@ -472,7 +483,7 @@ fn within_values(request: &RawValue) -> Result<(), usize> {
     #[derive(Deserialize)]
     struct Counting {
         #[serde(default)]
-        object: Option<crate::serve::view::count::Values>,
+        object: Option<crate::cluster::count::Values>,
     }
     match serde_json::from_str::<Counting>(request.get()) {
         Ok(Counting { object: Some(values) }) if values.0 > MAX_VALUES => Err(values.0),

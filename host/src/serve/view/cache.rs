@@ -26,11 +26,11 @@ use config_snapshot_policy::model::keys;
 use config_snapshot_policy::model::kinds::{self, WorkloadKind};
 use config_snapshot_policy::model::source::{SourceId, SourceKind};
 
+use crate::cluster::count;
 use crate::cluster::proof::{Prover, DIGESTED};
 use crate::cluster::referrers::Referrers;
 use crate::cluster::{self, ApiError, Selector};
 use crate::serve::tell::metrics::KindLabels;
-use crate::serve::view::count;
 use crate::serve::view::ledger::{Charged, Costs, Ledger};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;

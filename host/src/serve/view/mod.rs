@@ -9,7 +9,6 @@
 
 pub mod apiserver;
 pub mod cache;
-pub(crate) mod count;
 pub(crate) mod ledger;
 pub mod prefetch;
 pub mod scope;

@@ -16,6 +16,12 @@
 //! (a second read of the same object goes to the API server). A read the
 //! prefetch did not foresee goes to the API server as before.
 //!
+//! What one admission reads ahead is bounded in JSON values, not in reads
+//! (`MAX_HELD_VALUES`): 64 sources of a MiB each would cost serve many
+//! times the review's own body. A source or snapshot past that allowance
+//! is dropped as it arrives, and the policy's read of it goes to the API
+//! server.
+//!
 //! Which sources: those of the request's template that the workload opts in
 //! and that the template names by their own name (not a snapshot): every
 //! source of a CREATE, a roll forward, or a re-applied manifest. A template
@@ -54,6 +60,7 @@ use tokio::sync::{oneshot, Semaphore};
 use super::apiserver::{KubeCluster, Listed};
 use super::source_reads::LIST_AT_MOST;
 use crate::cluster;
+use crate::cluster::count::Allowance;
 use crate::cluster::proof::Prover;
 
 /// A source to read, in the request's namespace.
@@ -78,6 +85,15 @@ pub(crate) struct ObjectOnly {
 
 /// The reads made ahead, by (kind, name), each taken at most once.
 pub(crate) type Fetched = HashMap<(SourceKind, String), Pending>;
+
+/// What one admission's reads ahead share: where their answers wait, its
+/// part of the reads at once, and the JSON values they may hold in all.
+#[derive(Clone)]
+pub(crate) struct Share {
+    pub pending: Arc<Mutex<Fetched>>,
+    pub permits: Arc<Semaphore>,
+    pub allowance: Arc<Allowance>,
+}
 
 /// The sources worth reading ahead for this AdmissionRequest (raw JSON),
 /// whose `kind` and `operation` the caller has already parsed. A request
@@ -148,16 +164,25 @@ pub(crate) async fn read_ahead(
     namespace: String,
     wanted: Wanted,
     source: oneshot::Sender<cluster::Result<Option<Value>>>,
-    pending: Arc<Mutex<Fetched>>,
-    admission: Arc<Semaphore>,
+    share: Share,
     grace: u64,
 ) {
+    let Share {
+        pending,
+        permits: admission,
+        allowance,
+    } = share;
     let read = {
         let (Ok(_one), Ok(_all)) = (admission.acquire().await, cluster.reads_ahead.acquire().await) else {
             return;
         };
         cluster.fetch(wanted.kind.kind(), &namespace, &wanted.name).await
     };
+    // Past the allowance the source is dropped, and `source` with it: the
+    // policy's read of it goes to the API server, as one not foreseen.
+    if !fits(&read, &allowance) {
+        return;
+    }
     let snapshot = match &read {
         Ok(Some(object)) => snapshot_of(&wanted, &namespace, object, cluster.cache.prover()),
         _ => None,
@@ -180,7 +205,19 @@ pub(crate) async fn read_ahead(
         let (Ok(_one), Ok(_all)) = (admission.acquire().await, cluster.reads_ahead.acquire().await) else {
             return;
         };
-        let _ = tx.send(cluster.fetch(wanted.kind.kind(), &namespace, &name).await);
+        let read = cluster.fetch(wanted.kind.kind(), &namespace, &name).await;
+        if fits(&read, &allowance) {
+            let _ = tx.send(read);
+        }
+    }
+}
+
+/// Whether `read` fits in what `allowance` has left, which it then takes:
+/// a missing object or a failed read holds no tree.
+fn fits(read: &cluster::Result<Option<Value>>, allowance: &Allowance) -> bool {
+    match read {
+        Ok(Some(object)) => allowance.take(object),
+        _ => true,
     }
 }
 
@@ -193,10 +230,14 @@ pub(crate) async fn read_listed(
     namespace: String,
     kind: SourceKind,
     slots: Vec<(Wanted, oneshot::Sender<cluster::Result<Option<Value>>>)>,
-    pending: Arc<Mutex<Fetched>>,
-    admission: Arc<Semaphore>,
+    share: Share,
     grace: u64,
 ) {
+    let Share {
+        pending,
+        permits: admission,
+        allowance,
+    } = share;
     let listed = {
         let (Ok(_one), Ok(_all)) = (admission.acquire().await, cluster.reads_ahead.acquire().await) else {
             return;
@@ -210,13 +251,20 @@ pub(crate) async fn read_listed(
         complete: false,
     });
     let by_name: HashMap<&str, &Value> = objects.iter().map(|o| (o.name(), o)).collect();
-    let shown = |name: &str| by_name.get(name).map(|o| (*o).clone());
+    // What the listing shows of `name`, copied if it fits the allowance
+    // (`Err`: it does not, and is read when the policy asks).
+    let shown = |name: &str| match by_name.get(name) {
+        Some(o) if allowance.take(o) => Ok(Some((*o).clone())),
+        Some(_) => Err(()),
+        None => Ok(None),
+    };
     let mut unshown = Vec::new();
     for (wanted, tx) in slots {
         let read = match shown(&wanted.name) {
-            Some(found) => Some(found),
-            None if complete => None,
-            None => {
+            Ok(Some(found)) => Some(found),
+            Err(()) => continue,
+            Ok(None) if complete => None,
+            Ok(None) => {
                 unshown.push((wanted, tx));
                 continue;
             }
@@ -226,9 +274,14 @@ pub(crate) async fn read_listed(
             .and_then(|object| snapshot_of(&wanted, &namespace, object, cluster.cache.prover()))
             .filter(|name| !reusable_in_cache(&cluster, kind, &namespace, name, grace))
             .filter(|name| complete || by_name.contains_key(name.as_str()));
-        if let Some(name) = snapshot {
+        // A snapshot past the allowance is not registered: the policy's
+        // read of it goes to the API server.
+        if let Some((name, Ok(shown))) = snapshot.map(|name| {
+            let shown = shown(&name);
+            (name, shown)
+        }) {
             let (stx, srx) = oneshot::channel();
-            let _ = stx.send(Ok(shown(&name)));
+            let _ = stx.send(Ok(shown));
             let mut pending = pending.lock().unwrap_or_else(|e| e.into_inner());
             pending.entry((kind, name)).or_insert(srx);
         }
@@ -240,8 +293,11 @@ pub(crate) async fn read_listed(
             namespace.clone(),
             wanted,
             tx,
-            pending.clone(),
-            admission.clone(),
+            Share {
+                pending: pending.clone(),
+                permits: admission.clone(),
+                allowance: allowance.clone(),
+            },
             grace,
         )
         .await;

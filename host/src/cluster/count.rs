@@ -1,13 +1,15 @@
 //! Counting a JSON document's values (objects, arrays, strings, numbers
 //! and the rest) without keeping any of them: the one measure serve puts on
-//! what a review, its cache and its reads ahead hold. A tree costs by its
-//! count of values (a `serde_json::Value` node with preserve_order is some
-//! 75 bytes however short its text) and by its text: so a string, or a
-//! key, counts one more value for every [`TEXT_PER_VALUE`] bytes it holds.
-//! Counting values alone let one env value of 1.4 MiB count as one.
+//! what a review, its cache, its reads ahead and the sources it keeps hold
+//! (`Allowance`). A tree costs by its count of values (a
+//! `serde_json::Value` node with preserve_order is some 75 bytes however
+//! short its text) and by its text: so a string, or a key, counts one more
+//! value for every [`TEXT_PER_VALUE`] bytes it holds. Counting values alone
+//! let one env value of 1.4 MiB count as one.
 
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Bytes of text that count as one more value: about what a value's node
 /// costs in memory.
@@ -107,6 +109,37 @@ pub(crate) fn of(value: &serde_json::Value) -> usize {
     Values::deserialize(value).map_or(0, |v| v.0)
 }
 
+/// The JSON values one holder may still take (an admission's reads ahead,
+/// the sources it read fresh): spent as it takes trees, never refunded, so
+/// what it ever took is bounded and not only what it holds at one moment.
+pub(crate) struct Allowance {
+    limit: usize,
+    left: AtomicUsize,
+}
+
+impl Allowance {
+    pub(crate) fn new(limit: usize) -> Allowance {
+        Allowance {
+            limit,
+            left: AtomicUsize::new(limit),
+        }
+    }
+
+    /// The values it started with.
+    pub(crate) fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Takes `value`'s count from what is left; `false`, and nothing taken,
+    /// when it does not fit.
+    pub(crate) fn take(&self, value: &serde_json::Value) -> bool {
+        let values = of(value);
+        self.left
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| left.checked_sub(values))
+            .is_ok()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,5 +163,15 @@ mod tests {
         let text = serde_json::to_vec(&json!({ long: "" })).unwrap();
         let counted: Values = serde_json::from_slice(&text).unwrap();
         assert_eq!(counted.0, key);
+    }
+
+    #[test]
+    fn an_allowance_takes_whole_trees_while_they_fit() {
+        let allowance = Allowance::new(5);
+        let three = json!({"a": 1, "b": 2});
+        assert!(allowance.take(&three));
+        assert!(!allowance.take(&three), "3 more do not fit in 2");
+        assert!(allowance.take(&json!([1])), "nothing was taken by the refusal");
+        assert!(!allowance.take(&json!(null)));
     }
 }
