@@ -228,7 +228,9 @@ async fn still_named(client: &Client, namespace: &str, source: &SourceId, revoke
         let Some(kind) = kinds::find(holder["kind"].as_str().unwrap_or_default()) else {
             continue;
         };
-        if !matches!(kind.role, Role::Workload { .. } | Role::Run) {
+        // A Pod on its way out starts no container again (as `decide` judges
+        // it): the old ReplicaSet's last pods, terminating after a rollout.
+        if !matches!(kind.role, Role::Workload { .. } | Role::Run) || holder.is_deleting() {
             continue;
         }
         let Some(template) = kind.template_of(&holder) else {
