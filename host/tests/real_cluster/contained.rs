@@ -538,7 +538,8 @@ pub(crate) fn busy_source_story(cp: &ControlPlane, serve: &ServeProcess, watcher
     let converged = Instant::now();
     eventually_or(
         "every watcher on the last content",
-        240,
+        // A rollout per watcher: a thousand took about 240 s on two cores.
+        240.max(watchers as u64 / 2),
         || format!("{} of {watchers} on {last}", pinned_to(&cp.objects(ns), &last)),
         || (pinned_to(&cp.objects(ns), &last) == watchers).then_some(()),
     );
