@@ -88,7 +88,7 @@ quick: policy.wasm
 
 ## story: one real-cluster story by name (STORY=contained; `make story` lists them): a part of
 ## the real control plane's test (REAL_CLUSTER_PART), or a node story (NODE_STORIES)
-CONTROL_PLANE_PARTS := stories scenarios attacks contained trust plan tools jobs rollouts undo outage histories fleet monitoring policy-server memory bench revoke intake identity
+CONTROL_PLANE_PARTS := stories scenarios attacks contained trust plan tools jobs rollouts undo outage histories fleet monitoring policy-server memory bench latency revoke intake identity
 NODE_STORY_NAMES := quickstart deployment trickle revisions jobs helm storm outlive watch rotation reinstall kustomize release elsewhere revoke
 story: policy.wasm
 	@if [ -z "$(STORY)" ]; then echo "make story STORY=NAME; control plane: $(CONTROL_PLANE_PARTS); node: $(NODE_STORY_NAMES)"; exit 2; fi
