@@ -2,6 +2,9 @@
 //! "The signing key"), run by a key administrator with their kubeconfig:
 //! the guard lets them, and serve's ServiceAccount, write the key Secret.
 //!
+//! - `check`: whether the caller may manage the key, as Kubernetes judges
+//!   it (who the API server says they are, and a dry-run write that the
+//!   guard and RBAC judge as they would the real one);
 //! - `list`: the keys' ids, the current one first (never a key);
 //! - `rotate`: a new current key; the others still verify;
 //! - `restore -f BACKUP`: a backup's keys join the ring (the current key
@@ -21,8 +24,9 @@ use std::process::ExitCode;
 use anyhow::{anyhow, Context as _, Result};
 use clap::{Args as ClapArgs, Subcommand};
 use config_snapshot_policy::model::keys as labels;
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::{json, Value};
 
@@ -52,6 +56,10 @@ pub struct Args {
 
 #[derive(Subcommand)]
 enum Keys {
+    /// Whether you may manage the key: who the API server says you are (as
+    /// `kubectl auth whoami`), and a server-side dry run of a write to the
+    /// key Secret, judged by RBAC and the guard. Exits 1 if you may not.
+    Check,
     /// The keys' ids, the current one first.
     List,
     /// Makes a new key current; the earlier ones still verify what they
@@ -103,6 +111,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
         };
         let missing = || no_secret(&args.namespace, &args.secret);
         match &args.command {
+            Keys::Check => {
+                if !check(&client, &args).await? {
+                    return Ok(ExitCode::FAILURE);
+                }
+            }
             Keys::List => {
                 let live = current().await?.ok_or_else(missing)?;
                 for (i, id) in ring_of(&live)?.ids().iter().enumerate() {
@@ -154,6 +167,71 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// Prints who the caller is and whether a write to the key Secret would be
+/// taken; whether it would. A dry run is judged by authorization and every
+/// admission policy as the write itself, and changes nothing; so what this
+/// says is Kubernetes' answer, not a reading of the guard's expression.
+async fn check(client: &Client, args: &Args) -> Result<bool> {
+    let review = Api::<SelfSubjectReview>::all(client.clone())
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+        .context("asking the API server who you are (SelfSubjectReview, Kubernetes 1.28 and later)")?;
+    let user = review.status.and_then(|s| s.user_info).unwrap_or_default();
+    let name = user.username.unwrap_or_default();
+    let groups = user.groups.unwrap_or_default();
+    println!("you are {name:?}, in the groups {groups:?}");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &args.namespace);
+    let dry = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    let mut written = secrets
+        .patch(&args.secret, &dry, &Patch::Merge(json!({})))
+        .await
+        .map(|_| ());
+    if matches!(&written, Err(kube::Error::Api(s)) if s.code == 404) {
+        // No key yet (serve makes it when it starts): the guard judges a
+        // create of it the same way.
+        let placeholder = Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some(args.secret.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let create = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        written = secrets.create(&create, &placeholder).await.map(|_| ());
+    }
+    let what = format!("the key Secret {}/{}", args.namespace, args.secret);
+    match written {
+        Ok(()) => {
+            println!("{what}: you may manage it (a dry-run write was taken by RBAC and the guard)");
+            Ok(true)
+        }
+        Err(kube::Error::Api(status)) if status.code == 403 => {
+            println!(
+                "{what}: RBAC does not let you write Secrets in {}: {}",
+                args.namespace,
+                printable(&status.message)
+            );
+            Ok(false)
+        }
+        // A ValidatingAdmissionPolicy's refusal (reason Invalid).
+        Err(kube::Error::Api(status)) if status.code == 422 => {
+            println!(
+                "{what}: the guard refuses you: {}\nA key administrator adds your user to the chart's \
+                 keyAdministratorUsers, or one of your groups to keyAdministrators (docs/install.md)",
+                printable(&status.message)
+            );
+            Ok(false)
+        }
+        Err(e) => Err(e).with_context(|| format!("a dry-run write to {what}")),
+    }
 }
 
 fn no_secret(namespace: &str, secret: &str) -> anyhow::Error {

@@ -236,7 +236,61 @@ pub fn key_lifecycle_story(cp: &ControlPlane, serve: &mut ServeProcess, kubeconf
     assert!(denied.contains("only config-snapshot's ServiceAccount"), "{denied}");
     as_mallory(&["create", "secret", "generic", "mallorys-own", "--from-literal=a=b"]).expect("other Secrets are hers");
     as_mallory(&["delete", "secret", "mallorys-own"]).unwrap();
+
+    // `keys check` says so, as Kubernetes judges it; a cluster admin may.
+    let (may, said) = keys_as(cp, "mallory", &["check"]);
+    assert!(!may && said.contains("the guard refuses you"), "{said}");
+    assert!(said.contains("you are \"mallory\""), "{said}");
+    assert!(keys(cp, &["check"]).contains("you may manage it"));
+    // An admin in no group (as on EKS and GKE), named by user in the
+    // chart's keyAdministratorUsers: `check` says they may, and they rotate.
+    let guard = cp.helm(&[
+        "template",
+        "config-snapshot",
+        "deploy/helm/config-snapshot",
+        "--namespace",
+        KEY_NS,
+        "--kube-version",
+        "1.34.0",
+        "--show-only",
+        "templates/keyguard.yaml",
+        "--set",
+        "keyAdministratorUsers={mallory}",
+    ]);
+    cp.try_kubectl(&["apply", "-f", "-"], Some(&guard)).unwrap();
+    let (may, said) = eventually("the guard to let mallory by name", 30, || {
+        let (may, said) = keys_as(cp, "mallory", &["check"]);
+        may.then_some((may, said))
+    });
+    assert!(may && said.contains("you may manage it"), "{said}");
+    let before = ids(cp);
+    let (rotated, said) = keys_as(cp, "mallory", &["rotate"]);
+    assert!(rotated, "{said}");
+    assert_eq!(ids(cp).len(), before.len() + 1, "mallory's rotation took");
+    eventually("the webhook to call the path of mallory's key", 60, || {
+        door_paths(cp).contains(&super::door::configured_path(cp)).then_some(())
+    });
+    let shipped = root().join("deploy/serve/keyguard.yaml");
+    cp.try_kubectl(&["apply", "-f", shipped.to_str().unwrap()], None)
+        .unwrap();
+    eventually("the shipped guard to refuse mallory again", 30, || {
+        (!keys_as(cp, "mallory", &["check"]).0).then_some(())
+    });
     cp.kubectl(&["-n", KEY_NS, "delete", "rolebinding", "mallory-edit"]);
+}
+
+/// `config-snapshot keys ARGS` as `user` (impersonated by the cluster
+/// admin): whether it succeeded, and what it said.
+fn keys_as(cp: &ControlPlane, user: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_config-snapshot"))
+        .arg("keys")
+        .args(args)
+        .env("KUBECONFIG", &cp.kubeconfig)
+        .env("KUBE_RS_DEBUG_IMPERSONATE_USER", user)
+        .output()
+        .expect("config-snapshot keys");
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
 }
 
 /// Finding 7 of eff3694's review: with the guard's binding deleted, a
