@@ -43,7 +43,7 @@ if [ "$real_status" != 0 ]; then
   echo "[tests] the real-cluster tests failed (log: $log)" >&2
   status=1
 else
-  grep -E '^real (control plane|node): |^test result|SKIPPED' "$log" || true
+  grep -E '^real (control plane|node)( \([a-z]+\))?: |^test result|SKIPPED' "$log" || true
 fi
 lap "all tests" "$started"
 exit "$status"

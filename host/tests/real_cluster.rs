@@ -58,12 +58,14 @@ fn script() -> PathBuf {
 impl ControlPlane {
     /// Starts a control plane, building its binaries first if needed.
     /// `None`: no way to, and not under CI.
-    fn start() -> Option<ControlPlane> {
-        ControlPlane::start_with(&[])
+    fn start(name: &str) -> Option<ControlPlane> {
+        ControlPlane::start_with(name, &[])
     }
 
-    /// [`ControlPlane::start`] with `up`'s extra arguments (`--node`).
-    fn start_with(extra: &[&str]) -> Option<ControlPlane> {
+    /// [`ControlPlane::start`] with `up`'s extra arguments (`--node`). Its
+    /// state is in a directory of its own, named for `name`: two control
+    /// planes may run side by side in one test process.
+    fn start_with(name: &str, extra: &[&str]) -> Option<ControlPlane> {
         let ci = std::env::var("CI").is_ok_and(|v| v == "true");
         let go = Command::new("go")
             .arg("version")
@@ -78,7 +80,7 @@ impl ControlPlane {
             eprintln!("SKIPPED: no Go toolchain to build the control plane (see e2e-tests/cluster/control-plane.sh)");
             return None;
         }
-        let dir = std::env::temp_dir().join(format!("config-snapshot-control-plane-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("config-snapshot-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         // Killed rather than unwound, this process still leaves nothing
         // running: control-plane.sh's reaper takes the cluster down.
@@ -1458,8 +1460,10 @@ fn tool_stories(cp: &ControlPlane, serve: &ServeProcess) {
     helm::chart_installs_upgrades_and_uninstalls(cp);
 }
 
-/// One control plane at a time: two on two cores would slow both past
-/// their deadlines.
+/// The node's test and the control planes' test one after the other: the
+/// node's pods, beside two control planes on two cores, would miss their
+/// deadlines. The control planes' two halves run side by side: they wait
+/// on Kubernetes far more than they compute.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// A real node: serve in pods from its chart, and the user stories read
@@ -1481,7 +1485,7 @@ fn pods_on_a_real_node() {
     }
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let netns_before = node::pod_netns();
-    let Some(cp) = ControlPlane::start_with(&["--node"]) else {
+    let Some(cp) = ControlPlane::start_with("node", &["--node"]) else {
         return;
     };
     node::node_stories(&cp);
@@ -1496,167 +1500,174 @@ fn pods_on_a_real_node() {
 
 #[test]
 fn serve_on_a_real_control_plane() {
-    if std::env::var("REAL_CLUSTER_PART").is_ok_and(|p| p == "node") {
+    let part = std::env::var("REAL_CLUSTER_PART").unwrap_or_default();
+    if part == "node" {
         return;
     }
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(cp) = ControlPlane::start() else { return };
-    let started = Instant::now();
+    match part.as_str() {
+        // The two halves wait on Kubernetes far more than they compute:
+        // each runs on a control plane of its own, side by side (the
+        // scope joins both; a panic in either fails the test).
+        "" => std::thread::scope(|s| {
+            std::thread::Builder::new()
+                .name("scenarios".into())
+                .spawn_scoped(s, || on_a_control_plane("scenarios", scenario_half))
+                .expect("a thread for the scenarios' half");
+            on_a_control_plane("control-plane", story_half);
+        }),
+        // One half alone, while working on it.
+        "stories" => on_a_control_plane("control-plane", story_half),
+        "scenarios" => on_a_control_plane("scenarios", scenario_half),
+        part => on_a_control_plane("control-plane", |cp, serve, kubeconfig| {
+            one_part(part, cp, serve, kubeconfig)
+        }),
+    }
+}
+
+/// A control plane of its own, named `name`, with serve answering its
+/// webhook; then `run` on it. Both are taken down when it returns or
+/// panics.
+fn on_a_control_plane(name: &str, run: impl FnOnce(&ControlPlane, &mut ServeProcess, &Path)) {
+    let Some(cp) = ControlPlane::start(name) else { return };
     let (mut serve, kubeconfig) = start_serve(&cp);
     webhook_answers(&cp);
-    // REAL_CLUSTER_PART=stories or =scenarios runs one half (while working
-    // on it); both run by default.
-    let part = std::env::var("REAL_CLUSTER_PART").unwrap_or_default();
-    if part == "bench" {
-        bench::webhook_latency(&cp, &mut serve, &kubeconfig, false);
-        return;
-    }
-    if part == "latency" {
-        // The latency regression guard alone, as CI runs it (short).
-        bench::webhook_latency(&cp, &mut serve, &kubeconfig, true);
-        return;
-    }
-    if part == "memory" {
-        memory::memory_table(&cp, &mut serve, &kubeconfig);
-        return;
-    }
-    if part == "policy-server" {
-        policy_server::checksum_story(&cp, &serve);
-        return;
-    }
-    if part == "fleet" {
-        fleet::leader_killed_mid_storm(&cp, &mut serve, &kubeconfig, "fleet");
-        return;
-    }
-    if part == "histories" {
-        histories::random_histories(&cp, &mut serve, &kubeconfig);
-        return;
-    }
-    if part == "plan" {
-        plan::plan_story(&cp);
-        fresh::fresh_as_the_request_story(&cp);
-        held::held_stories(&cp);
-        return;
-    }
-    if part == "tools" {
-        tool_stories(&cp, &serve);
-        plan::plan_story(&cp);
-        return;
-    }
-    if part == "monitoring" {
-        monitoring::alerts_story(&cp, &mut serve, &kubeconfig);
-        return;
-    }
-    if part == "jobs" {
-        // With REAL_CLUSTER_SCENARIOS=job: the Job scenarios too.
-        let kubelet = start_kubelet_stand_in(&cp);
-        if std::env::var("REAL_CLUSTER_SCENARIOS").is_ok() {
-            scenarios_agree_with_replay(&cp, &mut serve, &kubeconfig);
-            serve.restart(&kubeconfig, &serve_flags("{}"));
-            serve.wait_ready();
-        }
-        jobs::bare_pod_story(&cp);
-        kubelet.store(true, Ordering::SeqCst);
-        return;
-    }
-    if part == "undo" {
-        undo_to_before_opt_in_story(&cp);
-        return;
-    }
-    if part == "revoke" {
-        revoke::revoke_story(&cp, &serve);
-        return;
-    }
-    if part == "rollouts" {
-        let kubelet = start_kubelet_stand_in(&cp);
-        rollouts::rollout_story(&cp);
-        kubelet.store(true, Ordering::SeqCst);
-        return;
-    }
-    if part == "outage" {
-        outage_story(&cp, &mut serve, &kubeconfig);
-        return;
-    }
-    if part == "identity" {
-        identity::stolen_token_story(&cp);
-        return;
-    }
-    if part == "trust" {
-        cached::cached_secret_story(&cp);
-        keys::unguarded_key_story(&cp, &serve);
-        return;
-    }
-    if part == "attacks" {
-        security::attack_stories(&cp, &mut serve, &kubeconfig);
-        security::namespaced_story(&cp, &mut serve, &kubeconfig);
-        return;
-    }
-    if part == "intake" {
-        intake::tenant_story(&cp, &serve);
-        return;
-    }
-    if part == "contained" {
-        contained::stories(&cp, &mut serve, &kubeconfig);
-        return;
-    }
-    // Each story's time, printed as it ends: where the run's time goes.
+    run(&cp, &mut serve, &kubeconfig);
+}
+
+/// Each story's time, printed as it ends (`half` names whose): where the
+/// run's time goes.
+fn laps(half: &'static str) -> impl FnMut(&str) {
     let mut lap = Instant::now();
-    let mut timed = |name: &str| {
-        eprintln!("real control plane: {name} in {:?}", lap.elapsed());
+    move |name: &str| {
+        eprintln!("real control plane ({half}): {name} in {:?}", lap.elapsed());
         lap = Instant::now();
-    };
-    if part != "scenarios" {
-        // First: the alerts' quiet baseline needs a cluster no story has
-        // forged in yet.
-        monitoring::alerts_story(&cp, &mut serve, &kubeconfig);
-        timed("monitoring");
-        deployment_story(&cp);
-        undo_to_before_opt_in_story(&cp);
-        revision_story(&cp, "StatefulSet");
-        revision_story(&cp, "DaemonSet");
-        secret_story(&cp, &serve);
-        timed("the user stories");
-        tool_stories(&cp, &serve);
-        plan::plan_story(&cp);
-        fresh::fresh_as_the_request_story(&cp);
-        held::held_stories(&cp);
-        revoke::revoke_story(&cp, &serve);
-        timed("the tools");
-        outage_story(&cp, &mut serve, &kubeconfig);
-        timed("the outage");
-        security::attack_stories(&cp, &mut serve, &kubeconfig);
-        serve.restart(&kubeconfig, &serve_flags("{}"));
-        serve.wait_ready();
-        timed("the attacks");
-        intake::tenant_story(&cp, &serve);
-        timed("a tenant's large reviews");
-        contained::stories(&cp, &mut serve, &kubeconfig);
-        timed("contained");
     }
-    if part == "stories" {
-        return;
-    }
-    let kubelet = start_kubelet_stand_in(&cp);
-    scenarios_agree_with_replay(&cp, &mut serve, &kubeconfig);
+}
+
+/// The user stories, the tools, the outage, the attacks and a tenant's
+/// work: one half of the control plane's stories.
+fn story_half(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path) {
+    let started = Instant::now();
+    let mut timed = laps("stories");
+    // First: the alerts' quiet baseline needs a cluster no story has
+    // forged in yet.
+    monitoring::alerts_story(cp, serve, kubeconfig);
+    timed("monitoring");
+    deployment_story(cp);
+    undo_to_before_opt_in_story(cp);
+    revision_story(cp, "StatefulSet");
+    revision_story(cp, "DaemonSet");
+    secret_story(cp, serve);
+    timed("the user stories");
+    tool_stories(cp, serve);
+    plan::plan_story(cp);
+    fresh::fresh_as_the_request_story(cp);
+    held::held_stories(cp);
+    revoke::revoke_story(cp, serve);
+    timed("the tools");
+    outage_story(cp, serve, kubeconfig);
+    timed("the outage");
+    security::attack_stories(cp, serve, kubeconfig);
+    serve.restart(kubeconfig, &serve_flags("{}"));
+    serve.wait_ready();
+    timed("the attacks");
+    intake::tenant_story(cp, serve);
+    timed("a tenant's large reviews");
+    contained::stories(cp, serve, kubeconfig);
+    timed("contained");
+    eprintln!(
+        "real control plane (stories): every story held in {:?}",
+        started.elapsed()
+    );
+}
+
+/// The scenarios against replay, the bare Pod, Argo Rollouts, the random
+/// histories, the latency guard and the namespaced install: the other
+/// half.
+fn scenario_half(cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path) {
+    let started = Instant::now();
+    let mut timed = laps("scenarios");
+    let kubelet = start_kubelet_stand_in(cp);
+    scenarios_agree_with_replay(cp, serve, kubeconfig);
     // The shipped settings again (the last scenario's may shorten the
     // orphan grace period, which would hide a snapshot no Job owns).
-    serve.restart(&kubeconfig, &serve_flags("{}"));
+    serve.restart(kubeconfig, &serve_flags("{}"));
     serve.wait_ready();
     timed("the scenarios");
     // The Jobs' stories run on the real node (pods_on_a_real_node), where
     // their pods run to completion.
-    jobs::bare_pod_story(&cp);
-    // After every other story: serve ran them all without the CRD.
-    rollouts::rollout_story(&cp);
+    jobs::bare_pod_story(cp);
+    // After every other story of this half: serve ran them without the CRD.
+    rollouts::rollout_story(cp);
     timed("the bare pod and Argo Rollouts");
-    histories::random_histories(&cp, &mut serve, &kubeconfig);
+    histories::random_histories(cp, serve, kubeconfig);
     timed("the random histories");
     // The latency regression guard: the cluster benchmark, short.
-    bench::webhook_latency(&cp, &mut serve, &kubeconfig, true);
+    bench::webhook_latency(cp, serve, kubeconfig, true);
     timed("the latency guard");
     kubelet.store(true, Ordering::SeqCst);
     // Last: it takes the cluster-wide binding away.
-    security::namespaced_story(&cp, &mut serve, &kubeconfig);
+    security::namespaced_story(cp, serve, kubeconfig);
     timed("the namespaced install");
-    eprintln!("real control plane: every story held in {:?}", started.elapsed());
+    eprintln!(
+        "real control plane (scenarios): every story held in {:?}",
+        started.elapsed()
+    );
+}
+
+/// `REAL_CLUSTER_PART=PART`: one part alone (`make story STORY=PART`).
+fn one_part(part: &str, cp: &ControlPlane, serve: &mut ServeProcess, kubeconfig: &Path) {
+    match part {
+        "bench" => bench::webhook_latency(cp, serve, kubeconfig, false),
+        // The latency regression guard alone, as CI runs it (short).
+        "latency" => bench::webhook_latency(cp, serve, kubeconfig, true),
+        "memory" => memory::memory_table(cp, serve, kubeconfig),
+        "policy-server" => policy_server::checksum_story(cp, serve),
+        "fleet" => fleet::leader_killed_mid_storm(cp, serve, kubeconfig, "fleet"),
+        "histories" => {
+            histories::random_histories(cp, serve, kubeconfig);
+        }
+        "plan" => {
+            plan::plan_story(cp);
+            fresh::fresh_as_the_request_story(cp);
+            held::held_stories(cp);
+        }
+        "tools" => {
+            tool_stories(cp, serve);
+            plan::plan_story(cp);
+        }
+        "monitoring" => monitoring::alerts_story(cp, serve, kubeconfig),
+        "jobs" => {
+            // With REAL_CLUSTER_SCENARIOS=job: the Job scenarios too.
+            let kubelet = start_kubelet_stand_in(cp);
+            if std::env::var("REAL_CLUSTER_SCENARIOS").is_ok() {
+                scenarios_agree_with_replay(cp, serve, kubeconfig);
+                serve.restart(kubeconfig, &serve_flags("{}"));
+                serve.wait_ready();
+            }
+            jobs::bare_pod_story(cp);
+            kubelet.store(true, Ordering::SeqCst);
+        }
+        "undo" => undo_to_before_opt_in_story(cp),
+        "revoke" => revoke::revoke_story(cp, serve),
+        "rollouts" => {
+            let kubelet = start_kubelet_stand_in(cp);
+            rollouts::rollout_story(cp);
+            kubelet.store(true, Ordering::SeqCst);
+        }
+        "outage" => outage_story(cp, serve, kubeconfig),
+        "identity" => identity::stolen_token_story(cp),
+        "trust" => {
+            cached::cached_secret_story(cp);
+            keys::unguarded_key_story(cp, serve);
+        }
+        "attacks" => {
+            security::attack_stories(cp, serve, kubeconfig);
+            security::namespaced_story(cp, serve, kubeconfig);
+        }
+        "intake" => intake::tenant_story(cp, serve),
+        "contained" => contained::stories(cp, serve, kubeconfig),
+        other => panic!("REAL_CLUSTER_PART={other}: no such part (make story lists them)"),
+    }
 }
