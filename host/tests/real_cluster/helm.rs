@@ -206,10 +206,29 @@ pub fn chart_renders_what_kustomize_does(cp: &ControlPlane) {
         ),
         (vec!["--set", "failurePolicy=Sometimes"], "failurePolicy"),
         (vec!["--set", "resyncInterval=5 minutes"], "resyncInterval"),
+        (vec!["--set", "networkPolicy.apiServerPorts={0}"], "apiServerPorts"),
     ] {
         let e = template(&bad).expect_err("the schema refuses it");
         assert!(e.contains(says), "{bad:?}: {e}");
     }
+    // The NetworkPolicy can be left out, and let serve reach the API server
+    // on the port a cluster uses (minikube's 8443); the server takes it.
+    let objects = |extra: &[&str]| by_identity(&template(extra).unwrap());
+    let policy = "NetworkPolicy config-snapshot/config-snapshot";
+    assert!(objects(&["-n", "config-snapshot"]).contains_key(policy));
+    assert!(!objects(&["-n", "config-snapshot", "--set", "networkPolicy.enabled=false"]).contains_key(policy));
+    let minikube = objects(&["-n", "config-snapshot", "--set", "networkPolicy.apiServerPorts={8443}"]);
+    assert_eq!(
+        minikube[policy]["spec"]["egress"][0]["ports"],
+        json!([{"port": 8443, "protocol": "TCP"}]),
+        "{}",
+        minikube[policy]
+    );
+    cp.namespace("netpol-check");
+    let mut dry = minikube[policy].clone();
+    dry["metadata"]["namespace"] = json!("netpol-check");
+    cp.try_kubectl(&["apply", "--dry-run=server", "-f", "-"], Some(&dry.to_string()))
+        .expect("the API server takes the NetworkPolicy with the port given");
     let old = cp
         .try_helm(&[
             "template",
