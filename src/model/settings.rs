@@ -4,7 +4,7 @@ use serde::Deserialize;
 
 use crate::model::duration::{parse_go_duration, DurationError};
 use crate::model::selection::{ListError, SourceList};
-use crate::model::source::SourceId;
+use crate::model::source::{SourceId, SourceKind};
 
 /// Why settings were refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -108,6 +108,9 @@ impl Default for RawSettings {
     }
 }
 
+/// The ConfigMap of the cluster's CA, never snapshot ([`Settings::is_excluded`]).
+pub const CLUSTER_CA: &str = "kube-root-ca.crt";
+
 /// The longest `settle` accepted, on a workload or as the default: a
 /// change held longer is a rollout window's job. (Here, below `optin`,
 /// which reads it too.)
@@ -174,15 +177,21 @@ impl Settings {
         Settings::try_from(raw)
     }
 
+    /// Whether `id` is never snapshot: one of `excludedSources`, or the
+    /// cluster CA's ConfigMap whatever they say. kube-controller-manager
+    /// keeps `kube-root-ca.crt` in every namespace, and every Pod's
+    /// service-account volume names it: a pinned copy would keep a rotated
+    /// CA from a bare Pod. So setting `excludedSources` to exclude something
+    /// else never takes it out of the exclusions (found by an evaluator:
+    /// it did).
     pub(crate) fn is_excluded(&self, id: &SourceId) -> bool {
-        self.excluded_sources.matches(id)
+        (id.kind == SourceKind::ConfigMap && id.name == CLUSTER_CA) || self.excluded_sources.matches(id)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::source::SourceKind;
 
     #[test]
     fn defaults_match_the_spec() {
@@ -232,7 +241,11 @@ mod tests {
         assert!(s.snapshot_by_default && s.watch_by_default);
         assert!(s.is_excluded(&SourceId::new(SourceKind::Secret, "x")));
         assert!(s.is_excluded(&SourceId::new(SourceKind::ConfigMap, "y")));
-        assert!(!s.is_excluded(&SourceId::new(SourceKind::ConfigMap, "kube-root-ca.crt")));
+        assert!(
+            s.is_excluded(&SourceId::new(SourceKind::ConfigMap, "kube-root-ca.crt")),
+            "the cluster's CA stays excluded whatever excludedSources says"
+        );
+        assert!(!s.is_excluded(&SourceId::new(SourceKind::Secret, "kube-root-ca.crt")));
         assert_eq!(s.on_missing_source, OnMissingSource::Reject);
         assert_eq!(s.on_snapshot_failure, OnSnapshotFailure::Warn);
         assert_eq!(s.without_snapshot_capability, WithoutSnapshotCapability::Reject);
