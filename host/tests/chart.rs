@@ -187,3 +187,46 @@ fn the_values_schema_covers_every_value() {
         "the chart states its minimum Kubernetes"
     );
 }
+
+/// The schema's `settings` are the settings serve parses
+/// (`config_snapshot_policy::model::settings`): every key and no other, and
+/// each word an enum lists is one the parser takes, as every word the
+/// parser takes is listed. A typo is then refused by `helm install` or
+/// `helm upgrade`, not by serve crash-looping after it.
+#[test]
+fn the_values_schema_holds_the_settings_serve_parses() {
+    use config_snapshot_policy::model::settings::{Settings, KEYS};
+    let schema: Value = serde_json::from_str(&text("deploy/helm/config-snapshot/values.schema.json")).unwrap();
+    let settings = &schema["properties"]["settings"];
+    assert_eq!(settings["additionalProperties"], false, "unknown settings are refused");
+    let rules = settings["properties"].as_object().expect("the settings' properties");
+    let mut keys: Vec<&str> = rules.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    let mut parsed = KEYS.to_vec();
+    parsed.sort_unstable();
+    assert_eq!(keys, parsed, "the schema's settings are the parser's");
+    let parses =
+        |key: &str, value: Value| Settings::from_json(serde_json::json!({ key: value }).to_string().as_bytes()).is_ok();
+    for (key, rule) in rules {
+        let Some(words) = rule["enum"].as_array() else { continue };
+        for word in words {
+            assert!(
+                parses(key, word.clone()),
+                "{key}: the schema lists {word}, the parser refuses it"
+            );
+        }
+        for word in ["warn", "reject", "checksum", "ignore", "fail", "Warn"] {
+            if parses(key, word.into()) {
+                assert!(
+                    words.contains(&word.into()),
+                    "{key}: the parser takes {word:?}, the schema lacks it"
+                );
+            }
+        }
+    }
+    let defaults = serde_json::to_string(&yaml("deploy/helm/config-snapshot/values.yaml")["settings"]).unwrap();
+    assert!(
+        Settings::from_json(defaults.as_bytes()).is_ok(),
+        "the chart's settings parse: {defaults}"
+    );
+}

@@ -207,6 +207,13 @@ pub fn chart_renders_what_kustomize_does(cp: &ControlPlane) {
         (vec!["--set", "failurePolicy=Sometimes"], "failurePolicy"),
         (vec!["--set", "resyncInterval=5 minutes"], "resyncInterval"),
         (vec!["--set", "networkPolicy.apiServerPorts={0}"], "apiServerPorts"),
+        // A misspelt setting, or a word the parser does not take: refused by
+        // helm, before serve could crash-loop on it at the upgrade.
+        (
+            vec!["--set", "settings.watchByDefalut=true"],
+            "additional properties 'watchByDefalut' not allowed",
+        ),
+        (vec!["--set", "settings.onMissingSource=sometimes"], "onMissingSource"),
     ] {
         let e = template(&bad).expect_err("the schema refuses it");
         assert!(e.contains(says), "{bad:?}: {e}");
