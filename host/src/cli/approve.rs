@@ -25,11 +25,9 @@ pub struct StatusArgs {
     workload: String,
     #[command(flatten)]
     from: ReadFrom,
-    /// The policy's settings as installed (JSON or YAML; the chart's
-    /// `settings`), without --scenario; a scenario brings its own. They
-    /// decide which sources a workload pins, and so watches on their word.
-    #[arg(long, value_name = "FILE")]
-    settings: Option<std::path::PathBuf>,
+    /// The settings decide which sources a workload pins, and so watches.
+    #[command(flatten)]
+    settings: super::InstalledSettings,
 }
 
 /// Approve a workload's pending watch rollout (watch mode `approve`): it
@@ -68,16 +66,14 @@ pub fn status_command(args: StatusArgs) -> Result<ExitCode> {
                 .collect();
             (workload, settings, sources, Vec::new(), sim.now())
         }
-        None => {
-            let settings = super::settings_file(args.settings.as_ref())?;
-            super::runtime()?.block_on(async {
-                let client = super::client().await?;
-                let namespace = args.from.namespace_in(Some(&client));
-                let workload = read(&client, &target, &namespace).await?;
-                let (sources, unread) = read_pinned(&client, &namespace, &pinned(&workload, &settings)).await;
-                Ok::<_, anyhow::Error>((workload, settings, sources, unread, unix_now()))
-            })?
-        }
+        None => super::runtime()?.block_on(async {
+            let client = super::client().await?;
+            let settings = args.settings.read(&client).await?;
+            let namespace = args.from.namespace_in(Some(&client));
+            let workload = read(&client, &target, &namespace).await?;
+            let (sources, unread) = read_pinned(&client, &namespace, &pinned(&workload, &settings)).await;
+            Ok::<_, anyhow::Error>((workload, settings, sources, unread, unix_now()))
+        })?,
     };
     let around = Around {
         settings: &settings,

@@ -90,17 +90,78 @@ impl ReadFrom {
     }
 }
 
-/// The policy's settings as installed, from a file (JSON or YAML, the
-/// chart's `settings`); none: the defaults.
+/// The policy's settings from a file (JSON or YAML, the chart's
+/// `settings`); none: the defaults.
 pub fn settings_file(path: Option<&PathBuf>) -> Result<config_snapshot_policy::model::settings::Settings> {
     use config_snapshot_policy::model::settings::Settings;
     let Some(path) = path else {
         return Ok(Settings::default());
     };
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let value: serde_json::Value =
-        serde_yaml_ng::from_str(&text).with_context(|| format!("{}: not YAML or JSON", path.display()))?;
-    Settings::from_json(value.to_string().as_bytes()).map_err(|e| anyhow!("{}: {e}", path.display()))
+    settings_text(&text).map_err(|e| anyhow!("{}: {e}", path.display()))
+}
+
+fn settings_text(text: &str) -> Result<config_snapshot_policy::model::settings::Settings> {
+    let value: serde_json::Value = serde_yaml_ng::from_str(text).context("not YAML or JSON")?;
+    Ok(config_snapshot_policy::model::settings::Settings::from_json(
+        value.to_string().as_bytes(),
+    )?)
+}
+
+/// The ConfigMap serve's settings are in (deploy/serve/settings.yaml, and
+/// the chart's for a release named config-snapshot), and its key.
+pub const SETTINGS_CONFIGMAP: &str = "config-snapshot-settings";
+const SETTINGS_KEY: &str = "settings.json";
+
+/// Where a command reading a live cluster finds the settings it judges by.
+#[derive(Debug, Clone, clap::Args)]
+pub struct InstalledSettings {
+    /// The policy's settings (JSON or YAML; the chart's `settings`) instead
+    /// of serve's own, read from its settings ConfigMap. A scenario brings
+    /// its own.
+    #[arg(long, value_name = "FILE")]
+    pub settings: Option<PathBuf>,
+    /// serve's namespace, where its settings ConfigMap is.
+    #[arg(long, value_name = "NAMESPACE", default_value = "config-snapshot")]
+    pub serve_namespace: String,
+    /// serve's settings ConfigMap (the chart's `<release>-settings`).
+    #[arg(long, value_name = "NAME", default_value = SETTINGS_CONFIGMAP)]
+    pub settings_configmap: String,
+}
+
+impl InstalledSettings {
+    /// `--settings FILE` if given; else serve's, as installed; else (no
+    /// such ConfigMap, or not readable by you) the defaults, said on
+    /// stderr: a plan judged by other settings than serve's says so.
+    pub async fn read(&self, client: &kube::Client) -> Result<config_snapshot_policy::model::settings::Settings> {
+        use config_snapshot_policy::model::settings::Settings;
+        if self.settings.is_some() {
+            return settings_file(self.settings.as_ref());
+        }
+        let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+            kube::Api::namespaced(client.clone(), &self.serve_namespace);
+        let at = format!("ConfigMap {}/{}", self.serve_namespace, self.settings_configmap);
+        match api.get_opt(&self.settings_configmap).await {
+            Ok(Some(cm)) => {
+                let text = cm
+                    .data
+                    .and_then(|mut d| d.remove(SETTINGS_KEY))
+                    .ok_or_else(|| anyhow!("{at} has no {SETTINGS_KEY}"))?;
+                settings_text(&text).with_context(|| format!("serve's settings in {at}"))
+            }
+            Ok(None) => {
+                eprintln!("config-snapshot: no {at}; judging by the default settings (--settings FILE to give them)");
+                Ok(Settings::default())
+            }
+            Err(kube::Error::Api(status)) if status.code == 403 => {
+                eprintln!(
+                    "config-snapshot: you may not read {at}; judging by the default settings (--settings FILE to give them)"
+                );
+                Ok(Settings::default())
+            }
+            Err(e) => Err(e).with_context(|| format!("reading serve's settings in {at}")),
+        }
+    }
 }
 
 /// A client for the current kubeconfig's cluster (or the in-cluster one).

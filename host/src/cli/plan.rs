@@ -12,7 +12,6 @@ use config_snapshot::tools::impact::{impact, render, stored_form, Impact, Judgin
 use config_snapshot_policy::model::duration::parse_go_duration;
 use config_snapshot_policy::model::keys;
 use config_snapshot_policy::model::kinds::WorkloadKind;
-use config_snapshot_policy::model::settings::Settings;
 use serde_json::Value;
 
 use super::ReadFrom;
@@ -28,10 +27,8 @@ pub struct Args {
     file: PathBuf,
     #[command(flatten)]
     from: ReadFrom,
-    /// The policy's settings as installed (JSON or YAML; the chart's
-    /// `settings`), without --scenario; a scenario brings its own.
-    #[arg(long, value_name = "FILE")]
-    settings: Option<PathBuf>,
+    #[command(flatten)]
+    settings: super::InstalledSettings,
     /// serve's --watch-min-interval (the storm guard), without --scenario.
     #[arg(long, default_value = "30s", value_parser = |t: &str| parse_go_duration(t).map(Duration::from_secs))]
     watch_min_interval: Duration,
@@ -79,10 +76,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 },
             )?
         }
-        None => {
-            let settings = super::settings_file(args.settings.as_ref())?;
-            super::runtime()?.block_on(online(&args, &new, kind.kind(), &name, &settings))?
-        }
+        None => super::runtime()?.block_on(online(&args, &new, kind.kind(), &name))?,
     };
     if args.from.json() {
         println!("{}", serde_json::to_string_pretty(&impact)?);
@@ -100,10 +94,11 @@ fn namespace_of(new: &Value, flag: Option<String>, default: &str) -> String {
 }
 
 /// Reads the namespace's workloads and the object as it is, with kube-rs.
-async fn online(args: &Args, new: &Value, kind: &str, name: &str, settings: &Settings) -> Result<Impact> {
+async fn online(args: &Args, new: &Value, kind: &str, name: &str) -> Result<Impact> {
     use config_snapshot::serve::view::cache::{api_resource, trim};
     use kube::api::{Api, DynamicObject, ListParams};
     let client = super::client().await?;
+    let settings = &args.settings.read(&client).await?;
     let namespace = namespace_of(new, args.from.namespace.clone(), client.default_namespace());
     let api = |kind: &str| -> Result<(Api<DynamicObject>, kube::discovery::ApiResource)> {
         let resource = api_resource(kind).ok_or_else(|| anyhow!("{kind}: not a kind of the table"))?;

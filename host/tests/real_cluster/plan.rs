@@ -147,4 +147,24 @@ pub fn plan_story(cp: &ControlPlane) {
     eventually("the Secret's rollout", 60, || {
         (template(cp, ns, "ui") != ui_before).then_some(())
     });
+
+    // plan judges by serve's settings as installed (its settings
+    // ConfigMap), not by the defaults: with watchByDefault there, `plain`
+    // watches too.
+    let installed = yaml("deploy/serve/settings.yaml").remove(0);
+    let mut by_default = installed.clone();
+    by_default["data"]["settings.json"] = json!(r#"{"settle": "5s", "watchByDefault": true}"#);
+    cp.apply("config-snapshot", &by_default);
+    let dark = config_map("ui", json!({"mode": "dark", "theme": "dracula", "experimental": "on"}));
+    let planned = plan(cp, ns, &dark);
+    let mut rolled: Vec<String> = rolls(&planned).into_iter().map(|(w, _)| w).collect();
+    rolled.sort();
+    assert_eq!(rolled, ["deployment/plain", "deployment/ui"], "{planned:#}");
+    cp.apply("config-snapshot", &installed);
+    let planned = plan(cp, ns, &dark);
+    assert_eq!(
+        rolls(&planned),
+        vec![("deployment/ui".to_string(), None)],
+        "{planned:#}"
+    );
 }
