@@ -557,7 +557,7 @@ async fn keys_rotate_closes_the_old_path_within_seconds() {
     let (serve, api, old, new, closed_after) = tokio::task::spawn_blocking(move || {
         assert_eq!(post_to(&serve, &old, None, &body).unwrap().0, 200, "the path opens");
         let rotate = std::process::Command::new(ServeProcess::this_build())
-            .args(["keys", "rotate", "-n", "config-snapshot"])
+            .args(["keys", "rotate", "--serve-namespace", "config-snapshot"])
             .env("KUBECONFIG", &kubeconfig)
             .output()
             .unwrap();

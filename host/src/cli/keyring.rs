@@ -38,8 +38,9 @@ use config_snapshot::tools::printable;
 pub struct Args {
     #[command(subcommand)]
     command: Keys,
-    /// serve's namespace, where the key Secret is.
-    #[arg(long, short = 'n', global = true, default_value = "config-snapshot")]
+    /// serve's namespace, where the key Secret is (as `release`'s: `-n`
+    /// names workloads' namespaces wherever it is taken).
+    #[arg(long = "serve-namespace", global = true, default_value = "config-snapshot")]
     namespace: String,
     /// The key Secret's name (serve's `--signing-key-secret`).
     #[arg(long, global = true, default_value = "config-snapshot-signing-key")]
