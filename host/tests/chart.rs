@@ -230,3 +230,44 @@ fn the_values_schema_holds_the_settings_serve_parses() {
         "the chart's settings parse: {defaults}"
     );
 }
+
+/// GitHub's anchor of a Markdown heading: lower case, punctuation but `-`
+/// and `_` dropped, spaces as `-`.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim_start_matches('#')
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// Artifact Hub shows the chart's README away from the repository, where
+/// a relative link leads nowhere: every link is absolute, and each one into
+/// this repository names a file, and a heading, that exist.
+#[test]
+fn the_charts_readme_links_work_on_artifact_hub() {
+    const REPOSITORY: &str = "https://github.com/config-snapshot/config-snapshot/blob/main/";
+    let readme = text("deploy/helm/config-snapshot/README.md");
+    let mut checked = 0;
+    for link in readme.split("](").skip(1).filter_map(|rest| rest.split(')').next()) {
+        assert!(link.starts_with("https://"), "a relative link breaks on Artifact Hub: {link}");
+        let Some(path) = link.strip_prefix(REPOSITORY) else { continue };
+        let (file, heading) = path.split_once('#').unwrap_or((path, ""));
+        let target = root().join(file);
+        assert!(target.exists(), "{link}: no {file} in the repository");
+        if !heading.is_empty() {
+            let headings: Vec<String> = std::fs::read_to_string(&target)
+                .unwrap()
+                .lines()
+                .filter(|l| l.starts_with('#'))
+                .map(anchor)
+                .collect();
+            assert!(headings.iter().any(|h| h == heading), "{link}: no such heading in {file}");
+        }
+        checked += 1;
+    }
+    assert!(checked >= 3, "the README's links into the repository were read ({checked})");
+}
