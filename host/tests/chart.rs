@@ -253,8 +253,13 @@ fn the_charts_readme_links_work_on_artifact_hub() {
     let readme = text("deploy/helm/config-snapshot/README.md");
     let mut checked = 0;
     for link in readme.split("](").skip(1).filter_map(|rest| rest.split(')').next()) {
-        assert!(link.starts_with("https://"), "a relative link breaks on Artifact Hub: {link}");
-        let Some(path) = link.strip_prefix(REPOSITORY) else { continue };
+        assert!(
+            link.starts_with("https://"),
+            "a relative link breaks on Artifact Hub: {link}"
+        );
+        let Some(path) = link.strip_prefix(REPOSITORY) else {
+            continue;
+        };
         let (file, heading) = path.split_once('#').unwrap_or((path, ""));
         let target = root().join(file);
         assert!(target.exists(), "{link}: no {file} in the repository");
@@ -265,9 +270,15 @@ fn the_charts_readme_links_work_on_artifact_hub() {
                 .filter(|l| l.starts_with('#'))
                 .map(anchor)
                 .collect();
-            assert!(headings.iter().any(|h| h == heading), "{link}: no such heading in {file}");
+            assert!(
+                headings.iter().any(|h| h == heading),
+                "{link}: no such heading in {file}"
+            );
         }
         checked += 1;
     }
-    assert!(checked >= 3, "the README's links into the repository were read ({checked})");
+    assert!(
+        checked >= 3,
+        "the README's links into the repository were read ({checked})"
+    );
 }
