@@ -150,12 +150,14 @@ impl InstalledSettings {
                 settings_text(&text).with_context(|| format!("serve's settings in {at}"))
             }
             Ok(None) => {
-                eprintln!("config-snapshot: no {at}; judging by the default settings (--settings FILE to give them)");
+                eprintln!(
+                    "config-snapshot: no {at}; judging by the default settings (--serve-namespace and --settings-configmap name serve's, --settings FILE gives them)"
+                );
                 Ok(Settings::default())
             }
             Err(kube::Error::Api(status)) if status.code == 403 => {
                 eprintln!(
-                    "config-snapshot: you may not read {at}; judging by the default settings (--settings FILE to give them)"
+                    "config-snapshot: you may not read {at}; judging by the default settings (--settings FILE gives them)"
                 );
                 Ok(Settings::default())
             }
