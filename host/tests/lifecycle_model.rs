@@ -6,8 +6,10 @@
 //! - I2 garbage is bounded: after the grace period and a resync, every
 //!   snapshot is owned, referenced or awaited;
 //! - I3 rollback restores config: `rollout undo` makes the target revision
-//!   current again, and its config holds until the source changes again, the
-//!   workload rolls forward, or renew-duration has run from the rollback;
+//!   current again, and its config holds until the workload watches the
+//!   source (by its words or the source's) while the source holds other
+//!   content than at the rollback, the workload rolls forward, or
+//!   renew-duration has run from the rollback;
 //! - I4 watch converges: once quiet for a few storm-guard intervals, every
 //!   watcher runs its source's latest content (of its keys), a watcher by
 //!   its source's word (`readers: watch`) too, and none that the source's
@@ -478,6 +480,11 @@ fn source_id(s: usize) -> SourceId {
     SourceId::new(SourceKind::from_kind(SOURCES[s].0).unwrap(), SOURCES[s].1)
 }
 
+/// The index in `SOURCES` of `id` (`None`: a source the model never makes).
+fn source_index(id: &SourceId) -> Option<usize> {
+    SOURCES.iter().position(|(k, n)| id.kind.kind() == *k && id.name == *n)
+}
+
 /// The snapshot each source of a template resolves to (`None`: the
 /// references name the source itself).
 fn pinned_names(template: &Value) -> BTreeMap<SourceId, Option<String>> {
@@ -493,12 +500,22 @@ fn pinned_names(template: &Value) -> BTreeMap<SourceId, Option<String>> {
         .collect()
 }
 
+/// What a rollback pinned for one source of one workload.
+struct Pin {
+    /// The snapshot it runs (`None`: the source itself).
+    named: Option<String>,
+    /// When the rollback was admitted: renew-duration counts from here.
+    at: i64,
+    /// The source's content at the rollback: what it declined.
+    content: Option<Content>,
+}
+
 struct Model<'a> {
     session: Session,
     settings: Settings,
     steps: Vec<Value>,
-    /// (workload, source) → the snapshot a rollback pinned, and when.
-    pins: HashMap<(usize, SourceId), (Option<String>, i64)>,
+    /// (workload, source) → what a rollback pinned.
+    pins: HashMap<(usize, SourceId), Pin>,
     /// Consecutive quiet advances, the time they add up to, and the time
     /// after the first of them: the pass that closes the first re-derives a
     /// rollout lost to a fault, and only then can its window be awaited.
@@ -625,16 +642,27 @@ impl Model<'_> {
         for (s, before) in contents_before.iter().enumerate() {
             if *before != self.source_content(s) {
                 self.quiet = (0, 0, 0);
-                let id = source_id(s);
-                let watchers: Vec<usize> = (0..WORKLOADS.len())
-                    .filter(|w| {
-                        self.get(WORKLOADS[*w].0, WORKLOADS[*w].1)
-                            .and_then(|o| self.optin(&o))
-                            .is_some_and(|o| o.watches(&id, self.readers(s), &self.settings))
-                    })
-                    .collect();
-                self.pins.retain(|(pw, ps), _| !(ps == &id && watchers.contains(pw)));
             }
+        }
+        // A rollback holds until the source changes again. The change
+        // counts once the workload watches it, by its own word or the
+        // source's: a reader that becomes a watcher (`readers: watch`
+        // written later) after an edit that followed the rollback catches
+        // up to that edit, which the rollback never declined.
+        let watching: Vec<(usize, SourceId)> = self
+            .pins
+            .keys()
+            .filter(|(w, id)| {
+                let s = source_index(id).unwrap();
+                self.get(WORKLOADS[*w].0, WORKLOADS[*w].1)
+                    .and_then(|o| self.optin(&o))
+                    .is_some_and(|o| o.watches(id, self.readers(s), &self.settings))
+                    && self.pins[&(*w, id.clone())].content != self.source_content(s)
+            })
+            .cloned()
+            .collect();
+        for key in watching {
+            self.pins.remove(&key);
         }
         let renewing: Vec<usize> = (0..WORKLOADS.len())
             .filter(|w| {
@@ -644,7 +672,7 @@ impl Model<'_> {
             })
             .collect();
         self.pins
-            .retain(|(pw, _), (_, at)| !(renewing.contains(pw) && now - *at >= 7200));
+            .retain(|(pw, _), pin| !(renewing.contains(pw) && now - pin.at >= 7200));
 
         // I3: the undo made the target revision current, unchanged. (An
         // undo kubectl skips, the template being the target's already, is
@@ -674,13 +702,21 @@ impl Model<'_> {
                 }
                 for (id, named) in pinned {
                     if named.is_some() {
-                        self.pins.insert((*w, id), (named, now));
+                        let content = source_index(&id).and_then(|s| self.source_content(s));
+                        self.pins.insert(
+                            (*w, id),
+                            Pin {
+                                named,
+                                at: now,
+                                content,
+                            },
+                        );
                     }
                 }
             }
         }
         // I3 over time: a pinned workload keeps its rollback's config.
-        for ((w, id), (named, _)) in &self.pins {
+        for ((w, id), Pin { named, .. }) in &self.pins {
             let Some(t) = self.current_template(*w) else { continue };
             let now_named = pinned_names(&t).get(id).cloned().flatten();
             if now_named != *named {
@@ -803,10 +839,7 @@ impl Model<'_> {
             }
             let refs = references::collect(&current);
             for group in template::group_by_source(&refs, &Snapshots::of(&current)) {
-                let Some(s) = SOURCES
-                    .iter()
-                    .position(|(k, n)| group.id.kind.kind() == *k && group.id.name == *n)
-                else {
+                let Some(s) = source_index(&group.id) else {
                     continue;
                 };
                 if !optin.watches(&group.id, self.readers(s), &self.settings)
@@ -1034,7 +1067,7 @@ fn web_watching_alpha(refs: Vec<usize>, snapshot: usize) -> Op {
 fn holds(history: &[Op]) -> Vec<String> {
     let mut outputs = Vec::new();
     let steps = check(history, false, &mut outputs).expect("the invariants hold");
-    assert_eq!(steps.len(), history.len());
+    assert_eq!(steps.len(), history.iter().map(|op| op.atoms().len()).sum::<usize>());
     outputs
 }
 
@@ -1096,5 +1129,49 @@ fn a_snapshot_whose_rollout_is_refused_is_kept_for_the_grace_period() {
             .iter()
             .any(|e| e == &format!("watch: rolling out Deployment/web to {refused}")),
         "the pass rolled the change out to the snapshot kept: {outputs:#?}"
+    );
+}
+
+/// Found by the model (e2e-tests/rollback-then-the-source-says-watch.yaml):
+/// a workload that snapshots `alpha` without watching it is rolled back;
+/// `alpha` is edited after the rollback, and only then says `readers:
+/// watch`. The workload, now its watcher, catches up to that edit, which
+/// the rollback never declined: the model must not read it as the
+/// rollback undone (I3), and the workload must end on it (I4).
+#[test]
+fn a_reader_made_a_watcher_after_an_edit_that_followed_its_rollback_catches_up() {
+    let apply = |snapshot, history| Op::Apply {
+        w: 0,
+        refs: vec![0],
+        snapshot,
+        watch: 0,
+        exclude: 0,
+        renew: false,
+        window: false,
+        mode: 0,
+        settle: false,
+        image: 1,
+        history,
+    };
+    let history = vec![
+        apply(4, 0),
+        apply(0, 2),
+        Op::EditSource { s: 0, key: 0, value: 1 },
+        Op::EditSource { s: 0, key: 1, value: 1 },
+        Op::Undo { w: 0, to: None },
+        Op::EditSource { s: 0, key: 0, value: 2 },
+        Op::MarkSource { s: 0, word: 1 },
+        // With the 31 s the host takes to look again.
+        Op::Approve { w: 0 },
+        Op::Advance { secs: 700 },
+        Op::Advance { secs: 700 },
+        Op::Advance { secs: 700 },
+    ];
+    let outputs = holds(&history);
+    assert!(
+        outputs
+            .iter()
+            .any(|e| e.starts_with("watch: rolling out Deployment/web to alpha-")),
+        "the new watcher caught up: {outputs:#?}"
     );
 }
