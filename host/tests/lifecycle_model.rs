@@ -476,10 +476,6 @@ fn scenario(settings: &Value, steps: Vec<Value>) -> Value {
 }
 
 /// (kind, name) of a workload, and the source id of a source.
-fn source_id(s: usize) -> SourceId {
-    SourceId::new(SourceKind::from_kind(SOURCES[s].0).unwrap(), SOURCES[s].1)
-}
-
 /// The index in `SOURCES` of `id` (`None`: a source the model never makes).
 fn source_index(id: &SourceId) -> Option<usize> {
     SOURCES.iter().position(|(k, n)| id.kind.kind() == *k && id.name == *n)
