@@ -58,8 +58,9 @@ pub struct Args {
 #[derive(Subcommand)]
 enum Keys {
     /// Whether you may manage the key: who the API server says you are (as
-    /// `kubectl auth whoami`), and a server-side dry run of a write to the
-    /// key Secret, judged by RBAC and the guard. Exits 1 if you may not.
+    /// `kubectl auth whoami`), whether the key's guard is in force, and a
+    /// server-side dry run of a write to the key Secret, judged by RBAC and
+    /// the guard. Exits 1 if you may not, or if the guard is not in force.
     Check,
     /// The keys' ids, the current one first.
     List,
@@ -113,7 +114,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         let missing = || no_secret(&args.namespace, &args.secret);
         match &args.command {
             Keys::Check => {
-                if !check(&client, &args).await? {
+                if !check(&client, &args, &secret).await? {
                     return Ok(ExitCode::FAILURE);
                 }
             }
@@ -170,11 +171,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
     })
 }
 
-/// Prints who the caller is and whether a write to the key Secret would be
-/// taken; whether it would. A dry run is judged by authorization and every
+/// Prints who the caller is, whether the key's guard is in force, and
+/// whether a write to the key Secret would be taken; whether the caller may
+/// manage a guarded key. A dry run is judged by authorization and every
 /// admission policy as the write itself, and changes nothing; so what this
-/// says is Kubernetes' answer, not a reading of the guard's expression.
-async fn check(client: &Client, args: &Args) -> Result<bool> {
+/// says is Kubernetes' answer, not a reading of the guard's expression. A
+/// write taken without the guard proves nothing (anyone with edit in serve's
+/// namespace could make it, and serve trusts no key written so), so the
+/// check fails then, saying why.
+async fn check(client: &Client, args: &Args, key: &KeySecret) -> Result<bool> {
     let review = Api::<SelfSubjectReview>::all(client.clone())
         .create(&PostParams::default(), &SelfSubjectReview::default())
         .await
@@ -183,6 +188,7 @@ async fn check(client: &Client, args: &Args) -> Result<bool> {
     let name = user.username.unwrap_or_default();
     let groups = user.groups.unwrap_or_default();
     println!("you are {name:?}, in the groups {groups:?}");
+    let guarded = guard_in_force(key, args).await?;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &args.namespace);
     let dry = PatchParams {
         dry_run: true,
@@ -192,7 +198,7 @@ async fn check(client: &Client, args: &Args) -> Result<bool> {
         .patch(&args.secret, &dry, &Patch::Merge(json!({})))
         .await
         .map(|_| ());
-    if matches!(&written, Err(kube::Error::Api(s)) if s.code == 404) {
+    if written.as_ref().err().and_then(reason) == Some("NotFound") {
         // No key yet (serve makes it when it starts): the guard judges a
         // create of it the same way.
         let placeholder = Secret {
@@ -210,11 +216,18 @@ async fn check(client: &Client, args: &Args) -> Result<bool> {
     }
     let what = format!("the key Secret {}/{}", args.namespace, args.secret);
     match written {
-        Ok(()) => {
+        Ok(()) if guarded => {
             println!("{what}: you may manage it (a dry-run write was taken by RBAC and the guard)");
             Ok(true)
         }
-        Err(kube::Error::Api(status)) if status.code == 403 => {
+        Ok(()) => {
+            println!(
+                "{what}: RBAC lets you write it, and so anyone it lets write Secrets in {}",
+                args.namespace
+            );
+            Ok(false)
+        }
+        Err(kube::Error::Api(status)) if status.reason == "Forbidden" => {
             println!(
                 "{what}: RBAC does not let you write Secrets in {}: {}",
                 args.namespace,
@@ -223,7 +236,7 @@ async fn check(client: &Client, args: &Args) -> Result<bool> {
             Ok(false)
         }
         // A ValidatingAdmissionPolicy's refusal (reason Invalid).
-        Err(kube::Error::Api(status)) if status.code == 422 => {
+        Err(kube::Error::Api(status)) if status.reason == "Invalid" => {
             println!(
                 "{what}: the guard refuses you: {}\nA key administrator adds your user to the chart's \
                  keyAdministratorUsers, or one of your groups to keyAdministrators (docs/install.md)",
@@ -232,6 +245,41 @@ async fn check(client: &Client, args: &Args) -> Result<bool> {
             Ok(false)
         }
         Err(e) => Err(e).with_context(|| format!("a dry-run write to {what}")),
+    }
+}
+
+/// Whether the key's guard is in force, said; `true` too when the caller
+/// may not read it (reading cluster-wide policies is an admin's right, and
+/// a key administrator named by user often has none).
+async fn guard_in_force(key: &KeySecret, args: &Args) -> Result<bool> {
+    match key.guard().await {
+        Ok(_) => {
+            println!("the guard (ValidatingAdmissionPolicy {}) is in force", args.guard);
+            Ok(true)
+        }
+        Err(e)
+            if e.downcast_ref::<kube::Error>()
+                .is_some_and(|e| reason(e) == Some("Forbidden")) =>
+        {
+            println!(
+                "the guard: you may not read ValidatingAdmissionPolicies, so whether it is in force is not known here (a cluster admin's `keys check` says)"
+            );
+            Ok(true)
+        }
+        Err(e) if e.downcast_ref::<kube::Error>().is_some() => Err(e),
+        Err(e) => {
+            println!("{e}: serve trusts no key Secret written while it is not");
+            Ok(false)
+        }
+    }
+}
+
+/// The reason the API server gave for refusing (`Forbidden`, `NotFound`,
+/// `Invalid`: a ValidatingAdmissionPolicy's denial), if it answered.
+fn reason(error: &kube::Error) -> Option<&str> {
+    match error {
+        kube::Error::Api(status) => Some(status.reason.as_str()),
+        _ => None,
     }
 }
 

@@ -218,6 +218,30 @@ pub fn chart_renders_what_kustomize_does(cp: &ControlPlane) {
         let e = template(&bad).expect_err("the schema refuses it");
         assert!(e.contains(says), "{bad:?}: {e}");
     }
+    // `excludedSources`: helm takes exactly the tokens serve's parser does.
+    for token in [
+        "app",
+        "configmap/app",
+        "secret/db.creds-1",
+        "configmap/*",
+        "secret/*",
+        "*",
+        "App",
+        "deployment/app",
+        "configmap/",
+        "-app",
+        "a..b",
+        "configmap/app/x",
+        "secret/**",
+    ] {
+        let value = format!("settings.excludedSources=[{}]", serde_json::json!(token));
+        let helm_takes = template(&["--set-json", &value]).is_ok();
+        let parser_takes = config_snapshot_policy::model::settings::Settings::from_json(
+            serde_json::json!({"excludedSources": [token]}).to_string().as_bytes(),
+        )
+        .is_ok();
+        assert_eq!(helm_takes, parser_takes, "excludedSources {token:?}");
+    }
     // The NetworkPolicy can be left out, and let serve reach the API server
     // on the port a cluster uses (minikube's 8443); the server takes it.
     let objects = |extra: &[&str]| by_identity(&template(extra).unwrap());

@@ -11,14 +11,8 @@ const KEY: &str = "config-snapshot-signing-key";
 /// `config-snapshot keys ARGS` as the cluster admin (a key administrator:
 /// system:masters).
 pub(crate) fn keys(cp: &ControlPlane, args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_config-snapshot"))
-        .arg("keys")
-        .args(args)
-        .env("KUBECONFIG", &cp.kubeconfig)
-        .output()
-        .expect("config-snapshot keys");
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "config-snapshot keys {args:?}: {text}");
+    let (done, text) = keys_as(cp, None, args);
+    assert!(done, "config-snapshot keys {args:?}: {text}");
     text
 }
 
@@ -238,7 +232,7 @@ pub fn key_lifecycle_story(cp: &ControlPlane, serve: &mut ServeProcess, kubeconf
     as_mallory(&["delete", "secret", "mallorys-own"]).unwrap();
 
     // `keys check` says so, as Kubernetes judges it; a cluster admin may.
-    let (may, said) = keys_as(cp, "mallory", &["check"]);
+    let (may, said) = keys_as(cp, Some("mallory"), &["check"]);
     assert!(!may && said.contains("the guard refuses you"), "{said}");
     assert!(said.contains("you are \"mallory\""), "{said}");
     assert!(keys(cp, &["check"]).contains("you may manage it"));
@@ -259,12 +253,12 @@ pub fn key_lifecycle_story(cp: &ControlPlane, serve: &mut ServeProcess, kubeconf
     ]);
     cp.try_kubectl(&["apply", "-f", "-"], Some(&guard)).unwrap();
     let (may, said) = eventually("the guard to let mallory by name", 30, || {
-        let (may, said) = keys_as(cp, "mallory", &["check"]);
+        let (may, said) = keys_as(cp, Some("mallory"), &["check"]);
         may.then_some((may, said))
     });
     assert!(may && said.contains("you may manage it"), "{said}");
     let before = ids(cp);
-    let (rotated, said) = keys_as(cp, "mallory", &["rotate"]);
+    let (rotated, said) = keys_as(cp, Some("mallory"), &["rotate"]);
     assert!(rotated, "{said}");
     assert_eq!(ids(cp).len(), before.len() + 1, "mallory's rotation took");
     eventually("the webhook to call the path of mallory's key", 60, || {
@@ -274,22 +268,21 @@ pub fn key_lifecycle_story(cp: &ControlPlane, serve: &mut ServeProcess, kubeconf
     cp.try_kubectl(&["apply", "-f", shipped.to_str().unwrap()], None)
         .unwrap();
     eventually("the shipped guard to refuse mallory again", 30, || {
-        let (may, said) = keys_as(cp, "mallory", &["check"]);
+        let (may, said) = keys_as(cp, Some("mallory"), &["check"]);
         (!may && said.contains("the guard refuses you")).then_some(())
     });
     cp.kubectl(&["-n", KEY_NS, "delete", "rolebinding", "mallory-edit"]);
 }
 
 /// `config-snapshot keys ARGS` as `user` (impersonated by the cluster
-/// admin): whether it succeeded, and what it said.
-fn keys_as(cp: &ControlPlane, user: &str, args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_config-snapshot"))
-        .arg("keys")
-        .args(args)
-        .env("KUBECONFIG", &cp.kubeconfig)
-        .env("KUBE_RS_DEBUG_IMPERSONATE_USER", user)
-        .output()
-        .expect("config-snapshot keys");
+/// admin; `None`: the admin): whether it succeeded, and what it said.
+fn keys_as(cp: &ControlPlane, user: Option<&str>, args: &[&str]) -> (bool, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_config-snapshot"));
+    command.arg("keys").args(args).env("KUBECONFIG", &cp.kubeconfig);
+    if let Some(user) = user {
+        command.env("KUBE_RS_DEBUG_IMPERSONATE_USER", user);
+    }
+    let out = command.output().expect("config-snapshot keys");
     let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     (out.status.success(), text)
 }
@@ -343,6 +336,13 @@ pub fn unguarded_key_story(cp: &ControlPlane, serve: &ServeProcess) {
     });
     let planted_paths = door_paths(cp);
     assert!(planted_paths.iter().all(|p| !paths.contains(p)));
+    // `keys check` says the guard is away, even to the cluster admin, and
+    // fails: a write anyone with edit may make proves nothing.
+    let (may, said) = keys_as(cp, None, &["check"]);
+    assert!(
+        !may && said.contains("the signing key's guard is not in force: no ValidatingAdmissionPolicyBinding"),
+        "{said}"
+    );
     // serve judges it: taken (as on eff3694) or not.
     eventually("serve to judge the planted version", 30, || {
         (serve.logs().contains("new version is not trusted") || taken() > taken_before).then_some(())
